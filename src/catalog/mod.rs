@@ -1,0 +1,1 @@
+//! Embedded reference data (placeholder: to be completed by the latency-model work).

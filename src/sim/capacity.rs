@@ -1,0 +1,1 @@
+//! KV-cache capacity derived from GPU memory (placeholder: completed by the latency-model work).

@@ -1,0 +1,1 @@
+//! Workload specs and generators (placeholder: to be completed by the workload work).
