@@ -1,1 +1,14 @@
-//! The command line (placeholder).
+//! The `ditto` command line: argument parsing and the commands it runs.
+//!
+//! A thin driver: it turns flags and files into an engine configuration, a latency model and
+//! a request stream, runs the engine, and prints JSON. File reading happens here and nowhere
+//! below. Every user mistake becomes a [`CliError`] whose message names the flag or file,
+//! and `main` turns it into exit code 2.
+
+pub mod args;
+pub mod error;
+pub mod report;
+pub mod run;
+
+pub use args::{Cli, Command, RunArgs};
+pub use error::CliError;

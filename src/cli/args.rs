@@ -1,0 +1,109 @@
+//! Command-line flags (clap). Names follow vLLM's engine arguments where vLLM has the
+//! concept. Flags whose default depends on other inputs (GPU blocks, max model length, or
+//! a replay trace's recorded server settings) are `Option`s resolved in `cli::run`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// ditto: a deterministic digital twin of an LLM serving cluster.
+#[derive(Debug, Parser)]
+#[command(name = "ditto", version, about)]
+pub struct Cli {
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Simulate one vLLM instance offline and print a JSON summary on stdout.
+    Run(Box<RunArgs>),
+}
+
+/// Flags of `ditto run`.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Model: an embedded model name (see --list-models) or a path to a HF config.json.
+    #[arg(long, default_value = "llama-3.1-8b-instruct")]
+    pub model: String,
+    /// GPU: an embedded GPU name (H100, A100-80, L40S, ...).
+    #[arg(long, default_value = "H100")]
+    pub gpu: String,
+    /// Tensor-parallel degree (default 1, or the replay trace's).
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// Step-time model: roofline, blackbox or physics.
+    #[arg(long, default_value = "roofline")]
+    pub latency_model: String,
+    /// Requests to generate.
+    #[arg(long, default_value_t = 1000)]
+    pub num_requests: u64,
+    /// Arrival rate in requests per second.
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// Arrival process: poisson or constant.
+    #[arg(long, default_value = "poisson")]
+    pub arrival: String,
+    /// Prompt lengths: gaussian MEAN,STDEV,MIN,MAX (clamped).
+    #[arg(long, default_value = "512,256,2,7000")]
+    pub input_tokens: String,
+    /// Output lengths: gaussian MEAN,STDEV,MIN,MAX (clamped).
+    #[arg(long, default_value = "512,256,2,7000")]
+    pub output_tokens: String,
+    /// Seed of every random stream.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// vLLM --max-num-seqs (default 256, or the replay trace's).
+    #[arg(long)]
+    pub max_num_seqs: Option<u32>,
+    /// vLLM --max-num-batched-tokens (default 2048, or the replay trace's).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<u32>,
+    /// vLLM --max-model-len (default: the model's max_position_embeddings).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// vLLM --long-prefill-token-threshold (0: no cap beyond the budget).
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: u32,
+    /// vLLM --block-size (default 16, or the replay trace's).
+    #[arg(long)]
+    pub block_size: Option<u32>,
+    /// GPU KV blocks (default: derived from GPU memory, or the replay trace's).
+    #[arg(long)]
+    pub num_gpu_blocks: Option<u32>,
+    /// vLLM --gpu-memory-utilization, used to derive the GPU blocks.
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// CPU offload tier size in blocks (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub num_cpu_blocks: u32,
+    /// Host-to-GPU bandwidth for CPU-tier reloads, in GB/s.
+    #[arg(long, default_value_t = 25.0)]
+    pub cpu_offload_bandwidth_gbps: f64,
+    /// Disable chunked prefill (a prefill must then fit one step's budget).
+    #[arg(long)]
+    pub no_enable_chunked_prefill: bool,
+    /// Disable prefix caching.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Scheduling policy: fcfs, priority or sjf.
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: String,
+    /// A YAML workload spec (see docs/workload.md); replaces the generator flags.
+    #[arg(long, conflicts_with = "trace")]
+    pub workload: Option<PathBuf>,
+    /// A trace to replay: .csv, .jsonl or replay_requests.json.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Write one JSON line per request (with every inter-token gap) to this file.
+    #[arg(long)]
+    pub per_request: Option<PathBuf>,
+    /// Stop with an error after this many simulation events.
+    #[arg(long, default_value_t = 1_000_000_000)]
+    pub max_events: u64,
+    /// Interval of the KV-usage timeline in the summary, in seconds (0: no timeline).
+    #[arg(long, default_value_t = 10.0)]
+    pub kv_sample_interval_s: f64,
+}

@@ -1,0 +1,67 @@
+//! Invariant checks: cheap ones after every event in debug builds, a full audit on demand.
+
+use super::Engine;
+use crate::sim::state::Phase;
+
+impl Engine {
+    /// O(1) checks run after every event in debug builds: request conservation and KV block
+    /// conservation by counters.
+    pub(super) fn debug_check_counters(&self) {
+        debug_assert!(self.counts.is_conserved(), "request conservation broken: {:?}", self.counts);
+        debug_assert_eq!(
+            self.kv.free_blocks() + self.kv.used_blocks(),
+            self.kv.total_blocks(),
+            "KV block conservation broken"
+        );
+        debug_assert_eq!(self.counts.running as usize, self.running.len(), "running count drifted");
+    }
+
+    /// Audits every invariant by walking the whole state: request conservation, phases
+    /// agreeing with the queues, KV refcounts matching the requests' block tables, free list
+    /// integrity, and no blocks used when no request runs. Returns the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if !self.counts.is_conserved() {
+            return Err(format!("request conservation broken: {:?}", self.counts));
+        }
+        let live: Vec<_> = self.slots.iter().flatten().collect();
+        let waiting = live.iter().filter(|s| s.phase == Phase::Waiting).count();
+        let running = live.iter().filter(|s| s.phase == Phase::Running).count();
+        let arriving = live.iter().filter(|s| s.phase == Phase::Arriving).count();
+        if waiting != self.waiting.len() {
+            return Err(format!("{waiting} waiting requests but {} queued", self.waiting.len()));
+        }
+        if running != self.running.len() {
+            return Err(format!("{running} running requests but {} in the batch list", self.running.len()));
+        }
+        // Arriving requests not yet injected (future arrivals) are not counted anywhere.
+        let counted_queued = self.counts.queued as usize;
+        if counted_queued < waiting || counted_queued > waiting + arriving {
+            return Err(format!("queued count {counted_queued} vs {waiting} waiting + {arriving} arriving"));
+        }
+        for &slot in &self.running {
+            let state = self.state(slot);
+            let needed = state.num_computed.div_ceil(self.config.block_size);
+            if state.blocks.len() < needed {
+                return Err(format!(
+                    "request {:?} computed {} tokens with only {} blocks",
+                    state.spec.id,
+                    state.num_computed,
+                    state.blocks.len()
+                ));
+            }
+        }
+        for state in &live {
+            if state.phase != Phase::Running && !state.blocks.is_empty() {
+                return Err(format!("request {:?} holds blocks while not running", state.spec.id));
+            }
+        }
+        if (!self.waiting.is_empty() || !self.running.is_empty()) && !self.step_pending {
+            return Err("work waits but no step is pending (work conservation)".to_owned());
+        }
+        self.kv.check(live.iter().map(|state| &state.blocks))?;
+        if self.running.is_empty() && self.kv.used_blocks() != 0 {
+            return Err(format!("{} blocks used with nothing running", self.kv.used_blocks()));
+        }
+        Ok(())
+    }
+}

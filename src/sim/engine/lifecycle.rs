@@ -1,0 +1,257 @@
+//! Request lifecycle transitions: arrival, enqueue, step completion, preemption, timeout,
+//! and the record each request leaves behind.
+
+use super::{Engine, EventKind};
+use crate::sim::config::SchedulingPolicy;
+use crate::sim::metrics::{Outcome, RequestRecord};
+use crate::sim::queue::QueueKey;
+use crate::sim::state::{Phase, RequestState};
+
+impl Engine {
+    pub(super) fn on_arrival(&mut self, slot: u32, serial: u64) {
+        let now = self.now_us;
+        let max_len = u64::from(self.config.effective_max_model_len());
+        let Some(state) = self.live_mut(slot, serial) else {
+            return;
+        };
+        let input = state.spec.input_tokens;
+        let needed = u64::from(input) + u64::from(state.spec.max_tokens.max(1));
+        self.counts.injected += 1;
+        if needed > max_len {
+            self.counts.dropped += 1;
+            self.retire(slot, Outcome::Dropped);
+            return;
+        }
+        self.counts.queued += 1;
+        let delay = self.latency.queueing_us(input);
+        self.push_event(now.saturating_add(delay), EventKind::Enqueue, slot, serial);
+    }
+
+    pub(super) fn on_enqueue(&mut self, slot: u32, serial: u64) {
+        let now = self.now_us;
+        let policy = self.config.scheduling_policy;
+        let Some(state) = self.live_mut(slot, serial) else {
+            return;
+        };
+        debug_assert_eq!(state.phase, Phase::Arriving, "enqueue of a request not arriving");
+        state.phase = Phase::Waiting;
+        state.timeline.enqueue_us = Some(now);
+        let key = queue_key(policy, state);
+        self.waiting.push_arrival(key, slot);
+        self.ensure_step_scheduled();
+    }
+
+    pub(super) fn on_timeout(&mut self, slot: u32, serial: u64) {
+        let policy = self.config.scheduling_policy;
+        let Some(state) = self.live_mut(slot, serial) else {
+            return;
+        };
+        let phase = state.phase;
+        let key = queue_key(policy, state);
+        match phase {
+            Phase::Arriving => {}
+            Phase::Waiting => {
+                let removed = self.waiting.remove(key, slot);
+                debug_assert!(removed, "timed-out waiting request missing from the queue");
+            }
+            Phase::Running => {
+                self.running.retain(|&s| s != slot);
+                let state = self.slots[slot as usize]
+                    .as_mut()
+                    .expect("live_mut found this slot");
+                self.kv.free(&mut state.blocks);
+                self.counts.running -= 1;
+                self.counts.queued += 1; // balanced by the decrement below
+                self.track_kv_usage();
+            }
+        }
+        self.counts.queued -= 1;
+        self.counts.timed_out += 1;
+        self.retire(slot, Outcome::TimedOut);
+    }
+
+    /// Ends the step in flight at `now`, then forms and schedules the next one.
+    pub(super) fn on_step(&mut self) {
+        debug_assert!(self.step_pending, "a step event fired with none pending");
+        self.step_pending = false;
+        self.finish_in_flight();
+        // A step can come out empty when its first request preempts itself (priority
+        // policy); vLLM's loop then schedules again at once. Bounded: every retry freed
+        // blocks by preempting a running request.
+        let mut attempts = 0;
+        while !(self.waiting.is_empty() && self.running.is_empty()) {
+            if let Some(duration) = self.form_batch() {
+                self.counts.steps += 1;
+                self.step_pending = true;
+                let end = self.now_us.saturating_add(duration);
+                self.push_event(end, EventKind::Step, 0, 0);
+                break;
+            }
+            attempts += 1;
+            if attempts > self.running.len() + 1 {
+                debug_assert!(
+                    false,
+                    "no schedulable work: {} waiting, {} running, {} free blocks",
+                    self.waiting.len(),
+                    self.running.len(),
+                    self.kv.free_blocks()
+                );
+                break;
+            }
+        }
+        self.track_kv_usage();
+    }
+
+    /// Schedules a step now if none is pending (work conservation).
+    fn ensure_step_scheduled(&mut self) {
+        if !self.step_pending {
+            self.step_pending = true;
+            let now = self.now_us;
+            self.push_event(now, EventKind::Step, 0, 0);
+        }
+    }
+
+    /// Applies the finished step: computed tokens, emitted tokens, completions.
+    fn finish_in_flight(&mut self) {
+        if self.in_flight.is_empty() {
+            return;
+        }
+        let now = self.now_us;
+        let token_us = self.latency.output_token_us();
+        let post_us = self.latency.post_decode_us();
+        let record_gaps = self.config.record_token_gaps;
+        let mut any_finished = false;
+        let in_flight = std::mem::take(&mut self.in_flight);
+        for entry in &in_flight {
+            let Some(state) = self
+                .slots
+                .get_mut(entry.slot as usize)
+                .and_then(Option::as_mut)
+                .filter(|state| state.serial == entry.serial)
+            else {
+                continue; // timed out while the step ran
+            };
+            debug_assert_eq!(state.phase, Phase::Running, "in-flight request not running");
+            state.num_computed += entry.new_tokens;
+            debug_assert!(state.num_computed <= state.num_tokens(), "computed past the sequence");
+            if state.num_computed < state.num_tokens() {
+                continue; // a prefill chunk that emits nothing
+            }
+            state.generated += 1;
+            let timeline = &mut state.timeline;
+            match timeline.first_token_us {
+                None => {
+                    timeline.first_token_us = Some(now + token_us);
+                    timeline.last_token_us = now + token_us;
+                }
+                Some(_) => {
+                    let gap = now - timeline.last_emit_step_end_us + token_us;
+                    timeline.last_token_us += gap;
+                    timeline.token_gap_sum_us += gap;
+                    if record_gaps {
+                        timeline.token_gaps_us.push(gap);
+                    }
+                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                }
+            }
+            timeline.last_emit_step_end_us = now;
+            if state.generated >= state.target_tokens() {
+                let state = self.slots[entry.slot as usize]
+                    .as_mut()
+                    .expect("live_mut found this slot");
+                state.timeline.last_token_us += post_us;
+                self.kv.free(&mut state.blocks);
+                self.counts.running -= 1;
+                self.counts.completed += 1;
+                self.retire(entry.slot, Outcome::Completed);
+                any_finished = true;
+            }
+        }
+        self.in_flight = in_flight;
+        self.in_flight.clear();
+        if any_finished {
+            let slots = &self.slots;
+            self.running.retain(|&slot| slots[slot as usize].is_some());
+        }
+    }
+
+    /// Preempts the running request in `slot` (already removed from `running`): frees its
+    /// blocks, resets its progress and returns it to the wait queue.
+    pub(super) fn preempt(&mut self, slot: u32) {
+        let policy = self.config.scheduling_policy;
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("a running slot holds a live request");
+        debug_assert_eq!(state.phase, Phase::Running, "preempting a request not running");
+        self.kv.free(&mut state.blocks);
+        state.num_computed = 0;
+        state.phase = Phase::Waiting;
+        state.timeline.preemptions += 1;
+        let key = queue_key(policy, state);
+        self.waiting.push_preempted(key, slot);
+        self.counts.preemptions += 1;
+        self.counts.running -= 1;
+        self.counts.queued += 1;
+    }
+
+    /// Removes the request in `slot` from the engine, leaving its record.
+    fn retire(&mut self, slot: u32, outcome: Outcome) {
+        let now = self.now_us;
+        let state = self.slots[slot as usize]
+            .take()
+            .expect("retiring a live request");
+        debug_assert!(state.blocks.is_empty(), "retired request still holds blocks");
+        self.free_slots.push(slot);
+        let timeline = state.timeline;
+        let end_us = match outcome {
+            Outcome::Completed => timeline.last_token_us,
+            Outcome::Dropped | Outcome::TimedOut => now,
+        };
+        let record = RequestRecord {
+            id: state.spec.id,
+            slo_class: state.spec.slo_class,
+            outcome,
+            arrival_us: state.spec.arrival_us,
+            enqueue_us: timeline.enqueue_us,
+            schedule_us: timeline.schedule_us,
+            first_token_us: timeline.first_token_us,
+            end_us,
+            input_tokens: state.spec.input_tokens,
+            output_tokens: state.generated,
+            cached_tokens: timeline.cached_tokens,
+            preemptions: timeline.preemptions,
+            token_gap_sum_us: timeline.token_gap_sum_us,
+            token_gaps_us: timeline.token_gaps_us,
+        };
+        debug_assert_causal(&record);
+        self.metrics.records.push(record);
+    }
+}
+
+/// The wait-queue sort key of a request under `policy`.
+pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> QueueKey {
+    let primary = match policy {
+        SchedulingPolicy::Fcfs => 0,
+        SchedulingPolicy::Priority => i64::from(state.spec.priority),
+        SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
+    };
+    (primary, state.spec.arrival_us, state.spec.id.0)
+}
+
+/// Causality: arrival <= enqueue <= schedule <= first token <= end.
+fn debug_assert_causal(record: &RequestRecord) {
+    let mut last = record.arrival_us;
+    for (name, stamp) in [
+        ("enqueue", record.enqueue_us),
+        ("schedule", record.schedule_us),
+        ("first_token", record.first_token_us),
+    ] {
+        if let Some(t) = stamp {
+            debug_assert!(t >= last, "request {:?}: {name} {t} before {last}", record.id);
+            last = t;
+        }
+    }
+    if record.outcome == Outcome::Completed {
+        debug_assert!(record.end_us >= last, "request {:?}: end before {last}", record.id);
+    }
+}

@@ -1,0 +1,365 @@
+//! One simulated vLLM v1 instance: the event loop, its clock and its state.
+//!
+//! The engine is a discrete-event state machine on integer microseconds. Events sit in a
+//! min-heap ordered by (time, kind, sequence): at equal times arrivals come first, then
+//! enqueues, then the step, then timeouts, and equal kinds keep submission order, so every
+//! run is deterministic. At most one step is pending; a step is scheduled whenever work waits
+//! (work conservation). A step's effects (tokens, completions) apply when it ends, and the
+//! next batch is formed at that moment, as vLLM's engine loop does.
+//!
+//! The whole engine is plain data: `Clone` forks it, and the copy continues identically.
+//! Knows nothing about workloads, clusters, wall-clock time or I/O.
+
+mod invariants;
+mod lifecycle;
+mod schedule;
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::sim::config::EngineConfig;
+use crate::sim::error::SimError;
+use crate::sim::kv::KvCache;
+use crate::sim::latency::{BatchEntry, LatencyModel};
+use crate::sim::metrics::{Counts, Metrics, Summary};
+use crate::sim::queue::WaitQueue;
+use crate::sim::request::{RequestId, RequestSpec};
+use crate::sim::state::RequestState;
+
+/// Kinds of engine events, in tie-break order at equal times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EventKind {
+    /// A request reaches the API server.
+    Arrival = 0,
+    /// A request enters the wait queue after its queueing delay.
+    Enqueue = 1,
+    /// The running step ends and the next one is formed.
+    Step = 2,
+    /// A request's deadline.
+    Timeout = 3,
+}
+
+/// A pending event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Event {
+    time_us: u64,
+    kind: EventKind,
+    seq: u64,
+    slot: u32,
+    serial: u64,
+}
+
+/// One request's part of the step in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct InFlight {
+    slot: u32,
+    serial: u64,
+    new_tokens: u32,
+}
+
+/// A simulated vLLM v1 instance.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    latency: LatencyModel,
+    now_us: u64,
+    events: BinaryHeap<Reverse<Event>>,
+    next_seq: u64,
+    slots: Vec<Option<RequestState>>,
+    free_slots: Vec<u32>,
+    next_serial: u64,
+    waiting: WaitQueue,
+    running: Vec<u32>,
+    kv: KvCache,
+    step_pending: bool,
+    in_flight: Vec<InFlight>,
+    scratch_shape: Vec<BatchEntry>,
+    metrics: Metrics,
+    counts: Counts,
+    events_processed: u64,
+}
+
+impl Engine {
+    /// An idle instance at time 0 with an empty cache.
+    pub fn new(config: EngineConfig, latency: LatencyModel) -> Result<Self, SimError> {
+        config.validate()?;
+        let kv = KvCache::new(
+            config.num_gpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.num_cpu_blocks,
+        );
+        let mut engine = Self {
+            waiting: WaitQueue::new(config.scheduling_policy),
+            config,
+            latency,
+            now_us: 0,
+            events: BinaryHeap::new(),
+            next_seq: 0,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            next_serial: 0,
+            running: Vec::new(),
+            kv,
+            step_pending: false,
+            in_flight: Vec::new(),
+            scratch_shape: Vec::new(),
+            metrics: Metrics::default(),
+            counts: Counts::default(),
+            events_processed: 0,
+        };
+        engine.track_kv_usage();
+        Ok(engine)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The latency model.
+    pub fn latency(&self) -> &LatencyModel {
+        &self.latency
+    }
+
+    /// Current simulated time (µs).
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// The KV cache (read-only).
+    pub fn kv(&self) -> &KvCache {
+        &self.kv
+    }
+
+    /// Request accounting right now.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Measurements so far.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Requests waiting to be admitted (wait queue only).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests in the running batch.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The step in flight: each scheduled request's id and the tokens it computes.
+    pub fn batch_in_flight(&self) -> Vec<(RequestId, u32)> {
+        self.in_flight
+            .iter()
+            .filter_map(|entry| {
+                let state = self.slots.get(entry.slot as usize)?.as_ref()?;
+                (state.serial == entry.serial).then_some((state.spec.id, entry.new_tokens))
+            })
+            .collect()
+    }
+
+    /// Ids of the requests in the running batch, in batch order.
+    pub fn running_ids(&self) -> Vec<RequestId> {
+        self.running.iter().map(|&slot| self.state(slot).spec.id).collect()
+    }
+
+    /// Ids of the waiting requests, in admission order.
+    pub fn waiting_ids(&self) -> Vec<RequestId> {
+        self.waiting.iter().map(|slot| self.state(slot).spec.id).collect()
+    }
+
+    /// Events processed so far.
+    pub fn events_processed(&self) -> u64 {
+        self.events_processed
+    }
+
+    /// Time of the next pending event, if any.
+    pub fn next_event_us(&self) -> Option<u64> {
+        self.events.peek().map(|Reverse(event)| event.time_us)
+    }
+
+    /// True if no event is pending (nothing more will happen without new submissions).
+    pub fn is_idle(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// Submits a request; it arrives at `spec.arrival_us`, which must not be in the past.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        validate_request(&spec, self.now_us)?;
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let arrival_us = spec.arrival_us;
+        let deadline_us = spec.deadline_us;
+        let state = RequestState::new(spec, serial);
+        let slot = match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(state);
+                slot
+            }
+            None => {
+                self.slots.push(Some(state));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.push_event(arrival_us, EventKind::Arrival, slot, serial);
+        if let Some(deadline) = deadline_us {
+            self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);
+        }
+        Ok(())
+    }
+
+    /// Processes the next event; returns its time, or `None` if nothing is pending.
+    pub fn process_next_event(&mut self) -> Option<u64> {
+        let Reverse(event) = self.events.pop()?;
+        debug_assert!(
+            event.time_us >= self.now_us,
+            "clock would go back from {} to {}",
+            self.now_us,
+            event.time_us
+        );
+        self.now_us = event.time_us;
+        self.events_processed += 1;
+        match event.kind {
+            EventKind::Arrival => self.on_arrival(event.slot, event.serial),
+            EventKind::Enqueue => self.on_enqueue(event.slot, event.serial),
+            EventKind::Step => self.on_step(),
+            EventKind::Timeout => self.on_timeout(event.slot, event.serial),
+        }
+        self.debug_check_counters();
+        Some(event.time_us)
+    }
+
+    /// Processes every event strictly before `time_us`.
+    pub fn run_before(&mut self, time_us: u64) {
+        while self.next_event_us().is_some_and(|t| t < time_us) {
+            self.process_next_event();
+        }
+    }
+
+    /// Processes every event at or before `time_us`, then sets the clock to `time_us`.
+    pub fn run_until(&mut self, time_us: u64) {
+        while self.next_event_us().is_some_and(|t| t <= time_us) {
+            self.process_next_event();
+        }
+        self.now_us = self.now_us.max(time_us);
+    }
+
+    /// Feeds `requests` (in non-decreasing arrival order) and runs until nothing is pending,
+    /// stopping with an error after `max_events` events.
+    pub fn run<I>(&mut self, requests: I, max_events: u64) -> Result<(), SimError>
+    where
+        I: IntoIterator<Item = RequestSpec>,
+    {
+        for spec in requests {
+            while self.next_event_us().is_some_and(|t| t < spec.arrival_us) {
+                self.process_within_budget(max_events)?;
+            }
+            self.submit(spec)?;
+        }
+        while !self.is_idle() {
+            self.process_within_budget(max_events)?;
+        }
+        Ok(())
+    }
+
+    fn process_within_budget(&mut self, max_events: u64) -> Result<(), SimError> {
+        if self.events_processed >= max_events {
+            return Err(SimError::EventBudgetExhausted {
+                budget: max_events,
+                now_us: self.now_us,
+            });
+        }
+        self.process_next_event();
+        Ok(())
+    }
+
+    /// The aggregate outcome so far.
+    pub fn summary(&self) -> Summary {
+        let stats = self.kv.stats();
+        let hit_rate = if stats.query_tokens == 0 {
+            0.0
+        } else {
+            stats.hit_tokens as f64 / stats.query_tokens as f64
+        };
+        let mut summary = Summary::build(
+            &self.metrics.records,
+            &self.metrics.token_gap_counts,
+            self.counts,
+            self.now_us,
+            hit_rate,
+        );
+        summary.kv_usage_mean = self.metrics.kv_usage.mean(self.now_us);
+        summary.kv_usage_peak = self.metrics.kv_usage.peak;
+        summary.kv_usage_timeline = self.metrics.kv_usage.timeline.clone();
+        summary
+    }
+
+    fn push_event(&mut self, time_us: u64, kind: EventKind, slot: u32, serial: u64) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.events.push(Reverse(Event {
+            time_us,
+            kind,
+            seq,
+            slot,
+            serial,
+        }));
+    }
+
+    /// The live request in `slot` if it is still the submission `serial`.
+    fn live_mut(&mut self, slot: u32, serial: u64) -> Option<&mut RequestState> {
+        self.slots
+            .get_mut(slot as usize)
+            .and_then(Option::as_mut)
+            .filter(|state| state.serial == serial)
+    }
+
+    fn state(&self, slot: u32) -> &RequestState {
+        self.slots[slot as usize]
+            .as_ref()
+            .expect("queued and running slots always hold a live request")
+    }
+
+    fn track_kv_usage(&mut self) {
+        let usage = self.kv.usage();
+        let interval = self.config.kv_sample_interval_us;
+        self.metrics.kv_usage.update(self.now_us, usage, interval);
+    }
+}
+
+fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
+    let invalid = |field: &'static str, reason: String| SimError::InvalidRequest {
+        id: spec.id,
+        field,
+        reason,
+    };
+    if spec.input_tokens == 0 {
+        return Err(invalid("input_tokens", "must be at least 1".to_owned()));
+    }
+    if spec.max_tokens < spec.output_tokens {
+        return Err(invalid(
+            "max_tokens",
+            format!("{} is below output_tokens {}", spec.max_tokens, spec.output_tokens),
+        ));
+    }
+    if spec.arrival_us < now_us {
+        return Err(invalid(
+            "arrival_us",
+            format!("{} is before the engine clock {now_us}", spec.arrival_us),
+        ));
+    }
+    if let crate::sim::request::PromptContent::Tokens(tokens) = &spec.content
+        && tokens.len() != spec.input_tokens as usize
+    {
+        return Err(invalid(
+            "content",
+            format!("{} token ids for input_tokens {}", tokens.len(), spec.input_tokens),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Batch formation, as vLLM v1's scheduler does it.
+//!
+//! Phase 1 walks the running requests in order, giving each its next tokens (one for a
+//! decode, a chunk for a prefill, bounded by the remaining budget and
+//! `long_prefill_token_threshold`) and allocating their KV blocks; when blocks run out it
+//! preempts (the batch tail under `fcfs`/`sjf`, the least urgent request under `priority`)
+//! until the allocation fits or the request preempts itself. Phase 2, only if nothing was
+//! preempted, admits waiting requests while seats, budget and blocks last, taking prefix-cache
+//! hits first. The result is the step's duration from the latency model.
+
+use super::{Engine, InFlight};
+use crate::sim::config::SchedulingPolicy;
+use crate::sim::kv::PrefixHit;
+use crate::sim::latency::BatchEntry;
+use crate::sim::state::Phase;
+
+impl Engine {
+    /// Forms the next batch into `in_flight`; returns its duration, or `None` if empty.
+    pub(super) fn form_batch(&mut self) -> Option<u64> {
+        debug_assert!(self.in_flight.is_empty(), "forming a batch over one in flight");
+        self.scratch_shape.clear();
+        let mut budget = self.config.max_num_batched_tokens;
+        let preempted = self.schedule_running(&mut budget);
+        let mut cpu_loads = 0u64;
+        if !preempted {
+            cpu_loads = self.admit_waiting(&mut budget);
+        }
+        if self.in_flight.is_empty() {
+            return None;
+        }
+        for index in 0..self.in_flight.len() {
+            let entry = self.in_flight[index];
+            let state = self.state(entry.slot);
+            let context_tokens = state.num_computed;
+            let prompt_tokens = state.num_tokens();
+            let is_prefill = !state.is_decoding();
+            self.scratch_shape.push(BatchEntry {
+                context_tokens,
+                new_tokens: entry.new_tokens,
+                prompt_tokens,
+                is_prefill,
+            });
+        }
+        let step = self.latency.step_us(&self.scratch_shape);
+        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
+        Some(step.saturating_add(load))
+    }
+
+    /// Phase 1. Returns true if any request was preempted.
+    fn schedule_running(&mut self, budget: &mut u32) -> bool {
+        let block_size = self.config.block_size;
+        let prefix_caching = self.config.enable_prefix_caching;
+        let mut preempted = false;
+        let mut index = 0;
+        while index < self.running.len() && *budget > 0 {
+            let slot = self.running[index];
+            let new_tokens = self.chunk(self.state(slot).remaining_tokens(), *budget);
+            debug_assert!(new_tokens > 0, "a running request with nothing to compute");
+            let scheduled = loop {
+                let state = self.slots[slot as usize]
+                    .as_mut()
+                    .expect("a running slot holds a live request");
+                let total = state.num_computed + new_tokens;
+                if prefix_caching {
+                    state.ensure_keys(total / block_size, block_size);
+                }
+                if self
+                    .kv
+                    .allocate(&mut state.blocks, &state.keys, PrefixHit::default(), total)
+                {
+                    break true;
+                }
+                let victim_index = self.pick_victim();
+                let victim = self.running.remove(victim_index);
+                if victim_index < index {
+                    // Already scheduled this step: give its tokens back.
+                    let position = self
+                        .in_flight
+                        .iter()
+                        .position(|entry| entry.slot == victim)
+                        .expect("requests before the cursor are in the batch");
+                    *budget += self.in_flight.remove(position).new_tokens;
+                    index -= 1;
+                }
+                self.preempt(victim);
+                preempted = true;
+                if victim == slot {
+                    break false;
+                }
+            };
+            if !scheduled {
+                break;
+            }
+            let serial = self.state(slot).serial;
+            self.in_flight.push(InFlight {
+                slot,
+                serial,
+                new_tokens,
+            });
+            *budget -= new_tokens;
+            index += 1;
+        }
+        preempted
+    }
+
+    /// Phase 2. Returns the number of blocks reloaded from the CPU tier.
+    fn admit_waiting(&mut self, budget: &mut u32) -> u64 {
+        let block_size = self.config.block_size;
+        let prefix_caching = self.config.enable_prefix_caching;
+        let max_seqs = self.config.max_num_seqs as usize;
+        let chunked = self.config.enable_chunked_prefill;
+        let now = self.now_us;
+        let mut cpu_loads = 0u64;
+        while *budget > 0 && self.running.len() < max_seqs {
+            let Some(slot) = self.waiting.peek() else {
+                break;
+            };
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("a waiting slot holds a live request");
+            debug_assert_eq!(state.num_computed, 0, "a waiting request holds computed tokens");
+            let num_tokens = state.num_tokens();
+            let hit = if prefix_caching {
+                state.ensure_keys(num_tokens / block_size, block_size);
+                // At least one token is always computed, so a full hit leaves the last block.
+                self.kv.lookup(&state.keys, (num_tokens - 1) / block_size)
+            } else {
+                PrefixHit::default()
+            };
+            let cached = hit.blocks() * block_size;
+            let wanted = num_tokens - cached;
+            if !chunked && wanted > *budget {
+                break;
+            }
+            let new_tokens = self.chunk(wanted, *budget);
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("a waiting slot holds a live request");
+            if !self
+                .kv
+                .allocate(&mut state.blocks, &state.keys, hit, cached + new_tokens)
+            {
+                break;
+            }
+            if prefix_caching {
+                self.kv.record_lookup(num_tokens, cached);
+            }
+            state.num_computed = cached;
+            state.phase = Phase::Running;
+            if state.timeline.schedule_us.is_none() {
+                state.timeline.schedule_us = Some(now);
+                state.timeline.cached_tokens = cached;
+            }
+            let serial = state.serial;
+            self.waiting.pop();
+            self.running.push(slot);
+            self.counts.queued -= 1;
+            self.counts.running += 1;
+            cpu_loads += u64::from(hit.cpu_blocks);
+            self.in_flight.push(InFlight {
+                slot,
+                serial,
+                new_tokens,
+            });
+            *budget -= new_tokens;
+        }
+        cpu_loads
+    }
+
+    /// Tokens to compute this step out of `wanted`, given the budget left.
+    fn chunk(&self, wanted: u32, budget: u32) -> u32 {
+        let threshold = self.config.long_prefill_token_threshold;
+        let capped = if threshold > 0 && wanted > threshold {
+            threshold
+        } else {
+            wanted
+        };
+        capped.min(budget)
+    }
+
+    /// Index in `running` of the request to preempt.
+    fn pick_victim(&self) -> usize {
+        debug_assert!(!self.running.is_empty(), "preemption with nothing running");
+        match self.config.scheduling_policy {
+            SchedulingPolicy::Fcfs | SchedulingPolicy::Sjf => self.running.len() - 1,
+            SchedulingPolicy::Priority => {
+                let mut best = 0;
+                let mut best_key = None;
+                for (index, &slot) in self.running.iter().enumerate() {
+                    let spec = &self.state(slot).spec;
+                    let key = (spec.priority, spec.arrival_us, spec.id.0);
+                    if best_key.is_none_or(|current| key > current) {
+                        best = index;
+                        best_key = Some(key);
+                    }
+                }
+                best
+            }
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The paged KV cache of one instance, with vLLM v1's prefix caching.
+//!
+//! Owns the GPU blocks (refcounts, content keys), the LRU free list, the key-to-block map,
+//! hit/miss counters and the optional CPU offload tier. Blocks whose refcount drops to zero
+//! go to the tail of the free list *keeping their keys*, so a later request (or a preempted
+//! one coming back) can still hit them; a key is forgotten only when its block is reused.
+//! Allocation is transactional: it either grants every block a step needs or changes nothing.
+//!
+//! Knows nothing about scheduling, time or latency: callers say how many tokens a request
+//! needs and receive blocks or a refusal.
+//!
+//! Invariant: `free + used == total` at all times, where a block is free exactly when its
+//! refcount is zero, and every free block is on the free list exactly once.
+
+pub mod cpu_tier;
+pub mod hash;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+pub use cpu_tier::CpuTier;
+
+const NIL: u32 = u32::MAX;
+
+/// A hasher for keys that are already uniformly mixed 64-bit hashes: it passes them through.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdentityBuildHasher;
+
+/// The hasher built by [`IdentityBuildHasher`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+impl BuildHasher for IdentityBuildHasher {
+    type Hasher = IdentityHasher;
+    fn build_hasher(&self) -> IdentityHasher {
+        IdentityHasher(0)
+    }
+}
+
+/// One GPU block.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    /// Requests holding the block; 0 means it is on the free list.
+    ref_cnt: u32,
+    /// Content key, once the block is full and prefix caching is on.
+    key: Option<u64>,
+    prev: u32,
+    next: u32,
+}
+
+/// The blocks a request holds, in token order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BlockTable {
+    /// Block ids, block `i` holding tokens `i*block_size .. (i+1)*block_size`.
+    pub ids: Vec<u32>,
+    /// How many leading blocks have been keyed (registered for prefix hits).
+    pub num_keyed: u32,
+}
+
+impl BlockTable {
+    /// Number of blocks held.
+    pub fn len(&self) -> u32 {
+        self.ids.len() as u32
+    }
+
+    /// True if the request holds no block.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+/// Result of a prefix lookup: how many leading full blocks are already cached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixHit {
+    /// Leading blocks resident on the GPU.
+    pub gpu_blocks: u32,
+    /// Following blocks found in the CPU tier (must be reloaded).
+    pub cpu_blocks: u32,
+}
+
+impl PrefixHit {
+    /// All hit blocks.
+    pub fn blocks(&self) -> u32 {
+        self.gpu_blocks + self.cpu_blocks
+    }
+}
+
+/// Counters of prefix-cache effectiveness, in tokens (as vLLM's `prefix_cache_queries` and
+/// `prefix_cache_hits`), plus block movements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvStats {
+    /// Prompt tokens looked up at admission.
+    pub query_tokens: u64,
+    /// Of those, tokens found cached (GPU or CPU).
+    pub hit_tokens: u64,
+    /// Blocks reloaded from the CPU tier.
+    pub cpu_loaded_blocks: u64,
+    /// Keyed GPU blocks whose content was forgotten because the block was reused.
+    pub evicted_blocks: u64,
+}
+
+/// The KV cache of one instance.
+#[derive(Clone, Debug)]
+pub struct KvCache {
+    block_size: u32,
+    prefix_caching: bool,
+    blocks: Vec<Block>,
+    /// Least recently freed end: allocation takes from here.
+    free_head: u32,
+    /// Most recently freed end: release appends here.
+    free_tail: u32,
+    free_count: u32,
+    by_key: HashMap<u64, u32, IdentityBuildHasher>,
+    cpu: Option<CpuTier>,
+    stats: KvStats,
+}
+
+impl KvCache {
+    /// A cache of `num_blocks` empty blocks of `block_size` tokens, all free.
+    ///
+    /// `cpu_blocks > 0` adds a CPU offload tier of that many blocks.
+    pub fn new(num_blocks: u32, block_size: u32, prefix_caching: bool, cpu_blocks: u32) -> Self {
+        debug_assert!(num_blocks > 0, "a KV cache needs blocks");
+        debug_assert!(block_size > 0, "blocks need tokens");
+        let blocks = (0..num_blocks)
+            .map(|id| Block {
+                ref_cnt: 0,
+                key: None,
+                prev: if id == 0 { NIL } else { id - 1 },
+                next: if id + 1 == num_blocks { NIL } else { id + 1 },
+            })
+            .collect();
+        Self {
+            block_size,
+            prefix_caching,
+            blocks,
+            free_head: 0,
+            free_tail: num_blocks - 1,
+            free_count: num_blocks,
+            by_key: HashMap::with_hasher(IdentityBuildHasher),
+            cpu: (cpu_blocks > 0 && prefix_caching).then(|| CpuTier::new(cpu_blocks)),
+            stats: KvStats::default(),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// Total GPU blocks.
+    pub fn total_blocks(&self) -> u32 {
+        self.blocks.len() as u32
+    }
+
+    /// Blocks with refcount zero (free, possibly still holding a cached key).
+    pub fn free_blocks(&self) -> u32 {
+        self.free_count
+    }
+
+    /// Blocks held by at least one request.
+    pub fn used_blocks(&self) -> u32 {
+        self.total_blocks() - self.free_count
+    }
+
+    /// Fraction of blocks in use, in [0, 1] (vLLM's `kv_cache_usage_perc`).
+    pub fn usage(&self) -> f64 {
+        f64::from(self.used_blocks()) / f64::from(self.total_blocks())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> KvStats {
+        self.stats
+    }
+
+    /// Blocks held in the CPU tier (0 without one).
+    pub fn cpu_resident_blocks(&self) -> u32 {
+        self.cpu.as_ref().map_or(0, CpuTier::len)
+    }
+
+    /// True if a block with content `key` is cached on the GPU.
+    pub fn contains_key(&self, key: u64) -> bool {
+        self.by_key.contains_key(&key)
+    }
+
+    /// Number of leading `keys` (at most `max_blocks`) cached on the GPU, then in the CPU tier.
+    /// A pure query: nothing changes.
+    pub fn lookup(&self, keys: &[u64], max_blocks: u32) -> PrefixHit {
+        let mut hit = PrefixHit::default();
+        if !self.prefix_caching {
+            return hit;
+        }
+        let limit = keys.len().min(max_blocks as usize);
+        let mut index = 0;
+        while index < limit && self.by_key.contains_key(&keys[index]) {
+            index += 1;
+        }
+        hit.gpu_blocks = index as u32;
+        if let Some(cpu) = &self.cpu {
+            while index < limit && cpu.contains(keys[index]) {
+                index += 1;
+            }
+        }
+        hit.cpu_blocks = index as u32 - hit.gpu_blocks;
+        hit
+    }
+
+    /// Records one admission's prefix lookup in the hit counters.
+    pub fn record_lookup(&mut self, query_tokens: u32, hit_tokens: u32) {
+        debug_assert!(hit_tokens <= query_tokens, "hits {hit_tokens} > queries {query_tokens}");
+        self.stats.query_tokens += u64::from(query_tokens);
+        self.stats.hit_tokens += u64::from(hit_tokens);
+    }
+
+    /// Grows `table` so it covers `total_tokens` tokens, first taking the `hit` blocks (only
+    /// allowed while the table is empty), then fresh blocks; then keys every block that is
+    /// full at `total_tokens` (`keys` must cover them). Returns false, changing nothing, if
+    /// there are not enough free blocks.
+    pub fn allocate(
+        &mut self,
+        table: &mut BlockTable,
+        keys: &[u64],
+        hit: PrefixHit,
+        total_tokens: u32,
+    ) -> bool {
+        debug_assert!(
+            hit.blocks() == 0 || table.is_empty(),
+            "prefix hits are taken only by a request holding no blocks"
+        );
+        let required = total_tokens.div_ceil(self.block_size);
+        let held = table.len() + hit.gpu_blocks;
+        let fresh = required.saturating_sub(held);
+        let hits_on_free_list = keys[..hit.gpu_blocks as usize]
+            .iter()
+            .filter(|key| {
+                let id = self.by_key[*key];
+                self.blocks[id as usize].ref_cnt == 0
+            })
+            .count() as u32;
+        if fresh > self.free_count - hits_on_free_list {
+            return false;
+        }
+        for key in &keys[..hit.gpu_blocks as usize] {
+            let id = self.by_key[key];
+            self.acquire(id);
+            table.ids.push(id);
+        }
+        for index in 0..fresh {
+            let id = self.pop_free();
+            if index < hit.cpu_blocks {
+                let key = keys[table.ids.len()];
+                self.set_key(id, key);
+                if let Some(cpu) = &mut self.cpu {
+                    cpu.touch(key);
+                }
+                self.stats.cpu_loaded_blocks += 1;
+            }
+            table.ids.push(id);
+        }
+        if hit.blocks() > 0 {
+            table.num_keyed = hit.blocks();
+        }
+        self.key_full_blocks(table, keys, total_tokens);
+        debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
+        true
+    }
+
+    /// Releases every block of `table` (last block first, so a request's tail is evicted
+    /// before its prefix) and empties it.
+    pub fn free(&mut self, table: &mut BlockTable) {
+        for index in (0..table.ids.len()).rev() {
+            let id = table.ids[index];
+            let block = &mut self.blocks[id as usize];
+            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
+            block.ref_cnt -= 1;
+            if block.ref_cnt == 0 {
+                self.push_free(id);
+            }
+        }
+        table.ids.clear();
+        table.num_keyed = 0;
+    }
+
+    /// Checks the cache's internal invariants and that `tables` (every live request's blocks)
+    /// account for every refcount. Walks everything: for tests and debugging.
+    pub fn check<'a>(&self, tables: impl Iterator<Item = &'a BlockTable>) -> Result<(), String> {
+        let mut holders = vec![0u32; self.blocks.len()];
+        for table in tables {
+            for &id in &table.ids {
+                holders[id as usize] += 1;
+            }
+        }
+        let mut on_list = vec![false; self.blocks.len()];
+        let (mut cursor, mut walked, mut prev) = (self.free_head, 0u32, NIL);
+        while cursor != NIL {
+            if on_list[cursor as usize] {
+                return Err(format!("block {cursor} is on the free list twice"));
+            }
+            on_list[cursor as usize] = true;
+            if self.blocks[cursor as usize].prev != prev {
+                return Err(format!("free list back link broken at block {cursor}"));
+            }
+            prev = cursor;
+            cursor = self.blocks[cursor as usize].next;
+            walked += 1;
+        }
+        if prev != self.free_tail {
+            return Err("free list tail does not match".to_owned());
+        }
+        if walked != self.free_count {
+            return Err(format!("free list has {walked} blocks, counter says {}", self.free_count));
+        }
+        for (id, block) in self.blocks.iter().enumerate() {
+            if block.ref_cnt != holders[id] {
+                return Err(format!(
+                    "block {id}: refcount {} but {} requests hold it",
+                    block.ref_cnt, holders[id]
+                ));
+            }
+            if (block.ref_cnt == 0) != on_list[id] {
+                return Err(format!("block {id}: refcount {} vs free-list membership", block.ref_cnt));
+            }
+            if let Some(key) = block.key
+                && !self.by_key.contains_key(&key)
+            {
+                return Err(format!("block {id} has a key missing from the map"));
+            }
+        }
+        for (key, &id) in &self.by_key {
+            if self.blocks[id as usize].key != Some(*key) {
+                return Err(format!("map entry for block {id} disagrees with the block"));
+            }
+        }
+        Ok(())
+    }
+
+    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: &[u64], total_tokens: u32) {
+        if !self.prefix_caching {
+            return;
+        }
+        let full = (total_tokens / self.block_size).min(table.len());
+        debug_assert!(keys.len() as u32 >= full, "keys must cover the full blocks");
+        for index in table.num_keyed..full {
+            let id = table.ids[index as usize];
+            if self.blocks[id as usize].key.is_none() {
+                self.set_key(id, keys[index as usize]);
+            }
+        }
+        table.num_keyed = table.num_keyed.max(full);
+    }
+
+    fn set_key(&mut self, id: u32, key: u64) {
+        // When two requests computed the same content, the first block stays the cached copy
+        // and the duplicate remains unkeyed (it is freed like any private block).
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
+            slot.insert(id);
+            self.blocks[id as usize].key = Some(key);
+        }
+    }
+
+    fn acquire(&mut self, id: u32) {
+        if self.blocks[id as usize].ref_cnt == 0 {
+            self.unlink_free(id);
+        }
+        self.blocks[id as usize].ref_cnt += 1;
+    }
+
+    fn pop_free(&mut self) -> u32 {
+        let id = self.free_head;
+        debug_assert!(id != NIL, "pop from an empty free list");
+        self.unlink_free(id);
+        let block = &mut self.blocks[id as usize];
+        block.ref_cnt = 1;
+        if let Some(key) = block.key.take() {
+            if self.by_key.get(&key) == Some(&id) {
+                self.by_key.remove(&key);
+            }
+            if let Some(cpu) = &mut self.cpu {
+                cpu.insert(key);
+            }
+            self.stats.evicted_blocks += 1;
+        }
+        id
+    }
+
+    fn unlink_free(&mut self, id: u32) {
+        let Block { prev, next, .. } = self.blocks[id as usize];
+        if prev == NIL {
+            self.free_head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.free_tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        let block = &mut self.blocks[id as usize];
+        block.prev = NIL;
+        block.next = NIL;
+        self.free_count -= 1;
+    }
+
+    fn push_free(&mut self, id: u32) {
+        let tail = self.free_tail;
+        {
+            let block = &mut self.blocks[id as usize];
+            block.prev = tail;
+            block.next = NIL;
+        }
+        if tail == NIL {
+            self.free_head = id;
+        } else {
+            self.blocks[tail as usize].next = id;
+        }
+        self.free_tail = id;
+        self.free_count += 1;
+    }
+}

@@ -1,0 +1,388 @@
+//! Per-request records and the aggregate summary of a run.
+//!
+//! Every request that leaves the engine (completed, dropped or timed out) leaves one
+//! [`RequestRecord`] with its timestamps. Inter-token gaps are aggregated exactly as a
+//! value -> count map, so ITL percentiles over every token stay exact without storing each
+//! gap. Percentiles use linear interpolation at rank `p/100 * (n-1)` over sorted values,
+//! as BLIS and numpy do. All figures are in integer microseconds until the summary converts
+//! to milliseconds and seconds.
+
+use std::collections::HashMap;
+
+use crate::sim::request::{RequestId, SloClass};
+
+/// How a request left the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Generated all its tokens.
+    Completed,
+    /// Rejected at arrival: prompt plus `max_tokens` exceeds what the instance can hold.
+    Dropped,
+    /// Its deadline passed before it finished.
+    TimedOut,
+}
+
+impl Outcome {
+    /// The outcome's name in output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Dropped => "dropped",
+            Outcome::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// Everything measured about one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// Request id.
+    pub id: RequestId,
+    /// SLO class.
+    pub slo_class: SloClass,
+    /// How it left.
+    pub outcome: Outcome,
+    /// Arrival at the API server.
+    pub arrival_us: u64,
+    /// Entry into the wait queue.
+    pub enqueue_us: Option<u64>,
+    /// First admission to the running batch.
+    pub schedule_us: Option<u64>,
+    /// First token at the client.
+    pub first_token_us: Option<u64>,
+    /// Completion (last token plus post-decode overhead), drop or timeout time.
+    pub end_us: u64,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: u32,
+    /// Times preempted.
+    pub preemptions: u32,
+    /// Sum of the inter-token gaps.
+    pub token_gap_sum_us: u64,
+    /// Every inter-token gap, when recorded.
+    pub token_gaps_us: Vec<u64>,
+}
+
+impl RequestRecord {
+    /// Time to first token, if a token was produced.
+    pub fn ttft_us(&self) -> Option<u64> {
+        self.first_token_us.map(|t| t - self.arrival_us)
+    }
+
+    /// End-to-end latency (completed requests).
+    pub fn e2e_us(&self) -> Option<u64> {
+        (self.outcome == Outcome::Completed).then(|| self.end_us - self.arrival_us)
+    }
+
+    /// Mean time per output token after the first (completed requests with 2+ tokens).
+    pub fn tpot_us(&self) -> Option<f64> {
+        if self.outcome != Outcome::Completed || self.output_tokens < 2 {
+            return None;
+        }
+        let first = self.first_token_us?;
+        Some((self.end_us - first) as f64 / f64::from(self.output_tokens - 1))
+    }
+
+    /// Arrival to first admission.
+    pub fn scheduling_delay_us(&self) -> Option<u64> {
+        self.schedule_us.map(|t| t - self.arrival_us)
+    }
+}
+
+/// Mean and percentiles of one metric, in milliseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LatencyStats {
+    /// Number of samples.
+    pub count: u64,
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl LatencyStats {
+    /// Stats of microsecond samples (sorted in place), reported in milliseconds.
+    pub fn from_us(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let sum: f64 = values.iter().sum();
+        let quantile = |p: f64| interpolate_sorted(values, p) / 1000.0;
+        Self {
+            count: values.len() as u64,
+            mean: sum / values.len() as f64 / 1000.0,
+            p50: quantile(50.0),
+            p90: quantile(90.0),
+            p95: quantile(95.0),
+            p99: quantile(99.0),
+        }
+    }
+
+    /// Stats of a value -> count map of microsecond samples, reported in milliseconds.
+    pub fn from_counts(counts: &HashMap<u64, u64>) -> Self {
+        let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
+        pairs.sort_unstable();
+        let total: u64 = pairs.iter().map(|&(_, c)| c).sum();
+        if total == 0 {
+            return Self::default();
+        }
+        let sum: f64 = pairs.iter().map(|&(v, c)| v as f64 * c as f64).sum();
+        let quantile = |p: f64| interpolate_counts(&pairs, total, p) / 1000.0;
+        Self {
+            count: total,
+            mean: sum / total as f64 / 1000.0,
+            p50: quantile(50.0),
+            p90: quantile(90.0),
+            p95: quantile(95.0),
+            p99: quantile(99.0),
+        }
+    }
+}
+
+/// Linear-interpolated percentile `p` (0..=100) of sorted, non-empty `values`.
+pub fn interpolate_sorted(values: &[f64], p: f64) -> f64 {
+    let rank = p / 100.0 * (values.len() - 1) as f64;
+    let lower = rank.floor() as usize;
+    let upper = rank.ceil() as usize;
+    let fraction = rank - lower as f64;
+    values[lower] + (values[upper] - values[lower]) * fraction
+}
+
+/// The same percentile over sorted (value, count) pairs holding `total` samples.
+fn interpolate_counts(pairs: &[(u64, u64)], total: u64, p: f64) -> f64 {
+    let rank = p / 100.0 * (total - 1) as f64;
+    let lower = rank.floor() as u64;
+    let fraction = rank - lower as f64;
+    let at = |index: u64| -> f64 {
+        let mut seen = 0;
+        for &(value, count) in pairs {
+            seen += count;
+            if index < seen {
+                return value as f64;
+            }
+        }
+        pairs.last().map_or(0.0, |&(value, _)| value as f64)
+    };
+    let low = at(lower);
+    if fraction == 0.0 {
+        return low;
+    }
+    low + (at(lower + 1) - low) * fraction
+}
+
+/// KV usage over time: a time-weighted mean, the peak, and a sampled timeline.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvUsageTrack {
+    last_change_us: u64,
+    last_usage: f64,
+    weighted_sum: f64,
+    /// Highest usage seen.
+    pub peak: f64,
+    next_sample_us: u64,
+    /// (time µs, usage) samples at the configured interval.
+    pub timeline: Vec<(u64, f64)>,
+}
+
+impl KvUsageTrack {
+    /// Records that usage is `usage` from `now_us` on; samples the timeline every
+    /// `interval_us` (0: no timeline).
+    pub fn update(&mut self, now_us: u64, usage: f64, interval_us: u64) {
+        debug_assert!(now_us >= self.last_change_us, "KV usage time went backwards");
+        self.weighted_sum += self.last_usage * (now_us - self.last_change_us) as f64;
+        self.last_change_us = now_us;
+        self.last_usage = usage;
+        self.peak = self.peak.max(usage);
+        if interval_us > 0 {
+            while self.next_sample_us <= now_us {
+                self.timeline.push((self.next_sample_us, usage));
+                self.next_sample_us += interval_us;
+            }
+        }
+    }
+
+    /// Time-weighted mean usage over [0, end_us].
+    pub fn mean(&self, end_us: u64) -> f64 {
+        if end_us == 0 {
+            return self.last_usage;
+        }
+        let tail = self.last_usage * end_us.saturating_sub(self.last_change_us) as f64;
+        (self.weighted_sum + tail) / end_us as f64
+    }
+}
+
+/// What an engine has measured so far.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// One record per request that left the engine, in leaving order.
+    pub records: Vec<RequestRecord>,
+    /// Every inter-token gap (µs) -> how many times it occurred.
+    pub token_gap_counts: HashMap<u64, u64>,
+    /// KV usage over time.
+    pub kv_usage: KvUsageTrack,
+}
+
+/// Request accounting of an engine (or a cluster) at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests that arrived.
+    pub injected: u64,
+    /// Requests that finished.
+    pub completed: u64,
+    /// Requests arrived but not admitted (queueing delay or wait queue).
+    pub queued: u64,
+    /// Requests in the running batch.
+    pub running: u64,
+    /// Requests rejected as unservable.
+    pub dropped: u64,
+    /// Requests past their deadline.
+    pub timed_out: u64,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    /// Non-empty steps executed.
+    pub steps: u64,
+}
+
+impl Counts {
+    /// Request conservation: injected = completed + queued + running + dropped + timed out.
+    pub fn is_conserved(&self) -> bool {
+        self.injected == self.completed + self.queued + self.running + self.dropped + self.timed_out
+    }
+}
+
+/// The aggregate outcome of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Summary {
+    /// Request accounting.
+    pub counts: Counts,
+    /// Prompt tokens of completed requests.
+    pub input_tokens: u64,
+    /// Output tokens of completed requests.
+    pub output_tokens: u64,
+    /// Simulated time covered (µs).
+    pub sim_duration_us: u64,
+    /// Prefix-cache hit rate in tokens (hits / queried prompt tokens).
+    pub prefix_cache_hit_rate: f64,
+    /// Time to first token (completed requests).
+    pub ttft: LatencyStats,
+    /// End-to-end latency (completed requests).
+    pub e2e: LatencyStats,
+    /// Every inter-token gap.
+    pub itl: LatencyStats,
+    /// Per-request mean time per output token (completed, 2+ tokens).
+    pub tpot: LatencyStats,
+    /// Arrival to first admission (completed requests).
+    pub scheduling_delay: LatencyStats,
+    /// Time-weighted mean KV usage.
+    pub kv_usage_mean: f64,
+    /// Peak KV usage.
+    pub kv_usage_peak: f64,
+    /// Sampled KV usage timeline (µs, usage).
+    pub kv_usage_timeline: Vec<(u64, f64)>,
+}
+
+impl Summary {
+    /// Builds the summary from records, gap counts and counters.
+    pub fn build(
+        records: &[RequestRecord],
+        token_gap_counts: &HashMap<u64, u64>,
+        counts: Counts,
+        sim_duration_us: u64,
+        prefix_cache_hit_rate: f64,
+    ) -> Self {
+        let completed: Vec<&RequestRecord> = records
+            .iter()
+            .filter(|r| r.outcome == Outcome::Completed)
+            .collect();
+        let collect = |f: &dyn Fn(&RequestRecord) -> Option<f64>| -> Vec<f64> {
+            completed.iter().filter_map(|r| f(r)).collect()
+        };
+        let mut ttft = collect(&|r| r.ttft_us().map(|v| v as f64));
+        let mut e2e = collect(&|r| r.e2e_us().map(|v| v as f64));
+        let mut tpot = collect(&|r| r.tpot_us());
+        let mut delay = collect(&|r| r.scheduling_delay_us().map(|v| v as f64));
+        Self {
+            counts,
+            input_tokens: completed.iter().map(|r| u64::from(r.input_tokens)).sum(),
+            output_tokens: completed.iter().map(|r| u64::from(r.output_tokens)).sum(),
+            sim_duration_us,
+            prefix_cache_hit_rate,
+            ttft: LatencyStats::from_us(&mut ttft),
+            e2e: LatencyStats::from_us(&mut e2e),
+            itl: LatencyStats::from_counts(token_gap_counts),
+            tpot: LatencyStats::from_us(&mut tpot),
+            scheduling_delay: LatencyStats::from_us(&mut delay),
+            kv_usage_mean: 0.0,
+            kv_usage_peak: 0.0,
+            kv_usage_timeline: Vec::new(),
+        }
+    }
+
+    /// Simulated duration in seconds.
+    pub fn sim_duration_s(&self) -> f64 {
+        self.sim_duration_us as f64 / 1e6
+    }
+
+    /// Completed requests per simulated second.
+    pub fn requests_per_s(&self) -> f64 {
+        per_second(self.counts.completed, self.sim_duration_us)
+    }
+
+    /// Output tokens of completed requests per simulated second.
+    pub fn output_tokens_per_s(&self) -> f64 {
+        per_second(self.output_tokens, self.sim_duration_us)
+    }
+}
+
+fn per_second(count: u64, duration_us: u64) -> f64 {
+    if duration_us == 0 {
+        0.0
+    } else {
+        count as f64 * 1e6 / duration_us as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_interpolate_like_numpy() {
+        let mut values = vec![4000.0, 1000.0, 3000.0, 2000.0];
+        let stats = LatencyStats::from_us(&mut values);
+        assert_eq!(stats.p50, 2.5);
+        assert!((stats.p90 - 3.7).abs() < 1e-12);
+        assert_eq!(stats.mean, 2.5);
+    }
+
+    #[test]
+    fn count_map_percentiles_match_sorted_values() {
+        let samples = [5u64, 5, 7, 9, 9, 9, 12, 40];
+        let mut counts = HashMap::new();
+        for &s in &samples {
+            *counts.entry(s).or_insert(0) += 1;
+        }
+        let mut floats: Vec<f64> = samples.iter().map(|&v| v as f64).collect();
+        let a = LatencyStats::from_counts(&counts);
+        let b = LatencyStats::from_us(&mut floats);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn kv_mean_is_time_weighted() {
+        let mut track = KvUsageTrack::default();
+        track.update(0, 0.5, 0);
+        track.update(100, 1.0, 0);
+        assert!((track.mean(200) - 0.75).abs() < 1e-12);
+        assert_eq!(track.peak, 1.0);
+    }
+}

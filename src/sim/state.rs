@@ -1,0 +1,113 @@
+//! Mutable per-request state inside an engine.
+//!
+//! A request's progress is two numbers, as in vLLM v1: `num_computed` (tokens whose KV
+//! exists) and `generated` (output tokens emitted). Its token sequence is the prompt plus the
+//! generated tokens, so a step computes `num_tokens() - num_computed` new tokens: the whole
+//! (remaining) prompt while prefilling, exactly one while decoding. Preemption by recompute
+//! resets `num_computed` to zero and keeps `generated`: the request later prefills prompt and
+//! outputs again and resumes decoding where it stopped, as vLLM does.
+
+use crate::sim::kv::BlockTable;
+use crate::sim::kv::hash::{ROOT_KEY, block_key};
+use crate::sim::request::RequestSpec;
+
+/// Where a request is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Arrived, in the API server's queueing delay.
+    Arriving,
+    /// In the scheduler's wait queue.
+    Waiting,
+    /// Admitted to the running batch (holds KV blocks).
+    Running,
+}
+
+/// Timestamps and counters that end up in the request's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// Entered the wait queue (first time).
+    pub enqueue_us: Option<u64>,
+    /// First admitted to the running batch.
+    pub schedule_us: Option<u64>,
+    /// First token seen by the client (includes per-token overhead).
+    pub first_token_us: Option<u64>,
+    /// Client-side time of the latest token.
+    pub last_token_us: u64,
+    /// Engine time of the step that emitted the latest token.
+    pub last_emit_step_end_us: u64,
+    /// Times the request was preempted.
+    pub preemptions: u32,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: u32,
+    /// Sum of inter-token gaps (µs).
+    pub token_gap_sum_us: u64,
+    /// Every inter-token gap (µs), when the engine records them.
+    pub token_gaps_us: Vec<u64>,
+}
+
+/// One live request.
+#[derive(Clone, Debug)]
+pub struct RequestState {
+    /// The immutable request.
+    pub spec: RequestSpec,
+    /// Unique per submission: lets stale events and batch entries detect a reused slot.
+    pub serial: u64,
+    /// Lifecycle phase.
+    pub phase: Phase,
+    /// Tokens whose KV has been computed (and is held in `blocks`).
+    pub num_computed: u32,
+    /// Output tokens emitted so far.
+    pub generated: u32,
+    /// KV blocks held.
+    pub blocks: BlockTable,
+    /// Content keys of the full blocks of the token sequence, computed on demand.
+    pub keys: Vec<u64>,
+    /// Timestamps and counters.
+    pub timeline: Timeline,
+}
+
+impl RequestState {
+    /// A freshly arrived request.
+    pub fn new(spec: RequestSpec, serial: u64) -> Self {
+        Self {
+            spec,
+            serial,
+            phase: Phase::Arriving,
+            num_computed: 0,
+            generated: 0,
+            blocks: BlockTable::default(),
+            keys: Vec::new(),
+            timeline: Timeline::default(),
+        }
+    }
+
+    /// Length of the token sequence: prompt plus generated tokens.
+    pub fn num_tokens(&self) -> u32 {
+        self.spec.input_tokens + self.generated
+    }
+
+    /// Tokens the next step would compute without caps.
+    pub fn remaining_tokens(&self) -> u32 {
+        self.num_tokens() - self.num_computed
+    }
+
+    /// Output tokens at which the request finishes.
+    pub fn target_tokens(&self) -> u32 {
+        self.spec.generated_tokens()
+    }
+
+    /// True while the request's next step is a decode (one token after its first output).
+    pub fn is_decoding(&self) -> bool {
+        self.generated > 0 && self.num_computed + 1 == self.num_tokens()
+    }
+
+    /// Makes sure the keys of the first `full_blocks` blocks are computed.
+    pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
+        let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
+        while (self.keys.len() as u32) < full_blocks {
+            let index = self.keys.len() as u32;
+            parent = block_key(&self.spec, parent, index, block_size);
+            self.keys.push(parent);
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Property test: random engine configs (down to caches so small they force preemption)
+//! and random workloads; every invariant is audited after every event.
+#![allow(clippy::unwrap_used)]
+
+use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
+use ditto::sim::{Engine, EngineConfig, Outcome, RequestSpec, SchedulingPolicy, SloClass};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    config: EngineConfig,
+    alpha: [f64; 3],
+    requests: Vec<RequestSpec>,
+}
+
+fn config_strategy() -> impl Strategy<Value = EngineConfig> {
+    (
+        (2u32..300, prop::sample::select(vec![1u32, 4, 16])),
+        (1u32..12, 8u32..600, 0u32..4),
+        (any::<bool>(), any::<bool>(), 0u32..3, prop::sample::select(vec![0u32, 6])),
+        prop::sample::select(vec![0u32, 20, 64]),
+    )
+        .prop_map(|((blocks, block_size), (seqs, budget, threshold_pick), (chunked, prefix, policy, cpu), max_len_cap)| {
+            let mut config = EngineConfig::vllm_defaults(blocks, if max_len_cap == 0 { 4096 } else { 4096 - max_len_cap });
+            config.block_size = block_size;
+            config.max_num_seqs = seqs;
+            config.max_num_batched_tokens = budget;
+            config.long_prefill_token_threshold = [0, 1, 7, 50][threshold_pick as usize];
+            config.enable_chunked_prefill = chunked;
+            config.enable_prefix_caching = prefix || cpu > 0;
+            config.num_cpu_blocks = cpu;
+            config.cpu_block_load_us = 3;
+            config.scheduling_policy = [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority, SchedulingPolicy::Sjf][policy as usize];
+            config.kv_sample_interval_us = 10_000;
+            config.record_token_gaps = true;
+            config
+        })
+}
+
+fn request_strategy() -> impl Strategy<Value = (u64, u32, u32, Option<(u64, u32)>, usize, Option<u64>)> {
+    (
+        0u64..3_000,
+        1u32..300,
+        0u32..80,
+        prop::option::of((0u64..3, 0u32..200)),
+        0usize..5,
+        prop::option::weighted(0.2, 1_000u64..200_000),
+    )
+}
+
+fn scenario_strategy() -> impl Strategy<Value = Scenario> {
+    (
+        config_strategy(),
+        prop::sample::select(vec![[0.0, 0.0, 0.0], [200.0, 0.5, 20.0]]),
+        prop::collection::vec(request_strategy(), 1..50),
+    )
+        .prop_map(|(config, alpha, raw)| {
+            let mut arrival = 0;
+            let requests = raw
+                .into_iter()
+                .enumerate()
+                .map(|(id, (gap, input, output, prefix, class, deadline))| {
+                    arrival += gap;
+                    let mut spec = RequestSpec::synthetic(id as u64, arrival, input, output)
+                        .with_class(SloClass::ALL[class]);
+                    if let Some((group, len)) = prefix {
+                        spec = spec.with_prefix(group, len);
+                    }
+                    spec.deadline_us = deadline.map(|d| arrival + d);
+                    spec
+                })
+                .collect();
+            Scenario { config, alpha, requests }
+        })
+}
+
+fn model(alpha: [f64; 3]) -> LatencyModel {
+    LatencyModel::Blackbox(BlackboxCoefficients { alpha, beta: [500.0, 2.0, 15.0] })
+}
+
+/// Runs the scenario, auditing after every event; returns the engine.
+fn run_audited(scenario: &Scenario) -> Engine {
+    let mut engine = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
+    let mut pending = scenario.requests.iter().cloned().peekable();
+    let mut last_time = 0;
+    let mut events = 0u64;
+    loop {
+        if let Some(spec) = pending.next_if(|spec| engine.next_event_us().is_none_or(|t| spec.arrival_us <= t)) {
+            engine.submit(spec).unwrap();
+            continue;
+        }
+        if engine.process_next_event().is_none() {
+            break;
+        }
+        events += 1;
+        assert!(events < 2_000_000, "no termination: livelock");
+        assert!(engine.now_us() >= last_time, "clock went backwards");
+        last_time = engine.now_us();
+        if let Err(violation) = engine.check_invariants() {
+            panic!("after event {events} at t={}: {violation}", engine.now_us());
+        }
+    }
+    engine
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_through_every_event(scenario in scenario_strategy()) {
+        let engine = run_audited(&scenario);
+        let counts = engine.counts();
+        // Request conservation with nothing left in flight: everything finished somehow.
+        prop_assert!(counts.is_conserved());
+        prop_assert_eq!(counts.injected, scenario.requests.len() as u64);
+        prop_assert_eq!(counts.queued + counts.running, 0);
+        prop_assert_eq!(engine.kv().used_blocks(), 0, "blocks leaked");
+        let records = &engine.metrics().records;
+        prop_assert_eq!(records.len(), scenario.requests.len());
+        for record in records {
+            let spec = &scenario.requests[record.id.0 as usize];
+            let mut last = record.arrival_us;
+            for stamp in [record.enqueue_us, record.schedule_us, record.first_token_us].into_iter().flatten() {
+                prop_assert!(stamp >= last, "causality broken in {:?}", record);
+                last = stamp;
+            }
+            match record.outcome {
+                Outcome::Completed => {
+                    prop_assert!(record.end_us >= last);
+                    prop_assert_eq!(record.output_tokens, spec.output_tokens.max(1));
+                    prop_assert_eq!(record.token_gaps_us.len() as u32, record.output_tokens - 1);
+                }
+                Outcome::Dropped => prop_assert!(record.schedule_us.is_none()),
+                Outcome::TimedOut => prop_assert_eq!(Some(record.end_us), spec.deadline_us),
+            }
+        }
+        // Token gaps: the aggregate map holds exactly the per-request gaps.
+        let gap_total: u64 = engine.metrics().token_gap_counts.values().sum();
+        let per_request: u64 = records.iter().map(|r| r.token_gaps_us.len() as u64).sum();
+        prop_assert_eq!(gap_total, per_request);
+    }
+
+    #[test]
+    fn same_input_same_output(scenario in scenario_strategy()) {
+        let a = run_audited(&scenario);
+        let b = run_audited(&scenario);
+        prop_assert_eq!(&a.metrics().records, &b.metrics().records);
+        prop_assert_eq!(a.summary(), b.summary());
+    }
+}
+
+/// The random scenarios must actually reach the interesting paths, or the properties above
+/// prove little: sample a fixed set and require preemptions, drops, timeouts, prefix hits
+/// and CPU-tier reloads to all occur.
+#[test]
+fn swarm_reaches_every_path() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let strategy = scenario_strategy();
+    let (mut preemptions, mut dropped, mut timed_out, mut hits, mut reloads) = (0, 0, 0, 0, 0);
+    for _ in 0..200 {
+        let scenario = strategy.new_tree(&mut runner).unwrap().current();
+        let engine = run_audited(&scenario);
+        let counts = engine.counts();
+        preemptions += counts.preemptions;
+        dropped += counts.dropped;
+        timed_out += counts.timed_out;
+        hits += engine.kv().stats().hit_tokens;
+        reloads += engine.kv().stats().cpu_loaded_blocks;
+    }
+    assert!(preemptions > 0, "no preemption exercised");
+    assert!(dropped > 0, "no drop exercised");
+    assert!(timed_out > 0, "no timeout exercised");
+    assert!(hits > 0, "no prefix hit exercised");
+    assert!(reloads > 0, "no CPU reload exercised");
+    eprintln!("swarm: {preemptions} preemptions, {dropped} drops, {timed_out} timeouts, {hits} hit tokens, {reloads} reloads");
+}
