@@ -18,7 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     compiler.open_files(&files)?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     // compile_fds ignores file_descriptor_set_path, so the descriptor set is written here.
-    std::fs::write(out.join("ditto_descriptor.bin"), compiler.encode_file_descriptor_set())?;
+    std::fs::write(
+        out.join("ditto_descriptor.bin"),
+        compiler.encode_file_descriptor_set(),
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

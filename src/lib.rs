@@ -11,7 +11,7 @@
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
 pub mod catalog;
-// TEMP pub mod cli;
+pub mod cli;
 pub mod server;
 pub mod sim;
 pub mod workload;

@@ -1,1 +1,51 @@
-fn main() {}
+//! The `ditto` binary: parses flags, runs the command, prints results.
+//!
+//! Exit codes: 0 success, 1 a run that failed (e.g. its event budget ran out), 2 bad input
+//! (unknown flag, bad value, unreadable or invalid file). Results go to stdout; diagnostics
+//! and wall time to stderr.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use ditto::cli::{Cli, CliError, Command, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Run(args) => run_command(&args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(err.exit_code() as u8)
+        }
+    }
+}
+
+fn run_command(args: &ditto::cli::RunArgs) -> Result<(), CliError> {
+    let started = Instant::now();
+    let result = run::execute(args)?;
+    let wall = started.elapsed();
+    if let Some(path) = &args.per_request {
+        std::fs::write(path, result.per_request_jsonl()).map_err(|source| CliError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    // A closed pipe (e.g. `| head`) is not an error worth a panic.
+    let _ = stdout.write_all(result.summary_json().as_bytes());
+    let counts = result.engine.counts();
+    eprintln!(
+        "ditto run: {} requests, {} steps, {} events in {:.3} s wall ({:.0} simulated requests/s)",
+        counts.injected,
+        counts.steps,
+        result.engine.events_processed(),
+        wall.as_secs_f64(),
+        counts.injected as f64 / wall.as_secs_f64().max(1e-9)
+    );
+    Ok(())
+}

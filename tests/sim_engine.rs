@@ -2,7 +2,10 @@
 #![allow(clippy::unwrap_used)]
 
 use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
-use ditto::sim::{Engine, EngineConfig, Outcome, RequestId, RequestRecord, RequestSpec, SchedulingPolicy, SloClass};
+use ditto::sim::{
+    Engine, EngineConfig, Outcome, RequestId, RequestRecord, RequestSpec, SchedulingPolicy,
+    SloClass,
+};
 
 /// Step = 1000 µs + 1 µs per prefill token + 10 µs per decode token; no overheads.
 fn linear_model() -> LatencyModel {
@@ -65,14 +68,20 @@ fn next_batch(engine: &mut Engine) -> Vec<(u64, u32)> {
 fn token_budget_and_chunked_prefill() {
     let mut engine = engine(config(10_000));
     for id in 0..3 {
-        engine.submit(RequestSpec::synthetic(id, 0, 1000, 4)).unwrap();
+        engine
+            .submit(RequestSpec::synthetic(id, 0, 1000, 4))
+            .unwrap();
     }
     // 2048 tokens: two whole prompts and a 48-token chunk of the third.
     assert_eq!(next_batch(&mut engine), vec![(0, 1000), (1, 1000), (2, 48)]);
     // Next step: two decodes and the rest of the third prompt up to the budget.
     engine.process_next_event().unwrap();
     assert_eq!(engine.batch_in_flight().len(), 3);
-    let batch: Vec<_> = engine.batch_in_flight().into_iter().map(|(i, n)| (i.0, n)).collect();
+    let batch: Vec<_> = engine
+        .batch_in_flight()
+        .into_iter()
+        .map(|(i, n)| (i.0, n))
+        .collect();
     assert_eq!(batch, vec![(0, 1), (1, 1), (2, 952)]);
 }
 
@@ -93,7 +102,9 @@ fn long_prefill_threshold_caps_chunks() {
     let mut cfg = config(10_000);
     cfg.long_prefill_token_threshold = 300;
     let mut engine = engine(cfg);
-    engine.submit(RequestSpec::synthetic(0, 0, 1000, 4)).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(0, 0, 1000, 4))
+        .unwrap();
     engine.submit(RequestSpec::synthetic(1, 0, 100, 4)).unwrap();
     assert_eq!(next_batch(&mut engine), vec![(0, 300), (1, 100)]);
 }
@@ -103,8 +114,12 @@ fn prefill_without_chunking_waits_for_a_whole_budget() {
     let mut cfg = config(10_000);
     cfg.enable_chunked_prefill = false;
     let mut engine = engine(cfg);
-    engine.submit(RequestSpec::synthetic(0, 0, 1500, 4)).unwrap();
-    engine.submit(RequestSpec::synthetic(1, 0, 1000, 4)).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(0, 0, 1500, 4))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(1, 0, 1000, 4))
+        .unwrap();
     assert_eq!(next_batch(&mut engine), vec![(0, 1500)]);
 }
 
@@ -123,7 +138,11 @@ fn fcfs_preempts_the_tail_and_admits_nothing_that_step() {
             saw_preemption = true;
             // The preempting step holds only A: B is back at the queue's front, and the
             // waiting request 2 was not admitted in the same step.
-            let batch: Vec<u64> = engine.batch_in_flight().iter().map(|(id, _)| id.0).collect();
+            let batch: Vec<u64> = engine
+                .batch_in_flight()
+                .iter()
+                .map(|(id, _)| id.0)
+                .collect();
             assert_eq!(batch, vec![0]);
             assert_eq!(engine.waiting_ids().first(), Some(&RequestId(1)));
         }
@@ -151,7 +170,10 @@ fn preempted_request_hits_its_own_blocks_lazily() {
     assert_eq!(engine.kv().stats().hit_tokens - hits_before, 32);
     // Preemption keeps generated tokens: no token is produced twice.
     assert_eq!(record(&engine, 1).output_tokens, 40);
-    assert_eq!(engine.metrics().token_gap_counts.values().sum::<u64>(), 2 * 39);
+    assert_eq!(
+        engine.metrics().token_gap_counts.values().sum::<u64>(),
+        2 * 39
+    );
 }
 
 #[test]
@@ -160,9 +182,15 @@ fn priority_preempts_the_least_urgent_latest_arrival() {
     cfg.scheduling_policy = SchedulingPolicy::Priority;
     let mut engine = engine(cfg);
     // Three 48-token prompts (3 blocks each) growing to 6 blocks: the cache of 12 runs out.
-    engine.submit(RequestSpec::synthetic(0, 0, 48, 40).with_class(SloClass::Batch)).unwrap();
-    engine.submit(RequestSpec::synthetic(1, 0, 48, 40).with_class(SloClass::Critical)).unwrap();
-    engine.submit(RequestSpec::synthetic(2, 1, 48, 40).with_class(SloClass::Batch)).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(0, 0, 48, 40).with_class(SloClass::Batch))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(1, 0, 48, 40).with_class(SloClass::Critical))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(2, 1, 48, 40).with_class(SloClass::Batch))
+        .unwrap();
     while engine.counts().preemptions == 0 {
         engine.process_next_event().unwrap();
     }
@@ -171,7 +199,11 @@ fn priority_preempts_the_least_urgent_latest_arrival() {
     assert!(engine.running_ids().contains(&RequestId(0)));
     assert!(engine.running_ids().contains(&RequestId(1)));
     run_checked(&mut engine, vec![]);
-    assert_eq!(record(&engine, 1).preemptions, 0, "the critical request is never the victim");
+    assert_eq!(
+        record(&engine, 1).preemptions,
+        0,
+        "the critical request is never the victim"
+    );
 }
 
 #[test]
@@ -180,9 +212,15 @@ fn priority_policy_orders_the_wait_queue() {
     cfg.scheduling_policy = SchedulingPolicy::Priority;
     cfg.max_num_seqs = 1;
     let mut engine = engine(cfg);
-    engine.submit(RequestSpec::synthetic(0, 0, 10, 1).with_class(SloClass::Background)).unwrap();
-    engine.submit(RequestSpec::synthetic(1, 0, 10, 1).with_class(SloClass::Batch)).unwrap();
-    engine.submit(RequestSpec::synthetic(2, 0, 10, 1).with_class(SloClass::Critical)).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(0, 0, 10, 1).with_class(SloClass::Background))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(1, 0, 10, 1).with_class(SloClass::Batch))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(2, 0, 10, 1).with_class(SloClass::Critical))
+        .unwrap();
     run_checked(&mut engine, vec![]);
     let order: Vec<u64> = engine.metrics().records.iter().map(|r| r.id.0).collect();
     assert_eq!(order, vec![2, 1, 0]);
@@ -215,7 +253,11 @@ fn prefix_group_shares_blocks_across_requests() {
     );
     assert_eq!(record(&engine, 0).cached_tokens, 0);
     assert_eq!(record(&engine, 1).cached_tokens, 128);
-    assert_eq!(record(&engine, 2).cached_tokens, 0, "another group shares nothing");
+    assert_eq!(
+        record(&engine, 2).cached_tokens,
+        0,
+        "another group shares nothing"
+    );
     let summary = engine.summary();
     assert!((summary.prefix_cache_hit_rate - 128.0 / 600.0).abs() < 1e-12);
 }
@@ -225,8 +267,12 @@ fn same_step_admissions_hit_blocks_keyed_at_schedule_time() {
     // vLLM keys blocks when it allocates them, so a second request admitted in the same
     // step already hits the first one's prefix.
     let mut engine = engine(config(10_000));
-    engine.submit(RequestSpec::synthetic(0, 0, 200, 2).with_prefix(1, 160)).unwrap();
-    engine.submit(RequestSpec::synthetic(1, 0, 200, 2).with_prefix(1, 160)).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(0, 0, 200, 2).with_prefix(1, 160))
+        .unwrap();
+    engine
+        .submit(RequestSpec::synthetic(1, 0, 200, 2).with_prefix(1, 160))
+        .unwrap();
     assert_eq!(next_batch(&mut engine), vec![(0, 200), (1, 40)]);
 }
 
@@ -262,7 +308,10 @@ fn request_larger_than_the_cache_is_dropped() {
     let mut engine = engine(config(4));
     run_checked(
         &mut engine,
-        vec![RequestSpec::synthetic(0, 0, 60, 5), RequestSpec::synthetic(1, 0, 60, 4)],
+        vec![
+            RequestSpec::synthetic(0, 0, 60, 5),
+            RequestSpec::synthetic(1, 0, 60, 4),
+        ],
     );
     assert_eq!(record(&engine, 0).outcome, Outcome::Dropped);
     assert_eq!(record(&engine, 1).outcome, Outcome::Completed);
@@ -285,10 +334,17 @@ fn work_conserving_restart_after_idle() {
     let mut engine = engine(config(100));
     run_checked(
         &mut engine,
-        vec![RequestSpec::synthetic(0, 0, 16, 2), RequestSpec::synthetic(1, 50_000, 16, 2)],
+        vec![
+            RequestSpec::synthetic(0, 0, 16, 2),
+            RequestSpec::synthetic(1, 50_000, 16, 2),
+        ],
     );
     let second = record(&engine, 1);
-    assert_eq!(second.schedule_us, Some(50_000), "an idle engine starts a step at once");
+    assert_eq!(
+        second.schedule_us,
+        Some(50_000),
+        "an idle engine starts a step at once"
+    );
     assert_eq!(second.ttft_us(), Some(1016));
 }
 
@@ -349,8 +405,15 @@ fn cpu_tier_reloads_evicted_prefix_at_a_cost() {
 #[test]
 fn forked_engine_continues_identically() {
     let requests: Vec<RequestSpec> = (0..200)
-        .map(|i| RequestSpec::synthetic(i, i * 3_000, 100 + (i as u32 * 37) % 900, 1 + (i as u32 * 13) % 300)
-            .with_prefix(i % 4, 64))
+        .map(|i| {
+            RequestSpec::synthetic(
+                i,
+                i * 3_000,
+                100 + (i as u32 * 37) % 900,
+                1 + (i as u32 * 13) % 300,
+            )
+            .with_prefix(i % 4, 64)
+        })
         .collect();
     let mut engine = engine(config(400));
     let (first, rest) = requests.split_at(120);
@@ -363,5 +426,8 @@ fn forked_engine_continues_identically() {
     fork.run(rest.iter().cloned(), u64::MAX).unwrap();
     assert_eq!(engine.metrics().records, fork.metrics().records);
     assert_eq!(engine.summary(), fork.summary());
-    assert!(engine.counts().preemptions > 0, "the scenario should exercise preemption");
+    assert!(
+        engine.counts().preemptions > 0,
+        "the scenario should exercise preemption"
+    );
 }

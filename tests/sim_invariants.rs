@@ -17,27 +17,53 @@ fn config_strategy() -> impl Strategy<Value = EngineConfig> {
     (
         (2u32..300, prop::sample::select(vec![1u32, 4, 16])),
         (1u32..12, 8u32..600, 0u32..4),
-        (any::<bool>(), any::<bool>(), 0u32..3, prop::sample::select(vec![0u32, 6])),
+        (
+            any::<bool>(),
+            any::<bool>(),
+            0u32..3,
+            prop::sample::select(vec![0u32, 6]),
+        ),
         prop::sample::select(vec![0u32, 20, 64]),
     )
-        .prop_map(|((blocks, block_size), (seqs, budget, threshold_pick), (chunked, prefix, policy, cpu), max_len_cap)| {
-            let mut config = EngineConfig::vllm_defaults(blocks, if max_len_cap == 0 { 4096 } else { 4096 - max_len_cap });
-            config.block_size = block_size;
-            config.max_num_seqs = seqs;
-            config.max_num_batched_tokens = budget;
-            config.long_prefill_token_threshold = [0, 1, 7, 50][threshold_pick as usize];
-            config.enable_chunked_prefill = chunked;
-            config.enable_prefix_caching = prefix || cpu > 0;
-            config.num_cpu_blocks = cpu;
-            config.cpu_block_load_us = 3;
-            config.scheduling_policy = [SchedulingPolicy::Fcfs, SchedulingPolicy::Priority, SchedulingPolicy::Sjf][policy as usize];
-            config.kv_sample_interval_us = 10_000;
-            config.record_token_gaps = true;
-            config
-        })
+        .prop_map(
+            |(
+                (blocks, block_size),
+                (seqs, budget, threshold_pick),
+                (chunked, prefix, policy, cpu),
+                max_len_cap,
+            )| {
+                let mut config = EngineConfig::vllm_defaults(
+                    blocks,
+                    if max_len_cap == 0 {
+                        4096
+                    } else {
+                        4096 - max_len_cap
+                    },
+                );
+                config.block_size = block_size;
+                config.max_num_seqs = seqs;
+                config.max_num_batched_tokens = budget;
+                config.long_prefill_token_threshold = [0, 1, 7, 50][threshold_pick as usize];
+                config.enable_chunked_prefill = chunked;
+                config.enable_prefix_caching = prefix || cpu > 0;
+                config.num_cpu_blocks = cpu;
+                config.cpu_block_load_us = 3;
+                config.scheduling_policy = [
+                    SchedulingPolicy::Fcfs,
+                    SchedulingPolicy::Priority,
+                    SchedulingPolicy::Sjf,
+                ][policy as usize];
+                config.kv_sample_interval_us = 10_000;
+                config.record_token_gaps = true;
+                config
+            },
+        )
 }
 
-fn request_strategy() -> impl Strategy<Value = (u64, u32, u32, Option<(u64, u32)>, usize, Option<u64>)> {
+/// (arrival gap, input, output, prefix (group, length), SLO class index, deadline offset).
+type RawRequest = (u64, u32, u32, Option<(u64, u32)>, usize, Option<u64>);
+
+fn request_strategy() -> impl Strategy<Value = RawRequest> {
     (
         0u64..3_000,
         1u32..300,
@@ -70,12 +96,19 @@ fn scenario_strategy() -> impl Strategy<Value = Scenario> {
                     spec
                 })
                 .collect();
-            Scenario { config, alpha, requests }
+            Scenario {
+                config,
+                alpha,
+                requests,
+            }
         })
 }
 
 fn model(alpha: [f64; 3]) -> LatencyModel {
-    LatencyModel::Blackbox(BlackboxCoefficients { alpha, beta: [500.0, 2.0, 15.0] })
+    LatencyModel::Blackbox(BlackboxCoefficients {
+        alpha,
+        beta: [500.0, 2.0, 15.0],
+    })
 }
 
 /// Runs the scenario, auditing after every event; returns the engine.
@@ -85,7 +118,9 @@ fn run_audited(scenario: &Scenario) -> Engine {
     let mut last_time = 0;
     let mut events = 0u64;
     loop {
-        if let Some(spec) = pending.next_if(|spec| engine.next_event_us().is_none_or(|t| spec.arrival_us <= t)) {
+        if let Some(spec) =
+            pending.next_if(|spec| engine.next_event_us().is_none_or(|t| spec.arrival_us <= t))
+        {
             engine.submit(spec).unwrap();
             continue;
         }
@@ -175,5 +210,7 @@ fn swarm_reaches_every_path() {
     assert!(timed_out > 0, "no timeout exercised");
     assert!(hits > 0, "no prefix hit exercised");
     assert!(reloads > 0, "no CPU reload exercised");
-    eprintln!("swarm: {preemptions} preemptions, {dropped} drops, {timed_out} timeouts, {hits} hit tokens, {reloads} reloads");
+    eprintln!(
+        "swarm: {preemptions} preemptions, {dropped} drops, {timed_out} timeouts, {hits} hit tokens, {reloads} reloads"
+    );
 }

@@ -25,9 +25,10 @@ pub enum Command {
 /// Flags of `ditto run`.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
-    /// Model: an embedded model name (see --list-models) or a path to a HF config.json.
-    #[arg(long, default_value = "llama-3.1-8b-instruct")]
-    pub model: String,
+    /// Model: an embedded model name (data/models/) or a path to a HF config.json
+    /// (default: the replay trace's model if embedded, else llama-3.1-8b-instruct).
+    #[arg(long)]
+    pub model: Option<String>,
     /// GPU: an embedded GPU name (H100, A100-80, L40S, ...).
     #[arg(long, default_value = "H100")]
     pub gpu: String,

@@ -82,29 +82,50 @@ impl RunResult {
     }
 }
 
+/// The model simulated when neither `--model` nor a replay trace names one.
+pub const DEFAULT_MODEL: &str = "llama-3.1-8b-instruct";
+
 /// Where the run's requests come from.
 enum Source {
-    Generated(WorkloadSpec, String),
-    Trace(Vec<RequestSpec>, Option<ReplayConfig>, String),
+    Generated(Box<WorkloadSpec>, String),
+    /// Requests, the replay file's server settings, the file name, its model id.
+    Trace(
+        Vec<RequestSpec>,
+        Option<ReplayConfig>,
+        String,
+        Option<String>,
+    ),
 }
 
 /// Runs `ditto run` with `args`.
 pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
-    let arch = load_model(&args.model)?;
-    let gpu = catalog::gpu(&args.gpu)?;
     let source = load_source(args)?;
+    let arch = match (&args.model, &source) {
+        (Some(model), _) => load_model(model)?,
+        (None, Source::Trace(_, _, _, Some(model_id))) => {
+            catalog::model(model_id).or_else(|_| catalog::model(DEFAULT_MODEL))?
+        }
+        (None, _) => catalog::model(DEFAULT_MODEL)?,
+    };
+    let gpu = catalog::gpu(&args.gpu)?;
     let replay = match &source {
-        Source::Trace(_, replay, _) => *replay,
+        Source::Trace(_, replay, _, _) => *replay,
         Source::Generated(..) => None,
     };
-    let tp = args.tp.or(replay.map(|r| r.tensor_parallelism)).unwrap_or(1);
+    let tp = args
+        .tp
+        .or(replay.map(|r| r.tensor_parallelism))
+        .unwrap_or(1);
     if tp == 0 {
         return Err(CliError::flag("tp", "must be at least 1"));
     }
     let kind = LatencyKind::parse(&args.latency_model).ok_or_else(|| {
         CliError::flag(
             "latency-model",
-            format!("unknown model {:?}; expected roofline, blackbox or physics", args.latency_model),
+            format!(
+                "unknown model {:?}; expected roofline, blackbox or physics",
+                args.latency_model
+            ),
         )
     })?;
     let latency = catalog::latency_model(kind, &arch, &gpu, tp)?;
@@ -121,7 +142,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         max_model_len: config.max_model_len,
         scheduling_policy: config.scheduling_policy.as_str(),
         workload: match &source {
-            Source::Generated(_, name) | Source::Trace(_, _, name) => name.clone(),
+            Source::Generated(_, name) | Source::Trace(_, _, name, _) => name.clone(),
         },
         seed: match &source {
             Source::Generated(spec, _) => spec.seed,
@@ -131,7 +152,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
     let mut engine = Engine::new(config, latency)?;
     match source {
         Source::Generated(spec, _) => engine.run(spec.generator()?, args.max_events)?,
-        Source::Trace(requests, _, _) => engine.run(requests, args.max_events)?,
+        Source::Trace(requests, ..) => engine.run(requests, args.max_events)?,
     }
     let summary = engine.summary();
     Ok(RunResult {
@@ -167,22 +188,28 @@ fn load_source(args: &RunArgs) -> Result<Source, CliError> {
             path: path.clone(),
             reason: err.to_string(),
         })?;
-        let trace = format.parse(&read(path)?).map_err(|err| CliError::BadFile {
-            path: path.clone(),
-            reason: err.to_string(),
-        })?;
-        return Ok(Source::Trace(trace.requests, trace.replay_config, path.display().to_string()));
+        let trace = format
+            .parse(&read(path)?)
+            .map_err(|err| CliError::BadFile {
+                path: path.clone(),
+                reason: err.to_string(),
+            })?;
+        return Ok(Source::Trace(
+            trace.requests,
+            trace.replay_config,
+            path.display().to_string(),
+            trace.model_id,
+        ));
     }
     if let Some(path) = &args.workload {
         let spec = WorkloadSpec::from_yaml(&read(path)?).map_err(|err| CliError::BadFile {
             path: path.clone(),
             reason: err.to_string(),
         })?;
-        spec.validate().map_err(|err| CliError::BadFile {
-            path: path.clone(),
-            reason: err.to_string(),
-        })?;
-        return Ok(Source::Generated(spec, path.display().to_string()));
+        return Ok(Source::Generated(
+            Box::new(spec),
+            path.display().to_string(),
+        ));
     }
     let arrival = match args.arrival.trim().to_ascii_lowercase().as_str() {
         "poisson" => ArrivalProcess::Poisson,
@@ -195,35 +222,65 @@ fn load_source(args: &RunArgs) -> Result<Source, CliError> {
         }
     };
     if !(args.rate.is_finite() && args.rate > 0.0) {
-        return Err(CliError::flag("rate", format!("must be a positive number (got {})", args.rate)));
+        return Err(CliError::flag(
+            "rate",
+            format!("must be a positive number (got {})", args.rate),
+        ));
     }
     if args.num_requests == 0 {
         return Err(CliError::flag("num-requests", "must be at least 1"));
     }
     let input = gaussian_flag("input-tokens", &args.input_tokens)?;
     let output = gaussian_flag("output-tokens", &args.output_tokens)?;
-    let spec = WorkloadSpec::single_client(args.seed, args.num_requests, args.rate, arrival, input, output);
-    spec.validate().map_err(|err| CliError::flag("rate", err.to_string()))?;
-    Ok(Source::Generated(spec, "flags".to_owned()))
+    let spec = WorkloadSpec::single_client(
+        args.seed,
+        args.num_requests,
+        args.rate,
+        arrival,
+        input,
+        output,
+    );
+    spec.validate()
+        .map_err(|err| CliError::flag("rate", err.to_string()))?;
+    Ok(Source::Generated(Box::new(spec), "flags".to_owned()))
 }
 
 /// Parses `MEAN,STDEV,MIN,MAX` into a clamped gaussian.
 fn gaussian_flag(flag: &'static str, text: &str) -> Result<LengthDist, CliError> {
     let parts: Vec<&str> = text.split(',').map(str::trim).collect();
     if parts.len() != 4 {
-        return Err(CliError::flag(flag, format!("expected MEAN,STDEV,MIN,MAX, got {text:?}")));
+        return Err(CliError::flag(
+            flag,
+            format!("expected MEAN,STDEV,MIN,MAX, got {text:?}"),
+        ));
     }
     let number = |index: usize, name: &str| -> Result<f64, CliError> {
         parts[index]
             .parse::<f64>()
             .ok()
             .filter(|v| v.is_finite() && *v >= 0.0)
-            .ok_or_else(|| CliError::flag(flag, format!("{name} must be a non-negative number, got {:?}", parts[index])))
+            .ok_or_else(|| {
+                CliError::flag(
+                    flag,
+                    format!(
+                        "{name} must be a non-negative number, got {:?}",
+                        parts[index]
+                    ),
+                )
+            })
     };
     let (mean, stdev) = (number(0, "MEAN")?, number(1, "STDEV")?);
     let (min, max) = (number(2, "MIN")?, number(3, "MAX")?);
-    if min < 1.0 || max > f64::from(u32::MAX) || min > max || min.fract() != 0.0 || max.fract() != 0.0 {
-        return Err(CliError::flag(flag, format!("MIN and MAX must be whole numbers with 1 <= MIN <= MAX, got {min} and {max}")));
+    if min < 1.0
+        || max > f64::from(u32::MAX)
+        || min > max
+        || min.fract() != 0.0
+        || max.fract() != 0.0
+    {
+        return Err(CliError::flag(
+            flag,
+            format!("MIN and MAX must be whole numbers with 1 <= MIN <= MAX, got {min} and {max}"),
+        ));
     }
     Ok(LengthDist::gaussian(mean, stdev, min as u32, max as u32))
 }
@@ -235,7 +292,10 @@ fn engine_config(
     tp: u32,
     replay: Option<ReplayConfig>,
 ) -> Result<EngineConfig, CliError> {
-    let block_size = args.block_size.or(replay.map(|r| r.block_size)).unwrap_or(16);
+    let block_size = args
+        .block_size
+        .or(replay.map(|r| r.block_size))
+        .unwrap_or(16);
     if block_size == 0 {
         return Err(CliError::flag("block-size", "must be at least 1"));
     }
@@ -243,12 +303,19 @@ fn engine_config(
         Some(0) => return Err(CliError::flag("num-gpu-blocks", "must be at least 1")),
         Some(blocks) => blocks,
         None => match replay.map(|r| r.kv_blocks_total_gpu).filter(|&b| b > 0) {
-            Some(blocks) => u32::try_from(blocks)
-                .map_err(|_| CliError::flag("trace", format!("kv_blocks_total_gpu {blocks} is too large")))?,
+            Some(blocks) => u32::try_from(blocks).map_err(|_| {
+                CliError::flag(
+                    "trace",
+                    format!("kv_blocks_total_gpu {blocks} is too large"),
+                )
+            })?,
             None => {
                 let utilization = args.gpu_memory_utilization;
                 if !(utilization > 0.0 && utilization <= 1.0) {
-                    return Err(CliError::flag("gpu-memory-utilization", format!("must be in (0, 1], got {utilization}")));
+                    return Err(CliError::flag(
+                        "gpu-memory-utilization",
+                        format!("must be in (0, 1], got {utilization}"),
+                    ));
                 }
                 capacity::num_gpu_blocks(arch, gpu, tp, utilization, block_size)?
             }
@@ -258,20 +325,33 @@ fn engine_config(
     let scheduling_policy = SchedulingPolicy::parse(&args.scheduling_policy).ok_or_else(|| {
         CliError::flag(
             "scheduling-policy",
-            format!("unknown policy {:?}; expected fcfs, priority or sjf", args.scheduling_policy),
+            format!(
+                "unknown policy {:?}; expected fcfs, priority or sjf",
+                args.scheduling_policy
+            ),
         )
     })?;
     if !(args.cpu_offload_bandwidth_gbps.is_finite() && args.cpu_offload_bandwidth_gbps > 0.0) {
-        return Err(CliError::flag("cpu-offload-bandwidth-gbps", "must be a positive number"));
+        return Err(CliError::flag(
+            "cpu-offload-bandwidth-gbps",
+            "must be a positive number",
+        ));
     }
     if !(args.kv_sample_interval_s.is_finite() && args.kv_sample_interval_s >= 0.0) {
-        return Err(CliError::flag("kv-sample-interval-s", "must be a non-negative number"));
+        return Err(CliError::flag(
+            "kv-sample-interval-s",
+            "must be a non-negative number",
+        ));
     }
     let block_bytes = arch.kv_bytes_per_block(tp, block_size);
-    let cpu_block_load_us = (block_bytes as f64 / (args.cpu_offload_bandwidth_gbps * 1e3)).ceil() as u64;
+    let cpu_block_load_us =
+        (block_bytes as f64 / (args.cpu_offload_bandwidth_gbps * 1e3)).ceil() as u64;
     let mut config = EngineConfig::vllm_defaults(num_gpu_blocks, max_model_len);
     config.block_size = block_size;
-    config.max_num_seqs = args.max_num_seqs.or(replay.map(|r| r.max_num_seqs)).unwrap_or(256);
+    config.max_num_seqs = args
+        .max_num_seqs
+        .or(replay.map(|r| r.max_num_seqs))
+        .unwrap_or(256);
     config.max_num_batched_tokens = args
         .max_num_batched_tokens
         .or(replay.map(|r| r.max_num_batched_tokens))

@@ -7,4 +7,5 @@ pub mod proto {
 }
 
 /// The encoded file descriptor set of the public API (for reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ditto_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/ditto_descriptor.bin"));

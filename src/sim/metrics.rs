@@ -197,7 +197,10 @@ impl KvUsageTrack {
     /// Records that usage is `usage` from `now_us` on; samples the timeline every
     /// `interval_us` (0: no timeline).
     pub fn update(&mut self, now_us: u64, usage: f64, interval_us: u64) {
-        debug_assert!(now_us >= self.last_change_us, "KV usage time went backwards");
+        debug_assert!(
+            now_us >= self.last_change_us,
+            "KV usage time went backwards"
+        );
         self.weighted_sum += self.last_usage * (now_us - self.last_change_us) as f64;
         self.last_change_us = now_us;
         self.last_usage = usage;

@@ -66,7 +66,9 @@ impl SloClass {
         if lowered.is_empty() {
             return Some(SloClass::Standard);
         }
-        SloClass::ALL.into_iter().find(|class| class.as_str() == lowered)
+        SloClass::ALL
+            .into_iter()
+            .find(|class| class.as_str() == lowered)
     }
 }
 

@@ -7,13 +7,21 @@ impl Engine {
     /// O(1) checks run after every event in debug builds: request conservation and KV block
     /// conservation by counters.
     pub(super) fn debug_check_counters(&self) {
-        debug_assert!(self.counts.is_conserved(), "request conservation broken: {:?}", self.counts);
+        debug_assert!(
+            self.counts.is_conserved(),
+            "request conservation broken: {:?}",
+            self.counts
+        );
         debug_assert_eq!(
             self.kv.free_blocks() + self.kv.used_blocks(),
             self.kv.total_blocks(),
             "KV block conservation broken"
         );
-        debug_assert_eq!(self.counts.running as usize, self.running.len(), "running count drifted");
+        debug_assert_eq!(
+            self.counts.running as usize,
+            self.running.len(),
+            "running count drifted"
+        );
     }
 
     /// Audits every invariant by walking the whole state: request conservation, phases
@@ -28,15 +36,23 @@ impl Engine {
         let running = live.iter().filter(|s| s.phase == Phase::Running).count();
         let arriving = live.iter().filter(|s| s.phase == Phase::Arriving).count();
         if waiting != self.waiting.len() {
-            return Err(format!("{waiting} waiting requests but {} queued", self.waiting.len()));
+            return Err(format!(
+                "{waiting} waiting requests but {} queued",
+                self.waiting.len()
+            ));
         }
         if running != self.running.len() {
-            return Err(format!("{running} running requests but {} in the batch list", self.running.len()));
+            return Err(format!(
+                "{running} running requests but {} in the batch list",
+                self.running.len()
+            ));
         }
         // Arriving requests not yet injected (future arrivals) are not counted anywhere.
         let counted_queued = self.counts.queued as usize;
         if counted_queued < waiting || counted_queued > waiting + arriving {
-            return Err(format!("queued count {counted_queued} vs {waiting} waiting + {arriving} arriving"));
+            return Err(format!(
+                "queued count {counted_queued} vs {waiting} waiting + {arriving} arriving"
+            ));
         }
         for &slot in &self.running {
             let state = self.state(slot);
@@ -52,7 +68,10 @@ impl Engine {
         }
         for state in &live {
             if state.phase != Phase::Running && !state.blocks.is_empty() {
-                return Err(format!("request {:?} holds blocks while not running", state.spec.id));
+                return Err(format!(
+                    "request {:?} holds blocks while not running",
+                    state.spec.id
+                ));
             }
         }
         if (!self.waiting.is_empty() || !self.running.is_empty()) && !self.step_pending {
@@ -60,7 +79,10 @@ impl Engine {
         }
         self.kv.check(live.iter().map(|state| &state.blocks))?;
         if self.running.is_empty() && self.kv.used_blocks() != 0 {
-            return Err(format!("{} blocks used with nothing running", self.kv.used_blocks()));
+            return Err(format!(
+                "{} blocks used with nothing running",
+                self.kv.used_blocks()
+            ));
         }
         Ok(())
     }

@@ -33,7 +33,11 @@ impl Engine {
         let Some(state) = self.live_mut(slot, serial) else {
             return;
         };
-        debug_assert_eq!(state.phase, Phase::Arriving, "enqueue of a request not arriving");
+        debug_assert_eq!(
+            state.phase,
+            Phase::Arriving,
+            "enqueue of a request not arriving"
+        );
         state.phase = Phase::Waiting;
         state.timeline.enqueue_us = Some(now);
         let key = queue_key(policy, state);
@@ -133,7 +137,10 @@ impl Engine {
             };
             debug_assert_eq!(state.phase, Phase::Running, "in-flight request not running");
             state.num_computed += entry.new_tokens;
-            debug_assert!(state.num_computed <= state.num_tokens(), "computed past the sequence");
+            debug_assert!(
+                state.num_computed <= state.num_tokens(),
+                "computed past the sequence"
+            );
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
@@ -182,7 +189,11 @@ impl Engine {
         let state = self.slots[slot as usize]
             .as_mut()
             .expect("a running slot holds a live request");
-        debug_assert_eq!(state.phase, Phase::Running, "preempting a request not running");
+        debug_assert_eq!(
+            state.phase,
+            Phase::Running,
+            "preempting a request not running"
+        );
         self.kv.free(&mut state.blocks);
         state.num_computed = 0;
         state.phase = Phase::Waiting;
@@ -200,7 +211,10 @@ impl Engine {
         let state = self.slots[slot as usize]
             .take()
             .expect("retiring a live request");
-        debug_assert!(state.blocks.is_empty(), "retired request still holds blocks");
+        debug_assert!(
+            state.blocks.is_empty(),
+            "retired request still holds blocks"
+        );
         self.free_slots.push(slot);
         let timeline = state.timeline;
         let end_us = match outcome {
@@ -247,11 +261,19 @@ fn debug_assert_causal(record: &RequestRecord) {
         ("first_token", record.first_token_us),
     ] {
         if let Some(t) = stamp {
-            debug_assert!(t >= last, "request {:?}: {name} {t} before {last}", record.id);
+            debug_assert!(
+                t >= last,
+                "request {:?}: {name} {t} before {last}",
+                record.id
+            );
             last = t;
         }
     }
     if record.outcome == Outcome::Completed {
-        debug_assert!(record.end_us >= last, "request {:?}: end before {last}", record.id);
+        debug_assert!(
+            record.end_us >= last,
+            "request {:?}: end before {last}",
+            record.id
+        );
     }
 }

@@ -165,12 +165,18 @@ impl Engine {
 
     /// Ids of the requests in the running batch, in batch order.
     pub fn running_ids(&self) -> Vec<RequestId> {
-        self.running.iter().map(|&slot| self.state(slot).spec.id).collect()
+        self.running
+            .iter()
+            .map(|&slot| self.state(slot).spec.id)
+            .collect()
     }
 
     /// Ids of the waiting requests, in admission order.
     pub fn waiting_ids(&self) -> Vec<RequestId> {
-        self.waiting.iter().map(|slot| self.state(slot).spec.id).collect()
+        self.waiting
+            .iter()
+            .map(|slot| self.state(slot).spec.id)
+            .collect()
     }
 
     /// Events processed so far.
@@ -344,7 +350,10 @@ fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
     if spec.max_tokens < spec.output_tokens {
         return Err(invalid(
             "max_tokens",
-            format!("{} is below output_tokens {}", spec.max_tokens, spec.output_tokens),
+            format!(
+                "{} is below output_tokens {}",
+                spec.max_tokens, spec.output_tokens
+            ),
         ));
     }
     if spec.arrival_us < now_us {
@@ -358,7 +367,11 @@ fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
     {
         return Err(invalid(
             "content",
-            format!("{} token ids for input_tokens {}", tokens.len(), spec.input_tokens),
+            format!(
+                "{} token ids for input_tokens {}",
+                tokens.len(),
+                spec.input_tokens
+            ),
         ));
     }
     Ok(())

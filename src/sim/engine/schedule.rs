@@ -17,7 +17,10 @@ use crate::sim::state::Phase;
 impl Engine {
     /// Forms the next batch into `in_flight`; returns its duration, or `None` if empty.
     pub(super) fn form_batch(&mut self) -> Option<u64> {
-        debug_assert!(self.in_flight.is_empty(), "forming a batch over one in flight");
+        debug_assert!(
+            self.in_flight.is_empty(),
+            "forming a batch over one in flight"
+        );
         self.scratch_shape.clear();
         let mut budget = self.config.max_num_batched_tokens;
         let preempted = self.schedule_running(&mut budget);
@@ -118,7 +121,10 @@ impl Engine {
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
-            debug_assert_eq!(state.num_computed, 0, "a waiting request holds computed tokens");
+            debug_assert_eq!(
+                state.num_computed, 0,
+                "a waiting request holds computed tokens"
+            );
             let num_tokens = state.num_tokens();
             let hit = if prefix_caching {
                 state.ensure_keys(num_tokens / block_size, block_size);

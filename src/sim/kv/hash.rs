@@ -42,9 +42,10 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
         PromptContent::Synthetic {
             prefix_group: Some(group),
             prefix_len,
-        } if end <= u64::from(*prefix_len).min(prompt_end) => {
-            combine(combine(combine(parent, TAG_GROUP), *group), u64::from(block_index))
-        }
+        } if end <= u64::from(*prefix_len).min(prompt_end) => combine(
+            combine(combine(parent, TAG_GROUP), *group),
+            u64::from(block_index),
+        ),
         PromptContent::Tokens(tokens) if end <= prompt_end => {
             let mut state = combine(parent, TAG_TOKENS);
             for &token in &tokens[start as usize..end as usize] {
@@ -87,7 +88,10 @@ mod tests {
         a.content = PromptContent::Tokens(tokens.clone());
         let mut b = RequestSpec::synthetic(2, 0, 32, 4);
         b.content = PromptContent::Tokens(tokens);
-        assert_eq!(block_key(&a, ROOT_KEY, 0, 16), block_key(&b, ROOT_KEY, 0, 16));
+        assert_eq!(
+            block_key(&a, ROOT_KEY, 0, 16),
+            block_key(&b, ROOT_KEY, 0, 16)
+        );
         // Parent chaining: same tokens under a different parent differ.
         assert_ne!(block_key(&a, 1, 0, 16), block_key(&a, 2, 0, 16));
     }

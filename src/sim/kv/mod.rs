@@ -226,7 +226,10 @@ impl KvCache {
 
     /// Records one admission's prefix lookup in the hit counters.
     pub fn record_lookup(&mut self, query_tokens: u32, hit_tokens: u32) {
-        debug_assert!(hit_tokens <= query_tokens, "hits {hit_tokens} > queries {query_tokens}");
+        debug_assert!(
+            hit_tokens <= query_tokens,
+            "hits {hit_tokens} > queries {query_tokens}"
+        );
         self.stats.query_tokens += u64::from(query_tokens);
         self.stats.hit_tokens += u64::from(hit_tokens);
     }
@@ -327,7 +330,10 @@ impl KvCache {
             return Err("free list tail does not match".to_owned());
         }
         if walked != self.free_count {
-            return Err(format!("free list has {walked} blocks, counter says {}", self.free_count));
+            return Err(format!(
+                "free list has {walked} blocks, counter says {}",
+                self.free_count
+            ));
         }
         for (id, block) in self.blocks.iter().enumerate() {
             if block.ref_cnt != holders[id] {
@@ -337,7 +343,10 @@ impl KvCache {
                 ));
             }
             if (block.ref_cnt == 0) != on_list[id] {
-                return Err(format!("block {id}: refcount {} vs free-list membership", block.ref_cnt));
+                return Err(format!(
+                    "block {id}: refcount {} vs free-list membership",
+                    block.ref_cnt
+                ));
             }
             if let Some(key) = block.key
                 && !self.by_key.contains_key(&key)

@@ -1,16 +1,280 @@
-//! Model architecture and GPU specification: the inputs of the analytic latency models.
-//! (Placeholder: to be completed by the latency-model work.)
+//! Model architecture and GPU specification: the plain-data inputs of the analytic latency
+//! models and of the KV-capacity calculation.
+//!
+//! Owns the figures read from a HuggingFace `config.json` ([`ModelArch`]) and from a GPU
+//! datasheet ([`GpuSpec`]), plus the small derived quantities several models share (KV bytes
+//! per token, MoE layer split, effective weight width). Knows nothing about JSON, files or the
+//! catalog that fills these structs (that lives in `crate::catalog`), nor about batches or time.
 
-/// Architecture figures of a transformer model, read from its HF `config.json`.
+/// Below this many routed experts a model counts as dense (BLIS `MoEMinExperts`): a
+/// single-expert config is dense-equivalent and must not enter the MoE formulas.
+pub const MOE_MIN_EXPERTS: u32 = 2;
+
+/// Architecture figures of a transformer model, as read from its HF `config.json`.
+///
+/// Plain data: every field is public and the catalog's parser fills them. Counts that a config
+/// may omit use `0` for "absent" (documented per field), mirroring how BLIS reads them, so the
+/// formulas can apply the same fallbacks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelArch {
-    /// Model name.
+    /// Model name (catalog directory name, or the name given with a user config).
     pub name: String,
+    /// `num_hidden_layers`.
+    pub num_layers: u32,
+    /// `hidden_size` (d).
+    pub hidden_size: u32,
+    /// `num_attention_heads` (H).
+    pub num_heads: u32,
+    /// KV heads (`num_key_value_heads` | `num_kv_heads` | `multi_query_group_num`), already
+    /// defaulted to `num_heads` when the config gives none (MHA).
+    pub num_kv_heads: u32,
+    /// Explicit `head_dim`; 0 when absent. Only KV capacity uses it (see
+    /// [`ModelArch::effective_head_dim`]); the step-time models use `hidden_size / num_heads`
+    /// as BLIS does.
+    pub head_dim: u32,
+    /// `intermediate_size` | `ffn_hidden_size` (dense FFN width); 0 when absent.
+    pub intermediate_size: u32,
+    /// `vocab_size`.
+    pub vocab_size: u32,
+    /// Bytes per element of the compute/activation dtype (`torch_dtype` | `dtype`).
+    pub bytes_per_param: f64,
+    /// Bytes per element of the KV cache (vLLM `--kv-cache-dtype auto`: the compute dtype).
+    pub kv_bytes_per_element: f64,
+    /// Quantized weight width in bytes per parameter (from `quantization_config` or the model
+    /// name); 0 when the weights use the compute dtype. See
+    /// [`ModelArch::effective_weight_bytes_per_param`].
+    pub weight_bytes_per_param: f64,
+    /// `hidden_act` (empty when absent); KV capacity only supports SwiGLU-family activations.
+    pub hidden_act: String,
+    /// `tie_word_embeddings` (the LM head shares the embedding matrix).
+    pub tie_word_embeddings: bool,
+    /// `max_position_embeddings`; 0 when absent.
+    pub max_position_embeddings: u32,
+    /// Longest context the model serves: `max_position_embeddings` scaled by `rope_scaling`
+    /// the way vLLM derives `max_model_len`.
+    pub max_model_len: u32,
+    /// Routed experts (first of `num_experts` | `moe_num_experts` | `n_routed_experts` |
+    /// `num_local_experts` | `num_routed_experts` that is >= 2); 0 for dense models.
+    pub num_experts: u32,
+    /// Experts active per token (`num_experts_per_tok` | `num_experts_per_token`); 0 if absent.
+    pub experts_per_tok: u32,
+    /// Per-expert FFN width (`moe_intermediate_size`); 0 means "use `intermediate_size`".
+    pub moe_intermediate_size: u32,
+    /// Total shared-expert FFN width (`shared_expert_intermediate_size`, else
+    /// `n_shared_experts` x per-expert width); 0 when the model has no shared experts.
+    pub shared_expert_intermediate_size: u32,
+    /// `interleave_moe_layer_step`: 0 = every layer is MoE, s > 0 = one MoE layer per s+1.
+    pub interleave_moe_layer_step: u32,
+    /// Dense-layer FFN width in interleaved MoE models (`intermediate_size_mlp`); 0 = use
+    /// `intermediate_size`.
+    pub dense_intermediate_size: u32,
+    /// `first_k_dense_replace`: number of leading dense layers in an MoE model (capacity only).
+    pub first_k_dense_replace: u32,
+    /// `kv_lora_rank`: > 0 marks Multi-head Latent Attention (compressed KV latent).
+    pub kv_lora_rank: u32,
+    /// `qk_rope_head_dim`: the rotary part stored beside the MLA latent.
+    pub qk_rope_head_dim: u32,
 }
 
-/// GPU figures (peak FLOPS, bandwidth, memory, calibrated efficiencies).
+/// GPU figures: datasheet peaks plus BLIS's calibrated efficiencies.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuSpec {
-    /// GPU name.
+    /// GPU name as the catalog spells it (e.g. `H100`, `A100-80`).
     pub name: String,
+    /// Peak dense BF16/FP16 tensor throughput, TFLOPS.
+    pub tflops_peak: f64,
+    /// Peak dense FP8 tensor throughput, TFLOPS; 0 when the GPU has no native FP8 path.
+    pub tflops_fp8: f64,
+    /// Peak HBM bandwidth, TB/s.
+    pub bw_peak_tbs: f64,
+    /// Model-FLOPs utilisation of prefill work (roofline only).
+    pub mfu_prefill: f64,
+    /// Model-FLOPs utilisation of decode work (roofline only).
+    pub mfu_decode: f64,
+    /// Device memory, GiB (nominal, as BLIS records it).
+    pub memory_gib: f64,
+}
+
+impl ModelArch {
+    /// True for a mixture-of-experts model (at least [`MOE_MIN_EXPERTS`] routed experts).
+    pub fn is_moe(&self) -> bool {
+        self.num_experts >= MOE_MIN_EXPERTS
+    }
+
+    /// True for Multi-head Latent Attention (DeepSeek-V2/V3, GLM-5): the KV cache stores one
+    /// compressed latent per token and layer instead of per-head keys and values.
+    pub fn is_mla(&self) -> bool {
+        self.kv_lora_rank > 0
+    }
+
+    /// Bytes per weight parameter: the quantized width when known, else the compute dtype.
+    pub fn effective_weight_bytes_per_param(&self) -> f64 {
+        if self.weight_bytes_per_param > 0.0 {
+            self.weight_bytes_per_param
+        } else {
+            self.bytes_per_param
+        }
+    }
+
+    /// Head dimension for KV sizing: explicit `head_dim` when the config gives one, else
+    /// `hidden_size / num_heads` (integer division, as BLIS does).
+    pub fn effective_head_dim(&self) -> u32 {
+        if self.head_dim > 0 {
+            return self.head_dim;
+        }
+        self.hidden_size.checked_div(self.num_heads).unwrap_or(0)
+    }
+
+    /// Split of the layers into (MoE layers, dense layers) as the step-time models see it:
+    /// interleaved models have one MoE layer per `step + 1`, other MoE models are all-MoE,
+    /// dense models are all-dense. (`first_k_dense_replace` is deliberately not applied here:
+    /// BLIS uses it for capacity only.)
+    pub fn step_layer_split(&self) -> (u32, u32) {
+        if !self.is_moe() {
+            return (0, self.num_layers);
+        }
+        if self.interleave_moe_layer_step > 0 {
+            let moe_layers = self.num_layers / (self.interleave_moe_layer_step + 1);
+            return (moe_layers, self.num_layers - moe_layers);
+        }
+        (self.num_layers, 0)
+    }
+
+    /// KV-cache bytes one token occupies on one GPU at tensor parallelism `tp`.
+    ///
+    /// Standard attention: `layers x 2 (K and V) x head_dim x kv_heads x kv_bytes / tp`, using
+    /// [`ModelArch::effective_head_dim`]. When `kv_heads < tp` vLLM replicates heads, so this
+    /// under-counts (BLIS's documented optimistic approximation). MLA: `layers x (kv_lora_rank
+    /// + qk_rope_head_dim) x kv_bytes`, replicated on every rank so not divided by `tp`.
+    pub fn kv_bytes_per_token(&self, tp: u32) -> f64 {
+        debug_assert!(tp > 0, "tensor parallelism must be positive, got {tp}");
+        let layers = f64::from(self.num_layers);
+        if self.is_mla() {
+            let latent_width = f64::from(self.kv_lora_rank) + f64::from(self.qk_rope_head_dim);
+            return layers * latent_width * self.kv_bytes_per_element;
+        }
+        let per_token = layers
+            * 2.0
+            * f64::from(self.effective_head_dim())
+            * f64::from(self.num_kv_heads)
+            * self.kv_bytes_per_element;
+        per_token / f64::from(tp.max(1))
+    }
+
+    /// KV-cache bytes one block of `block_size` tokens occupies on one GPU, truncated to whole
+    /// bytes after multiplying (so a fractional per-token width is not lost).
+    pub fn kv_bytes_per_block(&self, tp: u32, block_size: u32) -> u64 {
+        debug_assert!(
+            block_size > 0,
+            "block size must be positive, got {block_size}"
+        );
+        let bytes = self.kv_bytes_per_token(tp) * f64::from(block_size);
+        // Truncation is the intent (BLIS int64(...)); a float-to-int `as` saturates.
+        bytes as u64
+    }
+}
+
+impl GpuSpec {
+    /// Peak tensor throughput (TFLOPS) a model with `weight_bytes_per_param` runs at: the FP8
+    /// rate for exactly one-byte weights on a GPU with a native FP8 path, else the BF16 rate.
+    pub fn tflops_for_weight_bytes(&self, weight_bytes_per_param: f64) -> f64 {
+        if weight_bytes_per_param == 1.0 && self.tflops_fp8 > 0.0 {
+            self.tflops_fp8
+        } else {
+            self.tflops_peak
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Llama-3.1-8B's figures, typed in by hand from its config.json (bf16, GQA 32/8).
+    pub(crate) fn llama_8b() -> ModelArch {
+        ModelArch {
+            name: "llama-3.1-8b-instruct".to_string(),
+            num_layers: 32,
+            hidden_size: 4096,
+            num_heads: 32,
+            num_kv_heads: 8,
+            head_dim: 0,
+            intermediate_size: 14336,
+            vocab_size: 128256,
+            bytes_per_param: 2.0,
+            kv_bytes_per_element: 2.0,
+            weight_bytes_per_param: 0.0,
+            hidden_act: "silu".to_string(),
+            tie_word_embeddings: false,
+            max_position_embeddings: 131072,
+            max_model_len: 131072,
+            num_experts: 0,
+            experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            shared_expert_intermediate_size: 0,
+            interleave_moe_layer_step: 0,
+            dense_intermediate_size: 0,
+            first_k_dense_replace: 0,
+            kv_lora_rank: 0,
+            qk_rope_head_dim: 0,
+        }
+    }
+
+    /// BLIS's H100 entry (hardware_config.json).
+    pub(crate) fn h100() -> GpuSpec {
+        GpuSpec {
+            name: "H100".to_string(),
+            tflops_peak: 989.5,
+            tflops_fp8: 1979.0,
+            bw_peak_tbs: 3.35,
+            mfu_prefill: 0.45,
+            mfu_decode: 0.30,
+            memory_gib: 80.0,
+        }
+    }
+
+    #[test]
+    fn kv_bytes_for_llama_8b() {
+        // 32 layers x 2 x 128 head dim x 8 KV heads x 2 bytes = 131072 bytes per token.
+        let arch = llama_8b();
+        assert_eq!(arch.kv_bytes_per_token(1), 131_072.0);
+        assert_eq!(arch.kv_bytes_per_token(2), 65_536.0);
+        assert_eq!(arch.kv_bytes_per_block(1, 16), 2_097_152);
+    }
+
+    #[test]
+    fn mla_kv_is_a_replicated_latent() {
+        // DeepSeek-V2-Lite: 27 layers x (512 + 64) x 2 bytes, the same on every TP rank.
+        let mut arch = llama_8b();
+        arch.num_layers = 27;
+        arch.kv_lora_rank = 512;
+        arch.qk_rope_head_dim = 64;
+        assert_eq!(arch.kv_bytes_per_token(1), 31_104.0);
+        assert_eq!(arch.kv_bytes_per_token(4), 31_104.0);
+    }
+
+    #[test]
+    fn layer_split_follows_interleave_step() {
+        let mut arch = llama_8b();
+        assert_eq!(arch.step_layer_split(), (0, 32));
+        arch.num_experts = 16;
+        arch.experts_per_tok = 1;
+        assert_eq!(arch.step_layer_split(), (32, 0));
+        arch.num_layers = 48;
+        arch.interleave_moe_layer_step = 1;
+        assert_eq!(arch.step_layer_split(), (24, 24));
+        // A single expert is dense-equivalent.
+        arch.num_experts = 1;
+        assert_eq!(arch.step_layer_split(), (0, 48));
+    }
+
+    #[test]
+    fn fp8_rate_needs_one_byte_weights_and_an_fp8_path() {
+        let mut gpu = h100();
+        assert_eq!(gpu.tflops_for_weight_bytes(2.0), 989.5);
+        assert_eq!(gpu.tflops_for_weight_bytes(1.0), 1979.0);
+        assert_eq!(gpu.tflops_for_weight_bytes(0.5), 989.5);
+        gpu.tflops_fp8 = 0.0;
+        assert_eq!(gpu.tflops_for_weight_bytes(1.0), 989.5);
+    }
 }

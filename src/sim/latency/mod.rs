@@ -8,17 +8,98 @@
 //!
 //! Models are plain data (an enum, no trait objects) so an engine clones cheaply and the hot
 //! loop dispatches with a `match`. Knows nothing about queues, KV blocks or requests beyond
-//! the per-request shape of one step ([`BatchEntry`]).
+//! the per-request shape of one step ([`BatchEntry`]), and nothing about where coefficients,
+//! model configs or GPU specs come from (`crate::catalog` parses those).
+//!
+//! All three models follow BLIS (inference-sim/inference-sim) formula for formula, including
+//! its float-to-integer conversion: a model's microseconds are truncated toward zero
+//! ([`us_trunc_from_f64`], Go's `int64(x)`), not rounded.
 
 pub mod arch;
 pub mod blackbox;
 pub mod physics;
 pub mod roofline;
+mod validate;
 
-pub use arch::{GpuSpec, ModelArch};
+pub use arch::{GpuSpec, MOE_MIN_EXPERTS, ModelArch};
 pub use blackbox::BlackboxCoefficients;
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
+
+/// Why a latency model could not be built from the given inputs.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LatencyError {
+    /// Tensor parallelism must be at least 1.
+    #[error("tensor parallelism must be >= 1, got {tp}")]
+    InvalidTp {
+        /// The rejected value.
+        tp: u32,
+    },
+    /// A model-architecture field is missing or out of range.
+    #[error("model `{model}`: {field} {problem}")]
+    InvalidModel {
+        /// Model name.
+        model: String,
+        /// The `ModelArch` field at fault.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A GPU field is not a finite positive number (or is out of range).
+    #[error("GPU `{gpu}`: {field} must be {expected}, got {value}")]
+    InvalidGpu {
+        /// GPU name.
+        gpu: String,
+        /// The `GpuSpec` field at fault.
+        field: &'static str,
+        /// What the field must be.
+        expected: &'static str,
+        /// The rejected value.
+        value: f64,
+    },
+    /// A coefficient list is too short.
+    #[error("{what}: need at least {needed} values, got {got}")]
+    TooFewCoefficients {
+        /// Which list (e.g. `blackbox beta`).
+        what: &'static str,
+        /// Minimum length.
+        needed: usize,
+        /// Actual length.
+        got: usize,
+    },
+    /// A coefficient is negative, NaN or infinite.
+    #[error("{what}[{index}] must be finite and non-negative, got {value}")]
+    InvalidCoefficient {
+        /// Which list (e.g. `physics alpha`).
+        what: &'static str,
+        /// Position in the list.
+        index: usize,
+        /// The rejected value.
+        value: f64,
+    },
+}
+
+/// Checks that `values` has at least `needed` entries, all finite and non-negative (BLIS's
+/// coefficient validation).
+pub(crate) fn check_coefficients(
+    what: &'static str,
+    values: &[f64],
+    needed: usize,
+) -> Result<(), LatencyError> {
+    if values.len() < needed {
+        return Err(LatencyError::TooFewCoefficients {
+            what,
+            needed,
+            got: values.len(),
+        });
+    }
+    for (index, &value) in values.iter().enumerate() {
+        if !value.is_finite() || value < 0.0 {
+            return Err(LatencyError::InvalidCoefficient { what, index, value });
+        }
+    }
+    Ok(())
+}
 
 /// One request's share of a step: the shape every latency model prices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +213,24 @@ impl LatencyModel {
     }
 }
 
+/// Converts a float of microseconds to whole microseconds the way BLIS does (Go `int64(x)`:
+/// truncation toward zero), clamping negatives to 0 and saturating on overflow or NaN (so a
+/// bad coefficient can never wrap time around). Every latency model uses this, so step times
+/// match BLIS to the microsecond.
+pub fn us_trunc_from_f64(micros: f64) -> u64 {
+    if micros.is_nan() {
+        return u64::MAX;
+    }
+    if micros <= 0.0 {
+        return 0;
+    }
+    if micros >= u64::MAX as f64 {
+        return u64::MAX;
+    }
+    // In range and non-negative: `as` truncates toward zero, which is the intent.
+    micros as u64
+}
+
 /// Converts a non-negative float of microseconds to whole microseconds, rounding half up and
 /// saturating on overflow or NaN (so a bad coefficient can never wrap time around).
 pub fn us_from_f64(micros: f64) -> u64 {
@@ -146,5 +245,56 @@ pub fn us_from_f64(micros: f64) -> u64 {
         u64::MAX
     } else {
         rounded as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn us_conversions_saturate_and_clamp() {
+        // Goal: neither conversion can wrap or go negative. Method: feed the edge values.
+        for convert in [us_from_f64 as fn(f64) -> u64, us_trunc_from_f64] {
+            assert_eq!(convert(f64::NAN), u64::MAX);
+            assert_eq!(convert(f64::INFINITY), u64::MAX);
+            assert_eq!(convert(1e30), u64::MAX);
+            assert_eq!(convert(-5.0), 0);
+            assert_eq!(convert(f64::NEG_INFINITY), 0);
+            assert_eq!(convert(0.0), 0);
+        }
+        assert_eq!(us_from_f64(2.5), 3);
+        assert_eq!(us_trunc_from_f64(2.5), 2);
+        assert_eq!(us_trunc_from_f64(2.999), 2);
+    }
+
+    #[test]
+    fn coefficient_check_names_the_bad_value() {
+        assert_eq!(check_coefficients("x", &[1.0, 0.0, 2.0], 3), Ok(()));
+        assert_eq!(
+            check_coefficients("x", &[1.0, 2.0], 3),
+            Err(LatencyError::TooFewCoefficients {
+                what: "x",
+                needed: 3,
+                got: 2
+            })
+        );
+        assert!(matches!(
+            check_coefficients("x", &[1.0, -1.0, 2.0], 3),
+            Err(LatencyError::InvalidCoefficient { index: 1, .. })
+        ));
+        assert!(matches!(
+            check_coefficients("x", &[1.0, 1.0, f64::NAN], 3),
+            Err(LatencyError::InvalidCoefficient { index: 2, .. })
+        ));
+    }
+
+    #[test]
+    fn step_is_at_least_one_microsecond() {
+        let model = LatencyModel::Blackbox(BlackboxCoefficients {
+            alpha: [0.0; 3],
+            beta: [0.0; 3],
+        });
+        assert_eq!(model.step_us(&[]), 1);
     }
 }

@@ -1,0 +1,185 @@
+//! The GPU table: BLIS's `hardware_config.json` plus the GPUs ditto adds, parsed into
+//! [`GpuSpec`]s and looked up by name.
+//!
+//! Owns the JSON schema of those files (`TFlopsPeak`, `TFlopsFP8`, `BwPeakTBs`,
+//! `mfuPrefill`, `mfuDecode`, `MemoryGiB`; `_comment` and other keys are ignored), name
+//! aliases and the "same GPU family" rule coefficient lookups use. Knows nothing about the
+//! latency formulas.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::CatalogError;
+use super::embedded::{ADDED_GPUS_JSON, BLIS_GPUS_JSON};
+use crate::sim::latency::GpuSpec;
+
+/// Extra spellings accepted for a GPU name (lowercase alias, canonical name).
+const ALIASES: [(&str, &str); 1] = [("a100", "A100-80")];
+
+/// One entry of a hardware JSON file, as BLIS spells the keys.
+#[derive(Deserialize)]
+struct RawGpu {
+    /// Dense BF16 TFLOPS.
+    #[serde(rename = "TFlopsPeak")]
+    tflops_peak: f64,
+    /// Dense FP8 TFLOPS (0 or absent: no FP8 path).
+    #[serde(rename = "TFlopsFP8", default)]
+    tflops_fp8: f64,
+    /// HBM TB/s.
+    #[serde(rename = "BwPeakTBs")]
+    bw_peak_tbs: f64,
+    /// Prefill MFU.
+    #[serde(rename = "mfuPrefill")]
+    mfu_prefill: f64,
+    /// Decode MFU.
+    #[serde(rename = "mfuDecode")]
+    mfu_decode: f64,
+    /// Memory, GiB.
+    #[serde(rename = "MemoryGiB")]
+    memory_gib: f64,
+}
+
+/// Parses both embedded files into one table sorted by name; a name in both is an error.
+pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
+    let mut table = parse_file("hardware_config.json", BLIS_GPUS_JSON)?;
+    for gpu in parse_file("hardware_config.added.json", ADDED_GPUS_JSON)? {
+        if table
+            .iter()
+            .any(|known| known.name.eq_ignore_ascii_case(&gpu.name))
+        {
+            return Err(CatalogError::InvalidGpuSpec {
+                gpu: gpu.name,
+                field: "name",
+                problem: "is defined twice".to_string(),
+            });
+        }
+        table.push(gpu);
+    }
+    table.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(table)
+}
+
+/// Parses one hardware JSON file (an object of name -> entry) and validates every entry.
+fn parse_file(file: &'static str, json: &str) -> Result<Vec<GpuSpec>, CatalogError> {
+    let raw: BTreeMap<String, RawGpu> =
+        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
+    let mut table = Vec::with_capacity(raw.len());
+    for (name, entry) in raw {
+        let gpu = GpuSpec {
+            name,
+            tflops_peak: entry.tflops_peak,
+            tflops_fp8: entry.tflops_fp8,
+            bw_peak_tbs: entry.bw_peak_tbs,
+            mfu_prefill: entry.mfu_prefill,
+            mfu_decode: entry.mfu_decode,
+            memory_gib: entry.memory_gib,
+        };
+        check(&gpu)?;
+        table.push(gpu);
+    }
+    Ok(table)
+}
+
+/// Positive peaks and memory, MFUs in (0, 1], FP8 peak >= 0.
+fn check(gpu: &GpuSpec) -> Result<(), CatalogError> {
+    let positive = [
+        ("TFlopsPeak", gpu.tflops_peak),
+        ("BwPeakTBs", gpu.bw_peak_tbs),
+        ("MemoryGiB", gpu.memory_gib),
+    ];
+    for (field, value) in positive {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(bad(
+                gpu,
+                field,
+                format!("must be finite and > 0, got {value}"),
+            ));
+        }
+    }
+    for (field, value) in [
+        ("mfuPrefill", gpu.mfu_prefill),
+        ("mfuDecode", gpu.mfu_decode),
+    ] {
+        if !(value > 0.0 && value <= 1.0) {
+            return Err(bad(gpu, field, format!("must be in (0, 1], got {value}")));
+        }
+    }
+    if !(gpu.tflops_fp8.is_finite() && gpu.tflops_fp8 >= 0.0) {
+        let problem = format!("must be finite and >= 0, got {}", gpu.tflops_fp8);
+        return Err(bad(gpu, "TFlopsFP8", problem));
+    }
+    Ok(())
+}
+
+/// Builds an `InvalidGpuSpec` error.
+fn bad(gpu: &GpuSpec, field: &'static str, problem: String) -> CatalogError {
+    CatalogError::InvalidGpuSpec {
+        gpu: gpu.name.clone(),
+        field,
+        problem,
+    }
+}
+
+/// Finds `name` in `table`: case-insensitive, then through [`ALIASES`].
+pub(crate) fn find<'a>(table: &'a [GpuSpec], name: &str) -> Option<&'a GpuSpec> {
+    let wanted = name.trim();
+    let by_name = |wanted: &str| {
+        table
+            .iter()
+            .find(|gpu| gpu.name.eq_ignore_ascii_case(wanted))
+    };
+    by_name(wanted).or_else(|| {
+        let lower = wanted.to_ascii_lowercase();
+        let (_, canonical) = ALIASES.iter().find(|(alias, _)| *alias == lower)?;
+        by_name(canonical)
+    })
+}
+
+/// Key under which coefficient files match GPUs: lowercase, with BLIS's A100 spellings
+/// (`A100`, `A100-SXM`, `A100-80`: the same 80 GB SXM part) folded together.
+pub(crate) fn family_key(name: &str) -> String {
+    let lower = name.trim().to_ascii_lowercase();
+    match lower.as_str() {
+        "a100" | "a100-sxm" | "a100-80" => "a100-80".to_string(),
+        _ => lower,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_table_parses_sorted_with_additions() {
+        let table = parse_embedded().unwrap();
+        let names: Vec<&str> = table.iter().map(|gpu| gpu.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["A100-80", "A100-SXM", "B200", "H100", "H200", "L4", "L40S"]
+        );
+        let h100 = find(&table, "h100").unwrap();
+        assert_eq!(h100.tflops_peak, 989.5);
+        assert_eq!(h100.mfu_decode, 0.30);
+        assert_eq!(find(&table, "A100").unwrap().name, "A100-80");
+        assert!(find(&table, "TPU").is_none());
+    }
+
+    #[test]
+    fn family_key_folds_a100_spellings() {
+        assert_eq!(family_key("A100-SXM"), family_key("a100"));
+        assert_eq!(family_key("H100"), "h100");
+    }
+
+    #[test]
+    fn bad_entries_are_rejected_with_the_field() {
+        let json = r#"{"X": {"TFlopsPeak": 1, "BwPeakTBs": 1, "mfuPrefill": 1.5,
+                              "mfuDecode": 0.1, "MemoryGiB": 1}}"#;
+        let err = parse_file("test.json", json).unwrap_err().to_string();
+        assert!(err.contains("mfuPrefill") && err.contains('X'), "{err}");
+        let err = parse_file("test.json", r#"{"X": {}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("test.json"), "{err}");
+    }
+}
