@@ -12,6 +12,8 @@
 
 pub mod catalog;
 pub mod cli;
+pub mod cluster;
 pub mod server;
 pub mod sim;
+pub mod twin;
 pub mod workload;

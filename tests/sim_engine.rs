@@ -431,3 +431,40 @@ fn forked_engine_continues_identically() {
         "the scenario should exercise preemption"
     );
 }
+
+#[test]
+fn heavy_thrashing_still_terminates() {
+    // A burst far beyond a tiny cache: constant preemption, yet every request finishes.
+    for policy in [
+        SchedulingPolicy::Fcfs,
+        SchedulingPolicy::Priority,
+        SchedulingPolicy::Sjf,
+    ] {
+        let mut cfg = config(60);
+        cfg.scheduling_policy = policy;
+        cfg.max_num_seqs = 64;
+        let requests: Vec<RequestSpec> = (0..300u64)
+            .map(|i| {
+                let class = SloClass::ALL[(i % 5) as usize];
+                RequestSpec::synthetic(
+                    i,
+                    i * 100,
+                    200 + (i as u32 * 7) % 200,
+                    100 + (i as u32 * 11) % 200,
+                )
+                .with_class(class)
+            })
+            .collect();
+        let mut engine = engine(cfg);
+        engine.run(requests, 5_000_000).unwrap();
+        let counts = engine.counts();
+        assert_eq!(counts.completed, 300, "{policy:?}");
+        assert!(
+            counts.preemptions > 100,
+            "{policy:?}: {} preemptions",
+            counts.preemptions
+        );
+        engine.check_invariants().unwrap();
+        assert_eq!(engine.kv().used_blocks(), 0);
+    }
+}

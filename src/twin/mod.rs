@@ -1,0 +1,17 @@
+//! The twin: the live mirror of a cluster and the what-if questions answered on it.
+//!
+//! The store keeps the latest cluster config and per-instance observed state (requests,
+//! gauges, KV blocks) and hands out immutable [`MirrorSnapshot`]s; `predict` and `forecast`
+//! build simulations from a snapshot, fork them per candidate and replication, and never
+//! touch the mirror itself. Knows nothing about gRPC or tokio: `server` adapts it.
+
+pub mod error;
+pub mod forecast;
+pub mod limits;
+pub mod predict;
+pub mod question;
+pub mod snapshot;
+
+pub use error::TwinError;
+pub use limits::Limits;
+pub use snapshot::MirrorSnapshot;

@@ -1,0 +1,129 @@
+//! The mirror's data: what the twin knows about each live instance, as plain immutable
+//! values. A [`MirrorSnapshot`] is one consistent view (one generation) that predictions run
+//! on while updates keep streaming into the store.
+//!
+//! Times are microseconds on the client's clock (for a live cluster: Unix time in µs), the
+//! same clock as the request arrival times and observation times the cluster pushes.
+
+use std::sync::Arc;
+
+use crate::cluster::config::ClusterConfig;
+use crate::sim::SloClass;
+use crate::twin::question::StalePolicy;
+use crate::workload::LengthDist;
+
+/// One request as observed on an instance (waiting or running).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedRequest {
+    /// The cluster's request id.
+    pub request_id: String,
+    /// When the request arrived (client clock, µs).
+    pub arrival_us: u64,
+    /// Prompt length in tokens.
+    pub prompt_tokens: u32,
+    /// Tokens whose KV is computed (vLLM `num_computed_tokens`); < prompt while prefilling.
+    pub computed_tokens: u32,
+    /// Prompt tokens served from the prefix cache when it was admitted.
+    pub cached_tokens: u32,
+    /// Output tokens generated so far.
+    pub output_tokens: u32,
+    /// The request's `max_tokens`.
+    pub max_tokens: u32,
+    /// The real final output length, when known (tests, replays); otherwise it is sampled.
+    pub known_output_tokens: Option<u32>,
+    /// vLLM priority (lower first).
+    pub priority: i32,
+    /// SLO class.
+    pub slo_class: SloClass,
+    /// Keys of the prompt's full blocks (opaque hashes, e.g. from vLLM KV events), if known.
+    pub block_hashes: Vec<u64>,
+    /// Prompt token ids, if known.
+    pub token_ids: Option<Arc<[u32]>>,
+}
+
+/// Aggregate gauges an instance exports (`/metrics`).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct Gauges {
+    /// `vllm:num_requests_running`.
+    pub running: u32,
+    /// `vllm:num_requests_waiting`.
+    pub waiting: u32,
+    /// `vllm:kv_cache_usage_perc`, in [0, 1].
+    pub kv_usage: f64,
+}
+
+/// What the mirror knows about one instance.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct InstanceState {
+    /// The instance id (as in the config).
+    pub instance_id: String,
+    /// When the per-request state was observed (client clock, µs); 0 = never.
+    pub observed_at_us: u64,
+    /// Waiting requests, in the scheduler's queue order.
+    pub waiting: Vec<ObservedRequest>,
+    /// Running requests, in batch order.
+    pub running: Vec<ObservedRequest>,
+    /// Latest gauges, if any were pushed.
+    pub gauges: Option<Gauges>,
+    /// When the gauges were observed (client clock, µs).
+    pub gauges_at_us: u64,
+    /// Block hashes cached on the GPU (from KV events), least recently stored first.
+    pub cached_blocks: Vec<u64>,
+    /// When the last KV event batch arrived (client clock, µs).
+    pub kv_events_at_us: u64,
+    /// Sequence number of the last KV event batch applied.
+    pub kv_event_seq: u64,
+    /// KV event sequence gaps detected so far (missed batches).
+    pub kv_event_gaps: u64,
+}
+
+/// Traffic the mirror has observed, for background arrivals and output-length sampling.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct TrafficStats {
+    /// Observed arrival rate over the recent window, requests per second.
+    pub arrivals_per_s: f64,
+    /// Recent finished requests' (prompt tokens, output tokens), oldest first (bounded).
+    pub recent_lengths: Vec<(u32, u32)>,
+}
+
+/// Twin-level settings that come with the cluster config.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinSettings {
+    /// Stale-signal policy when a question names none.
+    pub default_stale_policy: StalePolicy,
+    /// Observed state older than this is stale (µs).
+    pub max_signal_age_us: u64,
+    /// Output-length distribution for requests whose length is unknown (in-flight requests
+    /// are sampled from it conditioned on the tokens already generated), used until enough
+    /// finished requests have been observed.
+    pub output_tokens: LengthDist,
+}
+
+impl TwinSettings {
+    /// Defaults: roll stale instances forward, 200 ms age limit (the EPP flow control's
+    /// staleness threshold), outputs gaussian 256 ± 128 in [1, 4096].
+    pub fn defaults() -> Self {
+        Self {
+            default_stale_policy: StalePolicy::RollForward,
+            max_signal_age_us: 200_000,
+            output_tokens: LengthDist::gaussian(256.0, 128.0, 1, 4096),
+        }
+    }
+}
+
+/// One consistent view of the mirrored cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MirrorSnapshot {
+    /// Generation: increases with every accepted update (config, state, KV events).
+    pub generation: u64,
+    /// Generation of the cluster config in force.
+    pub config_generation: u64,
+    /// The cluster config.
+    pub config: Arc<ClusterConfig>,
+    /// Twin settings synced with the config.
+    pub settings: Arc<TwinSettings>,
+    /// Per-instance state, index-aligned with `config.instances`.
+    pub instances: Vec<Arc<InstanceState>>,
+    /// Observed traffic.
+    pub traffic: Arc<TrafficStats>,
+}
