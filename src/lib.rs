@@ -15,5 +15,6 @@ pub mod cli;
 pub mod cluster;
 pub mod server;
 pub mod sim;
+pub mod telemetry;
 pub mod twin;
 pub mod workload;

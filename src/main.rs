@@ -38,12 +38,12 @@ fn run_command(args: &ditto::cli::RunArgs) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     // A closed pipe (e.g. `| head`) is not an error worth a panic.
     let _ = stdout.write_all(result.summary_json().as_bytes());
-    let counts = result.engine.counts();
+    let (counts, events) = result.totals();
     eprintln!(
         "ditto run: {} requests, {} steps, {} events in {:.3} s wall ({:.0} simulated requests/s)",
         counts.injected,
         counts.steps,
-        result.engine.events_processed(),
+        events,
         wall.as_secs_f64(),
         counts.injected as f64 / wall.as_secs_f64().max(1e-9)
     );

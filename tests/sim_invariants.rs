@@ -167,6 +167,7 @@ proptest! {
                 }
                 Outcome::Dropped => prop_assert!(record.schedule_us.is_none()),
                 Outcome::TimedOut => prop_assert_eq!(Some(record.end_us), spec.deadline_us),
+                Outcome::Rejected => prop_assert!(false, "an engine never rejects"),
             }
         }
         // Token gaps: the aggregate map holds exactly the per-request gaps.

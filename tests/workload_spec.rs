@@ -29,7 +29,7 @@ fn arrivals(requests: &[RequestSpec]) -> Vec<u64> {
 fn group_of(request: &RequestSpec) -> Option<u64> {
     match request.content {
         PromptContent::Synthetic { prefix_group, .. } => prefix_group,
-        PromptContent::Tokens(_) => None,
+        PromptContent::Tokens(_) | PromptContent::BlockKeys(_) => None,
     }
 }
 

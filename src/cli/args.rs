@@ -104,6 +104,20 @@ pub struct RunArgs {
     /// Stop with an error after this many simulation events.
     #[arg(long, default_value_t = 1_000_000_000)]
     pub max_events: u64,
+    /// Simulate a cluster from this YAML file (see docs/cluster.md), or `default` for the
+    /// embedded 4 x llama-3.1-8b-instruct/H100 cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Simulate a cluster of N copies of the instance the flags describe.
+    #[arg(long, conflicts_with = "cluster")]
+    pub instances: Option<u32>,
+    /// Routing policy of the cluster: round-robin, random, least-loaded or weighted
+    /// (llm-d's default profile).
+    #[arg(long)]
+    pub routing: Option<String>,
+    /// Refresh interval of every router signal in ms (0: live); default the cluster's (50).
+    #[arg(long)]
+    pub refresh_interval_ms: Option<f64>,
     /// Interval of the KV-usage timeline in the summary, in seconds (0: no timeline).
     #[arg(long, default_value_t = 10.0)]
     pub kv_sample_interval_s: f64,

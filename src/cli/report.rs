@@ -134,6 +134,9 @@ impl From<&Summary> for SummaryJson {
 pub struct RequestJson {
     /// Request id.
     pub id: u64,
+    /// The instance that served it (cluster runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// SLO class.
     pub slo_class: &'static str,
     /// completed, dropped or timed_out.
@@ -170,6 +173,7 @@ impl From<&RequestRecord> for RequestJson {
     fn from(record: &RequestRecord) -> Self {
         Self {
             id: record.id.0,
+            instance: None,
             slo_class: record.slo_class.as_str(),
             outcome: record.outcome.as_str(),
             arrival_us: record.arrival_us,

@@ -6,9 +6,12 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::args::RunArgs;
+use super::cluster_run::{self, ClusterInfo, InstanceJson};
 use super::error::CliError;
 use super::report::{RequestJson, SummaryJson};
 use crate::catalog;
+use crate::cluster::Cluster;
+use crate::cluster::config::{InstanceConfig, InstanceRole};
 use crate::sim::capacity;
 use crate::sim::latency::{GpuSpec, LatencyKind, ModelArch};
 use crate::sim::{Engine, EngineConfig, RequestSpec, SchedulingPolicy};
@@ -41,16 +44,35 @@ pub struct RunInfo {
     pub workload: String,
     /// Seed of the random streams.
     pub seed: u64,
+    /// Cluster settings (cluster runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterInfo>,
 }
 
-/// What `ditto run` prints: the summary fields, then the resolved settings.
+/// What `ditto run` prints: the summary fields, then (for a cluster) the rejected count and
+/// each instance's summary, then the resolved settings.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct RunOutput {
     /// The run's aggregate outcome.
     #[serde(flatten)]
     pub summary: SummaryJson,
+    /// Requests refused at admission (cluster runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rejected_requests: Option<u64>,
+    /// Per-instance summaries (cluster runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<Vec<InstanceJson>>,
     /// The resolved settings.
     pub run: RunInfo,
+}
+
+/// What was simulated: one engine, or a cluster.
+#[derive(Debug)]
+pub enum Simulated {
+    /// A single instance.
+    Engine(Box<Engine>),
+    /// A cluster.
+    Cluster(Box<Cluster>),
 }
 
 /// A finished run.
@@ -58,8 +80,8 @@ pub struct RunOutput {
 pub struct RunResult {
     /// The printed output.
     pub output: RunOutput,
-    /// The engine at the end of the run (records, metrics, cache state).
-    pub engine: Engine,
+    /// The simulation at the end of the run (records, metrics, cache state).
+    pub simulated: Simulated,
 }
 
 impl RunResult {
@@ -70,15 +92,43 @@ impl RunResult {
         text
     }
 
-    /// One JSON line per request, in the order requests left the engine.
+    /// One JSON line per request, in the order requests left each instance (instances in
+    /// config order, then rejected requests).
     pub fn per_request_jsonl(&self) -> String {
         let mut text = String::new();
-        for record in &self.engine.metrics().records {
-            let line = serde_json::to_string(&RequestJson::from(record)).unwrap_or_default();
-            text.push_str(&line);
+        let mut push = |record: &crate::sim::RequestRecord, instance: Option<&str>| {
+            let mut json = RequestJson::from(record);
+            json.instance = instance.map(str::to_owned);
+            text.push_str(&serde_json::to_string(&json).unwrap_or_default());
             text.push('\n');
+        };
+        match &self.simulated {
+            Simulated::Engine(engine) => {
+                for record in &engine.metrics().records {
+                    push(record, None);
+                }
+            }
+            Simulated::Cluster(cluster) => {
+                for (engine, instance) in cluster.engines().iter().zip(&cluster.config().instances)
+                {
+                    for record in &engine.metrics().records {
+                        push(record, Some(&instance.id));
+                    }
+                }
+                for record in cluster.rejected_records() {
+                    push(record, None);
+                }
+            }
         }
         text
+    }
+
+    /// Request accounting, steps and events of the run (for the stderr diagnostics).
+    pub fn totals(&self) -> (crate::sim::metrics::Counts, u64) {
+        match &self.simulated {
+            Simulated::Engine(engine) => (engine.counts(), engine.events_processed()),
+            Simulated::Cluster(cluster) => (cluster.counts(), cluster.events_processed()),
+        }
     }
 }
 
@@ -130,6 +180,36 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
     })?;
     let latency = catalog::latency_model(kind, &arch, &gpu, tp)?;
     let config = engine_config(args, &arch, &gpu, tp, replay)?;
+    let seed = match &source {
+        Source::Generated(spec, _) => spec.seed,
+        Source::Trace(..) => args.seed,
+    };
+    let workload_name = match &source {
+        Source::Generated(_, name) | Source::Trace(_, _, name, _) => name.clone(),
+    };
+    if cluster_run::wanted(args) {
+        let template = InstanceConfig {
+            id: String::new(),
+            model: arch.name.clone(),
+            gpu: gpu.name.clone(),
+            tp,
+            role: InstanceRole::Both,
+            engine: config,
+            latency,
+            cost_per_hour: 0.0,
+        };
+        let cluster_config = cluster_run::cluster_config(args, template)?;
+        let mut cluster = Cluster::new(cluster_config, seed)?;
+        match source {
+            Source::Generated(spec, _) => cluster.run(spec.generator()?, args.max_events)?,
+            Source::Trace(requests, ..) => cluster.run(requests, args.max_events)?,
+        }
+        let output = cluster_run::output(&cluster, workload_name, seed);
+        return Ok(RunResult {
+            output,
+            simulated: Simulated::Cluster(Box::new(cluster)),
+        });
+    }
     let info = RunInfo {
         model: arch.name.clone(),
         gpu: gpu.name.clone(),
@@ -141,13 +221,9 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_model_len: config.max_model_len,
         scheduling_policy: config.scheduling_policy.as_str(),
-        workload: match &source {
-            Source::Generated(_, name) | Source::Trace(_, _, name, _) => name.clone(),
-        },
-        seed: match &source {
-            Source::Generated(spec, _) => spec.seed,
-            Source::Trace(..) => args.seed,
-        },
+        workload: workload_name,
+        seed,
+        cluster: None,
     };
     let mut engine = Engine::new(config, latency)?;
     match source {
@@ -158,9 +234,11 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
     Ok(RunResult {
         output: RunOutput {
             summary: SummaryJson::from(&summary),
+            rejected_requests: None,
+            instances: None,
             run: info,
         },
-        engine,
+        simulated: Simulated::Engine(Box::new(engine)),
     })
 }
 

@@ -20,6 +20,8 @@ pub enum Outcome {
     Dropped,
     /// Its deadline passed before it finished.
     TimedOut,
+    /// Refused by the cluster's admission policy before reaching an instance.
+    Rejected,
 }
 
 impl Outcome {
@@ -29,6 +31,7 @@ impl Outcome {
             Outcome::Completed => "completed",
             Outcome::Dropped => "dropped",
             Outcome::TimedOut => "timed_out",
+            Outcome::Rejected => "rejected",
         }
     }
 }
@@ -249,6 +252,8 @@ pub struct Counts {
     pub dropped: u64,
     /// Requests past their deadline.
     pub timed_out: u64,
+    /// Requests refused at admission (cluster level; an engine never rejects).
+    pub rejected: u64,
     /// Preemptions so far.
     pub preemptions: u64,
     /// Non-empty steps executed.
@@ -256,9 +261,29 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Request conservation: injected = completed + queued + running + dropped + timed out.
+    /// Request conservation: injected = completed + queued + running + dropped + timed out
+    /// + rejected.
     pub fn is_conserved(&self) -> bool {
-        self.injected == self.completed + self.queued + self.running + self.dropped + self.timed_out
+        self.injected
+            == self.completed
+                + self.queued
+                + self.running
+                + self.dropped
+                + self.timed_out
+                + self.rejected
+    }
+
+    /// Adds `other`'s counts to these (aggregating instances into a cluster).
+    pub fn add(&mut self, other: &Counts) {
+        self.injected += other.injected;
+        self.completed += other.completed;
+        self.queued += other.queued;
+        self.running += other.running;
+        self.dropped += other.dropped;
+        self.timed_out += other.timed_out;
+        self.rejected += other.rejected;
+        self.preemptions += other.preemptions;
+        self.steps += other.steps;
     }
 }
 

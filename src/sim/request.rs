@@ -85,6 +85,10 @@ pub enum PromptContent {
     },
     /// Real token ids; the length equals the request's `input_tokens`.
     Tokens(Arc<[u32]>),
+    /// Keys of the prompt's full blocks, given by the caller (opaque chained hashes, such as
+    /// vLLM's KV-event block hashes); at most `input_tokens / block_size` of them. Blocks
+    /// past the given keys are unique to the request.
+    BlockKeys(Arc<[u64]>),
 }
 
 /// A request as submitted to an engine: immutable for the whole run.

@@ -219,7 +219,7 @@ impl Engine {
         let timeline = state.timeline;
         let end_us = match outcome {
             Outcome::Completed => timeline.last_token_us,
-            Outcome::Dropped | Outcome::TimedOut => now,
+            Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
         let record = RequestRecord {
             id: state.spec.id,

@@ -338,7 +338,8 @@ impl Engine {
     }
 }
 
-fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
+/// Checks that `spec` is well formed and does not arrive before `now_us`.
+pub fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
     let invalid = |field: &'static str, reason: String| SimError::InvalidRequest {
         id: spec.id,
         field,
@@ -370,6 +371,18 @@ fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError> {
             format!(
                 "{} token ids for input_tokens {}",
                 tokens.len(),
+                spec.input_tokens
+            ),
+        ));
+    }
+    if let crate::sim::request::PromptContent::BlockKeys(keys) = &spec.content
+        && keys.len() > spec.input_tokens as usize
+    {
+        return Err(invalid(
+            "content",
+            format!(
+                "{} block keys for a {}-token prompt",
+                keys.len(),
                 spec.input_tokens
             ),
         ));

@@ -46,6 +46,11 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
             combine(combine(parent, TAG_GROUP), *group),
             u64::from(block_index),
         ),
+        PromptContent::BlockKeys(keys)
+            if end <= prompt_end && (block_index as usize) < keys.len() =>
+        {
+            keys[block_index as usize]
+        }
         PromptContent::Tokens(tokens) if end <= prompt_end => {
             let mut state = combine(parent, TAG_TOKENS);
             for &token in &tokens[start as usize..end as usize] {
@@ -58,6 +63,18 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
             u64::from(block_index),
         ),
     }
+}
+
+/// Keys of every full block of `spec`'s prompt (what a router hashes to score prefixes).
+pub fn prompt_block_keys(spec: &RequestSpec, block_size: u32) -> Vec<u64> {
+    let full = spec.input_tokens / block_size;
+    let mut keys = Vec::with_capacity(full as usize);
+    let mut parent = ROOT_KEY;
+    for index in 0..full {
+        parent = block_key(spec, parent, index, block_size);
+        keys.push(parent);
+    }
+    keys
 }
 
 #[cfg(test)]
@@ -79,6 +96,20 @@ mod tests {
         }
         // Block 4 holds tokens 64..80: past the prefix, so unique per request.
         assert_ne!(block_key(&a, ka, 4, 16), block_key(&b, kb, 4, 16));
+    }
+
+    #[test]
+    fn given_block_keys_are_used_verbatim() {
+        let mut a = RequestSpec::synthetic(1, 0, 40, 4);
+        a.content = PromptContent::BlockKeys(vec![11, 22].into());
+        assert_eq!(prompt_block_keys(&a, 16), vec![11, 22]);
+        // A third block would be past the prompt's 40 tokens: only two are full.
+        let mut b = RequestSpec::synthetic(2, 0, 64, 4);
+        b.content = PromptContent::BlockKeys(vec![11].into());
+        let keys = prompt_block_keys(&b, 16);
+        assert_eq!(keys[0], 11);
+        assert_eq!(keys.len(), 4);
+        assert_ne!(keys[1], prompt_block_keys(&a, 16)[1]);
     }
 
     #[test]

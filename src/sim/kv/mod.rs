@@ -12,13 +12,13 @@
 //! Invariant: `free + used == total` at all times, where a block is free exactly when its
 //! refcount is zero, and every free block is on the free list exactly once.
 
-pub mod cpu_tier;
 pub mod hash;
+pub mod lru;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-pub use cpu_tier::CpuTier;
+pub use lru::LruKeySet;
 
 const NIL: u32 = u32::MAX;
 
@@ -125,8 +125,10 @@ pub struct KvCache {
     free_tail: u32,
     free_count: u32,
     by_key: HashMap<u64, u32, IdentityBuildHasher>,
-    cpu: Option<CpuTier>,
+    cpu: Option<LruKeySet>,
     stats: KvStats,
+    /// Bumped whenever the set of cached keys changes (lets observers skip re-copying it).
+    key_version: u64,
 }
 
 impl KvCache {
@@ -152,8 +154,9 @@ impl KvCache {
             free_tail: num_blocks - 1,
             free_count: num_blocks,
             by_key: HashMap::with_hasher(IdentityBuildHasher),
-            cpu: (cpu_blocks > 0 && prefix_caching).then(|| CpuTier::new(cpu_blocks)),
+            cpu: (cpu_blocks > 0 && prefix_caching).then(|| LruKeySet::new(cpu_blocks)),
             stats: KvStats::default(),
+            key_version: 0,
         }
     }
 
@@ -194,7 +197,18 @@ impl KvCache {
 
     /// Blocks held in the CPU tier (0 without one).
     pub fn cpu_resident_blocks(&self) -> u32 {
-        self.cpu.as_ref().map_or(0, CpuTier::len)
+        self.cpu.as_ref().map_or(0, LruKeySet::len)
+    }
+
+    /// Keys of the blocks cached on the GPU, in no particular order (callers collect them into
+    /// a set; the order never reaches output).
+    pub fn cached_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_key.keys().copied()
+    }
+
+    /// A counter that changes whenever the set of cached keys changes.
+    pub fn key_version(&self) -> u64 {
+        self.key_version
     }
 
     /// True if a block with content `key` is cached on the GPU.
@@ -383,6 +397,7 @@ impl KvCache {
         if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
             slot.insert(id);
             self.blocks[id as usize].key = Some(key);
+            self.key_version += 1;
         }
     }
 
@@ -402,6 +417,7 @@ impl KvCache {
         if let Some(key) = block.key.take() {
             if self.by_key.get(&key) == Some(&id) {
                 self.by_key.remove(&key);
+                self.key_version += 1;
             }
             if let Some(cpu) = &mut self.cpu {
                 cpu.insert(key);

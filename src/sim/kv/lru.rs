@@ -1,9 +1,9 @@
-//! The optional CPU offload tier: an LRU set of block keys held in host memory.
+//! A fixed-capacity LRU set of block keys.
 //!
-//! Full blocks evicted from the GPU are copied here; a later GPU prefix miss that hits here
-//! is reloaded (at a per-block transfer cost the scheduler adds to the step). Fixed capacity,
-//! index-linked list over a slot arena: every operation is O(1) and allocation-free after
-//! construction, and the whole tier clones as plain data.
+//! Used as the KV cache's CPU offload tier (full blocks evicted from the GPU are copied here
+//! and reloaded on a later GPU prefix miss) and as the router's approximate prefix index.
+//! Index-linked list over a slot arena: every operation is O(1) and allocation-free once
+//! full, and the set clones as plain data.
 
 use std::collections::HashMap;
 
@@ -11,9 +11,9 @@ use super::IdentityBuildHasher;
 
 const NIL: u32 = u32::MAX;
 
-/// LRU set of block keys with a fixed capacity.
+/// An LRU set of block keys with a fixed capacity.
 #[derive(Clone, Debug)]
-pub struct CpuTier {
+pub struct LruKeySet {
     capacity: u32,
     slot_of: HashMap<u64, u32, IdentityBuildHasher>,
     keys: Vec<u64>,
@@ -25,10 +25,10 @@ pub struct CpuTier {
     tail: u32,
 }
 
-impl CpuTier {
+impl LruKeySet {
     /// An empty tier holding at most `capacity` blocks (`capacity > 0`).
     pub fn new(capacity: u32) -> Self {
-        debug_assert!(capacity > 0, "a CPU tier needs capacity > 0");
+        debug_assert!(capacity > 0, "an LRU set needs capacity > 0");
         Self {
             capacity,
             slot_of: HashMap::with_capacity_and_hasher(capacity as usize, IdentityBuildHasher),
@@ -63,6 +63,17 @@ impl CpuTier {
         }
     }
 
+    /// Keys held, least recently used first (for tests and snapshots).
+    pub fn keys_lru_first(&self) -> Vec<u64> {
+        let mut keys = Vec::with_capacity(self.slot_of.len());
+        let mut cursor = self.head;
+        while cursor != NIL {
+            keys.push(self.keys[cursor as usize]);
+            cursor = self.next[cursor as usize];
+        }
+        keys
+    }
+
     /// Stores `key` as most recently used, evicting the least recently used key when full.
     pub fn insert(&mut self, key: u64) {
         if self.slot_of.contains_key(&key) {
@@ -85,7 +96,7 @@ impl CpuTier {
         };
         self.slot_of.insert(key, slot);
         self.push_tail(slot);
-        debug_assert!(self.len() <= self.capacity, "CPU tier over capacity");
+        debug_assert!(self.len() <= self.capacity, "LRU set over capacity");
     }
 
     fn unlink(&mut self, slot: u32) {
@@ -122,7 +133,7 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used() {
-        let mut tier = CpuTier::new(2);
+        let mut tier = LruKeySet::new(2);
         tier.insert(1);
         tier.insert(2);
         tier.touch(1);

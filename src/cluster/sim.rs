@@ -1,0 +1,466 @@
+//! Many instances behind one router on one global clock.
+//!
+//! Cluster events (signal refreshes, then arrivals) come before instance events at the same
+//! time; among instances the lowest index goes first. An arrival is admitted or rejected,
+//! routed, and dispatched at once: the chosen instance receives the request at the same
+//! instant (its own arrival is processed immediately, so live signals see it). Router
+//! in-flight counts rise on dispatch and fall when the instance's record of the request
+//! appears (completed, dropped or timed out). The whole cluster is plain data: `Clone`
+//! forks it.
+
+use std::collections::{HashMap, VecDeque};
+
+use super::admission::Admission;
+use super::config::{ClusterConfig, PrefixMode};
+use super::router::{Router, RoutingContext};
+use super::signals::{self, CapturedSignals, RefreshTick, SignalView};
+use crate::sim::engine::validate_request;
+use crate::sim::kv::hash::prompt_block_keys;
+use crate::sim::metrics::{Counts, Outcome, RequestRecord, Summary};
+use crate::sim::rng::RngStreams;
+use crate::sim::{Engine, RequestSpec, SimError};
+
+/// A simulated cluster.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    engines: Vec<Engine>,
+    router: Router,
+    admission: Admission,
+    captured: Vec<CapturedSignals>,
+    ticks: Vec<RefreshTick>,
+    in_flight: Vec<u64>,
+    records_seen: Vec<usize>,
+    pending: VecDeque<RequestSpec>,
+    now_us: u64,
+    rejected: Vec<RequestRecord>,
+    routed_to: Vec<u32>,
+    events_processed: u64,
+    scratch_views: Vec<SignalView>,
+    scratch_matched: Vec<usize>,
+}
+
+/// What happened to one arrival at the gateway.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// Refused by admission.
+    Rejected,
+    /// Sent to the instance with this index.
+    Routed(usize),
+}
+
+/// The aggregate outcome of a cluster run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSummary {
+    /// The whole cluster, with the same fields as one instance's summary.
+    pub total: Summary,
+    /// Each instance's own summary, in config order.
+    pub instances: Vec<(String, Summary)>,
+}
+
+impl Cluster {
+    /// A cluster of idle instances at time 0; randomness derives from `seed`.
+    pub fn new(config: ClusterConfig, seed: u64) -> Result<Self, SimError> {
+        let engines = config
+            .instances
+            .iter()
+            .map(|instance| Engine::new(instance.engine.clone(), instance.latency.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::from_engines(config, engines, seed))
+    }
+
+    /// A cluster over already-built engines (e.g. restored from a snapshot), one per
+    /// instance of `config`, all at the same time.
+    pub fn from_engines(config: ClusterConfig, engines: Vec<Engine>, seed: u64) -> Self {
+        debug_assert_eq!(
+            engines.len(),
+            config.instances.len(),
+            "one engine per instance"
+        );
+        let count = engines.len();
+        let now_us = engines.iter().map(Engine::now_us).max().unwrap_or(0);
+        let router = Router::new(
+            config.routing.clone(),
+            count,
+            RngStreams::new(seed).stream("router"),
+        );
+        let precise = router.prefix_mode() == Some(PrefixMode::Precise);
+        let mut ticks = signals::refresh_ticks(&config.staleness, precise);
+        for tick in &mut ticks {
+            tick.next_us = Some(now_us.div_ceil(tick.interval_us) * tick.interval_us);
+        }
+        let mut cluster = Self {
+            admission: Admission::new(config.admission),
+            captured: vec![CapturedSignals::default(); count],
+            in_flight: vec![0; count],
+            records_seen: engines.iter().map(|e| e.metrics().records.len()).collect(),
+            engines,
+            router,
+            ticks,
+            pending: VecDeque::new(),
+            now_us,
+            rejected: Vec::new(),
+            routed_to: vec![0; count],
+            events_processed: 0,
+            scratch_views: Vec::with_capacity(count),
+            scratch_matched: Vec::with_capacity(count),
+            config,
+        };
+        // Captures start from the instances' state at the start time.
+        for index in 0..count {
+            for signal in signals::SIGNALS {
+                if signal != super::config::Signal::PrefixCache || precise {
+                    cluster.captured[index].refresh(signal, &cluster.engines[index], now_us);
+                }
+            }
+        }
+        cluster
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The instances' engines, in config order.
+    pub fn engines(&self) -> &[Engine] {
+        &self.engines
+    }
+
+    /// Current time (µs).
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Router in-flight requests per instance.
+    pub fn in_flight(&self) -> &[u64] {
+        &self.in_flight
+    }
+
+    /// Requests routed to each instance so far.
+    pub fn routed_counts(&self) -> &[u32] {
+        &self.routed_to
+    }
+
+    /// Records of requests rejected at admission.
+    pub fn rejected_records(&self) -> &[RequestRecord] {
+        &self.rejected
+    }
+
+    /// The signals the router would see now, per instance.
+    pub fn signal_views(&self) -> Vec<SignalView> {
+        (0..self.engines.len())
+            .map(|i| {
+                signals::current_view(&self.captured[i], &self.engines[i], &self.config.staleness)
+            })
+            .collect()
+    }
+
+    /// When instance `index`'s `signal` was last refreshed.
+    pub fn refreshed_at(&self, index: usize, signal: super::config::Signal) -> u64 {
+        self.captured[index].refreshed_at(signal)
+    }
+
+    /// Events processed so far (cluster and instance events).
+    pub fn events_processed(&self) -> u64 {
+        self.events_processed
+    }
+
+    /// Request accounting over the whole cluster.
+    pub fn counts(&self) -> Counts {
+        let mut counts = Counts::default();
+        for engine in &self.engines {
+            counts.add(&engine.counts());
+        }
+        counts.injected += self.rejected.len() as u64;
+        counts.rejected = self.rejected.len() as u64;
+        counts
+    }
+
+    /// Queues a request to arrive at `spec.arrival_us` (non-decreasing across calls, not in
+    /// the past).
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        validate_request(&spec, self.now_us)?;
+        let last = self.pending.back().map_or(self.now_us, |s| s.arrival_us);
+        if spec.arrival_us < last {
+            return Err(SimError::InvalidRequest {
+                id: spec.id,
+                field: "arrival_us",
+                reason: format!(
+                    "{} is before {last}: submit in arrival order",
+                    spec.arrival_us
+                ),
+            });
+        }
+        self.pending.push_back(spec);
+        self.resume_ticks();
+        Ok(())
+    }
+
+    /// Time of the next event, if any.
+    pub fn next_event_us(&self) -> Option<u64> {
+        [
+            self.next_cluster_event(),
+            self.next_instance_event().map(|(t, _)| t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// True if nothing is pending anywhere.
+    pub fn is_idle(&self) -> bool {
+        self.next_event_us().is_none()
+    }
+
+    /// Processes the next event; returns its time.
+    pub fn process_next_event(&mut self) -> Option<u64> {
+        let cluster = self.next_cluster_event();
+        let instance = self.next_instance_event();
+        let time = match (cluster, instance) {
+            (None, None) => return None,
+            (Some(c), Some((i, _))) if c <= i => self.process_cluster_event(c),
+            (Some(c), None) => self.process_cluster_event(c),
+            (_, Some((time, index))) => {
+                self.now_us = time;
+                self.engines[index].process_next_event();
+                self.collect_finished(index);
+                time
+            }
+        };
+        self.events_processed += 1;
+        Some(time)
+    }
+
+    /// Processes every event strictly before `time_us`.
+    pub fn run_before(&mut self, time_us: u64) {
+        while self.next_event_us().is_some_and(|t| t < time_us) {
+            self.process_next_event();
+        }
+    }
+
+    /// Processes every event at or before `time_us`, then sets the clock to `time_us`.
+    pub fn run_until(&mut self, time_us: u64) {
+        while self.next_event_us().is_some_and(|t| t <= time_us) {
+            self.process_next_event();
+        }
+        self.now_us = self.now_us.max(time_us);
+    }
+
+    /// Feeds `requests` (arrival order) and runs until nothing is pending, failing after
+    /// `max_events` events.
+    pub fn run<I>(&mut self, requests: I, max_events: u64) -> Result<(), SimError>
+    where
+        I: IntoIterator<Item = RequestSpec>,
+    {
+        for spec in requests {
+            while self.next_event_us().is_some_and(|t| t < spec.arrival_us) {
+                self.step_within(max_events)?;
+            }
+            self.submit(spec)?;
+        }
+        while !self.is_idle() {
+            self.step_within(max_events)?;
+        }
+        Ok(())
+    }
+
+    fn step_within(&mut self, max_events: u64) -> Result<(), SimError> {
+        if self.events_processed >= max_events {
+            return Err(SimError::EventBudgetExhausted {
+                budget: max_events,
+                now_us: self.now_us,
+            });
+        }
+        self.process_next_event();
+        Ok(())
+    }
+
+    /// The aggregate outcome so far.
+    pub fn summary(&self) -> ClusterSummary {
+        let mut records: Vec<RequestRecord> = Vec::new();
+        let mut gaps: HashMap<u64, u64> = HashMap::new();
+        let (mut queries, mut hits) = (0u64, 0u64);
+        let (mut kv_mean, mut kv_peak) = (0.0, 0.0f64);
+        let mut instances = Vec::with_capacity(self.engines.len());
+        for (engine, instance) in self.engines.iter().zip(&self.config.instances) {
+            records.extend(engine.metrics().records.iter().cloned());
+            for (&gap, &count) in &engine.metrics().token_gap_counts {
+                *gaps.entry(gap).or_insert(0) += count;
+            }
+            let stats = engine.kv().stats();
+            queries += stats.query_tokens;
+            hits += stats.hit_tokens;
+            let summary = engine.summary();
+            kv_mean += summary.kv_usage_mean;
+            kv_peak = kv_peak.max(summary.kv_usage_peak);
+            instances.push((instance.id.clone(), summary));
+        }
+        records.extend(self.rejected.iter().cloned());
+        let hit_rate = if queries == 0 {
+            0.0
+        } else {
+            hits as f64 / queries as f64
+        };
+        let mut total = Summary::build(&records, &gaps, self.counts(), self.now_us, hit_rate);
+        total.kv_usage_mean = kv_mean / self.engines.len().max(1) as f64;
+        total.kv_usage_peak = kv_peak;
+        ClusterSummary { total, instances }
+    }
+
+    /// Audits every instance's invariants and cluster conservation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        for (index, engine) in self.engines.iter().enumerate() {
+            engine
+                .check_invariants()
+                .map_err(|err| format!("instance {index}: {err}"))?;
+        }
+        let counts = self.counts();
+        if !counts.is_conserved() {
+            return Err(format!("cluster conservation broken: {counts:?}"));
+        }
+        Ok(())
+    }
+
+    fn next_cluster_event(&self) -> Option<u64> {
+        let tick = self.ticks.iter().filter_map(|t| t.next_us).min();
+        let arrival = self.pending.front().map(|s| s.arrival_us);
+        [tick, arrival].into_iter().flatten().min()
+    }
+
+    /// (time, index) of the earliest instance event; lowest index on ties.
+    fn next_instance_event(&self) -> Option<(u64, usize)> {
+        self.engines
+            .iter()
+            .enumerate()
+            .filter_map(|(index, engine)| engine.next_event_us().map(|t| (t, index)))
+            .min()
+    }
+
+    fn process_cluster_event(&mut self, time: u64) -> u64 {
+        debug_assert!(time >= self.now_us, "cluster clock went back");
+        self.now_us = time;
+        // Refreshes come before arrivals at the same time (the poll result is there first).
+        if let Some(tick_index) = self.ticks.iter().position(|t| t.next_us == Some(time)) {
+            self.refresh(tick_index);
+        } else if let Some(spec) = self.pending.pop_front() {
+            debug_assert_eq!(spec.arrival_us, time, "arrival out of order");
+            self.arrive(spec);
+        }
+        time
+    }
+
+    fn refresh(&mut self, tick_index: usize) {
+        let now = self.now_us;
+        let signals = self.ticks[tick_index].signals.clone();
+        for (captured, engine) in self.captured.iter_mut().zip(&self.engines) {
+            for &signal in &signals {
+                captured.refresh(signal, engine, now);
+            }
+        }
+        let active = !self.pending.is_empty() || self.engines.iter().any(|e| !e.is_idle());
+        let tick = &mut self.ticks[tick_index];
+        tick.next_us = active.then(|| now + tick.interval_us);
+    }
+
+    /// Restarts stopped refresh ticks at their next multiple after now.
+    fn resume_ticks(&mut self) {
+        let now = self.now_us;
+        for tick in &mut self.ticks {
+            if tick.next_us.is_none() {
+                tick.next_us = Some((now / tick.interval_us + 1) * tick.interval_us);
+            }
+        }
+    }
+
+    /// Admission, routing and dispatch of one arrival.
+    pub(crate) fn arrive(&mut self, spec: RequestSpec) -> Dispatch {
+        let now = self.now_us;
+        self.scratch_views.clear();
+        for index in 0..self.engines.len() {
+            let view = signals::current_view(
+                &self.captured[index],
+                &self.engines[index],
+                &self.config.staleness,
+            );
+            self.scratch_views.push(view);
+        }
+        if !self.admission.admit(&spec, now, &self.scratch_views) {
+            self.reject(spec);
+            return Dispatch::Rejected;
+        }
+        let block_size = self.config.instances[0].engine.block_size;
+        let keys = match self.router.prefix_mode() {
+            Some(_) => prompt_block_keys(&spec, block_size),
+            None => Vec::new(),
+        };
+        self.scratch_matched.clear();
+        for index in 0..self.engines.len() {
+            let matched = match self.router.prefix_mode() {
+                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, &keys),
+                Some(PrefixMode::Precise) => signals::precise_prefix_match(
+                    &keys,
+                    &self.captured[index],
+                    &self.engines[index],
+                    &self.config.staleness,
+                ),
+                None => 0,
+            };
+            self.scratch_matched.push(matched);
+        }
+        let context = RoutingContext {
+            views: &self.scratch_views,
+            in_flight: &self.in_flight,
+            prefix_matched: &self.scratch_matched,
+            prompt_blocks: keys.len(),
+        };
+        let index = self.router.pick(&context);
+        self.router.record_dispatch(index, &keys);
+        self.dispatch(index, spec);
+        Dispatch::Routed(index)
+    }
+
+    fn dispatch(&mut self, index: usize, spec: RequestSpec) {
+        let now = self.now_us;
+        let engine = &mut self.engines[index];
+        engine.run_before(now);
+        let submitted = engine.submit(spec);
+        debug_assert!(
+            submitted.is_ok(),
+            "validated at cluster submit: {submitted:?}"
+        );
+        // The arrival is the instance's earliest event now: process it at once.
+        engine.process_next_event();
+        self.in_flight[index] += 1;
+        self.routed_to[index] += 1;
+        self.collect_finished(index);
+    }
+
+    fn reject(&mut self, spec: RequestSpec) {
+        let now = self.now_us;
+        self.rejected.push(RequestRecord {
+            id: spec.id,
+            slo_class: spec.slo_class,
+            outcome: Outcome::Rejected,
+            arrival_us: spec.arrival_us,
+            enqueue_us: None,
+            schedule_us: None,
+            first_token_us: None,
+            end_us: now,
+            input_tokens: spec.input_tokens,
+            output_tokens: 0,
+            cached_tokens: 0,
+            preemptions: 0,
+            token_gap_sum_us: 0,
+            token_gaps_us: Vec::new(),
+        });
+    }
+
+    /// Lowers in-flight counts for requests instance `index` has finished since last time.
+    fn collect_finished(&mut self, index: usize) {
+        let total = self.engines[index].metrics().records.len();
+        let new = total - self.records_seen[index];
+        self.records_seen[index] = total;
+        self.in_flight[index] = self.in_flight[index].saturating_sub(new as u64);
+    }
+}

@@ -1,0 +1,605 @@
+//! The cluster YAML: pools of identical instances, router, admission and staleness,
+//! resolved into a [`ClusterConfig`] with every engine config and latency model built.
+//!
+//! Parsing is strict (unknown fields are errors) and every validation error names the field
+//! path, e.g. `pools[1].engine.max_num_seqs: must be at least 1`. Knows the file format and
+//! the catalog; knows nothing about running a simulation. See docs/cluster.md.
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::config::{
+    AdmissionPolicy, ClusterConfig, DEFAULT_PREFIX_INDEX_BLOCKS, DEFAULT_REFRESH_INTERVAL_US,
+    InstanceConfig, InstanceRole, Picker, PrefixMode, RoutingPolicy, Scorer, StalenessConfig,
+    WeightedScorer,
+};
+use crate::catalog;
+use crate::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
+use crate::sim::{EngineConfig, SchedulingPolicy, capacity};
+
+/// The embedded default cluster's YAML.
+pub const DEFAULT_CLUSTER_YAML: &str = include_str!("../../data/clusters/default.yaml");
+
+/// Most instances a cluster may have.
+pub const INSTANCES_MAX: u32 = 4096;
+
+/// A cluster file that cannot be used.
+#[derive(Clone, Debug, Error, PartialEq)]
+pub enum ClusterSpecError {
+    /// The YAML does not parse or has unknown fields.
+    #[error("cluster YAML: {0}")]
+    Yaml(String),
+    /// A field has an unusable value.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// Field path.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ClusterSpecError {
+    ClusterSpecError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// The file's top level.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterFile {
+    pools: Vec<PoolSpec>,
+    #[serde(default)]
+    routing: Option<RoutingSpec>,
+    #[serde(default)]
+    admission: Option<AdmissionSpec>,
+    #[serde(default)]
+    staleness: Option<StalenessSpec>,
+}
+
+/// A pool of identical instances.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    /// Pool name; instances are `<name>-0`, `<name>-1`, ...
+    pub name: String,
+    /// Number of instances (default 1).
+    #[serde(default = "one")]
+    pub replicas: u32,
+    /// Embedded model name (default llama-3.1-8b-instruct).
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Embedded GPU name (default H100).
+    #[serde(default = "default_gpu")]
+    pub gpu: String,
+    /// Tensor-parallel degree (default 1).
+    #[serde(default = "one")]
+    pub tp: u32,
+    /// `roofline` (default), `blackbox` or `physics`.
+    #[serde(default = "default_latency")]
+    pub latency_model: String,
+    /// Explicit blackbox coefficients (then `latency_model` must be `blackbox`).
+    #[serde(default)]
+    pub coefficients: Option<CoefficientsSpec>,
+    /// Cost per instance-hour (default 0).
+    #[serde(default)]
+    pub cost_per_hour: f64,
+    /// vLLM limits.
+    #[serde(default)]
+    pub engine: EngineSpec,
+}
+
+/// Explicit blackbox alpha/beta coefficients.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoefficientsSpec {
+    /// alpha0..2.
+    pub alpha: Vec<f64>,
+    /// beta0..2.
+    pub beta: Vec<f64>,
+}
+
+/// vLLM limits of a pool's instances; absent fields take vLLM's defaults.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSpec {
+    /// `--max-num-seqs` (256).
+    pub max_num_seqs: Option<u32>,
+    /// `--max-num-batched-tokens` (2048).
+    pub max_num_batched_tokens: Option<u32>,
+    /// `--block-size` (16).
+    pub block_size: Option<u32>,
+    /// GPU blocks (derived from memory when absent).
+    pub num_gpu_blocks: Option<u32>,
+    /// `--gpu-memory-utilization` (0.9).
+    pub gpu_memory_utilization: Option<f64>,
+    /// `--max-model-len` (the model's maximum).
+    pub max_model_len: Option<u32>,
+    /// `--long-prefill-token-threshold` (0).
+    pub long_prefill_token_threshold: Option<u32>,
+    /// `--enable-chunked-prefill` (true).
+    pub enable_chunked_prefill: Option<bool>,
+    /// `--enable-prefix-caching` (true).
+    pub enable_prefix_caching: Option<bool>,
+    /// `fcfs` (default), `priority` or `sjf`.
+    pub scheduling_policy: Option<String>,
+    /// CPU offload tier in blocks (0).
+    pub num_cpu_blocks: Option<u32>,
+    /// Host-to-GPU bandwidth for CPU-tier reloads, GB/s (25).
+    pub cpu_offload_bandwidth_gbps: Option<f64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutingSpec {
+    policy: String,
+    #[serde(default)]
+    scorers: Option<Vec<ScorerSpec>>,
+    #[serde(default)]
+    picker: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScorerSpec {
+    name: String,
+    weight: f64,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    blocks_per_instance: Option<u32>,
+    #[serde(default)]
+    threshold: Option<u32>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdmissionSpec {
+    policy: String,
+    #[serde(default)]
+    capacity_tokens: Option<f64>,
+    #[serde(default)]
+    refill_tokens_per_s: Option<f64>,
+    #[serde(default)]
+    queue_threshold: Option<f64>,
+    #[serde(default)]
+    kv_threshold: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StalenessSpec {
+    #[serde(default)]
+    refresh_interval_ms: Option<f64>,
+    #[serde(default)]
+    queue_depth_ms: Option<f64>,
+    #[serde(default)]
+    running_ms: Option<f64>,
+    #[serde(default)]
+    kv_usage_ms: Option<f64>,
+    #[serde(default)]
+    prefix_cache_ms: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn default_model() -> String {
+    "llama-3.1-8b-instruct".to_owned()
+}
+fn default_gpu() -> String {
+    "H100".to_owned()
+}
+fn default_latency() -> String {
+    "roofline".to_owned()
+}
+
+/// The embedded default cluster: 4 x llama-3.1-8b-instruct on H100, llm-d's default profile.
+pub fn default_cluster() -> ClusterConfig {
+    parse_cluster_yaml(DEFAULT_CLUSTER_YAML)
+        .expect("the embedded default cluster is valid (tested in cluster_spec)")
+}
+
+/// Parses and resolves a cluster YAML document.
+pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError> {
+    let file: ClusterFile =
+        serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
+    if file.pools.is_empty() {
+        return Err(invalid("pools", "needs at least one pool"));
+    }
+    let mut instances = Vec::new();
+    for (index, pool) in file.pools.iter().enumerate() {
+        let path = format!("pools[{index}]");
+        if file.pools[..index].iter().any(|p| p.name == pool.name) {
+            return Err(invalid(
+                format!("{path}.name"),
+                format!("duplicate pool {:?}", pool.name),
+            ));
+        }
+        let template = resolve_pool(pool, &path)?;
+        for replica in 0..pool.replicas {
+            let mut instance = template.clone();
+            instance.id = format!("{}-{replica}", pool.name);
+            instances.push(instance);
+        }
+        if instances.len() as u64 > u64::from(INSTANCES_MAX) {
+            return Err(invalid(
+                format!("{path}.replicas"),
+                format!("more than {INSTANCES_MAX} instances in all"),
+            ));
+        }
+    }
+    let routing = match &file.routing {
+        Some(spec) => resolve_routing(spec)?,
+        None => RoutingPolicy::llm_d_default(),
+    };
+    let admission = match &file.admission {
+        Some(spec) => resolve_admission(spec)?,
+        None => AdmissionPolicy::Always,
+    };
+    let staleness = resolve_staleness(file.staleness.unwrap_or_default())?;
+    Ok(ClusterConfig {
+        instances,
+        routing,
+        admission,
+        staleness,
+    })
+}
+
+/// Builds one instance of `pool` (its id is set by the caller).
+pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, ClusterSpecError> {
+    if pool.name.trim().is_empty() {
+        return Err(invalid(format!("{path}.name"), "must not be empty"));
+    }
+    if pool.replicas == 0 || pool.replicas > INSTANCES_MAX {
+        return Err(invalid(
+            format!("{path}.replicas"),
+            format!("must be in 1..={INSTANCES_MAX}"),
+        ));
+    }
+    if pool.tp == 0 || pool.tp > 64 {
+        return Err(invalid(format!("{path}.tp"), "must be in 1..=64"));
+    }
+    if !(pool.cost_per_hour.is_finite() && pool.cost_per_hour >= 0.0) {
+        return Err(invalid(
+            format!("{path}.cost_per_hour"),
+            "must be a non-negative number",
+        ));
+    }
+    let arch = catalog::model(&pool.model)
+        .map_err(|err| invalid(format!("{path}.model"), err.to_string()))?;
+    let gpu =
+        catalog::gpu(&pool.gpu).map_err(|err| invalid(format!("{path}.gpu"), err.to_string()))?;
+    let kind = LatencyKind::parse(&pool.latency_model).ok_or_else(|| {
+        invalid(
+            format!("{path}.latency_model"),
+            format!(
+                "unknown model {:?}; expected roofline, blackbox or physics",
+                pool.latency_model
+            ),
+        )
+    })?;
+    let latency = match &pool.coefficients {
+        Some(coefficients) => {
+            if kind != LatencyKind::Blackbox {
+                return Err(invalid(
+                    format!("{path}.coefficients"),
+                    "explicit coefficients need latency_model: blackbox",
+                ));
+            }
+            LatencyModel::Blackbox(
+                BlackboxCoefficients::new(&coefficients.alpha, &coefficients.beta)
+                    .map_err(|err| invalid(format!("{path}.coefficients"), err.to_string()))?,
+            )
+        }
+        None => catalog::latency_model(kind, &arch, &gpu, pool.tp)
+            .map_err(|err| invalid(format!("{path}.latency_model"), err.to_string()))?,
+    };
+    let engine = resolve_engine(
+        &pool.engine,
+        &arch,
+        &gpu,
+        pool.tp,
+        &format!("{path}.engine"),
+    )?;
+    Ok(InstanceConfig {
+        id: pool.name.clone(),
+        model: arch.name.clone(),
+        gpu: gpu.name.clone(),
+        tp: pool.tp,
+        role: InstanceRole::Both,
+        engine,
+        latency,
+        cost_per_hour: pool.cost_per_hour,
+    })
+}
+
+fn resolve_engine(
+    spec: &EngineSpec,
+    arch: &crate::sim::latency::ModelArch,
+    gpu: &crate::sim::latency::GpuSpec,
+    tp: u32,
+    path: &str,
+) -> Result<EngineConfig, ClusterSpecError> {
+    let block_size = spec.block_size.unwrap_or(16);
+    if block_size == 0 {
+        return Err(invalid(format!("{path}.block_size"), "must be at least 1"));
+    }
+    let num_gpu_blocks = match spec.num_gpu_blocks {
+        Some(blocks) => blocks,
+        None => {
+            let utilization = spec.gpu_memory_utilization.unwrap_or(0.9);
+            capacity::num_gpu_blocks(arch, gpu, tp, utilization, block_size)
+                .map_err(|err| invalid(format!("{path}.num_gpu_blocks"), err.to_string()))?
+        }
+    };
+    let mut config = EngineConfig::vllm_defaults(
+        num_gpu_blocks,
+        spec.max_model_len.unwrap_or(arch.max_position_embeddings),
+    );
+    config.block_size = block_size;
+    config.max_num_seqs = spec.max_num_seqs.unwrap_or(config.max_num_seqs);
+    config.max_num_batched_tokens = spec
+        .max_num_batched_tokens
+        .unwrap_or(config.max_num_batched_tokens);
+    config.long_prefill_token_threshold = spec.long_prefill_token_threshold.unwrap_or(0);
+    config.enable_chunked_prefill = spec.enable_chunked_prefill.unwrap_or(true);
+    config.enable_prefix_caching = spec.enable_prefix_caching.unwrap_or(true);
+    config.num_cpu_blocks = spec.num_cpu_blocks.unwrap_or(0);
+    if let Some(name) = &spec.scheduling_policy {
+        config.scheduling_policy = SchedulingPolicy::parse(name).ok_or_else(|| {
+            invalid(
+                format!("{path}.scheduling_policy"),
+                format!("unknown policy {name:?}; expected fcfs, priority or sjf"),
+            )
+        })?;
+    }
+    let bandwidth = spec.cpu_offload_bandwidth_gbps.unwrap_or(25.0);
+    if !(bandwidth.is_finite() && bandwidth > 0.0) {
+        return Err(invalid(
+            format!("{path}.cpu_offload_bandwidth_gbps"),
+            "must be a positive number",
+        ));
+    }
+    config.cpu_block_load_us =
+        (arch.kv_bytes_per_block(tp, block_size) as f64 / (bandwidth * 1e3)).ceil() as u64;
+    config.kv_sample_interval_us = 10_000_000;
+    config
+        .validate()
+        .map_err(|err| invalid(format!("{path}.{}", err.field), err.reason))?;
+    Ok(config)
+}
+
+fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecError> {
+    let policy = spec.policy.trim().to_ascii_lowercase();
+    if policy != "weighted" && (spec.scorers.is_some() || spec.picker.is_some()) {
+        return Err(invalid(
+            "routing.scorers",
+            format!("scorers and picker need policy: weighted (got {policy:?})"),
+        ));
+    }
+    match policy.as_str() {
+        "round-robin" => Ok(RoutingPolicy::RoundRobin),
+        "random" => Ok(RoutingPolicy::Random),
+        "least-loaded" => Ok(RoutingPolicy::LeastLoaded),
+        "weighted" => {
+            let picker = match spec.picker.as_deref().map(str::trim) {
+                None | Some("max-score") => Picker::MaxScore,
+                Some("weighted-random") => Picker::WeightedRandom,
+                Some(other) => {
+                    return Err(invalid(
+                        "routing.picker",
+                        format!("unknown picker {other:?}; expected max-score or weighted-random"),
+                    ));
+                }
+            };
+            let scorers = match &spec.scorers {
+                None => match RoutingPolicy::llm_d_default() {
+                    RoutingPolicy::Weighted { scorers, .. } => scorers,
+                    _ => Vec::new(),
+                },
+                Some(list) => list
+                    .iter()
+                    .enumerate()
+                    .map(|(index, scorer)| {
+                        resolve_scorer(scorer, &format!("routing.scorers[{index}]"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
+            if scorers.is_empty() || scorers.iter().all(|s| s.weight == 0.0) {
+                return Err(invalid(
+                    "routing.scorers",
+                    "needs at least one scorer with a positive weight",
+                ));
+            }
+            Ok(RoutingPolicy::Weighted { scorers, picker })
+        }
+        other => Err(invalid(
+            "routing.policy",
+            format!(
+                "unknown policy {other:?}; expected round-robin, random, least-loaded or weighted"
+            ),
+        )),
+    }
+}
+
+fn resolve_scorer(spec: &ScorerSpec, path: &str) -> Result<WeightedScorer, ClusterSpecError> {
+    if !(spec.weight.is_finite() && spec.weight >= 0.0) {
+        return Err(invalid(
+            format!("{path}.weight"),
+            "must be a non-negative number",
+        ));
+    }
+    let name = spec.name.trim().to_ascii_lowercase();
+    if name != "prefix-cache" && (spec.mode.is_some() || spec.blocks_per_instance.is_some()) {
+        return Err(invalid(
+            format!("{path}.mode"),
+            "only the prefix-cache scorer has a mode",
+        ));
+    }
+    if name != "load-aware" && spec.threshold.is_some() {
+        return Err(invalid(
+            format!("{path}.threshold"),
+            "only the load-aware scorer has a threshold",
+        ));
+    }
+    let scorer = match name.as_str() {
+        "queue-depth" | "queue" => Scorer::QueueDepth,
+        "kv-cache-utilization" | "kv-cache" => Scorer::KvCacheUtilization,
+        "active-requests" => Scorer::ActiveRequests,
+        "running-requests" => Scorer::RunningRequests,
+        "load-aware" => {
+            let threshold = spec.threshold.unwrap_or(128);
+            if threshold == 0 {
+                return Err(invalid(format!("{path}.threshold"), "must be at least 1"));
+            }
+            Scorer::LoadAware { threshold }
+        }
+        "prefix-cache" | "prefix" => {
+            match spec.mode.as_deref().map(str::trim).unwrap_or("approximate") {
+                "approximate" => {
+                    let blocks = spec
+                        .blocks_per_instance
+                        .unwrap_or(DEFAULT_PREFIX_INDEX_BLOCKS);
+                    if blocks == 0 {
+                        return Err(invalid(
+                            format!("{path}.blocks_per_instance"),
+                            "must be at least 1",
+                        ));
+                    }
+                    Scorer::PrefixCache(PrefixMode::Approximate {
+                        blocks_per_instance: blocks,
+                    })
+                }
+                "precise" => {
+                    if spec.blocks_per_instance.is_some() {
+                        return Err(invalid(
+                            format!("{path}.blocks_per_instance"),
+                            "only the approximate mode has an index size",
+                        ));
+                    }
+                    Scorer::PrefixCache(PrefixMode::Precise)
+                }
+                other => {
+                    return Err(invalid(
+                        format!("{path}.mode"),
+                        format!("unknown mode {other:?}; expected approximate or precise"),
+                    ));
+                }
+            }
+        }
+        other => {
+            return Err(invalid(
+                format!("{path}.name"),
+                format!(
+                    "unknown scorer {other:?}; expected queue-depth, kv-cache-utilization, prefix-cache, load-aware, active-requests or running-requests"
+                ),
+            ));
+        }
+    };
+    Ok(WeightedScorer {
+        scorer,
+        weight: spec.weight,
+    })
+}
+
+fn resolve_admission(spec: &AdmissionSpec) -> Result<AdmissionPolicy, ClusterSpecError> {
+    let positive =
+        |value: Option<f64>, default: f64, field: &str| -> Result<f64, ClusterSpecError> {
+            let value = value.unwrap_or(default);
+            if value.is_finite() && value > 0.0 {
+                Ok(value)
+            } else {
+                Err(invalid(
+                    format!("admission.{field}"),
+                    "must be a positive number",
+                ))
+            }
+        };
+    let policy = spec.policy.trim().to_ascii_lowercase();
+    let unused = |fields: &[(&str, bool)]| -> Result<(), ClusterSpecError> {
+        match fields.iter().find(|(_, set)| *set) {
+            Some((field, _)) => Err(invalid(
+                format!("admission.{field}"),
+                format!("not used by policy {policy:?}"),
+            )),
+            None => Ok(()),
+        }
+    };
+    let bucket_fields = [
+        ("capacity_tokens", spec.capacity_tokens.is_some()),
+        ("refill_tokens_per_s", spec.refill_tokens_per_s.is_some()),
+    ];
+    let saturation_fields = [
+        ("queue_threshold", spec.queue_threshold.is_some()),
+        ("kv_threshold", spec.kv_threshold.is_some()),
+    ];
+    match policy.as_str() {
+        "always" => {
+            unused(&bucket_fields)?;
+            unused(&saturation_fields)?;
+            Ok(AdmissionPolicy::Always)
+        }
+        "token-bucket" => {
+            unused(&saturation_fields)?;
+            Ok(AdmissionPolicy::TokenBucket {
+                capacity_tokens: positive(spec.capacity_tokens, 10_000.0, "capacity_tokens")?,
+                refill_tokens_per_s: positive(
+                    spec.refill_tokens_per_s,
+                    1_000.0,
+                    "refill_tokens_per_s",
+                )?,
+            })
+        }
+        "saturation" | "saturation-shedding" => {
+            unused(&bucket_fields)?;
+            Ok(AdmissionPolicy::SaturationShedding {
+                queue_threshold: positive(spec.queue_threshold, 5.0, "queue_threshold")?,
+                kv_threshold: positive(spec.kv_threshold, 0.8, "kv_threshold")?,
+            })
+        }
+        other => Err(invalid(
+            "admission.policy",
+            format!("unknown policy {other:?}; expected always, token-bucket or saturation"),
+        )),
+    }
+}
+
+fn resolve_staleness(spec: StalenessSpec) -> Result<StalenessConfig, ClusterSpecError> {
+    let to_us =
+        |value: Option<f64>, default_us: u64, field: &str| -> Result<u64, ClusterSpecError> {
+            match value {
+                None => Ok(default_us),
+                Some(ms) if ms.is_finite() && (0.0..=3.6e6).contains(&ms) => {
+                    Ok((ms * 1000.0).round() as u64)
+                }
+                Some(_) => Err(invalid(
+                    format!("staleness.{field}"),
+                    "must be in [0, 3600000] ms",
+                )),
+            }
+        };
+    let base = to_us(
+        spec.refresh_interval_ms,
+        DEFAULT_REFRESH_INTERVAL_US,
+        "refresh_interval_ms",
+    )?;
+    Ok(StalenessConfig {
+        queue_depth_us: to_us(spec.queue_depth_ms, base, "queue_depth_ms")?,
+        running_us: to_us(spec.running_ms, base, "running_ms")?,
+        kv_usage_us: to_us(spec.kv_usage_ms, base, "kv_usage_ms")?,
+        prefix_cache_us: to_us(spec.prefix_cache_ms, base, "prefix_cache_ms")?,
+    })
+}
+
+/// Parses a routing policy name for quick experiments (`--routing`): `round-robin`,
+/// `random`, `least-loaded` or `weighted` (llm-d's default profile).
+pub fn routing_by_name(name: &str) -> Result<RoutingPolicy, ClusterSpecError> {
+    resolve_routing(&RoutingSpec {
+        policy: name.to_owned(),
+        scorers: None,
+        picker: None,
+    })
+}
