@@ -15,6 +15,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Run(args) => run_command(&args),
+        Command::Serve(args) => return ditto::cli::serve::main(&args),
+        Command::Predict(args) => return ditto::cli::predict::main(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

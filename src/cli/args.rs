@@ -20,6 +20,10 @@ pub struct Cli {
 pub enum Command {
     /// Simulate one vLLM instance offline and print a JSON summary on stdout.
     Run(Box<RunArgs>),
+    /// Serve the twin's gRPC API (and /metrics, /healthz, /readyz) until SIGTERM/SIGINT.
+    Serve(Box<crate::cli::serve::ServeArgs>),
+    /// Ask a running `ditto serve` where to route a request and print a table.
+    Predict(Box<crate::cli::predict::PredictArgs>),
 }
 
 /// Flags of `ditto run`.

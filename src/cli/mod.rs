@@ -8,8 +8,10 @@
 pub mod args;
 pub mod cluster_run;
 pub mod error;
+pub mod predict;
 pub mod report;
 pub mod run;
+pub mod serve;
 
 pub use args::{Cli, Command, RunArgs};
 pub use error::CliError;

@@ -373,6 +373,21 @@ impl Cluster {
         }
     }
 
+    /// Sends `spec` straight to instance `index` at the current time, bypassing admission
+    /// and routing: a what-if ("had the router picked this instance") on a fork.
+    pub fn dispatch_to(&mut self, index: usize, spec: RequestSpec) -> Result<(), SimError> {
+        validate_request(&spec, self.now_us)?;
+        if index >= self.engines.len() || spec.arrival_us != self.now_us {
+            return Err(SimError::InvalidRequest {
+                id: spec.id,
+                field: "arrival_us",
+                reason: format!("dispatch_to needs an instance index below {} and arrival now ({})", self.engines.len(), self.now_us),
+            });
+        }
+        self.dispatch(index, spec);
+        Ok(())
+    }
+
     /// Admission, routing and dispatch of one arrival.
     pub(crate) fn arrive(&mut self, spec: RequestSpec) -> Dispatch {
         let now = self.now_us;
@@ -450,6 +465,7 @@ impl Cluster {
             input_tokens: spec.input_tokens,
             output_tokens: 0,
             cached_tokens: 0,
+            used_blocks_at_schedule: 0,
             preemptions: 0,
             token_gap_sum_us: 0,
             token_gaps_us: Vec::new(),

@@ -425,6 +425,26 @@ fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecError
     }
 }
 
+/// Resolves one weighted scorer given by name (as the gRPC config does); `path` names it
+/// in errors.
+pub fn resolve_scorer_named(
+    name: &str,
+    weight: f64,
+    mode: Option<&str>,
+    path: &str,
+) -> Result<WeightedScorer, ClusterSpecError> {
+    resolve_scorer(
+        &ScorerSpec {
+            name: name.to_owned(),
+            weight,
+            mode: mode.map(str::to_owned),
+            blocks_per_instance: None,
+            threshold: None,
+        },
+        path,
+    )
+}
+
 fn resolve_scorer(spec: &ScorerSpec, path: &str) -> Result<WeightedScorer, ClusterSpecError> {
     if !(spec.weight.is_finite() && spec.weight >= 0.0) {
         return Err(invalid(

@@ -21,6 +21,14 @@ pub enum SimError {
         /// What is wrong.
         reason: String,
     },
+    /// Observed state that is inconsistent with the engine config (restore).
+    #[error("{field}: {reason}")]
+    InvalidState {
+        /// The offending part of the state.
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// The run hit its event budget before finishing.
     #[error("event budget of {budget} events exhausted at t={now_us} µs")]
     EventBudgetExhausted {

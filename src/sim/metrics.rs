@@ -61,6 +61,8 @@ pub struct RequestRecord {
     pub output_tokens: u32,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: u32,
+    /// KV blocks in use on the instance right after its first admission.
+    pub used_blocks_at_schedule: u32,
     /// Times preempted.
     pub preemptions: u32,
     /// Sum of the inter-token gaps.
@@ -161,6 +163,18 @@ pub fn interpolate_sorted(values: &[f64], p: f64) -> f64 {
     values[lower] + (values[upper] - values[lower]) * fraction
 }
 
+/// Linear-interpolated percentile `p` (0..=100) of the samples in a value -> count map
+/// (0 when empty).
+pub fn percentile_of_counts(counts: &HashMap<u64, u64>, p: f64) -> f64 {
+    let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
+    pairs.sort_unstable();
+    let total: u64 = pairs.iter().map(|&(_, c)| c).sum();
+    if total == 0 {
+        return 0.0;
+    }
+    interpolate_counts(&pairs, total, p)
+}
+
 /// The same percentile over sorted (value, count) pairs holding `total` samples.
 fn interpolate_counts(pairs: &[(u64, u64)], total: u64, p: f64) -> f64 {
     let rank = p / 100.0 * (total - 1) as f64;
@@ -186,6 +200,7 @@ fn interpolate_counts(pairs: &[(u64, u64)], total: u64, p: f64) -> f64 {
 /// KV usage over time: a time-weighted mean, the peak, and a sampled timeline.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvUsageTrack {
+    start_us: u64,
     last_change_us: u64,
     last_usage: f64,
     weighted_sum: f64,
@@ -197,6 +212,16 @@ pub struct KvUsageTrack {
 }
 
 impl KvUsageTrack {
+    /// A track whose history starts at `start_us` (a restored engine's clock).
+    pub fn starting_at(start_us: u64) -> Self {
+        Self {
+            start_us,
+            last_change_us: start_us,
+            next_sample_us: start_us,
+            ..Self::default()
+        }
+    }
+
     /// Records that usage is `usage` from `now_us` on; samples the timeline every
     /// `interval_us` (0: no timeline).
     pub fn update(&mut self, now_us: u64, usage: f64, interval_us: u64) {
@@ -216,13 +241,14 @@ impl KvUsageTrack {
         }
     }
 
-    /// Time-weighted mean usage over [0, end_us].
+    /// Time-weighted mean usage over [start, end_us].
     pub fn mean(&self, end_us: u64) -> f64 {
-        if end_us == 0 {
+        let span = end_us.saturating_sub(self.start_us);
+        if span == 0 {
             return self.last_usage;
         }
         let tail = self.last_usage * end_us.saturating_sub(self.last_change_us) as f64;
-        (self.weighted_sum + tail) / end_us as f64
+        (self.weighted_sum + tail) / span as f64
     }
 }
 
@@ -233,6 +259,8 @@ pub struct Metrics {
     pub records: Vec<RequestRecord>,
     /// Every inter-token gap (µs) -> how many times it occurred.
     pub token_gap_counts: HashMap<u64, u64>,
+    /// Most requests ever waiting (arrived, not admitted) at once.
+    pub queue_depth_peak: u64,
     /// KV usage over time.
     pub kv_usage: KvUsageTrack,
 }

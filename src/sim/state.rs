@@ -39,6 +39,8 @@ pub struct Timeline {
     pub preemptions: u32,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: u32,
+    /// KV blocks in use on the instance right after its first admission.
+    pub used_blocks_at_schedule: u32,
     /// Sum of inter-token gaps (µs).
     pub token_gap_sum_us: u64,
     /// Every inter-token gap (µs), when the engine records them.

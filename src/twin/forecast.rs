@@ -1,19 +1,432 @@
-//! Capacity forecasts: simulate candidate replica counts under an arrival forecast.
-//! (Being built: answers `FailedPrecondition` until the forecast engine lands.)
+//! Capacity forecasts: simulate candidate replica counts under an arrival forecast, from the
+//! current snapshot or from idle instances, and recommend the cheapest count that meets the
+//! target SLO attainment (llm-d's `desired_replicas`).
+//!
+//! A variant is the set of instances configured like its template instance (same model, GPU,
+//! TP, limits and latency model). Starting from the snapshot, the variant's existing
+//! instances keep their in-flight requests (in config order); extra replicas start idle, and
+//! the in-flight requests of instances beyond a smaller count arrive again at `now` to be
+//! routed. Each candidate runs `replications` times with its own arrival seed, in parallel.
 
+use crate::cluster::Cluster;
+use crate::cluster::config::{ClusterConfig, InstanceConfig};
+use crate::sim::engine::RestoreState;
+use crate::sim::metrics::{LatencyStats, Outcome, RequestRecord, percentile_of_counts};
+use crate::sim::{Engine, RequestSpec};
+use crate::workload::{ArrivalProcess, Stage, WorkloadSpec};
+
+use super::build::{MIRRORED_ID_BASE, restore_instance};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::question::{ForecastAnswer, ForecastQuestion};
+use super::question::{Distribution, ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, SloTargets};
+use super::run::EventBudget;
+use super::sampling::{output_draw, replication_seed, stream};
 use super::snapshot::MirrorSnapshot;
+use super::stats::{distribution, mean_with_ci, validate_quantiles};
 
-/// Answers `question` on `snapshot` (or from empty instances) within `limits`.
+/// Most replicas of one variant a forecast may evaluate.
+pub const REPLICAS_MAX: u32 = 512;
+
+/// One replication's measurements.
+#[derive(Clone, Debug, Default)]
+struct Replication {
+    ttft_ms: Vec<f64>,
+    e2e_ms: Vec<f64>,
+    gaps_us: std::collections::HashMap<u64, u64>,
+    attainment: f64,
+    max_queue_depth: u64,
+    kv_usage_mean: f64,
+    throughput_rps: f64,
+}
+
+/// Answers `question` on `snapshot` within `limits`.
 pub fn forecast_capacity(
     snapshot: &MirrorSnapshot,
     question: &ForecastQuestion,
     limits: &Limits,
 ) -> Result<ForecastAnswer, TwinError> {
-    let _ = (snapshot, question, limits);
-    Err(TwinError::FailedPrecondition(
-        "capacity forecasts are not implemented yet".to_owned(),
-    ))
+    let templates = validate(snapshot, question, limits)?;
+    let candidates = candidate_counts(snapshot, question, &templates, limits)?;
+    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let mut evaluated: Vec<ForecastCandidate> = Vec::new();
+    let searching = question.variants.iter().any(|v| v.replica_counts.is_empty());
+    // Explicit counts are evaluated together; a search goes up one replica at a time and
+    // stops at the first count meeting the target.
+    let batches: Vec<Vec<Vec<u32>>> = if searching {
+        candidates.into_iter().map(|c| vec![c]).collect()
+    } else {
+        vec![candidates]
+    };
+    for batch in batches {
+        let jobs: Vec<(usize, u32)> = (0..batch.len())
+            .flat_map(|c| (0..question.replications).map(move |r| (c, r)))
+            .collect();
+        let results = super::parallel::map(&jobs, |&(c, r)| run_replication(snapshot, question, &templates, &batch[c], r, &budget));
+        let results: Vec<Replication> = results.into_iter().collect::<Result<_, _>>()?;
+        for (c, counts) in batch.iter().enumerate() {
+            let reps = &results[c * question.replications as usize..(c + 1) * question.replications as usize];
+            evaluated.push(summarize(snapshot, question, &templates, counts, reps));
+        }
+        if searching && evaluated.last().is_some_and(|c| c.slo_attainment >= question.target_attainment) {
+            break;
+        }
+    }
+    let desired = evaluated
+        .iter()
+        .filter(|c| c.slo_attainment >= question.target_attainment)
+        .min_by(|a, b| {
+            a.cost_per_hour
+                .total_cmp(&b.cost_per_hour)
+                .then_with(|| total(&a.replicas).cmp(&total(&b.replicas)))
+        })
+        .map(|c| c.replicas.clone())
+        .unwrap_or_default();
+    Ok(ForecastAnswer {
+        candidates: evaluated,
+        desired_replicas: desired,
+        generation: snapshot.generation,
+        seed: question.seed,
+    })
+}
+
+fn total(replicas: &[(String, u32)]) -> u32 {
+    replicas.iter().map(|(_, n)| n).sum()
+}
+
+/// Checks the question; returns the template instance index of each variant.
+fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Limits) -> Result<Vec<usize>, TwinError> {
+    if question.stages.is_empty() {
+        return Err(TwinError::invalid("stages", "needs at least one stage"));
+    }
+    let mut horizon_us: u64 = 0;
+    let mut expected_arrivals = 0.0;
+    for (index, &(rate, duration_s)) in question.stages.iter().enumerate() {
+        if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
+            return Err(TwinError::invalid(format!("stages[{index}].rate"), "must be in (0, 1e6] requests per second"));
+        }
+        if !(duration_s.is_finite() && duration_s > 0.0) {
+            return Err(TwinError::invalid(format!("stages[{index}].duration_s"), "must be positive"));
+        }
+        horizon_us = horizon_us.saturating_add((duration_s * 1e6) as u64);
+        expected_arrivals += rate * duration_s;
+    }
+    if horizon_us > limits.max_horizon_us {
+        return Err(TwinError::ResourceExhausted(format!(
+            "the forecast spans {} s, beyond the limit of {} s",
+            horizon_us / 1_000_000,
+            limits.max_horizon_us / 1_000_000
+        )));
+    }
+    if expected_arrivals * f64::from(question.replications) > limits.max_events_per_call as f64 / 10.0 {
+        return Err(TwinError::ResourceExhausted(format!(
+            "about {expected_arrivals:.0} arrivals per replication is too much work for one call"
+        )));
+    }
+    question
+        .input_tokens
+        .compile("input_tokens")
+        .map_err(|err| TwinError::invalid("input_tokens", err.to_string()))?;
+    question
+        .output_tokens
+        .compile("output_tokens")
+        .map_err(|err| TwinError::invalid("output_tokens", err.to_string()))?;
+    if question.replications == 0 {
+        return Err(TwinError::invalid("replications", "must be at least 1"));
+    }
+    if question.replications > limits.max_replications {
+        return Err(TwinError::ResourceExhausted(format!(
+            "{} replications exceed the limit of {}",
+            question.replications, limits.max_replications
+        )));
+    }
+    if !(question.target_attainment > 0.0 && question.target_attainment <= 1.0) {
+        return Err(TwinError::invalid("target_attainment", "must be in (0, 1]"));
+    }
+    if !(question.max_cost_per_hour.is_finite() && question.max_cost_per_hour >= 0.0) {
+        return Err(TwinError::invalid("max_cost_per_hour", "must be a non-negative number"));
+    }
+    validate_quantiles(&question.quantiles, "quantiles")?;
+    if question.variants.is_empty() {
+        return Err(TwinError::invalid("variants", "needs at least one variant"));
+    }
+    let mut templates = Vec::with_capacity(question.variants.len());
+    for (index, variant) in question.variants.iter().enumerate() {
+        let template = snapshot
+            .config
+            .instances
+            .iter()
+            .position(|i| i.id == variant.template_instance_id)
+            .ok_or_else(|| {
+                TwinError::invalid(
+                    format!("variants[{index}].template_instance_id"),
+                    format!("unknown instance id {:?}", variant.template_instance_id),
+                )
+            })?;
+        if templates.contains(&template) {
+            return Err(TwinError::invalid(format!("variants[{index}].template_instance_id"), "names the same template twice"));
+        }
+        for (position, &count) in variant.replica_counts.iter().enumerate() {
+            if count == 0 || count > REPLICAS_MAX {
+                return Err(TwinError::invalid(
+                    format!("variants[{index}].replica_counts[{position}]"),
+                    format!("must be in 1..={REPLICAS_MAX}"),
+                ));
+            }
+        }
+        templates.push(template);
+    }
+    Ok(templates)
+}
+
+/// Replica counts (one per variant) to evaluate, in evaluation order.
+fn candidate_counts(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    templates: &[usize],
+    limits: &Limits,
+) -> Result<Vec<Vec<u32>>, TwinError> {
+    let searching: Vec<usize> = (0..question.variants.len()).filter(|&i| question.variants[i].replica_counts.is_empty()).collect();
+    if searching.len() > 1 {
+        return Err(TwinError::invalid("variants", "a search (empty replica_counts) is possible for one variant at a time"));
+    }
+    let max = limits.max_forecast_candidates as usize;
+    if let Some(&searched) = searching.first() {
+        let fixed: Vec<u32> = question.variants.iter().map(|v| v.replica_counts.first().copied().unwrap_or(0)).collect();
+        let fixed_cost: f64 = (0..fixed.len())
+            .filter(|&i| i != searched)
+            .map(|i| f64::from(fixed[i]) * snapshot.config.instances[templates[i]].cost_per_hour)
+            .sum();
+        let unit_cost = snapshot.config.instances[templates[searched]].cost_per_hour;
+        let mut out = Vec::new();
+        for count in 1..=REPLICAS_MAX.min(max as u32) {
+            let cost = fixed_cost + f64::from(count) * unit_cost;
+            if question.max_cost_per_hour > 0.0 && cost > question.max_cost_per_hour {
+                break;
+            }
+            let mut counts = fixed.clone();
+            counts[searched] = count;
+            out.push(counts);
+        }
+        if out.is_empty() {
+            return Err(TwinError::invalid("max_cost_per_hour", "not even one replica fits the cost bound"));
+        }
+        return Ok(out);
+    }
+    let mut combos: Vec<Vec<u32>> = vec![Vec::new()];
+    for variant in &question.variants {
+        let mut next = Vec::new();
+        for combo in &combos {
+            for &count in &variant.replica_counts {
+                let mut extended = combo.clone();
+                extended.push(count);
+                next.push(extended);
+                if next.len() > max {
+                    return Err(TwinError::ResourceExhausted(format!("more than {max} replica combinations")));
+                }
+            }
+        }
+        combos = next;
+    }
+    Ok(combos)
+}
+
+/// True if `instance` is configured like `template` (same variant).
+fn same_variant(instance: &InstanceConfig, template: &InstanceConfig) -> bool {
+    instance.model == template.model
+        && instance.gpu == template.gpu
+        && instance.tp == template.tp
+        && instance.engine == template.engine
+        && instance.latency == template.latency
+}
+
+fn run_replication(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    templates: &[usize],
+    counts: &[u32],
+    replication: u32,
+    budget: &EventBudget,
+) -> Result<Replication, TwinError> {
+    let now = question.now_us;
+    let outputs = output_draw(snapshot)?;
+    let mut instances = Vec::new();
+    let mut engines = Vec::new();
+    let mut rerouted: Vec<RequestSpec> = Vec::new();
+    for (variant, (&template, &count)) in templates.iter().zip(counts).enumerate() {
+        let template_config = &snapshot.config.instances[template];
+        let existing: Vec<usize> = match question.start {
+            ForecastStart::Empty => Vec::new(),
+            ForecastStart::Snapshot => (0..snapshot.config.instances.len())
+                .filter(|&i| same_variant(&snapshot.config.instances[i], template_config))
+                .collect(),
+        };
+        for k in 0..count as usize {
+            let mut config = template_config.clone();
+            config.id = format!("{}#{k}", template_config.id);
+            config.engine.kv_sample_interval_us = 0;
+            let engine = match existing.get(k) {
+                Some(&index) => {
+                    let mut rng = stream(question.seed, replication, &format!("twin/forecast/outputs/{index}"));
+                    let mut engine = restore_instance(&config, &snapshot.instances[index], &outputs, &mut rng, &format!("instances[{index}]"))?;
+                    engine.run_until(now);
+                    engine
+                }
+                None => Engine::restore(config.engine.clone(), config.latency.clone(), RestoreState { now_us: now, ..RestoreState::default() })
+                    .map_err(|err| TwinError::invalid(format!("variants[{variant}]"), err.to_string()))?,
+            };
+            instances.push(config);
+            engines.push(engine);
+        }
+        for &index in existing.iter().skip(count as usize) {
+            let mut rng = stream(question.seed, replication, &format!("twin/forecast/outputs/{index}"));
+            let engine = restore_instance(template_config, &snapshot.instances[index], &outputs, &mut rng, &format!("instances[{index}]"))?;
+            let observed = engine.observe();
+            for request in observed.running.into_iter().chain(observed.waiting) {
+                let mut spec = request.spec;
+                spec.arrival_us = now;
+                spec.output_tokens = spec.output_tokens.saturating_sub(request.generated).max(1);
+                rerouted.push(spec);
+            }
+        }
+    }
+    let config = ClusterConfig {
+        instances,
+        routing: snapshot.config.routing.clone(),
+        admission: snapshot.config.admission,
+        staleness: snapshot.config.staleness,
+    };
+    let seed = replication_seed(question.seed, replication);
+    let mut cluster = Cluster::from_engines(config, engines, seed);
+    let workload = forecast_workload(question, seed)?;
+    let arrivals = rerouted.into_iter().chain(workload.map(move |mut spec| {
+        spec.arrival_us += now;
+        spec
+    }));
+    run_cluster(&mut cluster, arrivals, budget)?;
+    Ok(measure(&cluster, &question.slo, now))
+}
+
+fn forecast_workload(question: &ForecastQuestion, seed: u64) -> Result<crate::workload::WorkloadGenerator, TwinError> {
+    let mut spec = WorkloadSpec::single_client(
+        seed,
+        1,
+        1.0,
+        ArrivalProcess::Poisson,
+        question.input_tokens.clone(),
+        question.output_tokens.clone(),
+    );
+    spec.num_requests = None;
+    spec.rate = None;
+    spec.stages = Some(question.stages.iter().map(|&(rate, duration_s)| Stage { rate, duration_s }).collect());
+    spec.generator().map_err(|err| TwinError::invalid("stages", err.to_string()))
+}
+
+/// Runs a cluster over `arrivals` until idle, within the call's budget and deadline.
+fn run_cluster(cluster: &mut Cluster, arrivals: impl Iterator<Item = RequestSpec>, budget: &EventBudget) -> Result<(), TwinError> {
+    let mut arrivals = arrivals.peekable();
+    let mut since_check = 0u64;
+    loop {
+        if since_check == 0 {
+            budget.charge(4096, cluster.events_processed())?;
+            since_check = 4096;
+        }
+        if let Some(spec) = arrivals.next_if(|s| cluster.next_event_us().is_none_or(|t| s.arrival_us <= t)) {
+            cluster
+                .submit(spec)
+                .map_err(|err| TwinError::invalid("workload", err.to_string()))?;
+            continue;
+        }
+        if cluster.process_next_event().is_none() {
+            return Ok(());
+        }
+        since_check -= 1;
+    }
+}
+
+fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
+    let mut window: Vec<&RequestRecord> = Vec::new();
+    for engine in cluster.engines() {
+        window.extend(engine.metrics().records.iter().filter(|r| r.id.0 < MIRRORED_ID_BASE));
+    }
+    window.extend(cluster.rejected_records().iter().filter(|r| r.id.0 < MIRRORED_ID_BASE));
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut replication = Replication::default();
+    let mut met = 0usize;
+    let mut completed = 0usize;
+    for record in &window {
+        if record.outcome != Outcome::Completed {
+            continue;
+        }
+        completed += 1;
+        let ttft = record.ttft_us().map_or(0.0, ms);
+        let e2e = record.e2e_us().map_or(0.0, ms);
+        let tpot = record.tpot_us().unwrap_or(0.0) / 1000.0;
+        replication.ttft_ms.push(ttft);
+        replication.e2e_ms.push(e2e);
+        let ok = slo.ttft_ms.is_none_or(|t| ttft <= t) && slo.tpot_ms.is_none_or(|t| tpot <= t) && slo.e2e_ms.is_none_or(|t| e2e <= t);
+        if ok {
+            met += 1;
+        }
+    }
+    replication.attainment = if window.is_empty() { 1.0 } else { met as f64 / window.len() as f64 };
+    for engine in cluster.engines() {
+        for (&gap, &count) in &engine.metrics().token_gap_counts {
+            *replication.gaps_us.entry(gap).or_insert(0u64) += count;
+        }
+        replication.max_queue_depth = replication.max_queue_depth.max(engine.metrics().queue_depth_peak);
+        replication.kv_usage_mean += engine.metrics().kv_usage.mean(cluster.now_us());
+    }
+    replication.kv_usage_mean /= cluster.engines().len().max(1) as f64;
+    let span_s = cluster.now_us().saturating_sub(now) as f64 / 1e6;
+    replication.throughput_rps = if span_s > 0.0 { completed as f64 / span_s } else { 0.0 };
+    replication
+}
+
+fn summarize(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    templates: &[usize],
+    counts: &[u32],
+    reps: &[Replication],
+) -> ForecastCandidate {
+    let pooled = |f: fn(&Replication) -> &Vec<f64>| -> Vec<f64> { reps.iter().flat_map(|r| f(r).iter().copied()).collect() };
+    let attainments: Vec<f64> = reps.iter().map(|r| r.attainment).collect();
+    let (attainment, ci) = mean_with_ci(&attainments);
+    let n = reps.len().max(1) as f64;
+    let replicas: Vec<(String, u32)> = templates
+        .iter()
+        .zip(counts)
+        .map(|(&t, &c)| (snapshot.config.instances[t].id.clone(), c))
+        .collect();
+    let cost = templates
+        .iter()
+        .zip(counts)
+        .map(|(&t, &c)| f64::from(c) * snapshot.config.instances[t].cost_per_hour)
+        .sum();
+    let mut gaps = std::collections::HashMap::new();
+    for rep in reps {
+        for (&gap, &count) in &rep.gaps_us {
+            *gaps.entry(gap).or_insert(0u64) += count;
+        }
+    }
+    let itl = Distribution {
+        mean: LatencyStats::from_counts(&gaps).mean,
+        quantiles: question
+            .quantiles
+            .iter()
+            .map(|&q| (q, percentile_of_counts(&gaps, q * 100.0) / 1000.0))
+            .collect(),
+    };
+    ForecastCandidate {
+        replicas,
+        ttft_ms: distribution(&pooled(|r| &r.ttft_ms), &question.quantiles),
+        itl_ms: itl,
+        e2e_ms: distribution(&pooled(|r| &r.e2e_ms), &question.quantiles),
+        slo_attainment: attainment,
+        slo_attainment_ci: ci,
+        max_queue_depth: reps.iter().map(|r| r.max_queue_depth).max().unwrap_or(0),
+        kv_usage_mean: reps.iter().map(|r| r.kv_usage_mean).sum::<f64>() / n,
+        throughput_rps: reps.iter().map(|r| r.throughput_rps).sum::<f64>() / n,
+        cost_per_hour: cost,
+    }
 }

@@ -5,12 +5,18 @@
 //! build simulations from a snapshot, fork them per candidate and replication, and never
 //! touch the mirror itself. Knows nothing about gRPC or tokio: `server` adapts it.
 
+pub mod build;
 pub mod error;
 pub mod forecast;
 pub mod limits;
+pub mod parallel;
 pub mod predict;
 pub mod question;
+pub mod run;
+pub mod sampling;
 pub mod snapshot;
+pub mod stats;
+pub mod store;
 
 pub use error::TwinError;
 pub use limits::Limits;

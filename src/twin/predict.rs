@@ -1,10 +1,52 @@
-//! Routing predictions: fork the mirrored cluster once per candidate and replication.
-//! (Being built: answers `FailedPrecondition` until the prediction engine lands.)
+//! Routing predictions: for each candidate instance and replication, restore the instance
+//! from the snapshot, add the question's request at `now`, and simulate; a second fork
+//! without the request measures the impact on the requests already there.
+//!
+//! Forks run in parallel across cores and never touch the snapshot. Each replication draws
+//! unknown output lengths from its own seeded stream, so an answer is reproducible from the
+//! snapshot generation and seed it reports. Work is bounded by the call's limits (events,
+//! horizon) and deadline.
 
+use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
+
+use super::build::{QUESTION_REQUEST_ID, restore_instance};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::question::{RoutingAnswer, RoutingQuestion};
+use super::question::{
+    Background, CandidatePrediction, Distribution, OutputLength, RoutingAnswer, RoutingQuestion,
+    StalePolicy,
+};
+use super::run::{EventBudget, run_with_arrivals};
+use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
+use super::stats::{distribution, validate_quantiles};
+
+/// One replication's outcome on one candidate.
+#[derive(Clone, Debug, Default)]
+struct Outcome1 {
+    ttft_ms: f64,
+    tpot_ms: f64,
+    e2e_ms: f64,
+    completed: bool,
+    queue_wait_ms: f64,
+    prefix_hit_tokens: f64,
+    kv_usage_after: f64,
+    others_delta_e2e_ms: f64,
+    events: u64,
+}
+
+/// How one candidate is treated given its signal age and the stale policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Treatment {
+    /// Restore at the observation time and simulate forward to `now` first.
+    RollForward,
+    /// Pretend the observed state is the state at `now`.
+    UseLast,
+    /// Report invalid (saturated), never recommend.
+    Saturated,
+    /// Leave out.
+    Excluded,
+}
 
 /// Answers `question` on `snapshot` within `limits`.
 pub fn predict_routing(
@@ -12,8 +54,392 @@ pub fn predict_routing(
     question: &RoutingQuestion,
     limits: &Limits,
 ) -> Result<RoutingAnswer, TwinError> {
-    let _ = (snapshot, question, limits);
-    Err(TwinError::FailedPrecondition(
-        "routing predictions are not implemented yet".to_owned(),
-    ))
+    let candidates = validate(snapshot, question, limits)?;
+    let replications = question.options.replications;
+    let jobs: Vec<(usize, u32)> = candidates
+        .iter()
+        .flat_map(|&index| (0..replications).map(move |r| (index, r)))
+        .collect();
+    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let outputs = output_draw(snapshot)?;
+    let treatments: Vec<Treatment> = candidates.iter().map(|&i| treatment(snapshot, question, i)).collect();
+    let results = super::parallel::map(&jobs, |&(index, replication)| {
+        let position = candidates.iter().position(|&c| c == index).unwrap_or(0);
+        match treatments[position] {
+            Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
+            treatment => simulate(snapshot, question, index, replication, treatment, &outputs, &budget),
+        }
+    });
+    let results: Vec<Outcome1> = results.into_iter().collect::<Result<_, _>>()?;
+    let mut predictions = Vec::with_capacity(candidates.len());
+    let mut events = 0;
+    for (position, &index) in candidates.iter().enumerate() {
+        let reps = &results[position * replications as usize..(position + 1) * replications as usize];
+        events += reps.iter().map(|r| r.events).sum::<u64>();
+        predictions.push(summarize(snapshot, question, index, treatments[position], reps));
+    }
+    let recommended = recommend(&predictions);
+    Ok(RoutingAnswer {
+        candidates: predictions,
+        recommended_instance_id: recommended,
+        generation: snapshot.generation,
+        seed: question.options.seed,
+        events,
+    })
+}
+
+/// Checks the question; returns the candidate instance indices.
+fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limits) -> Result<Vec<usize>, TwinError> {
+    let instances = &snapshot.config.instances;
+    let candidates: Vec<usize> = if question.candidates.is_empty() {
+        (0..instances.len()).collect()
+    } else {
+        question
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(position, id)| {
+                instances
+                    .iter()
+                    .position(|instance| &instance.id == id)
+                    .ok_or_else(|| TwinError::invalid(format!("candidates[{position}]"), format!("unknown instance id {id:?}")))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if candidates.len() > limits.max_candidates as usize {
+        return Err(TwinError::ResourceExhausted(format!(
+            "{} candidates exceed the limit of {}",
+            candidates.len(),
+            limits.max_candidates
+        )));
+    }
+    let options = &question.options;
+    if options.replications == 0 {
+        return Err(TwinError::invalid("options.replications", "must be at least 1"));
+    }
+    if options.replications > limits.max_replications {
+        return Err(TwinError::ResourceExhausted(format!(
+            "{} replications exceed the limit of {}",
+            options.replications, limits.max_replications
+        )));
+    }
+    if options.horizon_us == 0 {
+        return Err(TwinError::invalid("options.horizon_ms", "must be positive"));
+    }
+    if options.horizon_us > limits.max_horizon_us {
+        return Err(TwinError::ResourceExhausted(format!(
+            "horizon of {} ms exceeds the limit of {} ms",
+            options.horizon_us / 1000,
+            limits.max_horizon_us / 1000
+        )));
+    }
+    validate_quantiles(&options.quantiles, "options.quantiles")?;
+    let request = &question.request;
+    if request.prompt_tokens == 0 {
+        return Err(TwinError::invalid("request.prompt_tokens", "must be at least 1"));
+    }
+    match &request.output {
+        OutputLength::Point(0) => return Err(TwinError::invalid("request.expected_output", "must be at least 1 token")),
+        OutputLength::Histogram(bins) if bins.is_empty() || bins.iter().all(|&(_, w)| w <= 0.0) => {
+            return Err(TwinError::invalid("request.expected_output", "a histogram needs a bin with positive weight"));
+        }
+        OutputLength::Histogram(bins) if bins.iter().any(|&(v, w)| v == 0 || !(w.is_finite() && w >= 0.0)) => {
+            return Err(TwinError::invalid("request.expected_output", "bins need positive lengths and non-negative weights"));
+        }
+        _ => {}
+    }
+    if let Some(tokens) = &request.token_ids
+        && tokens.len() != request.prompt_tokens as usize
+    {
+        return Err(TwinError::invalid(
+            "request.token_ids",
+            format!("{} ids for prompt_tokens {}", tokens.len(), request.prompt_tokens),
+        ));
+    }
+    for &index in &candidates {
+        let state = &snapshot.instances[index];
+        if state.observed_at_us > question.now_us {
+            return Err(TwinError::invalid(
+                "now_us",
+                format!("{} precedes instance {:?}'s observation at {}", question.now_us, state.instance_id, state.observed_at_us),
+            ));
+        }
+    }
+    Ok(candidates)
+}
+
+fn treatment(snapshot: &MirrorSnapshot, question: &RoutingQuestion, index: usize) -> Treatment {
+    let age = question.now_us - snapshot.instances[index].observed_at_us;
+    let limit = question.options.max_signal_age_us;
+    if age <= limit {
+        return Treatment::RollForward;
+    }
+    match question.options.stale_policy.unwrap_or(snapshot.settings.default_stale_policy) {
+        StalePolicy::RollForward => Treatment::RollForward,
+        StalePolicy::UseLast => Treatment::UseLast,
+        StalePolicy::TreatSaturated => Treatment::Saturated,
+        StalePolicy::Exclude => Treatment::Excluded,
+    }
+}
+
+/// The question's request as an engine request arriving at `now`.
+fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u64) -> RequestSpec {
+    let request = &question.request;
+    let output = match &request.output {
+        OutputLength::Point(tokens) => *tokens,
+        OutputLength::Histogram(bins) => {
+            let mut rng = stream(question.options.seed, replication, "twin/question-output");
+            let total: f64 = bins.iter().map(|&(_, w)| w).sum();
+            let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let mut target = unit * total;
+            let mut chosen = bins[bins.len() - 1].0;
+            for &(value, weight) in bins {
+                if target < weight {
+                    chosen = value;
+                    break;
+                }
+                target -= weight;
+            }
+            chosen
+        }
+    };
+    let output = if request.max_tokens > 0 { output.min(request.max_tokens) } else { output };
+    let content = if !request.block_hashes.is_empty() {
+        PromptContent::BlockKeys(request.block_hashes.clone().into())
+    } else if let Some(tokens) = &request.token_ids {
+        PromptContent::Tokens(tokens.clone())
+    } else {
+        PromptContent::Synthetic {
+            prefix_group: None,
+            prefix_len: 0,
+        }
+    };
+    RequestSpec {
+        id: RequestId(QUESTION_REQUEST_ID),
+        arrival_us,
+        input_tokens: request.prompt_tokens,
+        output_tokens: output,
+        max_tokens: request.max_tokens.max(output),
+        slo_class: request.slo_class,
+        priority: request.priority,
+        deadline_us: None,
+        content,
+    }
+}
+
+fn simulate(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    index: usize,
+    replication: u32,
+    treatment: Treatment,
+    outputs: &crate::workload::LengthDraw,
+    budget: &EventBudget,
+) -> Result<Outcome1, TwinError> {
+    let instance = &snapshot.config.instances[index];
+    let mut state = (*snapshot.instances[index]).clone();
+    if treatment == Treatment::UseLast {
+        // Take the old observation as the state at `now`.
+        let shift = question.now_us - state.observed_at_us;
+        state.observed_at_us = question.now_us;
+        state.step_end_us = state.step_end_us.map(|end| end + shift);
+    }
+    let mut rng = stream(question.options.seed, replication, &format!("twin/outputs/{}", instance.id));
+    let mut engine = restore_instance(instance, &state, outputs, &mut rng, &format!("instances[{index}]"))?;
+    let now = question.now_us;
+    engine.run_until(now);
+    let horizon_end = now.saturating_add(question.options.horizon_us);
+    let mut without = engine.clone();
+    let spec = question_request(question, replication, now);
+    engine
+        .submit(spec)
+        .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+    let background = background_arrivals(snapshot, question, index, replication, outputs)?;
+    let mut events = run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
+    events += run_with_arrivals(&mut without, &background, horizon_end, budget)?;
+    Ok(measure(&engine, &without, now, horizon_end, events))
+}
+
+/// Most background arrivals one fork may simulate.
+pub const BACKGROUND_ARRIVALS_MAX: u64 = 200_000;
+
+/// Poisson arrivals at this instance's share of the observed rate over the horizon, with
+/// (prompt, output) pairs drawn from recently finished requests (or the question's prompt
+/// and the output distribution when none were observed). Ids start at 1.
+fn background_arrivals(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    index: usize,
+    replication: u32,
+    outputs: &crate::workload::LengthDraw,
+) -> Result<Vec<RequestSpec>, TwinError> {
+    if question.options.background == Background::None {
+        return Ok(Vec::new());
+    }
+    let instances = snapshot.config.instances.len().max(1) as f64;
+    let rate_per_us = snapshot.traffic.arrivals_per_s / instances / 1e6;
+    if !(rate_per_us > 0.0) {
+        return Ok(Vec::new());
+    }
+    let expected = rate_per_us * question.options.horizon_us as f64;
+    if expected > BACKGROUND_ARRIVALS_MAX as f64 {
+        return Err(TwinError::ResourceExhausted(format!(
+            "about {expected:.0} background arrivals per fork exceed the limit of {BACKGROUND_ARRIVALS_MAX}; shorten the horizon"
+        )));
+    }
+    let instance = &snapshot.config.instances[index];
+    let mut rng = stream(question.options.seed, replication, &format!("twin/background/{}", instance.id));
+    let lengths = &snapshot.traffic.recent_lengths;
+    let mut arrivals = Vec::new();
+    let mut time = question.now_us as f64;
+    let end = (question.now_us + question.options.horizon_us) as f64;
+    loop {
+        let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+        time += -(1.0 - unit).ln() / rate_per_us;
+        if time > end {
+            break;
+        }
+        let (prompt, output) = if lengths.is_empty() {
+            (question.request.prompt_tokens, outputs.sample(&mut rng))
+        } else {
+            let pick = (rand_core::Rng::next_u64(&mut rng) % lengths.len() as u64) as usize;
+            lengths[pick]
+        };
+        let id = arrivals.len() as u64 + 1;
+        arrivals.push(RequestSpec::synthetic(id, time.ceil() as u64, prompt.max(1), output.max(1)));
+    }
+    Ok(arrivals)
+}
+
+fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: u64) -> Outcome1 {
+    let records = &with.metrics().records;
+    let mine = records.iter().find(|r| r.id.0 == QUESTION_REQUEST_ID);
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut outcome = Outcome1 {
+        events,
+        ..Outcome1::default()
+    };
+    match mine {
+        Some(record) if record.outcome == Outcome::Completed => {
+            outcome.completed = true;
+            outcome.ttft_ms = record.ttft_us().map_or(0.0, ms);
+            outcome.e2e_ms = record.e2e_us().map_or(0.0, ms);
+            outcome.tpot_ms = record.tpot_us().unwrap_or(0.0) / 1000.0;
+            outcome.queue_wait_ms = record.scheduling_delay_us().map_or(0.0, ms);
+            outcome.prefix_hit_tokens = f64::from(record.cached_tokens);
+            outcome.kv_usage_after = f64::from(record.used_blocks_at_schedule) / f64::from(with.kv().total_blocks());
+        }
+        other => {
+            // Not finished within the horizon: censored at the horizon.
+            let censored = ms(horizon_end - now);
+            outcome.e2e_ms = censored;
+            outcome.ttft_ms = other.and_then(|r| r.ttft_us()).map_or(censored, ms);
+            outcome.tpot_ms = censored;
+            outcome.queue_wait_ms = censored;
+        }
+    }
+    // Impact on the requests that were already there: mean change of their end time, over
+    // those finishing within the horizon in both forks.
+    let baseline: std::collections::HashMap<u64, u64> = without
+        .metrics()
+        .records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Completed)
+        .map(|r| (r.id.0, r.end_us))
+        .collect();
+    let (mut sum, mut count) = (0i128, 0u64);
+    for record in records {
+        if record.id.0 == QUESTION_REQUEST_ID || record.outcome != Outcome::Completed {
+            continue;
+        }
+        if let Some(&end) = baseline.get(&record.id.0) {
+            sum += i128::from(record.end_us) - i128::from(end);
+            count += 1;
+        }
+    }
+    outcome.others_delta_e2e_ms = if count == 0 { 0.0 } else { sum as f64 / count as f64 / 1000.0 };
+    outcome
+}
+
+fn summarize(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    index: usize,
+    treatment: Treatment,
+    reps: &[Outcome1],
+) -> CandidatePrediction {
+    let instance = &snapshot.config.instances[index];
+    let age_ms = (question.now_us - snapshot.instances[index].observed_at_us) as f64 / 1000.0;
+    let quantiles = &question.options.quantiles;
+    let (valid, reason) = match treatment {
+        Treatment::Excluded => (false, "excluded: signals older than max_signal_age".to_owned()),
+        Treatment::Saturated => (false, "treated as saturated: signals older than max_signal_age".to_owned()),
+        Treatment::RollForward | Treatment::UseLast => (true, String::new()),
+    };
+    let pick = |f: fn(&Outcome1) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
+    let slo = question.request.slo;
+    let meets = |r: &Outcome1, target: Option<f64>, value: f64| r.completed && target.is_none_or(|t| value <= t);
+    let fraction = |f: &dyn Fn(&Outcome1) -> bool| -> f64 {
+        if reps.is_empty() {
+            0.0
+        } else {
+            reps.iter().filter(|r| f(r)).count() as f64 / reps.len() as f64
+        }
+    };
+    let mean = |values: Vec<f64>| -> f64 {
+        if values.is_empty() { 0.0 } else { values.iter().sum::<f64>() / values.len() as f64 }
+    };
+    if !valid {
+        return CandidatePrediction {
+            instance_id: instance.id.clone(),
+            valid,
+            invalid_reason: reason,
+            ttft_ms: Distribution::default(),
+            tpot_ms: Distribution::default(),
+            e2e_ms: Distribution::default(),
+            slo_probability: 0.0,
+            ttft_slo_probability: 0.0,
+            tpot_slo_probability: 0.0,
+            queue_wait_ms: 0.0,
+            prefix_hit_tokens: 0.0,
+            kv_usage_after: 0.0,
+            others_delta_e2e_ms: 0.0,
+            input_age_ms: age_ms,
+        };
+    }
+    CandidatePrediction {
+        instance_id: instance.id.clone(),
+        valid,
+        invalid_reason: reason,
+        ttft_ms: distribution(&pick(|r| r.ttft_ms), quantiles),
+        tpot_ms: distribution(&pick(|r| r.tpot_ms), quantiles),
+        e2e_ms: distribution(&pick(|r| r.e2e_ms), quantiles),
+        slo_probability: fraction(&|r| meets(r, slo.ttft_ms, r.ttft_ms) && meets(r, slo.tpot_ms, r.tpot_ms) && meets(r, slo.e2e_ms, r.e2e_ms)),
+        ttft_slo_probability: fraction(&|r| meets(r, slo.ttft_ms, r.ttft_ms)),
+        tpot_slo_probability: fraction(&|r| meets(r, slo.tpot_ms, r.tpot_ms)),
+        queue_wait_ms: mean(pick(|r| r.queue_wait_ms)),
+        prefix_hit_tokens: mean(pick(|r| r.prefix_hit_tokens)),
+        kv_usage_after: mean(pick(|r| r.kv_usage_after)),
+        others_delta_e2e_ms: mean(pick(|r| r.others_delta_e2e_ms)),
+        input_age_ms: age_ms,
+    }
+}
+
+/// The valid candidate with the highest SLO probability, then the lowest mean E2E, then the
+/// first in question order.
+fn recommend(predictions: &[CandidatePrediction]) -> Option<String> {
+    let mut best: Option<&CandidatePrediction> = None;
+    for prediction in predictions.iter().filter(|p| p.valid) {
+        let better = match best {
+            None => true,
+            Some(current) => {
+                prediction.slo_probability > current.slo_probability
+                    || (prediction.slo_probability == current.slo_probability && prediction.e2e_ms.mean < current.e2e_ms.mean)
+            }
+        };
+        if better {
+            best = Some(prediction);
+        }
+    }
+    best.map(|p| p.instance_id.clone())
 }

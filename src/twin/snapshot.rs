@@ -35,6 +35,8 @@ pub struct ObservedRequest {
     pub priority: i32,
     /// SLO class.
     pub slo_class: SloClass,
+    /// Tokens it computes in the step in flight (0 if unknown or not in that step).
+    pub scheduled_tokens: u32,
     /// Keys of the prompt's full blocks (opaque hashes, e.g. from vLLM KV events), if known.
     pub block_hashes: Vec<u64>,
     /// Prompt token ids, if known.
@@ -63,6 +65,9 @@ pub struct InstanceState {
     pub waiting: Vec<ObservedRequest>,
     /// Running requests, in batch order.
     pub running: Vec<ObservedRequest>,
+    /// End of the engine step in flight at the observation, when the observer knows it
+    /// (client clock, µs); otherwise a new step is assumed to start at the observation.
+    pub step_end_us: Option<u64>,
     /// Latest gauges, if any were pushed.
     pub gauges: Option<Gauges>,
     /// When the gauges were observed (client clock, µs).

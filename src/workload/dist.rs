@@ -238,6 +238,25 @@ impl LengthDist {
     }
 }
 
+/// A compiled length distribution, ready to draw from (for callers outside the workload
+/// generator, e.g. the twin sampling output lengths).
+#[derive(Clone, Debug)]
+pub struct LengthDraw(LengthSampler);
+
+impl LengthDraw {
+    /// Draws one length (at least 1) from `rng`.
+    pub fn sample(&self, rng: &mut SimRng) -> u32 {
+        self.0.sample(rng)
+    }
+}
+
+impl LengthDist {
+    /// Validates the distribution and compiles it for drawing; `path` names it in errors.
+    pub fn compile(&self, path: &str) -> Result<LengthDraw, WorkloadError> {
+        Ok(LengthDraw(self.sampler(path)?))
+    }
+}
+
 /// A validated, ready-to-draw length distribution.
 #[derive(Clone, Debug)]
 pub(crate) enum LengthSampler {

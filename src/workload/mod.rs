@@ -22,7 +22,7 @@ mod spec;
 mod trace;
 
 pub use arrival::{ArrivalProcess, GAMMA_CV_MAX};
-pub use dist::{EMPIRICAL_VALUES_MAX, LengthDist};
+pub use dist::{EMPIRICAL_VALUES_MAX, LengthDist, LengthDraw};
 pub use error::WorkloadError;
 pub use generator::WorkloadGenerator;
 pub use spec::{

@@ -23,6 +23,7 @@ impl Engine {
             return;
         }
         self.counts.queued += 1;
+        self.metrics.queue_depth_peak = self.metrics.queue_depth_peak.max(self.counts.queued);
         let delay = self.latency.queueing_us(input);
         self.push_event(now.saturating_add(delay), EventKind::Enqueue, slot, serial);
     }
@@ -233,6 +234,7 @@ impl Engine {
             input_tokens: state.spec.input_tokens,
             output_tokens: state.generated,
             cached_tokens: timeline.cached_tokens,
+            used_blocks_at_schedule: timeline.used_blocks_at_schedule,
             preemptions: timeline.preemptions,
             token_gap_sum_us: timeline.token_gap_sum_us,
             token_gaps_us: timeline.token_gaps_us,

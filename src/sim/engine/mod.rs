@@ -12,7 +12,10 @@
 
 mod invariants;
 mod lifecycle;
+mod restore;
 mod schedule;
+
+pub use restore::{RestoreState, RestoredRequest};
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -201,17 +204,7 @@ impl Engine {
         self.next_serial += 1;
         let arrival_us = spec.arrival_us;
         let deadline_us = spec.deadline_us;
-        let state = RequestState::new(spec, serial);
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                self.slots[slot as usize] = Some(state);
-                slot
-            }
-            None => {
-                self.slots.push(Some(state));
-                (self.slots.len() - 1) as u32
-            }
-        };
+        let slot = self.insert_state(RequestState::new(spec, serial));
         self.push_event(arrival_us, EventKind::Arrival, slot, serial);
         if let Some(deadline) = deadline_us {
             self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);

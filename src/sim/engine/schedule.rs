@@ -158,6 +158,9 @@ impl Engine {
                 state.timeline.cached_tokens = cached;
             }
             let serial = state.serial;
+            if state.timeline.used_blocks_at_schedule == 0 {
+                state.timeline.used_blocks_at_schedule = self.kv.used_blocks();
+            }
             self.waiting.pop();
             self.running.push(slot);
             self.counts.queued -= 1;

@@ -206,6 +206,20 @@ impl KvCache {
         self.by_key.keys().copied()
     }
 
+    /// Keys of the keyed blocks on the free list, least recently used (next evicted) first.
+    pub fn free_keys_lru_first(&self) -> Vec<u64> {
+        let mut keys = Vec::new();
+        let mut cursor = self.free_head;
+        while cursor != NIL {
+            let block = &self.blocks[cursor as usize];
+            if let Some(key) = block.key {
+                keys.push(key);
+            }
+            cursor = block.next;
+        }
+        keys
+    }
+
     /// A counter that changes whenever the set of cached keys changes.
     pub fn key_version(&self) -> u64 {
         self.key_version
@@ -299,6 +313,22 @@ impl KvCache {
         self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
         true
+    }
+
+    /// Marks a free, never-keyed block as holding `key` and moves it to the most recently
+    /// used end of the free list (restoring a cache observed from outside). Does nothing if
+    /// `key` is already cached or no unkeyed free block is left.
+    pub fn seed_cached(&mut self, key: u64) {
+        if self.by_key.contains_key(&key) {
+            return;
+        }
+        let id = self.free_head;
+        if id == NIL || self.blocks[id as usize].key.is_some() {
+            return;
+        }
+        self.unlink_free(id);
+        self.set_key(id, key);
+        self.push_free(id);
     }
 
     /// Releases every block of `table` (last block first, so a request's tail is evicted

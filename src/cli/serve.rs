@@ -1,0 +1,201 @@
+//! `ditto serve`: runs the twin's gRPC server (and its HTTP metrics/health side) until
+//! SIGTERM or SIGINT.
+//!
+//! With no flags it serves the embedded default cluster (4 x llama-3.1-8b-instruct on H100)
+//! on 0.0.0.0:9010 (gRPC) and 0.0.0.0:9011 (HTTP), ready at once. Every flag has a
+//! `DITTO_*` environment equivalent. Exit codes: 0 after a graceful shutdown, 64 for a bad
+//! flag or cluster file (checked before anything binds), 1 when the server cannot start or
+//! fails.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use thiserror::Error;
+
+use crate::cluster::spec::{default_cluster, parse_cluster_yaml};
+use crate::server::run::{DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR};
+use crate::server::{InitialConfig, ServeError, ServerOptions, serve_until_signal};
+use crate::twin::limits::Limits;
+use crate::twin::snapshot::TwinSettings;
+use crate::twin::store::StoreLimits;
+
+/// Flags of `ditto serve`.
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// A cluster YAML (see data/clusters/default.yaml); default: the embedded default.
+    #[arg(long, env = "DITTO_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address.
+    #[arg(long, env = "DITTO_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "DITTO_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: SocketAddr,
+    /// Most candidates per routing question.
+    #[arg(long, env = "DITTO_MAX_CANDIDATES", default_value_t = Limits::DEFAULT.max_candidates)]
+    pub max_candidates: u32,
+    /// Most replications per candidate.
+    #[arg(long, env = "DITTO_MAX_REPLICATIONS", default_value_t = Limits::DEFAULT.max_replications)]
+    pub max_replications: u32,
+    /// Longest simulated horizon of a question, seconds.
+    #[arg(long, env = "DITTO_MAX_HORIZON_S", default_value_t = Limits::DEFAULT.max_horizon_us / 1_000_000)]
+    pub max_horizon_s: u64,
+    /// Most simulation events per call.
+    #[arg(long, env = "DITTO_MAX_EVENTS_PER_CALL", default_value_t = Limits::DEFAULT.max_events_per_call)]
+    pub max_events_per_call: u64,
+    /// Most replica-count combinations per capacity forecast.
+    #[arg(long, env = "DITTO_MAX_FORECAST_CANDIDATES", default_value_t = Limits::DEFAULT.max_forecast_candidates)]
+    pub max_forecast_candidates: u32,
+    /// Longest a prediction or forecast may run when the client's grpc-timeout is longer or
+    /// absent, milliseconds.
+    #[arg(long, env = "DITTO_MAX_CALL_MS", default_value_t = 30_000)]
+    pub max_call_ms: u64,
+    /// Simulations running at once (0: one per CPU).
+    #[arg(long, env = "DITTO_MAX_CONCURRENT_SIMULATIONS", default_value_t = 0)]
+    pub max_concurrent_simulations: usize,
+    /// Questions of one PredictRoutingStream answered at once.
+    #[arg(long, env = "DITTO_STREAM_IN_FLIGHT", default_value_t = 8)]
+    pub stream_in_flight: usize,
+    /// Most requests (waiting + running) mirrored per instance.
+    #[arg(long, env = "DITTO_MAX_REQUESTS_PER_INSTANCE", default_value_t = StoreLimits::DEFAULT.max_requests_per_instance)]
+    pub max_requests_per_instance: usize,
+    /// Most lifecycle events in one state update.
+    #[arg(long, env = "DITTO_MAX_EVENTS_PER_UPDATE", default_value_t = StoreLimits::DEFAULT.max_events_per_update)]
+    pub max_events_per_update: usize,
+    /// Most events in one KV event batch.
+    #[arg(long, env = "DITTO_MAX_KV_EVENTS_PER_BATCH", default_value_t = StoreLimits::DEFAULT.max_kv_events_per_batch)]
+    pub max_kv_events_per_batch: usize,
+    /// Snapshots kept for GetSnapshot by generation.
+    #[arg(long, env = "DITTO_SNAPSHOT_HISTORY", default_value_t = StoreLimits::DEFAULT.history_len)]
+    pub snapshot_history: usize,
+    /// Largest gRPC message, bytes.
+    #[arg(long, env = "DITTO_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// Longest the shutdown waits for in-flight calls, milliseconds.
+    #[arg(long, env = "DITTO_DRAIN_MS", default_value_t = 5_000)]
+    pub drain_ms: u64,
+    /// Log filter (tracing EnvFilter syntax), logs go to stderr.
+    #[arg(long, env = "DITTO_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Why `ditto serve` stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeCommandError {
+    /// A flag has an unusable value.
+    #[error("--{flag}: {reason}")]
+    BadFlag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The cluster file cannot be read or used.
+    #[error("--config {path}: {reason}")]
+    BadConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The server failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+impl ServeCommandError {
+    /// 64 for bad flags or config (EX_USAGE), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeCommandError::BadFlag { .. }
+            | ServeCommandError::BadConfig { .. }
+            | ServeCommandError::Serve(ServeError::Config(_)) => 64,
+            ServeCommandError::Serve(_) => 1,
+        }
+    }
+}
+
+fn positive<T: PartialEq + Default>(value: T, flag: &'static str) -> Result<T, ServeCommandError> {
+    if value == T::default() {
+        return Err(ServeCommandError::BadFlag {
+            flag,
+            reason: "must be at least 1".to_owned(),
+        });
+    }
+    Ok(value)
+}
+
+/// Resolves the flags into server options (reads and validates the cluster file).
+pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
+    let cluster = match &args.config {
+        None => default_cluster(),
+        Some(path) => {
+            let bad = |reason: String| ServeCommandError::BadConfig {
+                path: path.clone(),
+                reason,
+            };
+            let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
+            parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?
+        }
+    };
+    let mut options = ServerOptions::new(args.grpc_addr, args.http_addr);
+    options.service.twin = Limits {
+        max_candidates: positive(args.max_candidates, "max-candidates")?,
+        max_replications: positive(args.max_replications, "max-replications")?,
+        max_horizon_us: positive(args.max_horizon_s, "max-horizon-s")?.saturating_mul(1_000_000),
+        max_events_per_call: positive(args.max_events_per_call, "max-events-per-call")?,
+        max_forecast_candidates: positive(args.max_forecast_candidates, "max-forecast-candidates")?,
+        deadline: None,
+    };
+    options.service.max_call = Duration::from_millis(positive(args.max_call_ms, "max-call-ms")?);
+    if args.max_concurrent_simulations > 0 {
+        options.service.max_concurrent_simulations = args.max_concurrent_simulations;
+    }
+    options.service.stream_in_flight = positive(args.stream_in_flight, "stream-in-flight")?;
+    options.store = StoreLimits {
+        history_len: positive(args.snapshot_history, "snapshot-history")?,
+        max_requests_per_instance: positive(
+            args.max_requests_per_instance,
+            "max-requests-per-instance",
+        )?,
+        max_events_per_update: positive(args.max_events_per_update, "max-events-per-update")?,
+        max_kv_events_per_batch: positive(args.max_kv_events_per_batch, "max-kv-events-per-batch")?,
+        ..StoreLimits::DEFAULT
+    };
+    options.max_message_bytes = positive(args.max_message_bytes, "max-message-bytes")?;
+    options.drain = Duration::from_millis(args.drain_ms);
+    options.initial_config = Some(InitialConfig {
+        cluster,
+        settings: TwinSettings::defaults(),
+    });
+    Ok(options)
+}
+
+/// Runs `ditto serve` and returns the process exit code.
+pub fn main(args: &ServeArgs) -> ExitCode {
+    if !crate::telemetry::init_tracing(&args.log) {
+        eprintln!(
+            "warning: --log {:?} is not a valid filter; logging is off",
+            args.log
+        );
+    }
+    let outcome = options(args).and_then(|options| {
+        serve_until_signal(options, |grpc, http| {
+            eprintln!("ditto serve: gRPC on {grpc}, HTTP on {http} (ready)");
+        })
+        .map_err(ServeCommandError::from)
+    });
+    match outcome {
+        Ok(()) => {
+            eprintln!("ditto serve: stopped");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(err.exit_code())
+        }
+    }
+}

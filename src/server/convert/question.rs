@@ -1,0 +1,584 @@
+//! Routing questions between the wire and `twin::question`, and the decoding helpers the
+//! capacity forecasts share.
+//!
+//! Decoding happens in two steps: [`routing_from_proto`] / `forecast::forecast_from_proto` check
+//! everything the message alone decides (ranges, defaults, limits on replications, horizon
+//! and quantiles), then `resolve` checks the question against the snapshot it will run on
+//! (candidate and template ids, "now" not before the observations). Over-limit requests are
+//! RESOURCE_EXHAUSTED; everything else is INVALID_ARGUMENT with the field path.
+
+use std::sync::Arc;
+
+use crate::twin::TwinError;
+use crate::twin::limits::Limits;
+use crate::twin::question::{
+    Background, CandidatePrediction, CandidateRequest, Distribution, OutputLength, PredictOptions,
+    RoutingAnswer, RoutingQuestion, SloTargets,
+};
+use crate::twin::store::StoredSnapshot;
+
+use super::state::{latest_observation_us, slo_class_from};
+use super::{
+    join, ms_to_us, non_negative, positive, stale_policy_from, stale_policy_to, time_us, tokens,
+    us_to_ms,
+};
+use crate::server::proto;
+
+/// Replications per candidate when the question names none.
+pub const DEFAULT_REPLICATIONS: u32 = 8;
+/// Replications per forecast candidate when the question names none.
+pub const DEFAULT_FORECAST_REPLICATIONS: u32 = 4;
+/// Quantiles reported when the question names none.
+pub const DEFAULT_QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+/// Most quantiles per question.
+pub const QUANTILES_MAX: usize = 32;
+/// Simulated horizon when the question names none (µs), capped by the limit.
+pub const DEFAULT_HORIZON_US: u64 = 60_000_000;
+/// Seed when the question names none.
+pub const DEFAULT_SEED: u64 = 42;
+/// Target attainment of a forecast when the question names none.
+pub const DEFAULT_TARGET_ATTAINMENT: f64 = 0.95;
+/// Most bins of an output-length histogram.
+pub const HISTOGRAM_BINS_MAX: usize = 4096;
+/// Most replicas of one variant in a forecast candidate.
+pub const REPLICAS_MAX: u32 = 4096;
+
+/// A routing question decoded from the wire, not yet checked against a snapshot.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecodedRouting {
+    /// Snapshot generation asked for (0: latest).
+    pub generation: u64,
+    /// The question; `options.max_signal_age_us` and `now_us` are placeholders until
+    /// [`DecodedRouting::resolve`].
+    pub question: RoutingQuestion,
+    /// The age limit, if the question gave one.
+    pub max_signal_age_us: Option<u64>,
+    /// "Now", if the question gave it.
+    pub now_us: Option<u64>,
+    /// The caller's correlation id.
+    pub request_id: String,
+}
+
+pub(super) fn exhausted(field: &str, value: u64, limit: u64) -> TwinError {
+    TwinError::ResourceExhausted(format!("{field}: {value} exceeds the limit of {limit}"))
+}
+
+pub(super) fn quantiles_from(values: &[f64], path: &str) -> Result<Vec<f64>, TwinError> {
+    if values.is_empty() {
+        return Ok(DEFAULT_QUANTILES.to_vec());
+    }
+    if values.len() > QUANTILES_MAX {
+        return Err(TwinError::invalid(
+            path,
+            format!("{} quantiles; at most {QUANTILES_MAX}", values.len()),
+        ));
+    }
+    for (index, &q) in values.iter().enumerate() {
+        if !(q.is_finite() && q > 0.0 && q < 1.0) {
+            return Err(TwinError::invalid(
+                format!("{path}[{index}]"),
+                format!("{q} must be in (0, 1)"),
+            ));
+        }
+    }
+    Ok(values.to_vec())
+}
+
+pub(super) fn replications_from(
+    value: i64,
+    default: u32,
+    limit: u32,
+    path: &str,
+) -> Result<u32, TwinError> {
+    match value {
+        0 => Ok(default.min(limit.max(1))),
+        v if v < 0 => Err(TwinError::invalid(
+            path,
+            format!("{v} must not be negative"),
+        )),
+        v if v > i64::from(limit) => Err(exhausted(path, v as u64, u64::from(limit))),
+        v => Ok(v as u32),
+    }
+}
+
+pub(super) fn slo_from(
+    message: Option<&proto::SloTargets>,
+    path: &str,
+) -> Result<SloTargets, TwinError> {
+    let Some(message) = message else {
+        return Ok(SloTargets::default());
+    };
+    let target = |value: Option<f64>, field: &str| {
+        value.map(|v| positive(v, &join(path, field))).transpose()
+    };
+    Ok(SloTargets {
+        ttft_ms: target(message.ttft_ms, "ttft_ms")?,
+        tpot_ms: target(message.tpot_ms, "tpot_ms")?,
+        e2e_ms: target(message.e2e_ms, "e2e_ms")?,
+    })
+}
+
+fn output_from(message: &proto::CandidateRequest) -> Result<OutputLength, TwinError> {
+    use proto::candidate_request::ExpectedOutput;
+    match &message.expected_output {
+        Some(ExpectedOutput::OutputTokens(value)) => {
+            let path = "request.output_tokens";
+            let value = tokens(*value, path)?;
+            if value == 0 {
+                return Err(TwinError::invalid(path, "must be at least 1"));
+            }
+            Ok(OutputLength::Point(value))
+        }
+        Some(ExpectedOutput::OutputHistogram(histogram)) => {
+            let path = "request.output_histogram.bins";
+            if histogram.bins.is_empty() || histogram.bins.len() > HISTOGRAM_BINS_MAX {
+                return Err(TwinError::invalid(
+                    path,
+                    format!("needs 1..={HISTOGRAM_BINS_MAX} bins"),
+                ));
+            }
+            let mut bins = Vec::with_capacity(histogram.bins.len());
+            for (index, bin) in histogram.bins.iter().enumerate() {
+                let bin_path = format!("{path}[{index}]");
+                let tokens = tokens(bin.tokens, &join(&bin_path, "tokens"))?;
+                if tokens == 0 {
+                    return Err(TwinError::invalid(
+                        join(&bin_path, "tokens"),
+                        "must be at least 1",
+                    ));
+                }
+                bins.push((
+                    tokens,
+                    non_negative(bin.weight, &join(&bin_path, "weight"))?,
+                ));
+            }
+            if bins.iter().map(|(_, weight)| weight).sum::<f64>() <= 0.0 {
+                return Err(TwinError::invalid(
+                    path,
+                    "the weights must have a positive sum",
+                ));
+            }
+            Ok(OutputLength::Histogram(bins))
+        }
+        None => Err(TwinError::invalid(
+            "request.expected_output",
+            "required: output_tokens or output_histogram",
+        )),
+    }
+}
+
+fn candidate_request_from(
+    message: Option<&proto::CandidateRequest>,
+) -> Result<CandidateRequest, TwinError> {
+    let message = message.ok_or_else(|| TwinError::invalid("request", "required"))?;
+    let prompt_tokens = tokens(message.prompt_tokens, "request.prompt_tokens")?;
+    if prompt_tokens == 0 {
+        return Err(TwinError::invalid(
+            "request.prompt_tokens",
+            "must be at least 1",
+        ));
+    }
+    if !message.token_ids.is_empty() && message.token_ids.len() != prompt_tokens as usize {
+        return Err(TwinError::invalid(
+            "request.token_ids",
+            format!(
+                "{} token ids for prompt_tokens {prompt_tokens}",
+                message.token_ids.len()
+            ),
+        ));
+    }
+    let output = output_from(message)?;
+    let largest = match &output {
+        OutputLength::Point(tokens) => *tokens,
+        OutputLength::Histogram(bins) => bins.iter().map(|(tokens, _)| *tokens).max().unwrap_or(1),
+    };
+    let max_tokens = match tokens(message.max_tokens, "request.max_tokens")? {
+        0 => largest,
+        given => given,
+    };
+    let slo_class = slo_class_from(&message.slo_class, "request.slo_class")?;
+    Ok(CandidateRequest {
+        prompt_tokens,
+        token_ids: (!message.token_ids.is_empty())
+            .then(|| Arc::<[u32]>::from(message.token_ids.as_slice())),
+        block_hashes: message.block_hashes.clone(),
+        output,
+        max_tokens,
+        priority: message.priority.unwrap_or_else(|| slo_class.priority()),
+        slo_class,
+        slo: slo_from(message.slo.as_ref(), "request.slo")?,
+    })
+}
+
+/// Decodes a routing question and checks it against the per-call limits.
+pub fn routing_from_proto(
+    message: &proto::PredictRoutingRequest,
+    limits: &Limits,
+) -> Result<DecodedRouting, TwinError> {
+    let request = candidate_request_from(message.request.as_ref())?;
+    for (index, id) in message.candidate_instance_ids.iter().enumerate() {
+        let path = format!("candidate_instance_ids[{index}]");
+        if id.is_empty() {
+            return Err(TwinError::invalid(path, "must not be empty"));
+        }
+        if message.candidate_instance_ids[..index].contains(id) {
+            return Err(TwinError::invalid(
+                path,
+                format!("duplicate candidate {id:?}"),
+            ));
+        }
+    }
+    let candidates = message.candidate_instance_ids.len() as u64;
+    if candidates > u64::from(limits.max_candidates) {
+        return Err(exhausted(
+            "candidate_instance_ids",
+            candidates,
+            u64::from(limits.max_candidates),
+        ));
+    }
+    let default_options = proto::PredictOptions::default();
+    let options = message.options.as_ref().unwrap_or(&default_options);
+    let horizon_us = match ms_to_us(options.horizon_ms, "options.horizon_ms")? {
+        0 => DEFAULT_HORIZON_US.min(limits.max_horizon_us),
+        us if us > limits.max_horizon_us => {
+            return Err(exhausted(
+                "options.horizon_ms",
+                us / 1000,
+                limits.max_horizon_us / 1000,
+            ));
+        }
+        us => us,
+    };
+    let background = match proto::BackgroundArrivals::try_from(options.background) {
+        Ok(proto::BackgroundArrivals::None) => Background::None,
+        Ok(proto::BackgroundArrivals::ObservedPoisson) => Background::ObservedPoisson,
+        Err(_) => {
+            return Err(TwinError::invalid(
+                "options.background",
+                format!("unknown background {}", options.background),
+            ));
+        }
+    };
+    let max_signal_age_us = options
+        .max_signal_age_ms
+        .map(|ms| {
+            let path = "options.max_signal_age_ms";
+            positive(ms, path).and_then(|ms| ms_to_us(ms, path))
+        })
+        .transpose()?;
+    let seed = options.seed.unwrap_or(DEFAULT_SEED);
+    let question = RoutingQuestion {
+        request,
+        candidates: message.candidate_instance_ids.clone(),
+        options: PredictOptions {
+            replications: replications_from(
+                options.replications,
+                DEFAULT_REPLICATIONS,
+                limits.max_replications,
+                "options.replications",
+            )?,
+            quantiles: quantiles_from(&options.quantiles, "options.quantiles")?,
+            horizon_us,
+            background,
+            stale_policy: stale_policy_from(options.stale_policy, "options.stale_policy")?,
+            max_signal_age_us: 0,
+            seed,
+        },
+        now_us: 0,
+    };
+    let now_us = time_us(message.now_us, "now_us")?;
+    Ok(DecodedRouting {
+        generation: message.snapshot_generation,
+        question,
+        max_signal_age_us,
+        now_us: (now_us > 0).then_some(now_us),
+        request_id: message.request_id.clone(),
+    })
+}
+
+/// "Now" for a question: the given time (not before the snapshot's observations), or the
+/// server's clock raised to the latest observation.
+pub(super) fn resolve_now(
+    given: Option<u64>,
+    stored: &StoredSnapshot,
+    server_now_us: u64,
+) -> Result<u64, TwinError> {
+    let latest = latest_observation_us(stored);
+    match given {
+        Some(now) if now < latest => Err(TwinError::invalid(
+            "now_us",
+            format!("{now} precedes the snapshot's latest observation {latest}"),
+        )),
+        Some(now) => Ok(now),
+        None => Ok(server_now_us.max(latest)),
+    }
+}
+
+impl DecodedRouting {
+    /// Checks the question against the snapshot and fills in the defaults it decides.
+    pub fn resolve(
+        self,
+        stored: &StoredSnapshot,
+        limits: &Limits,
+        server_now_us: u64,
+    ) -> Result<RoutingQuestion, TwinError> {
+        let config = &stored.snapshot.config;
+        for (index, id) in self.question.candidates.iter().enumerate() {
+            if !config.instances.iter().any(|instance| &instance.id == id) {
+                return Err(TwinError::invalid(
+                    format!("candidate_instance_ids[{index}]"),
+                    format!("unknown instance {id:?}"),
+                ));
+            }
+        }
+        if self.question.candidates.is_empty()
+            && config.instances.len() as u64 > u64::from(limits.max_candidates)
+        {
+            return Err(exhausted(
+                "candidate_instance_ids (empty: every instance)",
+                config.instances.len() as u64,
+                u64::from(limits.max_candidates),
+            ));
+        }
+        let mut question = self.question;
+        question.options.max_signal_age_us = self
+            .max_signal_age_us
+            .unwrap_or(stored.snapshot.settings.max_signal_age_us);
+        question.now_us = resolve_now(self.now_us, stored, server_now_us)?;
+        Ok(question)
+    }
+}
+
+/// Encodes a routing question (for clients).
+pub fn routing_to_proto(
+    question: &RoutingQuestion,
+    generation: u64,
+    request_id: &str,
+) -> proto::PredictRoutingRequest {
+    use proto::candidate_request::ExpectedOutput;
+    let request = &question.request;
+    let output = match &request.output {
+        OutputLength::Point(tokens) => ExpectedOutput::OutputTokens(i64::from(*tokens)),
+        OutputLength::Histogram(bins) => ExpectedOutput::OutputHistogram(proto::LengthHistogram {
+            bins: bins
+                .iter()
+                .map(|&(tokens, weight)| proto::HistogramBin {
+                    tokens: i64::from(tokens),
+                    weight,
+                })
+                .collect(),
+        }),
+    };
+    let options = &question.options;
+    proto::PredictRoutingRequest {
+        snapshot_generation: generation,
+        request: Some(proto::CandidateRequest {
+            prompt_tokens: i64::from(request.prompt_tokens),
+            token_ids: request
+                .token_ids
+                .as_deref()
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default(),
+            block_hashes: request.block_hashes.clone(),
+            expected_output: Some(output),
+            max_tokens: i64::from(request.max_tokens),
+            priority: Some(request.priority),
+            slo_class: request.slo_class.as_str().to_owned(),
+            slo: Some(proto::SloTargets {
+                ttft_ms: request.slo.ttft_ms,
+                tpot_ms: request.slo.tpot_ms,
+                e2e_ms: request.slo.e2e_ms,
+            }),
+        }),
+        candidate_instance_ids: question.candidates.clone(),
+        options: Some(proto::PredictOptions {
+            replications: i64::from(options.replications),
+            quantiles: options.quantiles.clone(),
+            horizon_ms: us_to_ms(options.horizon_us),
+            background: match options.background {
+                Background::None => proto::BackgroundArrivals::None,
+                Background::ObservedPoisson => proto::BackgroundArrivals::ObservedPoisson,
+            } as i32,
+            stale_policy: stale_policy_to(options.stale_policy),
+            max_signal_age_ms: (options.max_signal_age_us > 0)
+                .then(|| us_to_ms(options.max_signal_age_us)),
+            seed: Some(options.seed),
+        }),
+        now_us: question.now_us as i64,
+        request_id: request_id.to_owned(),
+    }
+}
+
+pub(super) fn distribution_to(dist: &Distribution) -> proto::Distribution {
+    proto::Distribution {
+        mean: dist.mean,
+        quantiles: dist
+            .quantiles
+            .iter()
+            .map(|&(quantile, value)| proto::QuantileValue { quantile, value })
+            .collect(),
+    }
+}
+
+fn distribution_from(dist: Option<&proto::Distribution>) -> Distribution {
+    dist.map(|dist| Distribution {
+        mean: dist.mean,
+        quantiles: dist
+            .quantiles
+            .iter()
+            .map(|q| (q.quantile, q.value))
+            .collect(),
+    })
+    .unwrap_or_default()
+}
+
+/// Encodes a routing answer; `wall_us` is the time spent answering.
+pub fn routing_answer_to_proto(
+    answer: &RoutingAnswer,
+    wall_us: u64,
+    request_id: &str,
+) -> proto::PredictRoutingResponse {
+    let candidates = answer
+        .candidates
+        .iter()
+        .map(|c| proto::CandidatePrediction {
+            instance_id: c.instance_id.clone(),
+            valid: c.valid,
+            invalid_reason: c.invalid_reason.clone(),
+            ttft_ms: Some(distribution_to(&c.ttft_ms)),
+            tpot_ms: Some(distribution_to(&c.tpot_ms)),
+            e2e_ms: Some(distribution_to(&c.e2e_ms)),
+            slo_probability: c.slo_probability,
+            ttft_slo_probability: c.ttft_slo_probability,
+            tpot_slo_probability: c.tpot_slo_probability,
+            queue_wait_ms: c.queue_wait_ms,
+            prefix_hit_tokens: c.prefix_hit_tokens,
+            kv_usage_after: c.kv_usage_after,
+            others_delta_e2e_ms: c.others_delta_e2e_ms,
+            input_age_ms: c.input_age_ms,
+        })
+        .collect();
+    proto::PredictRoutingResponse {
+        candidates,
+        recommended_instance_id: answer.recommended_instance_id.clone().unwrap_or_default(),
+        snapshot_generation: answer.generation,
+        seed: answer.seed,
+        simulation_events: answer.events,
+        sim_wall_time_us: wall_us,
+        request_id: request_id.to_owned(),
+    }
+}
+
+/// Decodes a routing answer (for clients).
+pub fn routing_answer_from_proto(message: &proto::PredictRoutingResponse) -> RoutingAnswer {
+    let candidates = message
+        .candidates
+        .iter()
+        .map(|c| CandidatePrediction {
+            instance_id: c.instance_id.clone(),
+            valid: c.valid,
+            invalid_reason: c.invalid_reason.clone(),
+            ttft_ms: distribution_from(c.ttft_ms.as_ref()),
+            tpot_ms: distribution_from(c.tpot_ms.as_ref()),
+            e2e_ms: distribution_from(c.e2e_ms.as_ref()),
+            slo_probability: c.slo_probability,
+            ttft_slo_probability: c.ttft_slo_probability,
+            tpot_slo_probability: c.tpot_slo_probability,
+            queue_wait_ms: c.queue_wait_ms,
+            prefix_hit_tokens: c.prefix_hit_tokens,
+            kv_usage_after: c.kv_usage_after,
+            others_delta_e2e_ms: c.others_delta_e2e_ms,
+            input_age_ms: c.input_age_ms,
+        })
+        .collect();
+    RoutingAnswer {
+        candidates,
+        recommended_instance_id: (!message.recommended_instance_id.is_empty())
+            .then(|| message.recommended_instance_id.clone()),
+        generation: message.snapshot_generation,
+        seed: message.seed,
+        events: message.simulation_events,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn question() -> proto::PredictRoutingRequest {
+        proto::PredictRoutingRequest {
+            request: Some(proto::CandidateRequest {
+                prompt_tokens: 2000,
+                expected_output: Some(proto::candidate_request::ExpectedOutput::OutputTokens(256)),
+                ..proto::CandidateRequest::default()
+            }),
+            ..proto::PredictRoutingRequest::default()
+        }
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let decoded = routing_from_proto(&question(), &Limits::DEFAULT).unwrap();
+        let options = &decoded.question.options;
+        assert_eq!(options.replications, DEFAULT_REPLICATIONS);
+        assert_eq!(options.quantiles, DEFAULT_QUANTILES.to_vec());
+        assert_eq!(options.horizon_us, DEFAULT_HORIZON_US);
+        assert_eq!(options.seed, DEFAULT_SEED);
+        assert_eq!(decoded.question.request.max_tokens, 256);
+    }
+
+    #[test]
+    fn the_client_encoding_decodes_to_the_same_question() {
+        let decoded = routing_from_proto(&question(), &Limits::DEFAULT).unwrap();
+        let mut question = decoded.question.clone();
+        question.options.max_signal_age_us = 200_000;
+        question.now_us = 77;
+        let again =
+            routing_from_proto(&routing_to_proto(&question, 3, "id"), &Limits::DEFAULT).unwrap();
+        assert_eq!(again.generation, 3);
+        assert_eq!(again.now_us, Some(77));
+        assert_eq!(again.max_signal_age_us, Some(200_000));
+        assert_eq!(again.question.request, question.request);
+        assert_eq!(again.question.options.seed, question.options.seed);
+    }
+
+    #[test]
+    fn limits_give_resource_exhausted() {
+        let mut message = question();
+        message.options = Some(proto::PredictOptions {
+            replications: i64::from(Limits::DEFAULT.max_replications) + 1,
+            ..proto::PredictOptions::default()
+        });
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(matches!(err, TwinError::ResourceExhausted(_)), "{err}");
+        let mut message = question();
+        message.candidate_instance_ids = (0..=Limits::DEFAULT.max_candidates)
+            .map(|i| format!("i{i}"))
+            .collect();
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(matches!(err, TwinError::ResourceExhausted(_)), "{err}");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let mut message = question();
+        if let Some(request) = message.request.as_mut() {
+            request.prompt_tokens = -1;
+        }
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(
+            err.to_string().starts_with("request.prompt_tokens: "),
+            "{err}"
+        );
+        let mut message = question();
+        message.options = Some(proto::PredictOptions {
+            quantiles: vec![1.5],
+            ..proto::PredictOptions::default()
+        });
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(
+            err.to_string().starts_with("options.quantiles[0]: "),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Startup and shutdown of the server: the gRPC listener (Twin, health, reflection v1 and
+//! v1alpha) and the HTTP listener (metrics, liveness, readiness).
+//!
+//! Order: the initial config is validated and synced before anything binds (a bad config
+//! fails fast); health reports SERVING as soon as a config is in; on shutdown health turns
+//! NOT_SERVING first, then both listeners stop accepting and in-flight calls drain for at
+//! most `drain`, after which remaining connections are dropped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+
+use super::FILE_DESCRIPTOR_SET;
+use super::error::ServeError;
+use super::http;
+use super::proto::twin_server::TwinServer;
+use super::service::{ServiceLimits, Shared, TwinService};
+use crate::cluster::config::ClusterConfig;
+use crate::telemetry::Metrics;
+use crate::twin::limits::Limits;
+use crate::twin::snapshot::TwinSettings;
+use crate::twin::store::{MirrorStore, StoreLimits};
+
+/// Default gRPC address of `ditto serve`.
+pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:9010";
+/// Default HTTP address of `ditto serve`.
+pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9011";
+
+/// A config to sync before the server starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InitialConfig {
+    /// The cluster.
+    pub cluster: ClusterConfig,
+    /// Twin settings.
+    pub settings: TwinSettings,
+}
+
+/// Everything the server needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// gRPC listen address (port 0: any free port).
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address (port 0: any free port).
+    pub http_addr: SocketAddr,
+    /// Work bounds of the service.
+    pub service: ServiceLimits,
+    /// Bounds of the mirror.
+    pub store: StoreLimits,
+    /// Largest gRPC message accepted or sent, bytes.
+    pub max_message_bytes: usize,
+    /// Longest the shutdown waits for in-flight calls.
+    pub drain: Duration,
+    /// Config synced at startup (then the server is ready at once).
+    pub initial_config: Option<InitialConfig>,
+}
+
+impl ServerOptions {
+    /// Defaults on the given addresses, with no initial config.
+    pub fn new(grpc_addr: SocketAddr, http_addr: SocketAddr) -> Self {
+        Self {
+            grpc_addr,
+            http_addr,
+            service: ServiceLimits {
+                twin: Limits::DEFAULT,
+                max_call: Duration::from_secs(30),
+                max_concurrent_simulations: std::thread::available_parallelism()
+                    .map_or(2, |n| n.get()),
+                stream_in_flight: 8,
+            },
+            store: StoreLimits::DEFAULT,
+            max_message_bytes: 16 * 1024 * 1024,
+            drain: Duration::from_secs(5),
+            initial_config: None,
+        }
+    }
+}
+
+/// A started server. Dropping it without [`RunningServer::shutdown`] leaves the listeners
+/// running until the runtime stops.
+#[derive(Debug)]
+pub struct RunningServer {
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    http: JoinHandle<std::io::Result<()>>,
+    drain: Duration,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Syncs the initial config, binds both listeners and starts serving.
+pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> {
+    let metrics = Arc::new(Metrics::new()?);
+    let store = Arc::new(MirrorStore::new(options.store));
+    if let Some(initial) = options.initial_config {
+        store
+            .sync_config(initial.cluster, initial.settings, Vec::new())
+            .map_err(ServeError::Config)?;
+    }
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let shared = Arc::new(Shared::new(store, metrics, health, options.service));
+    shared
+        .set_health(tonic_health::ServingStatus::NotServing)
+        .await;
+    shared.report_serving().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
+        .max_decoding_message_size(options.max_message_bytes)
+        .max_encoding_message_size(options.max_message_bytes);
+    let grpc_listener = bind(options.grpc_addr).await?;
+    let http_listener = bind(options.http_addr).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind {
+            addr: options.grpc_addr,
+            source,
+        })?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind {
+            addr: options.http_addr,
+            source,
+        })?;
+    let (stop, stop_rx) = watch::channel(false);
+    let grpc = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(twin)
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(grpc_listener),
+            stopped(stop_rx.clone()),
+        );
+    let grpc = tokio::spawn(grpc);
+    let router = http::router(Arc::clone(&shared));
+    let http = tokio::spawn(async move {
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(stopped(stop_rx))
+            .await
+    });
+    tracing::info!(%grpc_addr, %http_addr, "ditto serving");
+    Ok(RunningServer {
+        grpc_addr,
+        http_addr,
+        shared,
+        stop,
+        grpc,
+        http,
+        drain: options.drain,
+    })
+}
+
+impl RunningServer {
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The mirror.
+    pub fn store(&self) -> &Arc<MirrorStore> {
+        &self.shared.store
+    }
+
+    /// NOT_SERVING, stop accepting, drain in-flight calls for at most the drain time.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        self.shared.begin_shutdown().await;
+        tracing::info!("shutting down: NOT_SERVING, draining");
+        // Send fails only if both servers already stopped, which is fine.
+        let _ = self.stop.send(true);
+        let grpc_abort = self.grpc.abort_handle();
+        let http_abort = self.http.abort_handle();
+        let drained = tokio::time::timeout(self.drain, async {
+            let grpc = self.grpc.await;
+            let http = self.http.await;
+            (grpc, http)
+        })
+        .await;
+        match drained {
+            Ok((grpc, http)) => {
+                if let Ok(result) = grpc {
+                    result?;
+                }
+                if let Ok(result) = http {
+                    result.map_err(ServeError::Http)?;
+                }
+                Ok(())
+            }
+            Err(_) => {
+                tracing::warn!("drain time over: dropping the remaining connections");
+                grpc_abort.abort();
+                http_abort.abort();
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn termination() -> Result<(), ServeError> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ServeError::Signal)?;
+    tokio::select! {
+        _ = terminate.recv() => Ok(()),
+        result = tokio::signal::ctrl_c() => result.map_err(ServeError::Signal),
+    }
+}
+
+/// Runs the server on its own runtime until SIGTERM or SIGINT, then shuts it down
+/// gracefully. `on_ready` gets the bound gRPC and HTTP addresses once both listen.
+pub fn serve_until_signal(
+    options: ServerOptions,
+    on_ready: impl FnOnce(SocketAddr, SocketAddr),
+) -> Result<(), ServeError> {
+    let drain = options.drain;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let result = runtime.block_on(async {
+        // Install the handlers before reporting ready, so an early signal is not lost.
+        let signal = tokio::spawn(termination());
+        let server = start(options).await?;
+        on_ready(server.grpc_addr(), server.http_addr());
+        let signalled = signal.await;
+        let shutdown = server.shutdown().await;
+        match signalled {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(ServeError::Signal(std::io::Error::other(
+                    "signal task failed",
+                )));
+            }
+        }
+        shutdown
+    });
+    // Simulations still running past the drain are abandoned.
+    runtime.shutdown_timeout(drain);
+    result
+}

@@ -1,0 +1,601 @@
+//! The `ditto.v1.Twin` gRPC service: an adapter that decodes, validates, hands the work to
+//! the store or to a simulation on the blocking pool, and encodes.
+//!
+//! Invariants: no lock is held across an `.await` (the store's locks live inside its
+//! synchronous methods); every prediction runs on one immutable snapshot on
+//! `spawn_blocking`, bounded by a semaphore and by the call's deadline; every error is
+//! mapped by `server::error`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use super::convert::config::cluster_from_proto;
+use super::convert::forecast::{forecast_answer_to_proto, forecast_from_proto};
+use super::convert::question::{routing_answer_to_proto, routing_from_proto};
+use super::convert::state::{kv_batch_from_proto, snapshot_to_proto, update_from_proto};
+use super::error::{deadline_status, internal_status, status_from, stream_status_from};
+use super::proto;
+use super::proto::twin_server::{Twin, TwinServer};
+use crate::telemetry::Metrics;
+use crate::twin::limits::Limits;
+use crate::twin::store::{KvEvent, MirrorStore};
+use crate::twin::{TwinError, forecast, predict};
+
+/// Most gaps listed in one `PushAck` (the count in the metrics is exact).
+pub const ACK_GAPS_MAX: usize = 1024;
+
+/// How the service bounds its work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceLimits {
+    /// Per-call simulation limits (the deadline is set per call).
+    pub twin: Limits,
+    /// Longest a prediction or forecast may take when the client sets no shorter
+    /// grpc-timeout (also per question on a prediction stream).
+    pub max_call: Duration,
+    /// Simulations running at once (others wait, within their deadline).
+    pub max_concurrent_simulations: usize,
+    /// Questions of one prediction stream being answered at once.
+    pub stream_in_flight: usize,
+}
+
+/// State shared by the gRPC service and the HTTP endpoints.
+#[derive(Debug)]
+pub struct Shared {
+    /// The mirror.
+    pub store: Arc<MirrorStore>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// The gRPC health statuses.
+    pub health: HealthReporter,
+    /// Work bounds.
+    pub limits: ServiceLimits,
+    simulations: Arc<Semaphore>,
+    shutting_down: AtomicBool,
+}
+
+impl Shared {
+    /// Shared state over `store`.
+    pub fn new(
+        store: Arc<MirrorStore>,
+        metrics: Arc<Metrics>,
+        health: HealthReporter,
+        limits: ServiceLimits,
+    ) -> Self {
+        Self {
+            store,
+            metrics,
+            health,
+            simulations: Arc::new(Semaphore::new(limits.max_concurrent_simulations.max(1))),
+            limits,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Ready: a config is synced and the server is not shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.shutting_down.load(Ordering::SeqCst) && self.store.latest().is_some()
+    }
+
+    /// Reports SERVING (overall and for `ditto.v1.Twin`) if ready.
+    pub async fn report_serving(&self) {
+        if self.is_ready() {
+            self.set_health(ServingStatus::Serving).await;
+        }
+    }
+
+    /// Reports NOT_SERVING from now on (shutdown has begun).
+    pub async fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        self.set_health(ServingStatus::NotServing).await;
+    }
+
+    /// Sets both health entries.
+    pub async fn set_health(&self, status: ServingStatus) {
+        self.health.set_service_status("", status).await;
+        self.health
+            .set_service_status(
+                <TwinServer<TwinService> as tonic::server::NamedService>::NAME,
+                status,
+            )
+            .await;
+    }
+}
+
+/// The service implementation.
+#[derive(Clone, Debug)]
+pub struct TwinService {
+    shared: Arc<Shared>,
+}
+
+impl TwinService {
+    /// A service over `shared`.
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+}
+
+/// Microseconds since the Unix epoch on the server's clock (0 if the clock is before 1970).
+pub fn wall_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+/// Parses a `grpc-timeout` header value (`<up to 8 digits><H|M|S|m|u|n>`).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if !value.is_ascii() {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => Duration::from_secs(amount.checked_mul(60)?),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+/// The client's deadline, if it sent a grpc-timeout. Tonic cancels the call itself at that
+/// instant (with CANCELLED), so the handler's deadline comes a little earlier: a tenth of
+/// the timeout, at least 2 ms and at most 50 ms, so the client gets DEADLINE_EXCEEDED.
+fn client_deadline(metadata: &MetadataMap, now: Instant) -> Option<Instant> {
+    let timeout = parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)?;
+    let margin = (timeout / 10).clamp(Duration::from_millis(2), Duration::from_millis(50));
+    Some(now + timeout.saturating_sub(margin))
+}
+
+/// The deadline of one prediction or forecast: the client's, capped by `max_call`.
+fn work_deadline(client: Option<Instant>, max_call: Duration, now: Instant) -> Instant {
+    let server = now + max_call;
+    client.map_or(server, |client| client.min(server))
+}
+
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
+}
+
+impl Shared {
+    fn finish<T>(
+        &self,
+        rpc: &str,
+        started: Instant,
+        result: Result<T, Status>,
+    ) -> Result<Response<T>, Status> {
+        let code = match &result {
+            Ok(_) => "Ok".to_owned(),
+            Err(status) => code_name(status.code()),
+        };
+        self.metrics
+            .observe_rpc(rpc, &code, started.elapsed().as_secs_f64());
+        result.map(Response::new)
+    }
+
+    /// Runs `work` on the blocking pool under the simulation semaphore, within `deadline`.
+    async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, TwinError> + Send + 'static,
+    {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        let semaphore = Arc::clone(&self.simulations);
+        let permit = tokio::time::timeout_at(deadline, semaphore.acquire_owned())
+            .await
+            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
+            .map_err(|_| internal_status("the simulation pool is closed"))?;
+        let task = tokio::task::spawn_blocking(move || {
+            // The permit is released only when the simulation really stops.
+            let _permit = permit;
+            work()
+        });
+        match tokio::time::timeout_at(deadline, task).await {
+            Err(_) => Err(deadline_status("while simulating")),
+            Ok(Err(_)) => Err(internal_status("the simulation task failed")),
+            Ok(Ok(result)) => result.map_err(|err| status_from(&err)),
+        }
+    }
+
+    /// Answers one routing question within `deadline`.
+    async fn answer_routing(
+        &self,
+        message: proto::PredictRoutingRequest,
+        deadline: Instant,
+    ) -> Result<proto::PredictRoutingResponse, Status> {
+        let started = Instant::now();
+        if started >= deadline {
+            return Err(deadline_status("before the question was read"));
+        }
+        let limits = self.limits.twin;
+        let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let stored = self
+            .store
+            .snapshot(decoded.generation)
+            .map_err(|err| status_from(&err))?;
+        let request_id = decoded.request_id.clone();
+        let question = decoded
+            .resolve(&stored, &limits, wall_now_us())
+            .map_err(|err| status_from(&err))?;
+        let limits = Limits {
+            deadline: Some(deadline),
+            ..limits
+        };
+        let snapshot = Arc::clone(&stored.snapshot);
+        let answer = self
+            .simulate(deadline, move || {
+                predict::predict_routing(&snapshot, &question, &limits)
+            })
+            .await?;
+        self.metrics.simulation_events.inc_by(answer.events);
+        let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        Ok(routing_answer_to_proto(&answer, wall_us, &request_id))
+    }
+
+    async fn answer_forecast(
+        &self,
+        message: proto::ForecastCapacityRequest,
+        deadline: Instant,
+    ) -> Result<proto::ForecastCapacityResponse, Status> {
+        let started = Instant::now();
+        if started >= deadline {
+            return Err(deadline_status("before the question was read"));
+        }
+        let limits = self.limits.twin;
+        let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let stored = self
+            .store
+            .snapshot(decoded.generation)
+            .map_err(|err| status_from(&err))?;
+        let question = decoded
+            .resolve(&stored, wall_now_us())
+            .map_err(|err| status_from(&err))?;
+        let limits = Limits {
+            deadline: Some(deadline),
+            ..limits
+        };
+        let snapshot = Arc::clone(&stored.snapshot);
+        let answer = self
+            .simulate(deadline, move || {
+                forecast::forecast_capacity(&snapshot, &question, &limits)
+            })
+            .await?;
+        let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        Ok(forecast_answer_to_proto(&answer, wall_us))
+    }
+
+    /// Reads the next message of a client stream within the client's deadline, if any.
+    async fn next_message<T>(
+        stream: &mut Streaming<T>,
+        deadline: Option<Instant>,
+        accepted: u64,
+    ) -> Result<Option<T>, Status> {
+        match deadline {
+            None => stream.message().await,
+            Some(deadline) => {
+                tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), stream.message())
+                    .await
+                    .map_err(|_| deadline_status(&format!("after {accepted} accepted messages")))?
+            }
+        }
+    }
+
+    async fn push_states(
+        &self,
+        mut stream: Streaming<proto::InstanceStateUpdate>,
+        deadline: Option<Instant>,
+    ) -> Result<proto::PushAck, Status> {
+        let mut ack = proto::PushAck {
+            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
+            ..proto::PushAck::default()
+        };
+        while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
+            let generation = update_from_proto(&message)
+                .and_then(|update| self.store.apply_state(update))
+                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            ack.generation = generation;
+            ack.accepted += 1;
+            self.metrics
+                .pushed_messages
+                .with_label_values(&["PushInstanceState"])
+                .inc();
+        }
+        Ok(ack)
+    }
+
+    async fn push_kv(
+        &self,
+        mut stream: Streaming<proto::KvEventBatch>,
+        deadline: Option<Instant>,
+    ) -> Result<proto::PushAck, Status> {
+        let mut ack = proto::PushAck {
+            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
+            ..proto::PushAck::default()
+        };
+        while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
+            let batch = kv_batch_from_proto(&message)
+                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            let counts = count_kv_events(&batch.events);
+            let applied = self
+                .store
+                .apply_kv_events(batch)
+                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            for (kind, count) in counts {
+                self.metrics
+                    .kv_events
+                    .with_label_values(&[kind])
+                    .inc_by(count);
+            }
+            if let Some(gap) = applied.gap {
+                self.metrics
+                    .kv_event_seq_gaps
+                    .inc_by(gap.received_seq - gap.expected_seq);
+                if ack.gaps.len() < ACK_GAPS_MAX {
+                    ack.gaps.push(proto::KvSequenceGap {
+                        instance_id: gap.instance_id,
+                        expected_seq: gap.expected_seq,
+                        received_seq: gap.received_seq,
+                    });
+                }
+            }
+            ack.generation = applied.generation;
+            ack.accepted += 1;
+            self.metrics
+                .pushed_messages
+                .with_label_values(&["PushKvEvents"])
+                .inc();
+        }
+        Ok(ack)
+    }
+}
+
+fn count_kv_events(events: &[KvEvent]) -> [(&'static str, u64); 3] {
+    let mut counts = [("stored", 0), ("removed", 0), ("cleared", 0)];
+    for event in events {
+        let slot = match event {
+            KvEvent::Stored { .. } => 0,
+            KvEvent::Removed { .. } => 1,
+            KvEvent::AllCleared => 2,
+        };
+        counts[slot].1 += 1;
+    }
+    counts
+}
+
+fn stream_response(
+    request_id: String,
+    result: Result<proto::PredictRoutingResponse, Status>,
+) -> proto::PredictRoutingStreamResponse {
+    use proto::predict_routing_stream_response::Result as Outcome;
+    let outcome = match result {
+        Ok(answer) => Outcome::Answer(answer),
+        Err(status) => Outcome::Error(proto::StreamError {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+        }),
+    };
+    proto::PredictRoutingStreamResponse {
+        request_id,
+        result: Some(outcome),
+    }
+}
+
+/// The response stream of `PredictRoutingStream`.
+pub type PredictionStream = Pin<
+    Box<
+        dyn tokio_stream::Stream<Item = Result<proto::PredictRoutingStreamResponse, Status>> + Send,
+    >,
+>;
+
+#[tonic::async_trait]
+impl Twin for TwinService {
+    async fn sync_cluster_config(
+        &self,
+        request: Request<proto::ClusterConfig>,
+    ) -> Result<Response<proto::SyncClusterConfigResponse>, Status> {
+        let started = Instant::now();
+        let shared = &self.shared;
+        let result = cluster_from_proto(request.get_ref())
+            .and_then(|decoded| {
+                shared
+                    .store
+                    .sync_config(decoded.cluster, decoded.settings, decoded.addresses)
+            })
+            .map_err(|err| status_from(&err));
+        if result.is_ok() {
+            shared.report_serving().await;
+        }
+        let result = result.map(|outcome| proto::SyncClusterConfigResponse {
+            generation: outcome.generation,
+            config_generation: outcome.config_generation,
+            changed: outcome.changed,
+            reset_instance_ids: outcome.reset_instance_ids,
+        });
+        shared.finish("SyncClusterConfig", started, result)
+    }
+
+    async fn push_instance_state(
+        &self,
+        request: Request<Streaming<proto::InstanceStateUpdate>>,
+    ) -> Result<Response<proto::PushAck>, Status> {
+        let started = Instant::now();
+        let deadline = client_deadline(request.metadata(), started);
+        let result = self
+            .shared
+            .push_states(request.into_inner(), deadline)
+            .await;
+        self.shared.finish("PushInstanceState", started, result)
+    }
+
+    async fn push_kv_events(
+        &self,
+        request: Request<Streaming<proto::KvEventBatch>>,
+    ) -> Result<Response<proto::PushAck>, Status> {
+        let started = Instant::now();
+        let deadline = client_deadline(request.metadata(), started);
+        let result = self.shared.push_kv(request.into_inner(), deadline).await;
+        self.shared.finish("PushKvEvents", started, result)
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<proto::GetSnapshotRequest>,
+    ) -> Result<Response<proto::ClusterSnapshot>, Status> {
+        let started = Instant::now();
+        let message = request.get_ref();
+        let result = (|| {
+            let now_us = match message.now_us {
+                0 => wall_now_us(),
+                now if now > 0 => now as u64,
+                now => {
+                    return Err(TwinError::invalid(
+                        "now_us",
+                        format!("{now} must not be negative"),
+                    ));
+                }
+            };
+            let stored = self.shared.store.snapshot(message.generation)?;
+            Ok(snapshot_to_proto(
+                &stored,
+                now_us,
+                message.include_block_hashes,
+            ))
+        })()
+        .map_err(|err| status_from(&err));
+        self.shared.finish("GetSnapshot", started, result)
+    }
+
+    async fn predict_routing(
+        &self,
+        request: Request<proto::PredictRoutingRequest>,
+    ) -> Result<Response<proto::PredictRoutingResponse>, Status> {
+        let started = Instant::now();
+        let client = client_deadline(request.metadata(), started);
+        let deadline = work_deadline(client, self.shared.limits.max_call, started);
+        let result = self
+            .shared
+            .answer_routing(request.into_inner(), deadline)
+            .await;
+        self.shared.finish("PredictRouting", started, result)
+    }
+
+    type PredictRoutingStreamStream = PredictionStream;
+
+    async fn predict_routing_stream(
+        &self,
+        request: Request<Streaming<proto::PredictRoutingRequest>>,
+    ) -> Result<Response<Self::PredictRoutingStreamStream>, Status> {
+        let started = Instant::now();
+        let client = client_deadline(request.metadata(), started);
+        let mut inbound = request.into_inner();
+        let in_flight = self.shared.limits.stream_in_flight.max(1);
+        let (out_tx, out_rx) = mpsc::channel(in_flight);
+        let (job_tx, mut job_rx) = mpsc::channel(in_flight);
+        let shared = Arc::clone(&self.shared);
+        // Reader: starts each question as it arrives, at most `in_flight` ahead of the writer.
+        tokio::spawn(async move {
+            while let Ok(Some(message)) = inbound.message().await {
+                let now = Instant::now();
+                let deadline = work_deadline(client, shared.limits.max_call, now);
+                let request_id = message.request_id.clone();
+                let worker = Arc::clone(&shared);
+                let job = tokio::spawn(async move {
+                    let started = Instant::now();
+                    let result = worker.answer_routing(message, deadline).await;
+                    let code = match &result {
+                        Ok(_) => "Ok".to_owned(),
+                        Err(status) => code_name(status.code()),
+                    };
+                    worker.metrics.observe_rpc(
+                        "PredictRoutingStream",
+                        &code,
+                        started.elapsed().as_secs_f64(),
+                    );
+                    result
+                });
+                if job_tx.send((request_id, job)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        // Writer: answers in question order.
+        tokio::spawn(async move {
+            while let Some((request_id, job)) = job_rx.recv().await {
+                let result = match job.await {
+                    Ok(result) => result,
+                    Err(_) => Err(internal_status("the prediction task failed")),
+                };
+                if out_tx
+                    .send(Ok(stream_response(request_id, result)))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        let stream: PredictionStream = Box::pin(ReceiverStream::new(out_rx));
+        Ok(Response::new(stream))
+    }
+
+    async fn forecast_capacity(
+        &self,
+        request: Request<proto::ForecastCapacityRequest>,
+    ) -> Result<Response<proto::ForecastCapacityResponse>, Status> {
+        let started = Instant::now();
+        let client = client_deadline(request.metadata(), started);
+        let deadline = work_deadline(client, self.shared.limits.max_call, started);
+        let result = self
+            .shared
+            .answer_forecast(request.into_inner(), deadline)
+            .await;
+        self.shared.finish("ForecastCapacity", started, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("S"), None);
+        assert_eq!(parse_grpc_timeout("10x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("1é"), None);
+    }
+
+    #[test]
+    fn the_work_deadline_is_the_earlier_one() {
+        let now = Instant::now();
+        let client = now + Duration::from_millis(10);
+        assert_eq!(
+            work_deadline(Some(client), Duration::from_secs(5), now),
+            client
+        );
+        assert_eq!(
+            work_deadline(None, Duration::from_secs(5), now),
+            now + Duration::from_secs(5)
+        );
+    }
+}

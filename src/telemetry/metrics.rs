@@ -1,0 +1,215 @@
+//! The server's Prometheus metrics, behind one struct with its own registry.
+//!
+//! Names are `ditto_*`, in base units, counters end in `_total`. Label values are bounded:
+//! RPC names and status codes are fixed sets, instance labels follow the synced config (the
+//! per-instance gauges are rebuilt from the snapshot at every scrape, so removed instances
+//! disappear).
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::twin::snapshot::MirrorSnapshot;
+
+/// Every metric the server exports.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Finished RPCs by method and status code.
+    pub rpc_requests: IntCounterVec,
+    /// RPC duration by method, seconds.
+    pub rpc_duration: HistogramVec,
+    /// Messages accepted on the push streams, by method.
+    pub pushed_messages: IntCounterVec,
+    /// KV events applied, by type (`stored`, `removed`, `cleared`).
+    pub kv_events: IntCounterVec,
+    /// Missed KV event batches (sequence gaps).
+    pub kv_event_seq_gaps: IntCounter,
+    /// Simulation events processed for predictions and forecasts.
+    pub simulation_events: IntCounter,
+    /// Latest snapshot generation.
+    pub snapshot_generation: IntGauge,
+    /// Generation of the config in force.
+    pub config_generation: IntGauge,
+    /// Instances in the config.
+    pub instances: IntGauge,
+    /// Age of each signal of each instance at scrape time, seconds (-1: never observed).
+    pub signal_age: GaugeVec,
+    /// Instances whose request state is older than the age limit or never observed.
+    pub stale_instances: IntGauge,
+    /// Requests waiting + running in the mirror, per instance.
+    pub mirrored_requests: IntGaugeVec,
+    /// Build information (always 1).
+    pub info: IntGaugeVec,
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let rpc_requests = IntCounterVec::new(
+            Opts::new(
+                "ditto_rpc_requests_total",
+                "Finished RPCs by method and gRPC code.",
+            ),
+            &["rpc", "code"],
+        )?;
+        let rpc_duration = HistogramVec::new(
+            HistogramOpts::new("ditto_rpc_duration_seconds", "RPC duration by method.")
+                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
+            &["rpc"],
+        )?;
+        let pushed_messages = IntCounterVec::new(
+            Opts::new(
+                "ditto_pushed_messages_total",
+                "Push-stream messages accepted.",
+            ),
+            &["rpc"],
+        )?;
+        let kv_events = IntCounterVec::new(
+            Opts::new("ditto_kv_events_total", "KV events applied, by type."),
+            &["type"],
+        )?;
+        let kv_event_seq_gaps = IntCounter::new(
+            "ditto_kv_event_seq_gaps_total",
+            "KV event batches missed (sequence gaps).",
+        )?;
+        let simulation_events = IntCounter::new(
+            "ditto_simulation_events_total",
+            "Simulation events processed for predictions and forecasts.",
+        )?;
+        let snapshot_generation =
+            IntGauge::new("ditto_snapshot_generation", "Latest snapshot generation.")?;
+        let config_generation = IntGauge::new(
+            "ditto_config_generation",
+            "Generation of the config in force.",
+        )?;
+        let instances = IntGauge::new("ditto_instances", "Instances in the synced config.")?;
+        let signal_age = GaugeVec::new(
+            Opts::new(
+                "ditto_signal_age_seconds",
+                "Age of each mirrored signal at scrape time (-1: never observed).",
+            ),
+            &["signal", "instance"],
+        )?;
+        let stale_instances = IntGauge::new(
+            "ditto_stale_instances",
+            "Instances whose request state is stale or was never observed.",
+        )?;
+        let mirrored_requests = IntGaugeVec::new(
+            Opts::new(
+                "ditto_mirrored_requests",
+                "Requests in the mirror per instance.",
+            ),
+            &["instance", "state"],
+        )?;
+        let info = IntGaugeVec::new(Opts::new("ditto_info", "Build information."), &["version"])?;
+        registry.register(Box::new(rpc_requests.clone()))?;
+        registry.register(Box::new(rpc_duration.clone()))?;
+        registry.register(Box::new(pushed_messages.clone()))?;
+        registry.register(Box::new(kv_events.clone()))?;
+        registry.register(Box::new(kv_event_seq_gaps.clone()))?;
+        registry.register(Box::new(simulation_events.clone()))?;
+        registry.register(Box::new(snapshot_generation.clone()))?;
+        registry.register(Box::new(config_generation.clone()))?;
+        registry.register(Box::new(instances.clone()))?;
+        registry.register(Box::new(signal_age.clone()))?;
+        registry.register(Box::new(stale_instances.clone()))?;
+        registry.register(Box::new(mirrored_requests.clone()))?;
+        registry.register(Box::new(info.clone()))?;
+        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Ok(Self {
+            registry,
+            rpc_requests,
+            rpc_duration,
+            pushed_messages,
+            kv_events,
+            kv_event_seq_gaps,
+            simulation_events,
+            snapshot_generation,
+            config_generation,
+            instances,
+            signal_age,
+            stale_instances,
+            mirrored_requests,
+            info,
+        })
+    }
+
+    /// Records one finished RPC.
+    pub fn observe_rpc(&self, rpc: &str, code: &str, seconds: f64) {
+        self.rpc_requests.with_label_values(&[rpc, code]).inc();
+        self.rpc_duration.with_label_values(&[rpc]).observe(seconds);
+    }
+
+    /// Sets the snapshot-derived gauges from `snapshot`, ages measured from `now_us`.
+    pub fn observe_snapshot(&self, snapshot: &MirrorSnapshot, now_us: u64) {
+        self.snapshot_generation
+            .set(saturating_i64(snapshot.generation));
+        self.config_generation
+            .set(saturating_i64(snapshot.config_generation));
+        self.instances
+            .set(saturating_i64(snapshot.instances.len() as u64));
+        self.signal_age.reset();
+        self.mirrored_requests.reset();
+        let max_age_us = snapshot.settings.max_signal_age_us;
+        let mut stale = 0;
+        for state in &snapshot.instances {
+            let id = state.instance_id.as_str();
+            let signals = [
+                ("requests", state.observed_at_us),
+                ("gauges", state.gauges_at_us),
+                ("kv_events", state.kv_events_at_us),
+            ];
+            for (signal, at_us) in signals {
+                let age = if at_us == 0 {
+                    -1.0
+                } else {
+                    now_us.saturating_sub(at_us) as f64 / 1e6
+                };
+                self.signal_age.with_label_values(&[signal, id]).set(age);
+            }
+            if state.observed_at_us == 0 || now_us.saturating_sub(state.observed_at_us) > max_age_us
+            {
+                stale += 1;
+            }
+            self.mirrored_requests
+                .with_label_values(&[id, "waiting"])
+                .set(saturating_i64(state.waiting.len() as u64));
+            self.mirrored_requests
+                .with_label_values(&[id, "running"])
+                .set(saturating_i64(state.running.len() as u64));
+        }
+        self.stale_instances.set(stale);
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> Result<String, prometheus::Error> {
+        let mut buffer = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut buffer)?;
+        String::from_utf8(buffer).map_err(|err| prometheus::Error::Msg(err.to_string()))
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_servers_in_one_process_do_not_collide() {
+        let first = Metrics::new().unwrap();
+        let second = Metrics::new().unwrap();
+        first.observe_rpc("GetSnapshot", "OK", 0.001);
+        let text = first.encode().unwrap();
+        assert!(
+            text.contains("ditto_rpc_requests_total{code=\"OK\",rpc=\"GetSnapshot\"} 1"),
+            "{text}"
+        );
+        assert!(!second.encode().unwrap().contains("GetSnapshot"));
+    }
+}

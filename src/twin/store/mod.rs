@@ -1,0 +1,559 @@
+//! The mirror store: the synced cluster config, the twin settings and every instance's
+//! observed state, published as immutable [`MirrorSnapshot`]s.
+//!
+//! Owns validation of updates against the config in force (unknown instances, token counts
+//! that contradict the instance's limits, more cached blocks than exist) and applies each
+//! update atomically: a rejected update leaves the mirror exactly as it was. Every accepted
+//! change (config, state update, KV batch) makes a new generation; the last few snapshots are
+//! kept so a caller can ask for one by generation.
+//!
+//! Concurrency: writers serialise on one mutex and publish by swapping an `Arc` under a
+//! short write lock; readers only clone an `Arc`. No lock is held while anything slow or
+//! asynchronous runs, and predictions never see a snapshot change under them. Knows nothing
+//! about gRPC, tokio or the wall clock: times are the client's, passed in.
+
+mod kv;
+mod update;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use crate::cluster::config::ClusterConfig;
+use crate::twin::error::TwinError;
+use crate::twin::snapshot::{
+    Gauges, InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
+};
+
+use kv::{KvIndex, apply_kv, check_kv_batch};
+use update::{AppliedUpdate, build_state, check_state};
+
+/// Bounds on what the store keeps and accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreLimits {
+    /// Snapshots kept for lookup by generation (at least 1).
+    pub history_len: usize,
+    /// Most requests (waiting + running) per instance.
+    pub max_requests_per_instance: usize,
+    /// Most lifecycle events in one state update.
+    pub max_events_per_update: usize,
+    /// Most events in one KV event batch.
+    pub max_kv_events_per_batch: usize,
+    /// Finished requests' lengths kept for sampling.
+    pub recent_lengths_max: usize,
+    /// Arrival times kept for the observed arrival rate.
+    pub arrivals_max: usize,
+    /// Window of the observed arrival rate (µs).
+    pub arrivals_window_us: u64,
+}
+
+impl StoreLimits {
+    /// Defaults sized for a sidecar mirroring a few hundred instances.
+    pub const DEFAULT: StoreLimits = StoreLimits {
+        history_len: 16,
+        max_requests_per_instance: 100_000,
+        max_events_per_update: 100_000,
+        max_kv_events_per_batch: 100_000,
+        recent_lengths_max: 1024,
+        arrivals_max: 100_000,
+        arrivals_window_us: 60_000_000,
+    };
+}
+
+/// The full request lists of an instance.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct RequestLists {
+    /// Waiting requests, in queue order.
+    pub waiting: Vec<ObservedRequest>,
+    /// Running requests, in batch order.
+    pub running: Vec<ObservedRequest>,
+    /// End of the engine step in flight, if known (client clock, µs).
+    pub step_end_us: Option<u64>,
+}
+
+/// A request lifecycle event on one instance.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestEvent {
+    /// The request was routed to the instance and joins its wait queue.
+    Routed(ObservedRequest),
+    /// A known request produced its first token (its prompt is computed).
+    FirstToken {
+        /// The request.
+        request_id: String,
+    },
+    /// A known request finished.
+    Finished {
+        /// The request.
+        request_id: String,
+        /// Its final output length.
+        output_tokens: u32,
+    },
+}
+
+/// A lifecycle event and when it happened (client clock, µs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TimedRequestEvent {
+    /// When it happened.
+    pub at_us: u64,
+    /// What happened.
+    pub event: RequestEvent,
+}
+
+/// One observation of one instance: events first, then the lists, then the gauges.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InstanceUpdate {
+    /// The instance.
+    pub instance_id: String,
+    /// When it was observed (client clock, µs, > 0).
+    pub observed_at_us: u64,
+    /// The full request lists, if this is a full update. A request's `max_tokens` of 0 means
+    /// "unset" and is resolved to `max_model_len - prompt_tokens`.
+    pub requests: Option<RequestLists>,
+    /// The gauges, if scraped.
+    pub gauges: Option<Gauges>,
+    /// Lifecycle events, in order.
+    pub events: Vec<TimedRequestEvent>,
+}
+
+/// One vLLM KV-cache event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvEvent {
+    /// Blocks stored (chain order).
+    Stored {
+        /// Their hashes (at least one).
+        block_hashes: Vec<u64>,
+        /// The block before the first, if any.
+        parent_block_hash: Option<u64>,
+        /// Their token ids (empty or `block_size` per block).
+        token_ids: Vec<u32>,
+        /// Tokens per block (0: the instance's).
+        block_size: u32,
+    },
+    /// Blocks evicted (unknown hashes are ignored: their store may have been missed).
+    Removed {
+        /// Their hashes.
+        block_hashes: Vec<u64>,
+    },
+    /// Every block dropped.
+    AllCleared,
+}
+
+/// A batch of KV events from one instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvEventBatch {
+    /// The instance.
+    pub instance_id: String,
+    /// Sequence number.
+    pub seq: u64,
+    /// Emission time (client clock, µs, > 0).
+    pub ts_us: u64,
+    /// The events, in order.
+    pub events: Vec<KvEvent>,
+}
+
+/// Missed KV batches on one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvGap {
+    /// The instance.
+    pub instance_id: String,
+    /// The sequence number expected next.
+    pub expected_seq: u64,
+    /// The one that arrived.
+    pub received_seq: u64,
+}
+
+/// The result of an accepted KV batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvApplied {
+    /// Generation after the batch.
+    pub generation: u64,
+    /// The gap this batch revealed, if any.
+    pub gap: Option<KvGap>,
+}
+
+/// The result of a config sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncOutcome {
+    /// Generation after the sync.
+    pub generation: u64,
+    /// Generation at which the config in force was accepted.
+    pub config_generation: u64,
+    /// False when the config was identical to the one in force.
+    pub changed: bool,
+    /// Instances whose state was reset because it no longer fits their new limits.
+    pub reset_instance_ids: Vec<String>,
+}
+
+/// A snapshot and the instance addresses of its config (index-aligned).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredSnapshot {
+    /// The snapshot.
+    pub snapshot: Arc<MirrorSnapshot>,
+    /// Instance addresses.
+    pub addresses: Arc<[String]>,
+}
+
+/// The mirror of one cluster. See the module documentation.
+#[derive(Debug)]
+pub struct MirrorStore {
+    limits: StoreLimits,
+    writer: Mutex<Writer>,
+    published: RwLock<VecDeque<StoredSnapshot>>,
+}
+
+/// Writer-side state: the latest snapshot plus what is not part of snapshots.
+#[derive(Debug, Default)]
+struct Writer {
+    latest: Option<StoredSnapshot>,
+    generation: u64,
+    index: HashMap<String, usize>,
+    kv: Vec<KvIndex>,
+    arrivals: VecDeque<u64>,
+    first_arrival_us: Option<u64>,
+    latest_arrival_us: u64,
+    recent_lengths: VecDeque<(u32, u32)>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave a half-applied update: updates are built
+    // aside and published with one assignment.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn no_config() -> TwinError {
+    TwinError::FailedPrecondition("no cluster config has been synced yet".to_owned())
+}
+
+impl MirrorStore {
+    /// An empty store (no config: every update and question fails until one is synced).
+    pub fn new(limits: StoreLimits) -> Self {
+        Self {
+            limits: StoreLimits {
+                history_len: limits.history_len.max(1),
+                ..limits
+            },
+            writer: Mutex::new(Writer::default()),
+            published: RwLock::new(VecDeque::new()),
+        }
+    }
+
+    /// The store's limits.
+    pub fn limits(&self) -> &StoreLimits {
+        &self.limits
+    }
+
+    /// The latest snapshot, if a config has been synced.
+    pub fn latest(&self) -> Option<StoredSnapshot> {
+        let published = self
+            .published
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        published.back().cloned()
+    }
+
+    /// The snapshot at `generation` (0: the latest). `FailedPrecondition` before the first
+    /// sync; `NotFound` for a generation not kept (too old) or not yet reached.
+    pub fn snapshot(&self, generation: u64) -> Result<StoredSnapshot, TwinError> {
+        let published = self
+            .published
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let latest = published.back().ok_or_else(no_config)?;
+        if generation == 0 {
+            return Ok(latest.clone());
+        }
+        published
+            .iter()
+            .find(|stored| stored.snapshot.generation == generation)
+            .cloned()
+            .ok_or_else(|| TwinError::NotFound {
+                what: "generation",
+                id: format!(
+                    "{generation} (kept: {}..={})",
+                    published
+                        .front()
+                        .map_or(0, |stored| stored.snapshot.generation),
+                    latest.snapshot.generation
+                ),
+            })
+    }
+
+    /// Replaces the config. Identical config, settings and addresses keep the generation.
+    /// `addresses` is index-aligned with `cluster.instances` (empty: no addresses).
+    pub fn sync_config(
+        &self,
+        cluster: ClusterConfig,
+        settings: TwinSettings,
+        addresses: Vec<String>,
+    ) -> Result<SyncOutcome, TwinError> {
+        validate_config(&cluster, &addresses)?;
+        let addresses: Arc<[String]> = if addresses.is_empty() {
+            vec![String::new(); cluster.instances.len()].into()
+        } else {
+            addresses.into()
+        };
+        let mut writer = lock(&self.writer);
+        if let Some(latest) = &writer.latest {
+            let snapshot = &latest.snapshot;
+            if *snapshot.config == cluster
+                && *snapshot.settings == settings
+                && latest.addresses == addresses
+            {
+                return Ok(SyncOutcome {
+                    generation: snapshot.generation,
+                    config_generation: snapshot.config_generation,
+                    changed: false,
+                    reset_instance_ids: Vec::new(),
+                });
+            }
+        }
+        let generation = writer.generation + 1;
+        let mut instances = Vec::with_capacity(cluster.instances.len());
+        let mut kv = Vec::with_capacity(cluster.instances.len());
+        let mut reset = Vec::new();
+        for config in &cluster.instances {
+            let kept = writer.latest.as_ref().and_then(|latest| {
+                let old = *writer.index.get(&config.id)?;
+                let state = latest.snapshot.instances.get(old)?;
+                let fits = check_state(state, config, &self.limits).is_ok()
+                    && state.cached_blocks.len() <= config.engine.num_gpu_blocks as usize;
+                if !fits {
+                    reset.push(config.id.clone());
+                    return None;
+                }
+                Some((
+                    Arc::clone(state),
+                    writer.kv.get(old).cloned().unwrap_or_default(),
+                ))
+            });
+            let (state, index) = kept.unwrap_or_else(|| {
+                let state = InstanceState {
+                    instance_id: config.id.clone(),
+                    ..InstanceState::default()
+                };
+                (Arc::new(state), KvIndex::default())
+            });
+            instances.push(state);
+            kv.push(index);
+        }
+        let traffic = match &writer.latest {
+            Some(latest) => Arc::clone(&latest.snapshot.traffic),
+            None => Arc::new(TrafficStats::default()),
+        };
+        writer.index = cluster
+            .instances
+            .iter()
+            .enumerate()
+            .map(|(index, instance)| (instance.id.clone(), index))
+            .collect();
+        writer.kv = kv;
+        let snapshot = MirrorSnapshot {
+            generation,
+            config_generation: generation,
+            config: Arc::new(cluster),
+            settings: Arc::new(settings),
+            instances,
+            traffic,
+        };
+        self.publish(&mut writer, snapshot, addresses);
+        Ok(SyncOutcome {
+            generation,
+            config_generation: generation,
+            changed: true,
+            reset_instance_ids: reset,
+        })
+    }
+
+    /// Applies one instance update atomically; returns the new generation.
+    pub fn apply_state(&self, update: InstanceUpdate) -> Result<u64, TwinError> {
+        let mut writer = lock(&self.writer);
+        let latest = writer.latest.clone().ok_or_else(no_config)?;
+        let snapshot = &latest.snapshot;
+        let index = instance_index(&writer, &update.instance_id)?;
+        let config = &snapshot.config.instances[index];
+        let old = &snapshot.instances[index];
+        if update.events.len() > self.limits.max_events_per_update {
+            return Err(TwinError::ResourceExhausted(format!(
+                "events: {} events in one update exceed the limit of {}",
+                update.events.len(),
+                self.limits.max_events_per_update
+            )));
+        }
+        let applied = build_state(old, config, update, &self.limits)?;
+        writer.record_traffic(&applied, &self.limits);
+        let traffic = writer.traffic_stats(&self.limits, &snapshot.traffic);
+        let mut instances = snapshot.instances.clone();
+        instances[index] = Arc::new(applied.state);
+        let next = MirrorSnapshot {
+            generation: writer.generation + 1,
+            instances,
+            traffic,
+            ..(**snapshot).clone()
+        };
+        let generation = next.generation;
+        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
+        Ok(generation)
+    }
+
+    /// Applies one KV event batch atomically.
+    pub fn apply_kv_events(&self, batch: KvEventBatch) -> Result<KvApplied, TwinError> {
+        let mut writer = lock(&self.writer);
+        let latest = writer.latest.clone().ok_or_else(no_config)?;
+        let snapshot = &latest.snapshot;
+        let index = instance_index(&writer, &batch.instance_id)?;
+        let config = &snapshot.config.instances[index];
+        let old = &snapshot.instances[index];
+        if batch.events.len() > self.limits.max_kv_events_per_batch {
+            return Err(TwinError::ResourceExhausted(format!(
+                "events: {} events in one batch exceed the limit of {}",
+                batch.events.len(),
+                self.limits.max_kv_events_per_batch
+            )));
+        }
+        let gap = check_kv_batch(old, config, &batch)?;
+        let mut kv_index = writer.kv.get(index).cloned().unwrap_or_default();
+        apply_kv(&mut kv_index, &batch.events);
+        let cached = kv_index.by_stamp.len();
+        if cached > config.engine.num_gpu_blocks as usize {
+            return Err(TwinError::invalid(
+                "events",
+                format!(
+                    "{cached} cached blocks after this batch exceed the instance's \
+                     num_gpu_blocks {}",
+                    config.engine.num_gpu_blocks
+                ),
+            ));
+        }
+        let mut state = (**old).clone();
+        state.cached_blocks = kv_index.blocks();
+        state.kv_events_at_us = batch.ts_us;
+        state.kv_event_seq = batch.seq;
+        if let Some(gap) = &gap {
+            state.kv_event_gaps += gap.received_seq - gap.expected_seq;
+        }
+        writer.kv[index] = kv_index;
+        let mut instances = snapshot.instances.clone();
+        instances[index] = Arc::new(state);
+        let next = MirrorSnapshot {
+            generation: writer.generation + 1,
+            instances,
+            ..(**snapshot).clone()
+        };
+        let generation = next.generation;
+        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
+        Ok(KvApplied { generation, gap })
+    }
+
+    fn publish(&self, writer: &mut Writer, snapshot: MirrorSnapshot, addresses: Arc<[String]>) {
+        writer.generation = snapshot.generation;
+        let stored = StoredSnapshot {
+            snapshot: Arc::new(snapshot),
+            addresses,
+        };
+        writer.latest = Some(stored.clone());
+        let mut published = self
+            .published
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        published.push_back(stored);
+        while published.len() > self.limits.history_len {
+            published.pop_front();
+        }
+    }
+}
+
+fn instance_index(writer: &Writer, id: &str) -> Result<usize, TwinError> {
+    writer
+        .index
+        .get(id)
+        .copied()
+        .ok_or_else(|| TwinError::invalid("instance_id", format!("unknown instance {id:?}")))
+}
+
+fn validate_config(cluster: &ClusterConfig, addresses: &[String]) -> Result<(), TwinError> {
+    if cluster.instances.is_empty() {
+        return Err(TwinError::invalid(
+            "instances",
+            "needs at least one instance",
+        ));
+    }
+    if !addresses.is_empty() && addresses.len() != cluster.instances.len() {
+        return Err(TwinError::invalid(
+            "instances",
+            format!(
+                "{} addresses for {} instances",
+                addresses.len(),
+                cluster.instances.len()
+            ),
+        ));
+    }
+    let mut seen = HashSet::new();
+    for (index, instance) in cluster.instances.iter().enumerate() {
+        if instance.id.trim().is_empty() {
+            return Err(TwinError::invalid(
+                format!("instances[{index}].id"),
+                "must not be empty",
+            ));
+        }
+        if !seen.insert(instance.id.as_str()) {
+            return Err(TwinError::invalid(
+                format!("instances[{index}].id"),
+                format!("duplicate instance id {:?}", instance.id),
+            ));
+        }
+        instance.engine.validate().map_err(|err| {
+            TwinError::invalid(
+                format!("instances[{index}].engine.{}", err.field),
+                err.reason,
+            )
+        })?;
+    }
+    Ok(())
+}
+
+impl Writer {
+    fn record_traffic(&mut self, applied: &AppliedUpdate, limits: &StoreLimits) {
+        for &arrival in &applied.arrivals {
+            self.first_arrival_us = Some(self.first_arrival_us.map_or(arrival, |f| f.min(arrival)));
+            self.latest_arrival_us = self.latest_arrival_us.max(arrival);
+            self.arrivals.push_back(arrival);
+        }
+        let horizon = self
+            .latest_arrival_us
+            .saturating_sub(limits.arrivals_window_us);
+        while self.arrivals.len() > limits.arrivals_max
+            || self.arrivals.front().is_some_and(|&front| front < horizon)
+        {
+            self.arrivals.pop_front();
+        }
+        for &lengths in &applied.finished {
+            self.recent_lengths.push_back(lengths);
+        }
+        while self.recent_lengths.len() > limits.recent_lengths_max {
+            self.recent_lengths.pop_front();
+        }
+    }
+
+    /// Arrivals in the last window of client time over the window (shorter at first, at
+    /// least 1 s); reuses `old` when nothing changed.
+    fn traffic_stats(&self, limits: &StoreLimits, old: &Arc<TrafficStats>) -> Arc<TrafficStats> {
+        let Some(first) = self.first_arrival_us else {
+            return Arc::clone(old);
+        };
+        let horizon = self
+            .latest_arrival_us
+            .saturating_sub(limits.arrivals_window_us);
+        let count = self.arrivals.iter().filter(|&&t| t >= horizon).count();
+        let span_us = (self.latest_arrival_us - first)
+            .min(limits.arrivals_window_us)
+            .max(1_000_000);
+        let stats = TrafficStats {
+            arrivals_per_s: count as f64 / (span_us as f64 / 1e6),
+            recent_lengths: self.recent_lengths.iter().copied().collect(),
+        };
+        if **old == stats {
+            Arc::clone(old)
+        } else {
+            Arc::new(stats)
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Validation and application of one instance update: lifecycle events, full request lists
+//! and gauges, checked against the instance's limits. Pure functions over values: the store
+//! calls them on a copy of the instance state and publishes the result only if they succeed.
+
+use std::collections::HashSet;
+
+use crate::cluster::config::InstanceConfig;
+use crate::twin::error::TwinError;
+use crate::twin::snapshot::{Gauges, InstanceState, ObservedRequest};
+
+use super::{InstanceUpdate, RequestEvent, StoreLimits, TimedRequestEvent};
+
+/// An instance state after an accepted update, with the traffic it revealed.
+pub(super) struct AppliedUpdate {
+    pub(super) state: InstanceState,
+    pub(super) arrivals: Vec<u64>,
+    pub(super) finished: Vec<(u32, u32)>,
+}
+
+pub(super) fn build_state(
+    old: &InstanceState,
+    config: &InstanceConfig,
+    update: InstanceUpdate,
+    limits: &StoreLimits,
+) -> Result<AppliedUpdate, TwinError> {
+    let at = update.observed_at_us;
+    if at == 0 {
+        return Err(TwinError::invalid("observed_at_us", "must be positive"));
+    }
+    let touches_requests = update.requests.is_some() || !update.events.is_empty();
+    if !touches_requests && update.gauges.is_none() {
+        return Err(TwinError::invalid(
+            "instance_id",
+            "the update carries no requests, gauges or events",
+        ));
+    }
+    if touches_requests && at < old.observed_at_us {
+        return Err(TwinError::invalid(
+            "observed_at_us",
+            format!(
+                "{at} is older than the instance's last observation {}",
+                old.observed_at_us
+            ),
+        ));
+    }
+    if update.gauges.is_some() && at < old.gauges_at_us {
+        return Err(TwinError::invalid(
+            "observed_at_us",
+            format!(
+                "{at} is older than the instance's last gauges {}",
+                old.gauges_at_us
+            ),
+        ));
+    }
+    let mut applied = AppliedUpdate {
+        state: old.clone(),
+        arrivals: Vec::new(),
+        finished: Vec::new(),
+    };
+    apply_events(&mut applied, config, &update.events, at)?;
+    if let Some(mut lists) = update.requests {
+        for (name, list) in [
+            ("waiting", &mut lists.waiting),
+            ("running", &mut lists.running),
+        ] {
+            for (index, request) in list.iter_mut().enumerate() {
+                let path = format!("requests.{name}[{index}]");
+                normalize_request(request, config, at, &path, name == "waiting")?;
+            }
+        }
+        let known: HashSet<&str> = applied
+            .state
+            .waiting
+            .iter()
+            .chain(&applied.state.running)
+            .map(|request| request.request_id.as_str())
+            .collect();
+        let new_arrivals: Vec<u64> = lists
+            .waiting
+            .iter()
+            .chain(&lists.running)
+            .filter(|request| !known.contains(request.request_id.as_str()))
+            .map(|request| request.arrival_us)
+            .collect();
+        applied.arrivals.extend(new_arrivals);
+        applied.state.waiting = lists.waiting;
+        applied.state.running = lists.running;
+        applied.state.step_end_us = lists.step_end_us;
+    }
+    if touches_requests {
+        applied.state.observed_at_us = at;
+        check_state(&applied.state, config, limits)?;
+    }
+    if let Some(gauges) = update.gauges {
+        check_gauges(&gauges, config)?;
+        applied.state.gauges = Some(gauges);
+        applied.state.gauges_at_us = at;
+    }
+    Ok(applied)
+}
+
+fn apply_events(
+    applied: &mut AppliedUpdate,
+    config: &InstanceConfig,
+    events: &[TimedRequestEvent],
+    observed_at_us: u64,
+) -> Result<(), TwinError> {
+    let mut previous = 0;
+    for (index, timed) in events.iter().enumerate() {
+        let path = format!("events[{index}]");
+        let at = timed.at_us;
+        if at == 0 || at < previous || at > observed_at_us {
+            return Err(TwinError::invalid(
+                format!("{path}.at_us"),
+                format!(
+                    "{at} must be positive, not before the previous event ({previous}) and \
+                     not after observed_at_us ({observed_at_us})"
+                ),
+            ));
+        }
+        previous = at;
+        let state = &mut applied.state;
+        match &timed.event {
+            RequestEvent::Routed(request) => {
+                let path = format!("{path}.routed.request");
+                let mut request = request.clone();
+                normalize_request(&mut request, config, at, &path, true)?;
+                if find(&state.waiting, &request.request_id).is_some()
+                    || find(&state.running, &request.request_id).is_some()
+                {
+                    return Err(TwinError::invalid(
+                        format!("{path}.request_id"),
+                        format!(
+                            "request {:?} is already on the instance",
+                            request.request_id
+                        ),
+                    ));
+                }
+                applied.arrivals.push(request.arrival_us);
+                state.waiting.push(request);
+            }
+            RequestEvent::FirstToken { request_id } => {
+                if let Some(position) = find(&state.waiting, request_id) {
+                    let mut request = state.waiting.remove(position);
+                    request.computed_tokens = request.computed_tokens.max(request.prompt_tokens);
+                    request.output_tokens = request.output_tokens.max(1);
+                    state.running.push(request);
+                } else if let Some(position) = find(&state.running, request_id) {
+                    let request = &mut state.running[position];
+                    request.computed_tokens = request.computed_tokens.max(request.prompt_tokens);
+                    request.output_tokens = request.output_tokens.max(1);
+                } else {
+                    return Err(unknown_request(&path, "first_token", request_id));
+                }
+            }
+            RequestEvent::Finished {
+                request_id,
+                output_tokens,
+            } => {
+                let request = if let Some(position) = find(&state.waiting, request_id) {
+                    state.waiting.remove(position)
+                } else if let Some(position) = find(&state.running, request_id) {
+                    state.running.remove(position)
+                } else {
+                    return Err(unknown_request(&path, "finished", request_id));
+                };
+                if *output_tokens < request.output_tokens.max(1)
+                    || *output_tokens > request.max_tokens
+                {
+                    return Err(TwinError::invalid(
+                        format!("{path}.finished.output_tokens"),
+                        format!(
+                            "{output_tokens} must be in {}..={} (tokens already generated \
+                             ..= max_tokens)",
+                            request.output_tokens.max(1),
+                            request.max_tokens
+                        ),
+                    ));
+                }
+                applied
+                    .finished
+                    .push((request.prompt_tokens, *output_tokens));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn find(list: &[ObservedRequest], id: &str) -> Option<usize> {
+    list.iter().position(|request| request.request_id == id)
+}
+
+fn unknown_request(path: &str, kind: &str, id: &str) -> TwinError {
+    TwinError::invalid(
+        format!("{path}.{kind}.request_id"),
+        format!("unknown request {id:?} (not waiting or running on the instance)"),
+    )
+}
+
+/// Resolves `max_tokens` of 0 and checks one request against the instance's limits.
+fn normalize_request(
+    request: &mut ObservedRequest,
+    config: &InstanceConfig,
+    at_us: u64,
+    path: &str,
+    waiting: bool,
+) -> Result<(), TwinError> {
+    let bad = |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
+    if request.request_id.is_empty() {
+        return Err(bad("request_id", "must not be empty".to_owned()));
+    }
+    if request.arrival_us > at_us {
+        return Err(bad(
+            "arrival_us",
+            format!(
+                "{} is after the observation time {at_us}",
+                request.arrival_us
+            ),
+        ));
+    }
+    let usable = config.engine.effective_max_model_len();
+    let prompt = request.prompt_tokens;
+    if prompt == 0 || prompt >= usable {
+        return Err(bad(
+            "prompt_tokens",
+            format!("{prompt} must be in 1..{usable} (below the instance's usable max_model_len)"),
+        ));
+    }
+    if request.max_tokens == 0 {
+        request.max_tokens = usable - prompt;
+    }
+    check_request(request, config, path, waiting)
+}
+
+/// Checks one (normalised) request against the instance's limits.
+fn check_request(
+    request: &ObservedRequest,
+    config: &InstanceConfig,
+    path: &str,
+    waiting: bool,
+) -> Result<(), TwinError> {
+    let engine = &config.engine;
+    let bad = |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
+    let prompt = u64::from(request.prompt_tokens);
+    let output = u64::from(request.output_tokens);
+    let usable = u64::from(engine.effective_max_model_len());
+    if request.max_tokens == 0 || prompt + u64::from(request.max_tokens) > usable {
+        return Err(bad(
+            "max_tokens",
+            format!(
+                "prompt_tokens {prompt} + max_tokens {} must be at most the instance's usable \
+                 max_model_len {usable}",
+                request.max_tokens
+            ),
+        ));
+    }
+    if request.output_tokens >= request.max_tokens {
+        return Err(bad(
+            "output_tokens",
+            format!(
+                "{output} must be below max_tokens {} (a request reaching it has finished)",
+                request.max_tokens
+            ),
+        ));
+    }
+    let computed = u64::from(request.computed_tokens);
+    let scheduled = u64::from(request.scheduled_tokens);
+    if computed >= prompt + output {
+        return Err(bad(
+            "computed_tokens",
+            format!(
+                "{computed} must be below prompt_tokens + output_tokens = {}",
+                prompt + output
+            ),
+        ));
+    }
+    if computed + scheduled > prompt + output {
+        return Err(bad(
+            "scheduled_tokens",
+            format!(
+                "computed {computed} + scheduled {scheduled} exceed prompt_tokens + \
+                 output_tokens = {}",
+                prompt + output
+            ),
+        ));
+    }
+    if waiting && (computed > 0 || scheduled > 0) {
+        return Err(bad(
+            if computed > 0 {
+                "computed_tokens"
+            } else {
+                "scheduled_tokens"
+            },
+            "must be 0 for a waiting request (vLLM v1 recomputes preempted requests)".to_owned(),
+        ));
+    }
+    if u64::from(request.cached_tokens) > prompt {
+        return Err(bad(
+            "cached_tokens",
+            format!("{} exceeds prompt_tokens {prompt}", request.cached_tokens),
+        ));
+    }
+    if let Some(known) = request.known_output_tokens
+        && (known <= request.output_tokens || known > request.max_tokens)
+    {
+        return Err(bad(
+            "known_output_tokens",
+            format!(
+                "{known} must be in {}..={} (above the tokens already generated, at most \
+                 max_tokens)",
+                request.output_tokens + 1,
+                request.max_tokens
+            ),
+        ));
+    }
+    let full_blocks = request.prompt_tokens / engine.block_size;
+    if request.block_hashes.len() > full_blocks as usize {
+        return Err(bad(
+            "block_hashes",
+            format!(
+                "{} hashes for a prompt of {full_blocks} full blocks",
+                request.block_hashes.len()
+            ),
+        ));
+    }
+    if let Some(ids) = &request.token_ids
+        && ids.len() as u64 != prompt
+    {
+        return Err(bad(
+            "token_ids",
+            format!("{} token ids for prompt_tokens {prompt}", ids.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// KV blocks the running requests hold: blocks with the same key (from block hashes or
+/// token ids) count once, the rest per request.
+fn running_blocks(running: &[ObservedRequest], block_size: u32) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let block_size = u64::from(block_size);
+    let mut keyed: HashSet<(bool, u64)> = HashSet::new();
+    let mut unshared = 0;
+    for request in running {
+        let total =
+            (u64::from(request.computed_tokens) + u64::from(request.scheduled_tokens)).max(1);
+        let full = total / block_size;
+        let mut shared = 0;
+        if !request.block_hashes.is_empty() {
+            for &hash in request.block_hashes.iter().take(full as usize) {
+                keyed.insert((false, hash));
+                shared += 1;
+            }
+        } else if let Some(ids) = &request.token_ids {
+            // A chain hash of the token blocks, only to count distinct blocks.
+            let mut hasher = DefaultHasher::new();
+            for chunk in ids.chunks_exact(block_size as usize).take(full as usize) {
+                chunk.hash(&mut hasher);
+                keyed.insert((true, hasher.finish()));
+                shared += 1;
+            }
+        }
+        unshared += total.div_ceil(block_size) - shared;
+    }
+    keyed.len() as u64 + unshared
+}
+
+/// Checks a whole instance state against its config (used after updates and on re-sync).
+pub(super) fn check_state(
+    state: &InstanceState,
+    config: &InstanceConfig,
+    limits: &StoreLimits,
+) -> Result<(), TwinError> {
+    let total = state.waiting.len() + state.running.len();
+    if total > limits.max_requests_per_instance {
+        return Err(TwinError::ResourceExhausted(format!(
+            "requests: {total} requests on one instance exceed the limit of {}",
+            limits.max_requests_per_instance
+        )));
+    }
+    if state.running.len() > config.engine.max_num_seqs as usize {
+        return Err(TwinError::invalid(
+            "requests.running",
+            format!(
+                "{} running requests exceed the instance's max_num_seqs {}",
+                state.running.len(),
+                config.engine.max_num_seqs
+            ),
+        ));
+    }
+    let mut ids = HashSet::with_capacity(total);
+    for (name, list) in [("waiting", &state.waiting), ("running", &state.running)] {
+        for (index, request) in list.iter().enumerate() {
+            let path = format!("requests.{name}[{index}]");
+            if !ids.insert(request.request_id.as_str()) {
+                return Err(TwinError::invalid(
+                    format!("{path}.request_id"),
+                    format!("duplicate request id {:?}", request.request_id),
+                ));
+            }
+            check_request(request, config, &path, name == "waiting")?;
+        }
+    }
+    let blocks = running_blocks(&state.running, config.engine.block_size);
+    if blocks > u64::from(config.engine.num_gpu_blocks) {
+        return Err(TwinError::invalid(
+            "requests.running",
+            format!(
+                "the running requests hold {blocks} KV blocks; the instance has {}",
+                config.engine.num_gpu_blocks
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn check_gauges(gauges: &Gauges, config: &InstanceConfig) -> Result<(), TwinError> {
+    if !(gauges.kv_usage.is_finite() && (0.0..=1.0).contains(&gauges.kv_usage)) {
+        return Err(TwinError::invalid(
+            "gauges.kv_usage",
+            format!("{} must be in [0, 1]", gauges.kv_usage),
+        ));
+    }
+    if gauges.running > config.engine.max_num_seqs {
+        return Err(TwinError::invalid(
+            "gauges.running",
+            format!(
+                "{} exceeds the instance's max_num_seqs {}",
+                gauges.running, config.engine.max_num_seqs
+            ),
+        ));
+    }
+    Ok(())
+}

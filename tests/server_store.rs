@@ -1,0 +1,196 @@
+#![allow(clippy::unwrap_used)]
+//! The mirror store behind the server: re-syncs keep or reset instance state, snapshots are
+//! kept by generation within a bound, observed traffic is summarised, and readers always see
+//! whole snapshots while a writer streams updates in.
+
+use std::sync::Arc;
+
+use ditto::server::convert::config::cluster_from_proto;
+use ditto::server::proto;
+use ditto::sim::SloClass;
+use ditto::twin::TwinError;
+use ditto::twin::snapshot::{ObservedRequest, TwinSettings};
+use ditto::twin::store::{
+    InstanceUpdate, MirrorStore, RequestEvent, RequestLists, StoreLimits, TimedRequestEvent,
+};
+
+fn cluster(max_num_seqs: i64) -> ditto::cluster::config::ClusterConfig {
+    let instance = |id: &str| proto::InstanceSpec {
+        id: id.to_owned(),
+        engine: Some(proto::EngineLimits {
+            num_gpu_blocks: Some(64),
+            max_num_seqs: Some(max_num_seqs),
+            max_model_len: Some(4096),
+            ..proto::EngineLimits::default()
+        }),
+        ..proto::InstanceSpec::default()
+    };
+    let message = proto::ClusterConfig {
+        instances: vec![instance("a"), instance("b")],
+        ..proto::ClusterConfig::default()
+    };
+    cluster_from_proto(&message).unwrap().cluster
+}
+
+fn request(id: &str, arrival_us: u64) -> ObservedRequest {
+    ObservedRequest {
+        request_id: id.to_owned(),
+        arrival_us,
+        prompt_tokens: 32,
+        computed_tokens: 32,
+        cached_tokens: 0,
+        output_tokens: 1,
+        max_tokens: 64,
+        known_output_tokens: None,
+        priority: 1,
+        slo_class: SloClass::Standard,
+        scheduled_tokens: 0,
+        block_hashes: Vec::new(),
+        token_ids: None,
+    }
+}
+
+fn running(id: &str, at: u64, count: usize) -> InstanceUpdate {
+    InstanceUpdate {
+        instance_id: id.to_owned(),
+        observed_at_us: at,
+        requests: Some(RequestLists {
+            waiting: Vec::new(),
+            running: (0..count)
+                .map(|i| request(&format!("{id}{i}"), at))
+                .collect(),
+            step_end_us: None,
+        }),
+        gauges: None,
+        events: Vec::new(),
+    }
+}
+
+fn synced(limits: StoreLimits) -> MirrorStore {
+    let store = MirrorStore::new(limits);
+    store
+        .sync_config(cluster(4), TwinSettings::defaults(), Vec::new())
+        .unwrap();
+    store
+}
+
+#[test]
+fn a_resync_keeps_fitting_state_and_resets_the_rest() {
+    let store = synced(StoreLimits::DEFAULT);
+    store.apply_state(running("a", 1_000, 3)).unwrap();
+    store.apply_state(running("b", 1_000, 1)).unwrap();
+    let outcome = store
+        .sync_config(cluster(2), TwinSettings::defaults(), Vec::new())
+        .unwrap();
+    assert_eq!(outcome.reset_instance_ids, ["a"]);
+    let snapshot = store.latest().unwrap().snapshot;
+    assert_eq!(snapshot.config_generation, outcome.generation);
+    assert!(snapshot.instances[0].running.is_empty());
+    assert_eq!(snapshot.instances[0].observed_at_us, 0);
+    assert_eq!(snapshot.instances[1].running.len(), 1);
+}
+
+#[test]
+fn snapshots_are_kept_by_generation_within_the_bound() {
+    let store = synced(StoreLimits {
+        history_len: 3,
+        ..StoreLimits::DEFAULT
+    });
+    for step in 1..=4 {
+        store.apply_state(running("a", step * 1_000, 1)).unwrap();
+    }
+    let latest = store.latest().unwrap().snapshot.generation;
+    assert_eq!(latest, 5);
+    assert_eq!(store.snapshot(3).unwrap().snapshot.generation, 3);
+    assert!(matches!(store.snapshot(2), Err(TwinError::NotFound { .. })));
+    assert!(matches!(store.snapshot(6), Err(TwinError::NotFound { .. })));
+    assert_eq!(store.snapshot(0).unwrap().snapshot.generation, latest);
+}
+
+#[test]
+fn traffic_counts_arrivals_and_finished_lengths() {
+    let store = synced(StoreLimits {
+        recent_lengths_max: 3,
+        ..StoreLimits::DEFAULT
+    });
+    // Ten arrivals one second apart, each finishing right away.
+    for i in 0..10u64 {
+        let at = 1_000_000 + i * 1_000_000;
+        let id = format!("r{i}");
+        let events = vec![
+            TimedRequestEvent {
+                at_us: at,
+                event: RequestEvent::Routed(ObservedRequest {
+                    computed_tokens: 0,
+                    output_tokens: 0,
+                    ..request(&id, at)
+                }),
+            },
+            TimedRequestEvent {
+                at_us: at,
+                event: RequestEvent::Finished {
+                    request_id: id,
+                    output_tokens: 10 + i as u32,
+                },
+            },
+        ];
+        let update = InstanceUpdate {
+            instance_id: "a".to_owned(),
+            observed_at_us: at,
+            requests: None,
+            gauges: None,
+            events,
+        };
+        store.apply_state(update).unwrap();
+    }
+    let traffic = Arc::clone(&store.latest().unwrap().snapshot.traffic);
+    assert_eq!(traffic.arrivals_per_s, 10.0 / 9.0);
+    assert_eq!(traffic.recent_lengths, [(32, 17), (32, 18), (32, 19)]);
+}
+
+#[test]
+fn readers_see_whole_snapshots_while_updates_stream_in() {
+    let store = Arc::new(synced(StoreLimits::DEFAULT));
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            for step in 1..=300u64 {
+                let id = if step % 2 == 0 { "a" } else { "b" };
+                store
+                    .apply_state(running(id, step * 1_000, (step % 5) as usize % 4))
+                    .unwrap();
+            }
+        })
+    };
+    let mut last = 0;
+    while last < 301 {
+        let snapshot = store.latest().unwrap().snapshot;
+        assert!(snapshot.generation >= last, "generations never go back");
+        assert_eq!(snapshot.instances.len(), snapshot.config.instances.len());
+        for state in &snapshot.instances {
+            assert!(state.running.len() <= 4);
+            assert!(
+                state
+                    .running
+                    .iter()
+                    .all(|r| r.arrival_us == state.observed_at_us)
+            );
+        }
+        last = snapshot.generation;
+    }
+    writer.join().unwrap();
+}
+
+#[test]
+fn nothing_is_accepted_before_a_config() {
+    let store = MirrorStore::new(StoreLimits::DEFAULT);
+    assert!(matches!(
+        store.apply_state(running("a", 1, 1)),
+        Err(TwinError::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        store.snapshot(0),
+        Err(TwinError::FailedPrecondition(_))
+    ));
+    assert!(store.latest().is_none());
+}

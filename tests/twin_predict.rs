@@ -1,0 +1,231 @@
+//! Routing predictions on mirrored state. The key correctness test: run a cluster to time T,
+//! mirror its state, predict a new request on every candidate, then continue the original
+//! with the request routed to each candidate: with known lengths the prediction is exact.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use ditto::catalog;
+use ditto::cluster::Cluster;
+use ditto::cluster::config::{
+    AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy, StalenessConfig,
+};
+use ditto::sim::kv::hash::prompt_block_keys;
+use ditto::sim::latency::LatencyKind;
+use ditto::sim::{Engine, EngineConfig, RequestSpec, SloClass};
+use ditto::twin::Limits;
+use ditto::twin::predict::predict_routing;
+use ditto::twin::question::{
+    Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
+};
+use ditto::twin::snapshot::{InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings};
+use ditto::workload::{ArrivalProcess, LengthDist, WorkloadSpec};
+
+fn cluster_config(count: usize) -> ClusterConfig {
+    let arch = catalog::model("llama-3.1-8b-instruct").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    let latency = catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).unwrap();
+    let mut engine = EngineConfig::vllm_defaults(26_312, 131_072);
+    engine.max_num_seqs = 64;
+    engine.kv_sample_interval_us = 0;
+    ClusterConfig {
+        instances: (0..count)
+            .map(|i| InstanceConfig {
+                id: format!("vllm-{i}"),
+                model: arch.name.clone(),
+                gpu: gpu.name.clone(),
+                tp: 1,
+                role: InstanceRole::Both,
+                engine: engine.clone(),
+                latency: latency.clone(),
+                cost_per_hour: 1.0,
+            })
+            .collect(),
+        routing: RoutingPolicy::RoundRobin,
+        admission: AdmissionPolicy::Always,
+        staleness: StalenessConfig::uniform(0),
+    }
+}
+
+/// The mirror of `cluster` as an observer of each vLLM instance would push it.
+fn mirror(cluster: &Cluster, generation: u64) -> MirrorSnapshot {
+    let instances = cluster
+        .engines()
+        .iter()
+        .zip(&cluster.config().instances)
+        .map(|(engine, config)| Arc::new(observe(engine, &config.id)))
+        .collect();
+    MirrorSnapshot {
+        generation,
+        config_generation: 1,
+        config: Arc::new(cluster.config().clone()),
+        settings: Arc::new(TwinSettings::defaults()),
+        instances,
+        traffic: Arc::new(TrafficStats::default()),
+    }
+}
+
+fn observe(engine: &Engine, id: &str) -> InstanceState {
+    let observed = engine.observe();
+    let convert = |r: &ditto::sim::engine::RestoredRequest| ObservedRequest {
+        request_id: r.spec.id.0.to_string(),
+        arrival_us: r.spec.arrival_us,
+        prompt_tokens: r.spec.input_tokens,
+        computed_tokens: r.computed_tokens,
+        cached_tokens: r.cached_tokens,
+        output_tokens: r.generated,
+        max_tokens: r.spec.max_tokens,
+        known_output_tokens: Some(r.spec.output_tokens),
+        priority: r.spec.priority,
+        slo_class: r.spec.slo_class,
+        scheduled_tokens: r.scheduled_tokens,
+        block_hashes: prompt_block_keys(&r.spec, 16),
+        token_ids: None,
+    };
+    InstanceState {
+        instance_id: id.to_owned(),
+        observed_at_us: observed.now_us,
+        running: observed.running.iter().map(convert).collect(),
+        waiting: observed.waiting.iter().map(convert).collect(),
+        step_end_us: observed.step_end_us,
+        cached_blocks: observed.cached_keys,
+        ..InstanceState::default()
+    }
+}
+
+fn workload(rate: f64, requests: u64) -> Vec<RequestSpec> {
+    let mut spec = WorkloadSpec::single_client(
+        5,
+        requests,
+        rate,
+        ArrivalProcess::Poisson,
+        LengthDist::gaussian(700.0, 400.0, 2, 4000),
+        LengthDist::gaussian(200.0, 120.0, 2, 1000),
+    );
+    spec.prefix = Some(ditto::workload::PrefixSpec { groups: 3, length: 256 });
+    spec.generator().unwrap().collect()
+}
+
+fn question(now_us: u64, output: OutputLength, replications: u32) -> RoutingQuestion {
+    RoutingQuestion {
+        request: CandidateRequest {
+            prompt_tokens: 2_000,
+            token_ids: None,
+            block_hashes: Vec::new(),
+            output,
+            max_tokens: 1_000,
+            priority: 1,
+            slo_class: SloClass::Standard,
+            slo: SloTargets {
+                ttft_ms: Some(200.0),
+                tpot_ms: Some(30.0),
+                e2e_ms: None,
+            },
+        },
+        candidates: Vec::new(),
+        options: PredictOptions {
+            replications,
+            quantiles: vec![0.05, 0.5, 0.95],
+            horizon_us: 600_000_000,
+            background: Background::None,
+            stale_policy: None,
+            max_signal_age_us: 200_000,
+            seed: 77,
+        },
+        now_us,
+    }
+}
+
+/// The cluster run to `cut`, with every arrival up to it.
+fn cluster_at(cut: u64) -> Cluster {
+    let mut cluster = Cluster::new(cluster_config(3), 1).unwrap();
+    for spec in workload(45.0, 2_000).into_iter().take_while(|s| s.arrival_us <= cut) {
+        cluster.run_before(spec.arrival_us);
+        cluster.submit(spec).unwrap();
+    }
+    cluster.run_until(cut);
+    cluster
+}
+
+#[test]
+fn prediction_with_known_lengths_equals_the_continued_simulation() {
+    for cut in [8_000_123, 20_000_777] {
+        let cluster = cluster_at(cut);
+        let busy: usize = cluster.engines().iter().map(|e| e.num_running() + e.num_waiting()).sum();
+        assert!(busy > 20, "the cut should find a busy cluster ({busy} requests in flight)");
+        let snapshot = mirror(&cluster, 9);
+        let question = question(cut, OutputLength::Point(300), 1);
+        let answer = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+        assert_eq!(answer.generation, 9);
+        assert_eq!(answer.seed, 77);
+        assert_eq!(answer.candidates.len(), 3);
+        for (index, prediction) in answer.candidates.iter().enumerate() {
+            let mut fork = cluster.clone();
+            let spec = RequestSpec::synthetic(999_999, cut, 2_000, 300);
+            fork.dispatch_to(index, spec).unwrap();
+            fork.run(Vec::new(), u64::MAX).unwrap();
+            let record = fork.engines()[index]
+                .metrics()
+                .records
+                .iter()
+                .find(|r| r.id.0 == 999_999)
+                .unwrap()
+                .clone();
+            let ttft_us = record.ttft_us().unwrap();
+            let e2e_us = record.e2e_us().unwrap();
+            assert_eq!((prediction.ttft_ms.mean * 1000.0).round() as u64, ttft_us, "cut {cut}, {}", prediction.instance_id);
+            assert_eq!((prediction.e2e_ms.mean * 1000.0).round() as u64, e2e_us, "cut {cut}, {}", prediction.instance_id);
+            assert!(prediction.valid);
+        }
+        // Identical inputs, identical answer.
+        assert_eq!(predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap(), answer);
+    }
+}
+
+#[test]
+fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
+    // Hide the in-flight requests' final lengths and the new request's length: the twin
+    // samples them (from the same distribution the workload used), and the real outcome
+    // should fall inside the predicted 5-95 % interval about 90 % of the time.
+    let mut inside = 0;
+    let mut trials = 0;
+    for trial in 0..60u64 {
+        let cut = 6_000_000 + trial * 613_117;
+        let cluster = cluster_at(cut);
+        let mut snapshot = mirror(&cluster, 1);
+        let mut settings = TwinSettings::defaults();
+        settings.output_tokens = LengthDist::gaussian(200.0, 120.0, 2, 1000);
+        snapshot.settings = Arc::new(settings);
+        for state in &mut snapshot.instances {
+            let state = Arc::make_mut(state);
+            for request in state.running.iter_mut().chain(state.waiting.iter_mut()) {
+                request.known_output_tokens = None;
+            }
+        }
+        let mut q = question(cut, OutputLength::Histogram((2..=1000).step_by(7).map(|v| (v, 1.0)).collect()), 48);
+        q.candidates = vec![format!("vllm-{}", trial % 3)];
+        let answer = predict_routing(&snapshot, &q, &Limits::DEFAULT).unwrap();
+        let prediction = &answer.candidates[0];
+        // The truth: the new request's own length is drawn like the question's histogram.
+        let mut fork = cluster.clone();
+        let own_length = 2 + ((trial * 7919) % 998) as u32;
+        fork.dispatch_to((trial % 3) as usize, RequestSpec::synthetic(999_999, cut, 2_000, own_length)).unwrap();
+        fork.run(Vec::new(), u64::MAX).unwrap();
+        let record = fork.engines()[(trial % 3) as usize]
+            .metrics()
+            .records
+            .iter()
+            .find(|r| r.id.0 == 999_999)
+            .unwrap()
+            .clone();
+        let e2e_ms = record.e2e_us().unwrap() as f64 / 1000.0;
+        let (low, high) = (prediction.e2e_ms.quantiles[0].1, prediction.e2e_ms.quantiles[2].1);
+        trials += 1;
+        if (low..=high).contains(&e2e_ms) {
+            inside += 1;
+        }
+    }
+    let coverage = f64::from(inside) / f64::from(trials);
+    eprintln!("90 % interval coverage: {inside}/{trials}");
+    assert!((0.75..=0.98).contains(&coverage), "coverage {coverage} over {trials} trials");
+}
