@@ -21,7 +21,9 @@ fn reference_args(num_requests: &str) -> ditto::cli::RunArgs {
         "0",
     ])
     .unwrap();
-    let Command::Run(args) = cli.command;
+    let Command::Run(args) = cli.command else {
+        panic!("parsed a run command");
+    };
     *args
 }
 

@@ -43,7 +43,9 @@ fn reference_run_matches_blis_means() {
         "42",
     ])
     .unwrap();
-    let Command::Run(args) = cli.command;
+    let Command::Run(args) = cli.command else {
+        panic!("parsed a run command");
+    };
     let result = run::execute(&args).unwrap();
     let summary = &result.output.summary;
     // The KV capacity is derived from GPU memory exactly as BLIS derives it.

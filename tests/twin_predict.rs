@@ -189,9 +189,17 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
     // should fall inside the predicted 5-95 % interval about 90 % of the time.
     let mut inside = 0;
     let mut trials = 0;
+    // One run, observed at 60 successive cuts.
+    let mut running = Cluster::new(cluster_config(3), 1).unwrap();
+    let mut arrivals = workload(45.0, 2_000).into_iter().peekable();
     for trial in 0..60u64 {
         let cut = 6_000_000 + trial * 613_117;
-        let cluster = cluster_at(cut);
+        while let Some(spec) = arrivals.next_if(|s| s.arrival_us <= cut) {
+            running.run_before(spec.arrival_us);
+            running.submit(spec).unwrap();
+        }
+        running.run_until(cut);
+        let cluster = running.clone();
         let mut snapshot = mirror(&cluster, 1);
         let mut settings = TwinSettings::defaults();
         settings.output_tokens = LengthDist::gaussian(200.0, 120.0, 2, 1000);

@@ -8,7 +8,7 @@
 //! appears (completed, dropped or timed out). The whole cluster is plain data: `Clone`
 //! forks it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use super::admission::Admission;
 use super::config::{ClusterConfig, PrefixMode};
@@ -279,7 +279,7 @@ impl Cluster {
     /// The aggregate outcome so far.
     pub fn summary(&self) -> ClusterSummary {
         let mut records: Vec<RequestRecord> = Vec::new();
-        let mut gaps: HashMap<u64, u64> = HashMap::new();
+        let mut gaps = crate::sim::metrics::GapCounts::default();
         let (mut queries, mut hits) = (0u64, 0u64);
         let (mut kv_mean, mut kv_peak) = (0.0, 0.0f64);
         let mut instances = Vec::with_capacity(self.engines.len());

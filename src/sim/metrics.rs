@@ -134,7 +134,7 @@ impl LatencyStats {
     }
 
     /// Stats of a value -> count map of microsecond samples, reported in milliseconds.
-    pub fn from_counts(counts: &HashMap<u64, u64>) -> Self {
+    pub fn from_counts<S: std::hash::BuildHasher>(counts: &HashMap<u64, u64, S>) -> Self {
         let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
         pairs.sort_unstable();
         let total: u64 = pairs.iter().map(|&(_, c)| c).sum();
@@ -165,7 +165,7 @@ pub fn interpolate_sorted(values: &[f64], p: f64) -> f64 {
 
 /// Linear-interpolated percentile `p` (0..=100) of the samples in a value -> count map
 /// (0 when empty).
-pub fn percentile_of_counts(counts: &HashMap<u64, u64>, p: f64) -> f64 {
+pub fn percentile_of_counts<S: std::hash::BuildHasher>(counts: &HashMap<u64, u64, S>, p: f64) -> f64 {
     let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
     pairs.sort_unstable();
     let total: u64 = pairs.iter().map(|&(_, c)| c).sum();
@@ -252,13 +252,39 @@ impl KvUsageTrack {
     }
 }
 
+/// A fast hasher for small integer keys (microsecond gaps): one multiply-xorshift, fixed, so
+/// the map is deterministic and cheap. Its iteration order never reaches output (sorted first).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GapHasher(u64);
+
+impl std::hash::Hasher for GapHasher {
+    fn finish(&self) -> u64 {
+        let x = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        x ^ (x >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// Builds [`GapHasher`]s.
+pub type GapBuildHasher = std::hash::BuildHasherDefault<GapHasher>;
+
+/// Inter-token gap (µs) -> occurrences.
+pub type GapCounts = HashMap<u64, u64, GapBuildHasher>;
+
 /// What an engine has measured so far.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
     /// One record per request that left the engine, in leaving order.
     pub records: Vec<RequestRecord>,
     /// Every inter-token gap (µs) -> how many times it occurred.
-    pub token_gap_counts: HashMap<u64, u64>,
+    pub token_gap_counts: GapCounts,
     /// Most requests ever waiting (arrived, not admitted) at once.
     pub queue_depth_peak: u64,
     /// KV usage over time.
@@ -350,7 +376,7 @@ impl Summary {
     /// Builds the summary from records, gap counts and counters.
     pub fn build(
         records: &[RequestRecord],
-        token_gap_counts: &HashMap<u64, u64>,
+        token_gap_counts: &GapCounts,
         counts: Counts,
         sim_duration_us: u64,
         prefix_cache_hit_rate: f64,

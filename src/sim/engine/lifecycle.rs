@@ -126,6 +126,9 @@ impl Engine {
         let post_us = self.latency.post_decode_us();
         let record_gaps = self.config.record_token_gaps;
         let mut any_finished = false;
+        // Gaps of one step mostly share one value: count runs locally, merge once.
+        let mut run_gap = u64::MAX;
+        let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
         for entry in &in_flight {
             let Some(state) = self
@@ -159,7 +162,14 @@ impl Engine {
                     if record_gaps {
                         timeline.token_gaps_us.push(gap);
                     }
-                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                    if gap != run_gap {
+                        if run_count > 0 {
+                            *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
+                        }
+                        run_gap = gap;
+                        run_count = 0;
+                    }
+                    run_count += 1;
                 }
             }
             timeline.last_emit_step_end_us = now;
@@ -174,6 +184,9 @@ impl Engine {
                 self.retire(entry.slot, Outcome::Completed);
                 any_finished = true;
             }
+        }
+        if run_count > 0 {
+            *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
         }
         self.in_flight = in_flight;
         self.in_flight.clear();

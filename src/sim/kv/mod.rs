@@ -278,6 +278,11 @@ impl KvCache {
             "prefix hits are taken only by a request holding no blocks"
         );
         let required = total_tokens.div_ceil(self.block_size);
+        if hit.blocks() == 0 && required <= table.len() {
+            // The common decode step: the tokens fit the blocks already held.
+            self.key_full_blocks(table, keys, total_tokens);
+            return true;
+        }
         let held = table.len() + hit.gpu_blocks;
         let fresh = required.saturating_sub(held);
         let hits_on_free_list = keys[..hit.gpu_blocks as usize]
@@ -411,6 +416,9 @@ impl KvCache {
             return;
         }
         let full = (total_tokens / self.block_size).min(table.len());
+        if full <= table.num_keyed {
+            return;
+        }
         debug_assert!(keys.len() as u32 >= full, "keys must cover the full blocks");
         for index in table.num_keyed..full {
             let id = table.ids[index as usize];
