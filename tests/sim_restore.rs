@@ -24,8 +24,13 @@ fn config() -> EngineConfig {
 fn workload() -> Vec<RequestSpec> {
     (0..400u64)
         .map(|i| {
-            RequestSpec::synthetic(i, i * 9_000, 40 + (i as u32 * 131) % 1500, 1 + (i as u32 * 29) % 300)
-                .with_prefix(i % 4, 256)
+            RequestSpec::synthetic(
+                i,
+                i * 9_000,
+                40 + (i as u32 * 131) % 1500,
+                1 + (i as u32 * 29) % 300,
+            )
+            .with_prefix(i % 4, 256)
         })
         .collect()
 }
@@ -42,7 +47,10 @@ fn split_run(cut: u64) -> (Engine, Engine) {
     }
     original.run_until(cut);
     let observed = original.observe();
-    assert!(!observed.running.is_empty(), "the cut should catch requests mid-flight");
+    assert!(
+        !observed.running.is_empty(),
+        "the cut should catch requests mid-flight"
+    );
     assert!(observed.step_end_us.is_some(), "and a step in flight");
     let mut restored = Engine::restore(config(), model(), observed).unwrap();
     original.run(after.clone(), u64::MAX).unwrap();
@@ -54,7 +62,12 @@ fn split_run(cut: u64) -> (Engine, Engine) {
 fn restored_engine_continues_exactly() {
     for cut in [1_000_000, 1_234_567, 2_500_001] {
         let (original, restored) = split_run(cut);
-        let finished_before = original.metrics().records.iter().filter(|r| r.end_us <= cut).count();
+        let finished_before = original
+            .metrics()
+            .records
+            .iter()
+            .filter(|r| r.end_us <= cut)
+            .count();
         let tail: Vec<_> = original.metrics().records[finished_before..].to_vec();
         let restored_records = &restored.metrics().records;
         assert_eq!(tail.len(), restored_records.len(), "cut {cut}");
@@ -86,14 +99,45 @@ fn request(id: u64, computed: u32, generated: u32, output: u32) -> RestoredReque
 
 #[test]
 fn inconsistent_state_is_refused_with_the_field() {
-    let base = RestoreState { now_us: 1_000, ..RestoreState::default() };
+    let base = RestoreState {
+        now_us: 1_000,
+        ..RestoreState::default()
+    };
     let cases: Vec<(RestoreState, &str)> = vec![
-        (RestoreState { running: vec![request(1, 100, 0, 10)], ..base.clone() }, "computed_tokens"),
-        (RestoreState { running: vec![request(1, 105, 5, 5)], ..base.clone() }, "output_tokens"),
-        (RestoreState { waiting: vec![request(1, 10, 0, 10)], ..base.clone() }, "computed_tokens"),
-        (RestoreState { cached_keys: (0..60_000).collect(), ..base.clone() }, "cached_blocks"),
         (
-            RestoreState { running: vec![request(1, 50, 0, 10)], step_end_us: Some(500), ..base.clone() },
+            RestoreState {
+                running: vec![request(1, 100, 0, 10)],
+                ..base.clone()
+            },
+            "computed_tokens",
+        ),
+        (
+            RestoreState {
+                running: vec![request(1, 105, 5, 5)],
+                ..base.clone()
+            },
+            "output_tokens",
+        ),
+        (
+            RestoreState {
+                waiting: vec![request(1, 10, 0, 10)],
+                ..base.clone()
+            },
+            "computed_tokens",
+        ),
+        (
+            RestoreState {
+                cached_keys: (0..60_000).collect(),
+                ..base.clone()
+            },
+            "cached_blocks",
+        ),
+        (
+            RestoreState {
+                running: vec![request(1, 50, 0, 10)],
+                step_end_us: Some(500),
+                ..base.clone()
+            },
             "step_end_us",
         ),
     ];
@@ -104,7 +148,10 @@ fn inconsistent_state_is_refused_with_the_field() {
         let err = Engine::restore(config(), model(), state).unwrap_err();
         let text = err.to_string();
         assert!(text.contains(field), "expected {field}: {text}");
-        assert!(matches!(err, SimError::InvalidRequest { .. } | SimError::InvalidState { .. }));
+        assert!(matches!(
+            err,
+            SimError::InvalidRequest { .. } | SimError::InvalidState { .. }
+        ));
     }
     // Too many blocks in use: 3 requests of 20,000 tokens in a 50,000-block... 1,000-block cache.
     let mut small = config();
@@ -116,8 +163,14 @@ fn inconsistent_state_is_refused_with_the_field() {
         cached_tokens: 0,
         scheduled_tokens: 0,
     };
-    let state = RestoreState { now_us: 10, running: vec![big(1), big(2), big(3)], ..RestoreState::default() };
-    let err = Engine::restore(small, model(), state).unwrap_err().to_string();
+    let state = RestoreState {
+        now_us: 10,
+        running: vec![big(1), big(2), big(3)],
+        ..RestoreState::default()
+    };
+    let err = Engine::restore(small, model(), state)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("running"), "{err}");
 }
 

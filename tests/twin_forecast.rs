@@ -62,17 +62,28 @@ fn question(counts: Vec<u32>) -> ForecastQuestion {
 #[test]
 fn more_replicas_more_attainment_and_cheapest_sufficient_is_desired() {
     let snapshot = snapshot();
-    let answer = forecast_capacity(&snapshot, &question(vec![1, 2, 4, 6]), &Limits::DEFAULT).unwrap();
+    let answer =
+        forecast_capacity(&snapshot, &question(vec![1, 2, 4, 6]), &Limits::DEFAULT).unwrap();
     assert_eq!(answer.generation, 3);
     assert_eq!(answer.seed, 4);
     let attainment: Vec<f64> = answer.candidates.iter().map(|c| c.slo_attainment).collect();
     eprintln!("attainment by replicas [1, 2, 4, 6]: {attainment:?}");
-    assert!(attainment.windows(2).all(|w| w[1] >= w[0] - 1e-9), "{attainment:?}");
-    assert!(attainment[0] < 0.95, "one H100 cannot take 60 req/s: {attainment:?}");
+    assert!(
+        attainment.windows(2).all(|w| w[1] >= w[0] - 1e-9),
+        "{attainment:?}"
+    );
+    assert!(
+        attainment[0] < 0.95,
+        "one H100 cannot take 60 req/s: {attainment:?}"
+    );
     assert!(attainment[3] >= 0.95, "six should: {attainment:?}");
     let costs: Vec<f64> = answer.candidates.iter().map(|c| c.cost_per_hour).collect();
     assert_eq!(costs, vec![4.0, 8.0, 16.0, 24.0]);
-    let first_ok = answer.candidates.iter().find(|c| c.slo_attainment >= 0.95).unwrap();
+    let first_ok = answer
+        .candidates
+        .iter()
+        .find(|c| c.slo_attainment >= 0.95)
+        .unwrap();
     assert_eq!(answer.desired_replicas, first_ok.replicas);
     for candidate in &answer.candidates {
         let (low, high) = candidate.slo_attainment_ci;
@@ -82,17 +93,25 @@ fn more_replicas_more_attainment_and_cheapest_sufficient_is_desired() {
         assert!(candidate.throughput_rps > 0.0);
     }
     // Same question, same answer.
-    assert_eq!(forecast_capacity(&snapshot, &question(vec![1, 2, 4, 6]), &Limits::DEFAULT).unwrap(), answer);
+    assert_eq!(
+        forecast_capacity(&snapshot, &question(vec![1, 2, 4, 6]), &Limits::DEFAULT).unwrap(),
+        answer
+    );
 }
 
 #[test]
 fn search_finds_the_same_desired_count() {
     let snapshot = snapshot();
-    let explicit = forecast_capacity(&snapshot, &question((1..=6).collect()), &Limits::DEFAULT).unwrap();
+    let explicit =
+        forecast_capacity(&snapshot, &question((1..=6).collect()), &Limits::DEFAULT).unwrap();
     let searched = forecast_capacity(&snapshot, &question(Vec::new()), &Limits::DEFAULT).unwrap();
     assert_eq!(searched.desired_replicas, explicit.desired_replicas);
     let wanted = searched.desired_replicas[0].1 as usize;
-    assert_eq!(searched.candidates.len(), wanted, "the search stops at the first sufficient count");
+    assert_eq!(
+        searched.candidates.len(),
+        wanted,
+        "the search stops at the first sufficient count"
+    );
     // A cost bound below the needed count: nothing is recommended.
     let mut bounded = question(Vec::new());
     bounded.max_cost_per_hour = 4.0 * (wanted as f64 - 1.0);
@@ -128,8 +147,14 @@ fn bad_forecast_questions_name_the_field() {
     }
     let mut q = question(vec![1]);
     q.replications = 1_000;
-    assert!(matches!(forecast_capacity(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::ResourceExhausted(_))));
+    assert!(matches!(
+        forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
+        Err(TwinError::ResourceExhausted(_))
+    ));
     let mut q = question(vec![1]);
     q.stages = vec![(10.0, 1e7)];
-    assert!(matches!(forecast_capacity(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::ResourceExhausted(_))));
+    assert!(matches!(
+        forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
+        Err(TwinError::ResourceExhausted(_))
+    ));
 }

@@ -18,7 +18,9 @@ use ditto::twin::predict::predict_routing;
 use ditto::twin::question::{
     Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
 };
-use ditto::twin::snapshot::{InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings};
+use ditto::twin::snapshot::{
+    InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
+};
 use ditto::workload::{ArrivalProcess, LengthDist, WorkloadSpec};
 
 fn cluster_config(count: usize) -> ClusterConfig {
@@ -102,7 +104,10 @@ fn workload(rate: f64, requests: u64) -> Vec<RequestSpec> {
         LengthDist::gaussian(700.0, 400.0, 2, 4000),
         LengthDist::gaussian(200.0, 120.0, 2, 1000),
     );
-    spec.prefix = Some(ditto::workload::PrefixSpec { groups: 3, length: 256 });
+    spec.prefix = Some(ditto::workload::PrefixSpec {
+        groups: 3,
+        length: 256,
+    });
     spec.generator().unwrap().collect()
 }
 
@@ -139,7 +144,10 @@ fn question(now_us: u64, output: OutputLength, replications: u32) -> RoutingQues
 /// The cluster run to `cut`, with every arrival up to it.
 fn cluster_at(cut: u64) -> Cluster {
     let mut cluster = Cluster::new(cluster_config(3), 1).unwrap();
-    for spec in workload(45.0, 2_000).into_iter().take_while(|s| s.arrival_us <= cut) {
+    for spec in workload(45.0, 2_000)
+        .into_iter()
+        .take_while(|s| s.arrival_us <= cut)
+    {
         cluster.run_before(spec.arrival_us);
         cluster.submit(spec).unwrap();
     }
@@ -151,8 +159,15 @@ fn cluster_at(cut: u64) -> Cluster {
 fn prediction_with_known_lengths_equals_the_continued_simulation() {
     for cut in [8_000_123, 20_000_777] {
         let cluster = cluster_at(cut);
-        let busy: usize = cluster.engines().iter().map(|e| e.num_running() + e.num_waiting()).sum();
-        assert!(busy > 20, "the cut should find a busy cluster ({busy} requests in flight)");
+        let busy: usize = cluster
+            .engines()
+            .iter()
+            .map(|e| e.num_running() + e.num_waiting())
+            .sum();
+        assert!(
+            busy > 20,
+            "the cut should find a busy cluster ({busy} requests in flight)"
+        );
         let snapshot = mirror(&cluster, 9);
         let question = question(cut, OutputLength::Point(300), 1);
         let answer = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
@@ -173,12 +188,25 @@ fn prediction_with_known_lengths_equals_the_continued_simulation() {
                 .clone();
             let ttft_us = record.ttft_us().unwrap();
             let e2e_us = record.e2e_us().unwrap();
-            assert_eq!((prediction.ttft_ms.mean * 1000.0).round() as u64, ttft_us, "cut {cut}, {}", prediction.instance_id);
-            assert_eq!((prediction.e2e_ms.mean * 1000.0).round() as u64, e2e_us, "cut {cut}, {}", prediction.instance_id);
+            assert_eq!(
+                (prediction.ttft_ms.mean * 1000.0).round() as u64,
+                ttft_us,
+                "cut {cut}, {}",
+                prediction.instance_id
+            );
+            assert_eq!(
+                (prediction.e2e_ms.mean * 1000.0).round() as u64,
+                e2e_us,
+                "cut {cut}, {}",
+                prediction.instance_id
+            );
             assert!(prediction.valid);
         }
         // Identical inputs, identical answer.
-        assert_eq!(predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap(), answer);
+        assert_eq!(
+            predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap(),
+            answer
+        );
     }
 }
 
@@ -210,14 +238,22 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
                 request.known_output_tokens = None;
             }
         }
-        let mut q = question(cut, OutputLength::Histogram((2..=1000).step_by(7).map(|v| (v, 1.0)).collect()), 48);
+        let mut q = question(
+            cut,
+            OutputLength::Histogram((2..=1000).step_by(7).map(|v| (v, 1.0)).collect()),
+            48,
+        );
         q.candidates = vec![format!("vllm-{}", trial % 3)];
         let answer = predict_routing(&snapshot, &q, &Limits::DEFAULT).unwrap();
         let prediction = &answer.candidates[0];
         // The truth: the new request's own length is drawn like the question's histogram.
         let mut fork = cluster.clone();
         let own_length = 2 + ((trial * 7919) % 998) as u32;
-        fork.dispatch_to((trial % 3) as usize, RequestSpec::synthetic(999_999, cut, 2_000, own_length)).unwrap();
+        fork.dispatch_to(
+            (trial % 3) as usize,
+            RequestSpec::synthetic(999_999, cut, 2_000, own_length),
+        )
+        .unwrap();
         fork.run(Vec::new(), u64::MAX).unwrap();
         let record = fork.engines()[(trial % 3) as usize]
             .metrics()
@@ -227,7 +263,10 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
             .unwrap()
             .clone();
         let e2e_ms = record.e2e_us().unwrap() as f64 / 1000.0;
-        let (low, high) = (prediction.e2e_ms.quantiles[0].1, prediction.e2e_ms.quantiles[2].1);
+        let (low, high) = (
+            prediction.e2e_ms.quantiles[0].1,
+            prediction.e2e_ms.quantiles[2].1,
+        );
         trials += 1;
         if (low..=high).contains(&e2e_ms) {
             inside += 1;
@@ -235,5 +274,8 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
     }
     let coverage = f64::from(inside) / f64::from(trials);
     eprintln!("90 % interval coverage: {inside}/{trials}");
-    assert!((0.75..=0.98).contains(&coverage), "coverage {coverage} over {trials} trials");
+    assert!(
+        (0.75..=0.98).contains(&coverage),
+        "coverage {coverage} over {trials} trials"
+    );
 }

@@ -5,6 +5,7 @@
 //! Exit codes: 0 answered, 1 the server refused or could not be reached, 2 bad flags.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -223,7 +224,8 @@ pub fn main(args: &PredictArgs) -> ExitCode {
     let timeout = Duration::from_millis(args.timeout_ms.max(1));
     match predict_routing(&args.addr, &question, args.generation, timeout) {
         Ok(answer) => {
-            print!("{}", render(&answer));
+            // A closed pipe (e.g. `| head`) is not an error worth a panic.
+            let _ = std::io::stdout().write_all(render(&answer).as_bytes());
             ExitCode::SUCCESS
         }
         Err(err) => {

@@ -7,6 +7,7 @@
 //! flag or cluster file (checked before anything binds), 1 when the server cannot start or
 //! fails.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -174,27 +175,35 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     Ok(options)
 }
 
+/// Writes a diagnostic line to stderr; a closed stderr must not turn a clean stop into a
+/// panic.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// Runs `ditto serve` and returns the process exit code.
 pub fn main(args: &ServeArgs) -> ExitCode {
     if !crate::telemetry::init_tracing(&args.log) {
-        eprintln!(
+        say(&format!(
             "warning: --log {:?} is not a valid filter; logging is off",
             args.log
-        );
+        ));
     }
     let outcome = options(args).and_then(|options| {
         serve_until_signal(options, |grpc, http| {
-            eprintln!("ditto serve: gRPC on {grpc}, HTTP on {http} (ready)");
+            say(&format!(
+                "ditto serve: gRPC on {grpc}, HTTP on {http} (ready)"
+            ));
         })
         .map_err(ServeCommandError::from)
     });
     match outcome {
         Ok(()) => {
-            eprintln!("ditto serve: stopped");
+            say("ditto serve: stopped");
             ExitCode::SUCCESS
         }
         Err(err) => {
-            eprintln!("error: {err}");
+            say(&format!("error: {err}"));
             ExitCode::from(err.exit_code())
         }
     }

@@ -381,7 +381,11 @@ impl Cluster {
             return Err(SimError::InvalidRequest {
                 id: spec.id,
                 field: "arrival_us",
-                reason: format!("dispatch_to needs an instance index below {} and arrival now ({})", self.engines.len(), self.now_us),
+                reason: format!(
+                    "dispatch_to needs an instance index below {} and arrival now ({})",
+                    self.engines.len(),
+                    self.now_us
+                ),
             });
         }
         self.dispatch(index, spec);

@@ -165,7 +165,10 @@ pub fn interpolate_sorted(values: &[f64], p: f64) -> f64 {
 
 /// Linear-interpolated percentile `p` (0..=100) of the samples in a value -> count map
 /// (0 when empty).
-pub fn percentile_of_counts<S: std::hash::BuildHasher>(counts: &HashMap<u64, u64, S>, p: f64) -> f64 {
+pub fn percentile_of_counts<S: std::hash::BuildHasher>(
+    counts: &HashMap<u64, u64, S>,
+    p: f64,
+) -> f64 {
     let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
     pairs.sort_unstable();
     let total: u64 = pairs.iter().map(|&(_, c)| c).sum();

@@ -14,8 +14,10 @@ pub fn init_tracing(filter: &str) -> bool {
     let Ok(filter) = tracing_subscriber::EnvFilter::try_new(filter) else {
         return false;
     };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .try_init()
         .is_ok()

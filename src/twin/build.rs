@@ -54,12 +54,19 @@ pub fn restore_instance(
             };
             TwinError::invalid(format!("{path}.{list}[{position}].{field}"), reason)
         }
-        SimError::InvalidState { field, reason } => TwinError::invalid(format!("{path}.{field}"), reason),
+        SimError::InvalidState { field, reason } => {
+            TwinError::invalid(format!("{path}.{field}"), reason)
+        }
         other => TwinError::invalid(path, other.to_string()),
     })
 }
 
-fn to_restored(observed: &ObservedRequest, id: u64, outputs: &LengthDraw, rng: &mut SimRng) -> RestoredRequest {
+fn to_restored(
+    observed: &ObservedRequest,
+    id: u64,
+    outputs: &LengthDraw,
+    rng: &mut SimRng,
+) -> RestoredRequest {
     let generated = observed.output_tokens;
     let final_length = match observed.known_output_tokens {
         Some(known) => known.max(generated + 1),

@@ -18,7 +18,9 @@ use crate::workload::{ArrivalProcess, Stage, WorkloadSpec};
 use super::build::{MIRRORED_ID_BASE, restore_instance};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::question::{Distribution, ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, SloTargets};
+use super::question::{
+    Distribution, ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, SloTargets,
+};
 use super::run::EventBudget;
 use super::sampling::{output_draw, replication_seed, stream};
 use super::snapshot::MirrorSnapshot;
@@ -49,7 +51,10 @@ pub fn forecast_capacity(
     let candidates = candidate_counts(snapshot, question, &templates, limits)?;
     let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
     let mut evaluated: Vec<ForecastCandidate> = Vec::new();
-    let searching = question.variants.iter().any(|v| v.replica_counts.is_empty());
+    let searching = question
+        .variants
+        .iter()
+        .any(|v| v.replica_counts.is_empty());
     // Explicit counts are evaluated together; a search goes up one replica at a time and
     // stops at the first count meeting the target.
     let batches: Vec<Vec<Vec<u32>>> = if searching {
@@ -61,13 +66,20 @@ pub fn forecast_capacity(
         let jobs: Vec<(usize, u32)> = (0..batch.len())
             .flat_map(|c| (0..question.replications).map(move |r| (c, r)))
             .collect();
-        let results = super::parallel::map(&jobs, |&(c, r)| run_replication(snapshot, question, &templates, &batch[c], r, &budget));
+        let results = super::parallel::map(&jobs, |&(c, r)| {
+            run_replication(snapshot, question, &templates, &batch[c], r, &budget)
+        });
         let results: Vec<Replication> = results.into_iter().collect::<Result<_, _>>()?;
         for (c, counts) in batch.iter().enumerate() {
-            let reps = &results[c * question.replications as usize..(c + 1) * question.replications as usize];
+            let reps = &results
+                [c * question.replications as usize..(c + 1) * question.replications as usize];
             evaluated.push(summarize(snapshot, question, &templates, counts, reps));
         }
-        if searching && evaluated.last().is_some_and(|c| c.slo_attainment >= question.target_attainment) {
+        if searching
+            && evaluated
+                .last()
+                .is_some_and(|c| c.slo_attainment >= question.target_attainment)
+        {
             break;
         }
     }
@@ -94,7 +106,11 @@ fn total(replicas: &[(String, u32)]) -> u32 {
 }
 
 /// Checks the question; returns the template instance index of each variant.
-fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Limits) -> Result<Vec<usize>, TwinError> {
+fn validate(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    limits: &Limits,
+) -> Result<Vec<usize>, TwinError> {
     if question.stages.is_empty() {
         return Err(TwinError::invalid("stages", "needs at least one stage"));
     }
@@ -102,10 +118,16 @@ fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Lim
     let mut expected_arrivals = 0.0;
     for (index, &(rate, duration_s)) in question.stages.iter().enumerate() {
         if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
-            return Err(TwinError::invalid(format!("stages[{index}].rate"), "must be in (0, 1e6] requests per second"));
+            return Err(TwinError::invalid(
+                format!("stages[{index}].rate"),
+                "must be in (0, 1e6] requests per second",
+            ));
         }
         if !(duration_s.is_finite() && duration_s > 0.0) {
-            return Err(TwinError::invalid(format!("stages[{index}].duration_s"), "must be positive"));
+            return Err(TwinError::invalid(
+                format!("stages[{index}].duration_s"),
+                "must be positive",
+            ));
         }
         horizon_us = horizon_us.saturating_add((duration_s * 1e6) as u64);
         expected_arrivals += rate * duration_s;
@@ -117,7 +139,9 @@ fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Lim
             limits.max_horizon_us / 1_000_000
         )));
     }
-    if expected_arrivals * f64::from(question.replications) > limits.max_events_per_call as f64 / 10.0 {
+    if expected_arrivals * f64::from(question.replications)
+        > limits.max_events_per_call as f64 / 10.0
+    {
         return Err(TwinError::ResourceExhausted(format!(
             "about {expected_arrivals:.0} arrivals per replication is too much work for one call"
         )));
@@ -143,7 +167,10 @@ fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Lim
         return Err(TwinError::invalid("target_attainment", "must be in (0, 1]"));
     }
     if !(question.max_cost_per_hour.is_finite() && question.max_cost_per_hour >= 0.0) {
-        return Err(TwinError::invalid("max_cost_per_hour", "must be a non-negative number"));
+        return Err(TwinError::invalid(
+            "max_cost_per_hour",
+            "must be a non-negative number",
+        ));
     }
     validate_quantiles(&question.quantiles, "quantiles")?;
     if question.variants.is_empty() {
@@ -163,7 +190,10 @@ fn validate(snapshot: &MirrorSnapshot, question: &ForecastQuestion, limits: &Lim
                 )
             })?;
         if templates.contains(&template) {
-            return Err(TwinError::invalid(format!("variants[{index}].template_instance_id"), "names the same template twice"));
+            return Err(TwinError::invalid(
+                format!("variants[{index}].template_instance_id"),
+                "names the same template twice",
+            ));
         }
         for (position, &count) in variant.replica_counts.iter().enumerate() {
             if count == 0 || count > REPLICAS_MAX {
@@ -185,13 +215,22 @@ fn candidate_counts(
     templates: &[usize],
     limits: &Limits,
 ) -> Result<Vec<Vec<u32>>, TwinError> {
-    let searching: Vec<usize> = (0..question.variants.len()).filter(|&i| question.variants[i].replica_counts.is_empty()).collect();
+    let searching: Vec<usize> = (0..question.variants.len())
+        .filter(|&i| question.variants[i].replica_counts.is_empty())
+        .collect();
     if searching.len() > 1 {
-        return Err(TwinError::invalid("variants", "a search (empty replica_counts) is possible for one variant at a time"));
+        return Err(TwinError::invalid(
+            "variants",
+            "a search (empty replica_counts) is possible for one variant at a time",
+        ));
     }
     let max = limits.max_forecast_candidates as usize;
     if let Some(&searched) = searching.first() {
-        let fixed: Vec<u32> = question.variants.iter().map(|v| v.replica_counts.first().copied().unwrap_or(0)).collect();
+        let fixed: Vec<u32> = question
+            .variants
+            .iter()
+            .map(|v| v.replica_counts.first().copied().unwrap_or(0))
+            .collect();
         let fixed_cost: f64 = (0..fixed.len())
             .filter(|&i| i != searched)
             .map(|i| f64::from(fixed[i]) * snapshot.config.instances[templates[i]].cost_per_hour)
@@ -208,7 +247,10 @@ fn candidate_counts(
             out.push(counts);
         }
         if out.is_empty() {
-            return Err(TwinError::invalid("max_cost_per_hour", "not even one replica fits the cost bound"));
+            return Err(TwinError::invalid(
+                "max_cost_per_hour",
+                "not even one replica fits the cost bound",
+            ));
         }
         return Ok(out);
     }
@@ -221,7 +263,9 @@ fn candidate_counts(
                 extended.push(count);
                 next.push(extended);
                 if next.len() > max {
-                    return Err(TwinError::ResourceExhausted(format!("more than {max} replica combinations")));
+                    return Err(TwinError::ResourceExhausted(format!(
+                        "more than {max} replica combinations"
+                    )));
                 }
             }
         }
@@ -266,20 +310,49 @@ fn run_replication(
             config.engine.kv_sample_interval_us = 0;
             let engine = match existing.get(k) {
                 Some(&index) => {
-                    let mut rng = stream(question.seed, replication, &format!("twin/forecast/outputs/{index}"));
-                    let mut engine = restore_instance(&config, &snapshot.instances[index], &outputs, &mut rng, &format!("instances[{index}]"))?;
+                    let mut rng = stream(
+                        question.seed,
+                        replication,
+                        &format!("twin/forecast/outputs/{index}"),
+                    );
+                    let mut engine = restore_instance(
+                        &config,
+                        &snapshot.instances[index],
+                        &outputs,
+                        &mut rng,
+                        &format!("instances[{index}]"),
+                    )?;
                     engine.run_until(now);
                     engine
                 }
-                None => Engine::restore(config.engine.clone(), config.latency.clone(), RestoreState { now_us: now, ..RestoreState::default() })
-                    .map_err(|err| TwinError::invalid(format!("variants[{variant}]"), err.to_string()))?,
+                None => Engine::restore(
+                    config.engine.clone(),
+                    config.latency.clone(),
+                    RestoreState {
+                        now_us: now,
+                        ..RestoreState::default()
+                    },
+                )
+                .map_err(|err| {
+                    TwinError::invalid(format!("variants[{variant}]"), err.to_string())
+                })?,
             };
             instances.push(config);
             engines.push(engine);
         }
         for &index in existing.iter().skip(count as usize) {
-            let mut rng = stream(question.seed, replication, &format!("twin/forecast/outputs/{index}"));
-            let engine = restore_instance(template_config, &snapshot.instances[index], &outputs, &mut rng, &format!("instances[{index}]"))?;
+            let mut rng = stream(
+                question.seed,
+                replication,
+                &format!("twin/forecast/outputs/{index}"),
+            );
+            let engine = restore_instance(
+                template_config,
+                &snapshot.instances[index],
+                &outputs,
+                &mut rng,
+                &format!("instances[{index}]"),
+            )?;
             let observed = engine.observe();
             for request in observed.running.into_iter().chain(observed.waiting) {
                 let mut spec = request.spec;
@@ -306,7 +379,10 @@ fn run_replication(
     Ok(measure(&cluster, &question.slo, now))
 }
 
-fn forecast_workload(question: &ForecastQuestion, seed: u64) -> Result<crate::workload::WorkloadGenerator, TwinError> {
+fn forecast_workload(
+    question: &ForecastQuestion,
+    seed: u64,
+) -> Result<crate::workload::WorkloadGenerator, TwinError> {
     let mut spec = WorkloadSpec::single_client(
         seed,
         1,
@@ -317,12 +393,23 @@ fn forecast_workload(question: &ForecastQuestion, seed: u64) -> Result<crate::wo
     );
     spec.num_requests = None;
     spec.rate = None;
-    spec.stages = Some(question.stages.iter().map(|&(rate, duration_s)| Stage { rate, duration_s }).collect());
-    spec.generator().map_err(|err| TwinError::invalid("stages", err.to_string()))
+    spec.stages = Some(
+        question
+            .stages
+            .iter()
+            .map(|&(rate, duration_s)| Stage { rate, duration_s })
+            .collect(),
+    );
+    spec.generator()
+        .map_err(|err| TwinError::invalid("stages", err.to_string()))
 }
 
 /// Runs a cluster over `arrivals` until idle, within the call's budget and deadline.
-fn run_cluster(cluster: &mut Cluster, arrivals: impl Iterator<Item = RequestSpec>, budget: &EventBudget) -> Result<(), TwinError> {
+fn run_cluster(
+    cluster: &mut Cluster,
+    arrivals: impl Iterator<Item = RequestSpec>,
+    budget: &EventBudget,
+) -> Result<(), TwinError> {
     let mut arrivals = arrivals.peekable();
     let mut since_check = 0u64;
     loop {
@@ -330,7 +417,9 @@ fn run_cluster(cluster: &mut Cluster, arrivals: impl Iterator<Item = RequestSpec
             budget.charge(4096, cluster.events_processed())?;
             since_check = 4096;
         }
-        if let Some(spec) = arrivals.next_if(|s| cluster.next_event_us().is_none_or(|t| s.arrival_us <= t)) {
+        if let Some(spec) =
+            arrivals.next_if(|s| cluster.next_event_us().is_none_or(|t| s.arrival_us <= t))
+        {
             cluster
                 .submit(spec)
                 .map_err(|err| TwinError::invalid("workload", err.to_string()))?;
@@ -346,9 +435,20 @@ fn run_cluster(cluster: &mut Cluster, arrivals: impl Iterator<Item = RequestSpec
 fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
     let mut window: Vec<&RequestRecord> = Vec::new();
     for engine in cluster.engines() {
-        window.extend(engine.metrics().records.iter().filter(|r| r.id.0 < MIRRORED_ID_BASE));
+        window.extend(
+            engine
+                .metrics()
+                .records
+                .iter()
+                .filter(|r| r.id.0 < MIRRORED_ID_BASE),
+        );
     }
-    window.extend(cluster.rejected_records().iter().filter(|r| r.id.0 < MIRRORED_ID_BASE));
+    window.extend(
+        cluster
+            .rejected_records()
+            .iter()
+            .filter(|r| r.id.0 < MIRRORED_ID_BASE),
+    );
     let ms = |us: u64| us as f64 / 1000.0;
     let mut replication = Replication::default();
     let mut met = 0usize;
@@ -363,22 +463,34 @@ fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
         let tpot = record.tpot_us().unwrap_or(0.0) / 1000.0;
         replication.ttft_ms.push(ttft);
         replication.e2e_ms.push(e2e);
-        let ok = slo.ttft_ms.is_none_or(|t| ttft <= t) && slo.tpot_ms.is_none_or(|t| tpot <= t) && slo.e2e_ms.is_none_or(|t| e2e <= t);
+        let ok = slo.ttft_ms.is_none_or(|t| ttft <= t)
+            && slo.tpot_ms.is_none_or(|t| tpot <= t)
+            && slo.e2e_ms.is_none_or(|t| e2e <= t);
         if ok {
             met += 1;
         }
     }
-    replication.attainment = if window.is_empty() { 1.0 } else { met as f64 / window.len() as f64 };
+    replication.attainment = if window.is_empty() {
+        1.0
+    } else {
+        met as f64 / window.len() as f64
+    };
     for engine in cluster.engines() {
         for (&gap, &count) in &engine.metrics().token_gap_counts {
             *replication.gaps_us.entry(gap).or_insert(0u64) += count;
         }
-        replication.max_queue_depth = replication.max_queue_depth.max(engine.metrics().queue_depth_peak);
+        replication.max_queue_depth = replication
+            .max_queue_depth
+            .max(engine.metrics().queue_depth_peak);
         replication.kv_usage_mean += engine.metrics().kv_usage.mean(cluster.now_us());
     }
     replication.kv_usage_mean /= cluster.engines().len().max(1) as f64;
     let span_s = cluster.now_us().saturating_sub(now) as f64 / 1e6;
-    replication.throughput_rps = if span_s > 0.0 { completed as f64 / span_s } else { 0.0 };
+    replication.throughput_rps = if span_s > 0.0 {
+        completed as f64 / span_s
+    } else {
+        0.0
+    };
     replication
 }
 
@@ -389,7 +501,9 @@ fn summarize(
     counts: &[u32],
     reps: &[Replication],
 ) -> ForecastCandidate {
-    let pooled = |f: fn(&Replication) -> &Vec<f64>| -> Vec<f64> { reps.iter().flat_map(|r| f(r).iter().copied()).collect() };
+    let pooled = |f: fn(&Replication) -> &Vec<f64>| -> Vec<f64> {
+        reps.iter().flat_map(|r| f(r).iter().copied()).collect()
+    };
     let attainments: Vec<f64> = reps.iter().map(|r| r.attainment).collect();
     let (attainment, ci) = mean_with_ci(&attainments);
     let n = reps.len().max(1) as f64;

@@ -62,21 +62,39 @@ pub fn predict_routing(
         .collect();
     let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
     let outputs = output_draw(snapshot)?;
-    let treatments: Vec<Treatment> = candidates.iter().map(|&i| treatment(snapshot, question, i)).collect();
+    let treatments: Vec<Treatment> = candidates
+        .iter()
+        .map(|&i| treatment(snapshot, question, i))
+        .collect();
     let results = super::parallel::map(&jobs, |&(index, replication)| {
         let position = candidates.iter().position(|&c| c == index).unwrap_or(0);
         match treatments[position] {
             Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
-            treatment => simulate(snapshot, question, index, replication, treatment, &outputs, &budget),
+            treatment => simulate(
+                snapshot,
+                question,
+                index,
+                replication,
+                treatment,
+                &outputs,
+                &budget,
+            ),
         }
     });
     let results: Vec<Outcome1> = results.into_iter().collect::<Result<_, _>>()?;
     let mut predictions = Vec::with_capacity(candidates.len());
     let mut events = 0;
     for (position, &index) in candidates.iter().enumerate() {
-        let reps = &results[position * replications as usize..(position + 1) * replications as usize];
+        let reps =
+            &results[position * replications as usize..(position + 1) * replications as usize];
         events += reps.iter().map(|r| r.events).sum::<u64>();
-        predictions.push(summarize(snapshot, question, index, treatments[position], reps));
+        predictions.push(summarize(
+            snapshot,
+            question,
+            index,
+            treatments[position],
+            reps,
+        ));
     }
     let recommended = recommend(&predictions);
     Ok(RoutingAnswer {
@@ -89,7 +107,11 @@ pub fn predict_routing(
 }
 
 /// Checks the question; returns the candidate instance indices.
-fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limits) -> Result<Vec<usize>, TwinError> {
+fn validate(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    limits: &Limits,
+) -> Result<Vec<usize>, TwinError> {
     let instances = &snapshot.config.instances;
     let candidates: Vec<usize> = if question.candidates.is_empty() {
         (0..instances.len()).collect()
@@ -102,7 +124,12 @@ fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limi
                 instances
                     .iter()
                     .position(|instance| &instance.id == id)
-                    .ok_or_else(|| TwinError::invalid(format!("candidates[{position}]"), format!("unknown instance id {id:?}")))
+                    .ok_or_else(|| {
+                        TwinError::invalid(
+                            format!("candidates[{position}]"),
+                            format!("unknown instance id {id:?}"),
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?
     };
@@ -115,7 +142,10 @@ fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limi
     }
     let options = &question.options;
     if options.replications == 0 {
-        return Err(TwinError::invalid("options.replications", "must be at least 1"));
+        return Err(TwinError::invalid(
+            "options.replications",
+            "must be at least 1",
+        ));
     }
     if options.replications > limits.max_replications {
         return Err(TwinError::ResourceExhausted(format!(
@@ -136,15 +166,33 @@ fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limi
     validate_quantiles(&options.quantiles, "options.quantiles")?;
     let request = &question.request;
     if request.prompt_tokens == 0 {
-        return Err(TwinError::invalid("request.prompt_tokens", "must be at least 1"));
+        return Err(TwinError::invalid(
+            "request.prompt_tokens",
+            "must be at least 1",
+        ));
     }
     match &request.output {
-        OutputLength::Point(0) => return Err(TwinError::invalid("request.expected_output", "must be at least 1 token")),
-        OutputLength::Histogram(bins) if bins.is_empty() || bins.iter().all(|&(_, w)| w <= 0.0) => {
-            return Err(TwinError::invalid("request.expected_output", "a histogram needs a bin with positive weight"));
+        OutputLength::Point(0) => {
+            return Err(TwinError::invalid(
+                "request.expected_output",
+                "must be at least 1 token",
+            ));
         }
-        OutputLength::Histogram(bins) if bins.iter().any(|&(v, w)| v == 0 || !(w.is_finite() && w >= 0.0)) => {
-            return Err(TwinError::invalid("request.expected_output", "bins need positive lengths and non-negative weights"));
+        OutputLength::Histogram(bins) if bins.is_empty() || bins.iter().all(|&(_, w)| w <= 0.0) => {
+            return Err(TwinError::invalid(
+                "request.expected_output",
+                "a histogram needs a bin with positive weight",
+            ));
+        }
+        OutputLength::Histogram(bins)
+            if bins
+                .iter()
+                .any(|&(v, w)| v == 0 || !(w.is_finite() && w >= 0.0)) =>
+        {
+            return Err(TwinError::invalid(
+                "request.expected_output",
+                "bins need positive lengths and non-negative weights",
+            ));
         }
         _ => {}
     }
@@ -153,7 +201,11 @@ fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limi
     {
         return Err(TwinError::invalid(
             "request.token_ids",
-            format!("{} ids for prompt_tokens {}", tokens.len(), request.prompt_tokens),
+            format!(
+                "{} ids for prompt_tokens {}",
+                tokens.len(),
+                request.prompt_tokens
+            ),
         ));
     }
     for &index in &candidates {
@@ -161,7 +213,10 @@ fn validate(snapshot: &MirrorSnapshot, question: &RoutingQuestion, limits: &Limi
         if state.observed_at_us > question.now_us {
             return Err(TwinError::invalid(
                 "now_us",
-                format!("{} precedes instance {:?}'s observation at {}", question.now_us, state.instance_id, state.observed_at_us),
+                format!(
+                    "{} precedes instance {:?}'s observation at {}",
+                    question.now_us, state.instance_id, state.observed_at_us
+                ),
             ));
         }
     }
@@ -174,7 +229,11 @@ fn treatment(snapshot: &MirrorSnapshot, question: &RoutingQuestion, index: usize
     if age <= limit {
         return Treatment::RollForward;
     }
-    match question.options.stale_policy.unwrap_or(snapshot.settings.default_stale_policy) {
+    match question
+        .options
+        .stale_policy
+        .unwrap_or(snapshot.settings.default_stale_policy)
+    {
         StalePolicy::RollForward => Treatment::RollForward,
         StalePolicy::UseLast => Treatment::UseLast,
         StalePolicy::TreatSaturated => Treatment::Saturated,
@@ -203,7 +262,11 @@ fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u6
             chosen
         }
     };
-    let output = if request.max_tokens > 0 { output.min(request.max_tokens) } else { output };
+    let output = if request.max_tokens > 0 {
+        output.min(request.max_tokens)
+    } else {
+        output
+    };
     let content = if !request.block_hashes.is_empty() {
         PromptContent::BlockKeys(request.block_hashes.clone().into())
     } else if let Some(tokens) = &request.token_ids {
@@ -244,8 +307,18 @@ fn simulate(
         state.observed_at_us = question.now_us;
         state.step_end_us = state.step_end_us.map(|end| end + shift);
     }
-    let mut rng = stream(question.options.seed, replication, &format!("twin/outputs/{}", instance.id));
-    let mut engine = restore_instance(instance, &state, outputs, &mut rng, &format!("instances[{index}]"))?;
+    let mut rng = stream(
+        question.options.seed,
+        replication,
+        &format!("twin/outputs/{}", instance.id),
+    );
+    let mut engine = restore_instance(
+        instance,
+        &state,
+        outputs,
+        &mut rng,
+        &format!("instances[{index}]"),
+    )?;
     let now = question.now_us;
     engine.run_until(now);
     let horizon_end = now.saturating_add(question.options.horizon_us);
@@ -278,7 +351,7 @@ fn background_arrivals(
     }
     let instances = snapshot.config.instances.len().max(1) as f64;
     let rate_per_us = snapshot.traffic.arrivals_per_s / instances / 1e6;
-    if !(rate_per_us > 0.0) {
+    if rate_per_us.is_nan() || rate_per_us <= 0.0 {
         return Ok(Vec::new());
     }
     let expected = rate_per_us * question.options.horizon_us as f64;
@@ -288,7 +361,11 @@ fn background_arrivals(
         )));
     }
     let instance = &snapshot.config.instances[index];
-    let mut rng = stream(question.options.seed, replication, &format!("twin/background/{}", instance.id));
+    let mut rng = stream(
+        question.options.seed,
+        replication,
+        &format!("twin/background/{}", instance.id),
+    );
     let lengths = &snapshot.traffic.recent_lengths;
     let mut arrivals = Vec::new();
     let mut time = question.now_us as f64;
@@ -306,7 +383,12 @@ fn background_arrivals(
             lengths[pick]
         };
         let id = arrivals.len() as u64 + 1;
-        arrivals.push(RequestSpec::synthetic(id, time.ceil() as u64, prompt.max(1), output.max(1)));
+        arrivals.push(RequestSpec::synthetic(
+            id,
+            time.ceil() as u64,
+            prompt.max(1),
+            output.max(1),
+        ));
     }
     Ok(arrivals)
 }
@@ -327,7 +409,8 @@ fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: 
             outcome.tpot_ms = record.tpot_us().unwrap_or(0.0) / 1000.0;
             outcome.queue_wait_ms = record.scheduling_delay_us().map_or(0.0, ms);
             outcome.prefix_hit_tokens = f64::from(record.cached_tokens);
-            outcome.kv_usage_after = f64::from(record.used_blocks_at_schedule) / f64::from(with.kv().total_blocks());
+            outcome.kv_usage_after =
+                f64::from(record.used_blocks_at_schedule) / f64::from(with.kv().total_blocks());
         }
         other => {
             // Not finished within the horizon: censored at the horizon.
@@ -357,7 +440,11 @@ fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: 
             count += 1;
         }
     }
-    outcome.others_delta_e2e_ms = if count == 0 { 0.0 } else { sum as f64 / count as f64 / 1000.0 };
+    outcome.others_delta_e2e_ms = if count == 0 {
+        0.0
+    } else {
+        sum as f64 / count as f64 / 1000.0
+    };
     outcome
 }
 
@@ -372,13 +459,21 @@ fn summarize(
     let age_ms = (question.now_us - snapshot.instances[index].observed_at_us) as f64 / 1000.0;
     let quantiles = &question.options.quantiles;
     let (valid, reason) = match treatment {
-        Treatment::Excluded => (false, "excluded: signals older than max_signal_age".to_owned()),
-        Treatment::Saturated => (false, "treated as saturated: signals older than max_signal_age".to_owned()),
+        Treatment::Excluded => (
+            false,
+            "excluded: signals older than max_signal_age".to_owned(),
+        ),
+        Treatment::Saturated => (
+            false,
+            "treated as saturated: signals older than max_signal_age".to_owned(),
+        ),
         Treatment::RollForward | Treatment::UseLast => (true, String::new()),
     };
     let pick = |f: fn(&Outcome1) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
     let slo = question.request.slo;
-    let meets = |r: &Outcome1, target: Option<f64>, value: f64| r.completed && target.is_none_or(|t| value <= t);
+    let meets = |r: &Outcome1, target: Option<f64>, value: f64| {
+        r.completed && target.is_none_or(|t| value <= t)
+    };
     let fraction = |f: &dyn Fn(&Outcome1) -> bool| -> f64 {
         if reps.is_empty() {
             0.0
@@ -387,7 +482,11 @@ fn summarize(
         }
     };
     let mean = |values: Vec<f64>| -> f64 {
-        if values.is_empty() { 0.0 } else { values.iter().sum::<f64>() / values.len() as f64 }
+        if values.is_empty() {
+            0.0
+        } else {
+            values.iter().sum::<f64>() / values.len() as f64
+        }
     };
     if !valid {
         return CandidatePrediction {
@@ -414,7 +513,11 @@ fn summarize(
         ttft_ms: distribution(&pick(|r| r.ttft_ms), quantiles),
         tpot_ms: distribution(&pick(|r| r.tpot_ms), quantiles),
         e2e_ms: distribution(&pick(|r| r.e2e_ms), quantiles),
-        slo_probability: fraction(&|r| meets(r, slo.ttft_ms, r.ttft_ms) && meets(r, slo.tpot_ms, r.tpot_ms) && meets(r, slo.e2e_ms, r.e2e_ms)),
+        slo_probability: fraction(&|r| {
+            meets(r, slo.ttft_ms, r.ttft_ms)
+                && meets(r, slo.tpot_ms, r.tpot_ms)
+                && meets(r, slo.e2e_ms, r.e2e_ms)
+        }),
         ttft_slo_probability: fraction(&|r| meets(r, slo.ttft_ms, r.ttft_ms)),
         tpot_slo_probability: fraction(&|r| meets(r, slo.tpot_ms, r.tpot_ms)),
         queue_wait_ms: mean(pick(|r| r.queue_wait_ms)),
@@ -434,7 +537,8 @@ fn recommend(predictions: &[CandidatePrediction]) -> Option<String> {
             None => true,
             Some(current) => {
                 prediction.slo_probability > current.slo_probability
-                    || (prediction.slo_probability == current.slo_probability && prediction.e2e_ms.mean < current.e2e_ms.mean)
+                    || (prediction.slo_probability == current.slo_probability
+                        && prediction.e2e_ms.mean < current.e2e_ms.mean)
             }
         };
         if better {

@@ -42,13 +42,17 @@ impl EventBudget {
     /// Takes up to `events` events; false if the budget is spent.
     fn take(&self, events: u64) -> bool {
         self.remaining
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| left.checked_sub(events))
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(events)
+            })
             .is_ok()
     }
 
     fn check_deadline(&self, events: u64) -> Result<(), TwinError> {
         match self.deadline {
-            Some(deadline) if Instant::now() >= deadline => Err(TwinError::DeadlineExceeded { events }),
+            Some(deadline) if Instant::now() >= deadline => {
+                Err(TwinError::DeadlineExceeded { events })
+            }
             _ => Ok(()),
         }
     }
@@ -68,7 +72,7 @@ pub fn run_with_arrivals(
         loop {
             match engine.next_event_us() {
                 Some(t) if t < spec.arrival_us => {
-                    if processed % CHUNK_EVENTS == 0 {
+                    if processed.is_multiple_of(CHUNK_EVENTS) {
                         budget.charge(CHUNK_EVENTS, processed)?;
                     }
                     engine.process_next_event();
@@ -86,7 +90,11 @@ pub fn run_with_arrivals(
 
 /// Runs `engine` until nothing is pending or the next event is after `end_us`; returns the
 /// events processed.
-pub fn run_until_done(engine: &mut Engine, end_us: u64, budget: &EventBudget) -> Result<u64, TwinError> {
+pub fn run_until_done(
+    engine: &mut Engine,
+    end_us: u64,
+    budget: &EventBudget,
+) -> Result<u64, TwinError> {
     let mut processed = 0u64;
     loop {
         budget.check_deadline(processed)?;

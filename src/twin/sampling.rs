@@ -35,7 +35,8 @@ pub fn stream(seed: u64, index: u32, purpose: &str) -> SimRng {
 /// The output-length distribution for unknown lengths: the observed lengths of recently
 /// finished requests once there are enough of them, the configured one otherwise.
 pub fn output_draw(snapshot: &MirrorSnapshot) -> Result<LengthDraw, TwinError> {
-    let dist = learned_outputs(&snapshot.traffic).unwrap_or_else(|| snapshot.settings.output_tokens.clone());
+    let dist = learned_outputs(&snapshot.traffic)
+        .unwrap_or_else(|| snapshot.settings.output_tokens.clone());
     dist.compile("settings.output_tokens")
         .map_err(|err| TwinError::invalid("settings.output_tokens", err.to_string()))
 }
@@ -44,13 +45,22 @@ fn learned_outputs(traffic: &TrafficStats) -> Option<LengthDist> {
     if traffic.recent_lengths.len() < LEARNED_LENGTHS_MIN {
         return None;
     }
-    let values = traffic.recent_lengths.iter().map(|&(_, output)| output.max(1)).collect();
+    let values = traffic
+        .recent_lengths
+        .iter()
+        .map(|&(_, output)| output.max(1))
+        .collect();
     Some(LengthDist::empirical(values, None))
 }
 
 /// A final output length above `generated` (and at most `max_tokens` when that is above
 /// `generated`).
-pub fn conditioned_length(draw: &LengthDraw, generated: u32, max_tokens: u32, rng: &mut SimRng) -> u32 {
+pub fn conditioned_length(
+    draw: &LengthDraw,
+    generated: u32,
+    max_tokens: u32,
+    rng: &mut SimRng,
+) -> u32 {
     let mut length = generated + 1;
     for _ in 0..CONDITIONED_TRIES {
         let candidate = draw.sample(rng);
@@ -72,7 +82,9 @@ mod tests {
 
     #[test]
     fn conditioned_lengths_exceed_what_was_generated() {
-        let draw = LengthDist::gaussian(200.0, 100.0, 1, 1000).compile("x").unwrap();
+        let draw = LengthDist::gaussian(200.0, 100.0, 1, 1000)
+            .compile("x")
+            .unwrap();
         let mut rng = stream(1, 0, "t");
         for generated in [0, 50, 300, 999, 5000] {
             for _ in 0..50 {

@@ -12,7 +12,10 @@ pub fn validate_quantiles(quantiles: &[f64], path: &str) -> Result<(), TwinError
     }
     for (index, &q) in quantiles.iter().enumerate() {
         if !(q > 0.0 && q < 1.0) {
-            return Err(TwinError::invalid(format!("{path}[{index}]"), format!("must be in (0, 1), got {q}")));
+            return Err(TwinError::invalid(
+                format!("{path}[{index}]"),
+                format!("must be in (0, 1), got {q}"),
+            ));
         }
     }
     Ok(())
@@ -30,7 +33,10 @@ pub fn distribution(values: &[f64], quantiles: &[f64]) -> Distribution {
     sorted.sort_by(f64::total_cmp);
     Distribution {
         mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
-        quantiles: quantiles.iter().map(|&q| (q, interpolate_sorted(&sorted, q * 100.0))).collect(),
+        quantiles: quantiles
+            .iter()
+            .map(|&q| (q, interpolate_sorted(&sorted, q * 100.0)))
+            .collect(),
     }
 }
 

@@ -80,7 +80,13 @@ impl Engine {
         let mut cached_keys = self.kv.free_keys_lru_first();
         for &slot in &self.running {
             let state = self.state(slot);
-            cached_keys.extend(state.keys.iter().take(state.blocks.num_keyed as usize).copied());
+            cached_keys.extend(
+                state
+                    .keys
+                    .iter()
+                    .take(state.blocks.num_keyed as usize)
+                    .copied(),
+            );
         }
         let mut waiting: Vec<RestoredRequest> = self.waiting.iter().map(describe).collect();
         for (slot, state) in self.slots.iter().enumerate() {
@@ -110,7 +116,11 @@ impl Engine {
     }
 
     /// An engine in exactly the observed `state`.
-    pub fn restore(config: EngineConfig, latency: LatencyModel, state: RestoreState) -> Result<Engine, SimError> {
+    pub fn restore(
+        config: EngineConfig,
+        latency: LatencyModel,
+        state: RestoreState,
+    ) -> Result<Engine, SimError> {
         let mut engine = Engine::new(config, latency)?;
         engine.now_us = state.now_us;
         engine.metrics.kv_usage = crate::sim::metrics::KvUsageTrack::starting_at(state.now_us);
@@ -138,7 +148,11 @@ impl Engine {
         if engine.running.len() > engine.config.max_num_seqs as usize {
             return Err(SimError::InvalidState {
                 field: "running",
-                reason: format!("{} running requests exceed max_num_seqs {}", engine.running.len(), engine.config.max_num_seqs),
+                reason: format!(
+                    "{} running requests exceed max_num_seqs {}",
+                    engine.running.len(),
+                    engine.config.max_num_seqs
+                ),
             });
         }
         match state.step_end_us {
@@ -168,17 +182,29 @@ impl Engine {
         Ok(engine)
     }
 
-    fn restore_common(&mut self, request: &RestoredRequest, now_us: u64) -> Result<RequestState, SimError> {
+    fn restore_common(
+        &mut self,
+        request: &RestoredRequest,
+        now_us: u64,
+    ) -> Result<RequestState, SimError> {
         let spec = &request.spec;
         super::validate_request(spec, 0)?;
         if spec.arrival_us > now_us {
-            return Err(invalid(spec, "arrival_us", format!("{} is after the observation time {now_us}", spec.arrival_us)));
+            return Err(invalid(
+                spec,
+                "arrival_us",
+                format!("{} is after the observation time {now_us}", spec.arrival_us),
+            ));
         }
         if request.generated >= spec.generated_tokens() {
             return Err(invalid(
                 spec,
                 "output_tokens",
-                format!("final length {} must exceed the {} tokens already generated", spec.generated_tokens(), request.generated),
+                format!(
+                    "final length {} must exceed the {} tokens already generated",
+                    spec.generated_tokens(),
+                    request.generated
+                ),
             ));
         }
         let num_tokens = spec.input_tokens + request.generated;
@@ -186,15 +212,26 @@ impl Engine {
             return Err(invalid(
                 spec,
                 "computed_tokens",
-                format!("{} must be below prompt + generated = {num_tokens}", request.computed_tokens),
+                format!(
+                    "{} must be below prompt + generated = {num_tokens}",
+                    request.computed_tokens
+                ),
             ));
         }
         if request.cached_tokens > spec.input_tokens {
-            return Err(invalid(spec, "cached_tokens", format!("{} exceeds the prompt", request.cached_tokens)));
+            return Err(invalid(
+                spec,
+                "cached_tokens",
+                format!("{} exceeds the prompt", request.cached_tokens),
+            ));
         }
         let needed = u64::from(spec.input_tokens) + u64::from(spec.max_tokens.max(1));
         if needed > u64::from(self.config.effective_max_model_len()) {
-            return Err(invalid(spec, "max_tokens", format!("prompt + max_tokens = {needed} exceeds what the instance holds")));
+            return Err(invalid(
+                spec,
+                "max_tokens",
+                format!("prompt + max_tokens = {needed} exceeds what the instance holds"),
+            ));
         }
         let serial = self.next_serial;
         self.next_serial += 1;
@@ -217,7 +254,11 @@ impl Engine {
         let computed = request.computed_tokens;
         let scheduled = request.scheduled_tokens;
         if computed + scheduled > state.num_tokens() {
-            return Err(invalid(&request.spec, "scheduled_tokens", format!("computed {computed} + scheduled {scheduled} exceed the sequence")));
+            return Err(invalid(
+                &request.spec,
+                "scheduled_tokens",
+                format!("computed {computed} + scheduled {scheduled} exceed the sequence"),
+            ));
         }
         let total = computed + scheduled;
         if self.config.enable_prefix_caching {
@@ -231,10 +272,16 @@ impl Engine {
         } else {
             PrefixHit::default()
         };
-        if !self.kv.allocate(&mut state.blocks, &state.keys, hit, total.max(1)) {
+        if !self
+            .kv
+            .allocate(&mut state.blocks, &state.keys, hit, total.max(1))
+        {
             return Err(SimError::InvalidState {
                 field: "running",
-                reason: format!("request {:?} needs more KV blocks than are free", request.spec.id),
+                reason: format!(
+                    "request {:?} needs more KV blocks than are free",
+                    request.spec.id
+                ),
             });
         }
         state.num_computed = computed;
@@ -256,7 +303,11 @@ impl Engine {
 
     fn restore_waiting(&mut self, request: &RestoredRequest, now_us: u64) -> Result<(), SimError> {
         if request.computed_tokens > 0 || request.scheduled_tokens > 0 {
-            return Err(invalid(&request.spec, "computed_tokens", "a waiting request holds no computed tokens".to_owned()));
+            return Err(invalid(
+                &request.spec,
+                "computed_tokens",
+                "a waiting request holds no computed tokens".to_owned(),
+            ));
         }
         let mut state = self.restore_common(request, now_us)?;
         state.phase = Phase::Waiting;
