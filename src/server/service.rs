@@ -183,9 +183,17 @@ impl Shared {
             Ok(_) => "Ok".to_owned(),
             Err(status) => code_name(status.code()),
         };
-        self.metrics
-            .observe_rpc(rpc, &code, started.elapsed().as_secs_f64());
-        result.map(Response::new)
+        let elapsed = started.elapsed();
+        self.metrics.observe_rpc(rpc, &code, elapsed.as_secs_f64());
+        result.map(|message| {
+            let mut response = Response::new(message);
+            // Wall time stays out of the message so identical questions get identical bytes.
+            let wall_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            if let Ok(value) = wall_us.to_string().parse() {
+                response.metadata_mut().insert("x-ditto-wall-time-us", value);
+            }
+            response
+        })
     }
 
     /// Runs `work` on the blocking pool under the simulation semaphore, within `deadline`.
@@ -243,8 +251,7 @@ impl Shared {
             })
             .await?;
         self.metrics.simulation_events.inc_by(answer.events);
-        let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        Ok(routing_answer_to_proto(&answer, wall_us, &request_id))
+        Ok(routing_answer_to_proto(&answer, &request_id))
     }
 
     async fn answer_forecast(
@@ -275,8 +282,7 @@ impl Shared {
                 forecast::forecast_capacity(&snapshot, &question, &limits)
             })
             .await?;
-        let wall_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        Ok(forecast_answer_to_proto(&answer, wall_us))
+        Ok(forecast_answer_to_proto(&answer))
     }
 
     /// Reads the next message of a client stream within the client's deadline, if any.

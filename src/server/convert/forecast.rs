@@ -187,11 +187,8 @@ fn replicas_to(replicas: &[(String, u32)]) -> Vec<proto::VariantReplicas> {
         .collect()
 }
 
-/// Encodes a forecast answer; `wall_us` is the time spent answering.
-pub fn forecast_answer_to_proto(
-    answer: &ForecastAnswer,
-    wall_us: u64,
-) -> proto::ForecastCapacityResponse {
+/// Encodes a forecast answer.
+pub fn forecast_answer_to_proto(answer: &ForecastAnswer) -> proto::ForecastCapacityResponse {
     let candidate = |c: &ForecastCandidate| proto::ForecastCandidate {
         replicas: replicas_to(&c.replicas),
         ttft_ms: Some(distribution_to(&c.ttft_ms)),
@@ -210,6 +207,5 @@ pub fn forecast_answer_to_proto(
         desired_replicas: replicas_to(&answer.desired_replicas),
         snapshot_generation: answer.generation,
         seed: answer.seed,
-        sim_wall_time_us: wall_us,
     }
 }

@@ -432,12 +432,8 @@ fn distribution_from(dist: Option<&proto::Distribution>) -> Distribution {
     .unwrap_or_default()
 }
 
-/// Encodes a routing answer; `wall_us` is the time spent answering.
-pub fn routing_answer_to_proto(
-    answer: &RoutingAnswer,
-    wall_us: u64,
-    request_id: &str,
-) -> proto::PredictRoutingResponse {
+/// Encodes a routing answer.
+pub fn routing_answer_to_proto(answer: &RoutingAnswer, request_id: &str) -> proto::PredictRoutingResponse {
     let candidates = answer
         .candidates
         .iter()
@@ -464,7 +460,6 @@ pub fn routing_answer_to_proto(
         snapshot_generation: answer.generation,
         seed: answer.seed,
         simulation_events: answer.events,
-        sim_wall_time_us: wall_us,
         request_id: request_id.to_owned(),
     }
 }
