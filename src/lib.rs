@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
 
+pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod cluster;

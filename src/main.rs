@@ -17,6 +17,9 @@ fn main() -> ExitCode {
         Command::Run(args) => run_command(&args),
         Command::Serve(args) => return ditto::cli::serve::main(&args),
         Command::Predict(args) => return ditto::cli::predict::main(&args),
+        Command::Bench(args) => ditto::cli::bench::execute(&args).map(|report| {
+            let _ = std::io::stdout().lock().write_all(report.as_bytes());
+        }),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

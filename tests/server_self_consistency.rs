@@ -55,7 +55,10 @@ fn requests() -> Vec<RequestSpec> {
         LengthDist::gaussian(800.0, 400.0, 2, 4000),
         LengthDist::gaussian(220.0, 120.0, 2, 1000),
     );
-    spec.prefix = Some(PrefixSpec { groups: 4, length: 320 });
+    spec.prefix = Some(PrefixSpec {
+        groups: 4,
+        length: 320,
+    });
     spec.generator().unwrap().collect()
 }
 
@@ -132,11 +135,12 @@ async fn grpc_prediction_equals_the_continued_simulation() {
     tokio::time::timeout(Duration::from_secs(300), async {
         let local = "127.0.0.1:0".parse().unwrap();
         let server = start(ServerOptions::new(local, local)).await.unwrap();
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        let channel =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
         let mut twin = TwinClient::new(channel);
         twin.sync_cluster_config(proto_config()).await.unwrap();
 
@@ -157,22 +161,34 @@ async fn grpc_prediction_equals_the_continued_simulation() {
                 let (update, mut kv) = observations(engine, &instance.id);
                 kv.seq = kv_seq;
                 // Each cut re-sends the whole cache: clear first.
-                kv.events.insert(0, proto::KvEvent {
-                    event: Some(proto::kv_event::Event::Cleared(proto::AllBlocksCleared {})),
-                });
+                kv.events.insert(
+                    0,
+                    proto::KvEvent {
+                        event: Some(proto::kv_event::Event::Cleared(proto::AllBlocksCleared {})),
+                    },
+                );
                 updates.push(update);
                 batches.push(kv);
             }
-            twin.push_instance_state(tokio_stream::iter(updates)).await.unwrap();
-            twin.push_kv_events(tokio_stream::iter(batches)).await.unwrap();
+            twin.push_instance_state(tokio_stream::iter(updates))
+                .await
+                .unwrap();
+            twin.push_kv_events(tokio_stream::iter(batches))
+                .await
+                .unwrap();
 
-            let answer = twin.predict_routing(question(cut, 5)).await.unwrap().into_inner();
+            let answer = twin
+                .predict_routing(question(cut, 5))
+                .await
+                .unwrap()
+                .into_inner();
             assert_eq!(answer.candidates.len(), 3);
             assert_eq!(answer.seed, 5);
             for (index, prediction) in answer.candidates.iter().enumerate() {
                 assert_eq!(prediction.instance_id, format!("vllm-{index}"));
                 let mut fork = cluster.clone();
-                fork.dispatch_to(index, RequestSpec::synthetic(u64::MAX / 4, cut, 2_000, 256)).unwrap();
+                fork.dispatch_to(index, RequestSpec::synthetic(u64::MAX / 4, cut, 2_000, 256))
+                    .unwrap();
                 fork.run(Vec::new(), u64::MAX).unwrap();
                 let record = fork.engines()[index]
                     .metrics()
@@ -183,8 +199,16 @@ async fn grpc_prediction_equals_the_continued_simulation() {
                     .clone();
                 let ttft = prediction.ttft_ms.as_ref().unwrap().mean;
                 let e2e = prediction.e2e_ms.as_ref().unwrap().mean;
-                assert_eq!((ttft * 1000.0).round() as u64, record.ttft_us().unwrap(), "cut {cut}, vllm-{index} TTFT");
-                assert_eq!((e2e * 1000.0).round() as u64, record.e2e_us().unwrap(), "cut {cut}, vllm-{index} E2E");
+                assert_eq!(
+                    (ttft * 1000.0).round() as u64,
+                    record.ttft_us().unwrap(),
+                    "cut {cut}, vllm-{index} TTFT"
+                );
+                assert_eq!(
+                    (e2e * 1000.0).round() as u64,
+                    record.e2e_us().unwrap(),
+                    "cut {cut}, vllm-{index} E2E"
+                );
             }
             // Determinism: the same snapshot, question and seed give byte-identical responses.
             let generation = answer.snapshot_generation;

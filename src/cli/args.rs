@@ -24,6 +24,8 @@ pub enum Command {
     Serve(Box<crate::cli::serve::ServeArgs>),
     /// Ask a running `ditto serve` where to route a request and print a table.
     Predict(Box<crate::cli::predict::PredictArgs>),
+    /// Measure every performance case (offline runs, what-if latency, memory) and print them.
+    Bench(Box<crate::cli::bench::BenchArgs>),
 }
 
 /// Flags of `ditto run`.

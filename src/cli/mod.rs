@@ -6,6 +6,7 @@
 //! and `main` turns it into exit code 2.
 
 pub mod args;
+pub mod bench;
 pub mod cluster_run;
 pub mod error;
 pub mod predict;

@@ -10,6 +10,7 @@ pub mod client;
 pub mod convert;
 pub mod error;
 pub mod http;
+pub mod loadgen;
 pub mod run;
 pub mod service;
 

@@ -190,7 +190,9 @@ impl Shared {
             // Wall time stays out of the message so identical questions get identical bytes.
             let wall_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
             if let Ok(value) = wall_us.to_string().parse() {
-                response.metadata_mut().insert("x-ditto-wall-time-us", value);
+                response
+                    .metadata_mut()
+                    .insert("x-ditto-wall-time-us", value);
             }
             response
         })

@@ -433,7 +433,10 @@ fn distribution_from(dist: Option<&proto::Distribution>) -> Distribution {
 }
 
 /// Encodes a routing answer.
-pub fn routing_answer_to_proto(answer: &RoutingAnswer, request_id: &str) -> proto::PredictRoutingResponse {
+pub fn routing_answer_to_proto(
+    answer: &RoutingAnswer,
+    request_id: &str,
+) -> proto::PredictRoutingResponse {
     let candidates = answer
         .candidates
         .iter()

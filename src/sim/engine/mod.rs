@@ -182,6 +182,33 @@ impl Engine {
             .collect()
     }
 
+    /// Heap and inline bytes of the engine's state (capacity-based estimate): what one fork
+    /// or one mirrored instance costs.
+    pub fn memory_bytes(&self) -> usize {
+        let requests: usize = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|state| {
+                std::mem::size_of::<RequestState>()
+                    + state.keys.capacity() * 8
+                    + state.blocks.ids.capacity() * 4
+                    + state.timeline.token_gaps_us.capacity() * 8
+            })
+            .sum();
+        std::mem::size_of::<Engine>()
+            + self.slots.capacity() * std::mem::size_of::<Option<RequestState>>()
+            + requests
+            + self.kv.memory_bytes()
+            + self.events.capacity() * std::mem::size_of::<Reverse<Event>>()
+            + (self.running.capacity() + self.free_slots.capacity()) * 4
+            + self.waiting.len() * 32
+            + self.in_flight.capacity() * std::mem::size_of::<InFlight>()
+            + self.scratch_shape.capacity() * std::mem::size_of::<BatchEntry>()
+            + self.metrics.records.capacity() * std::mem::size_of::<crate::sim::RequestRecord>()
+            + self.metrics.token_gap_counts.capacity() * 17
+    }
+
     /// Events processed so far.
     pub fn events_processed(&self) -> u64 {
         self.events_processed

@@ -63,6 +63,13 @@ impl LruKeySet {
         }
     }
 
+    /// Heap bytes held (capacity-based estimate).
+    pub fn memory_bytes(&self) -> usize {
+        self.slot_of.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            + self.keys.capacity() * 8
+            + (self.prev.capacity() + self.next.capacity()) * 4
+    }
+
     /// Keys held, least recently used first (for tests and snapshots).
     pub fn keys_lru_first(&self) -> Vec<u64> {
         let mut keys = Vec::with_capacity(self.slot_of.len());

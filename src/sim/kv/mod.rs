@@ -220,6 +220,14 @@ impl KvCache {
         keys
     }
 
+    /// Heap bytes held (capacity-based estimate: blocks, key map, CPU tier).
+    pub fn memory_bytes(&self) -> usize {
+        let map_entry = std::mem::size_of::<(u64, u32)>() + 1;
+        self.blocks.capacity() * std::mem::size_of::<Block>()
+            + self.by_key.capacity() * map_entry
+            + self.cpu.as_ref().map_or(0, LruKeySet::memory_bytes)
+    }
+
     /// A counter that changes whenever the set of cached keys changes.
     pub fn key_version(&self) -> u64 {
         self.key_version

@@ -1,0 +1,37 @@
+//! What-if latency in-process: a 4-instance snapshot (128 running + 64 waiting each), one
+//! routing prediction for a 2,000-token prompt with 256 output tokens over all 4 candidates,
+//! with 1 replication (known lengths) and 16 replications (sampled lengths). `ditto bench`
+//! adds the same call through the gRPC server on loopback.
+#![allow(clippy::unwrap_used)]
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use ditto::bench::{whatif_question, whatif_snapshot};
+use ditto::twin::Limits;
+use ditto::twin::predict::predict_routing;
+
+fn bench_predict(c: &mut Criterion) {
+    let mut group = c.benchmark_group("twin_predict");
+    group.sample_size(20);
+    let known = whatif_snapshot(true);
+    let one = whatif_question(1);
+    group.bench_function("4_candidates_1_replication_known", |b| {
+        b.iter(|| {
+            predict_routing(&known, &one, &Limits::DEFAULT)
+                .unwrap()
+                .events
+        })
+    });
+    let sampled = whatif_snapshot(false);
+    let sixteen = whatif_question(16);
+    group.bench_function("4_candidates_16_replications_sampled", |b| {
+        b.iter(|| {
+            predict_routing(&sampled, &sixteen, &Limits::DEFAULT)
+                .unwrap()
+                .events
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_predict);
+criterion_main!(benches);

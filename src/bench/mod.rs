@@ -1,0 +1,178 @@
+//! Benchmark cases shared by `ditto bench` and the criterion benches under `benches/`, so
+//! both measure exactly the same work.
+//!
+//! - The BLIS reference run: llama-3.1-8b-instruct on one H100, TP1, roofline, Poisson
+//!   20 req/s, prompts and outputs gaussian 512 ± 256 in [2, 7000], 26,312 GPU blocks.
+//! - The what-if case: a mirrored 4-instance cluster, each instance with 128 running
+//!   requests (mixed prefill and decode) and 64 waiting, asked where a 2,000-token prompt with
+//!   256 output tokens should go.
+//!
+//! Knows nothing about timing or printing: callers measure.
+
+use std::sync::Arc;
+
+use crate::catalog;
+use crate::cluster::spec;
+use crate::sim::latency::LatencyKind;
+use crate::sim::{Engine, EngineConfig, SimError, SloClass};
+use crate::twin::question::{
+    Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
+};
+use crate::twin::snapshot::{
+    InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
+};
+use crate::workload::{ArrivalProcess, LengthDist, WorkloadGenerator, WorkloadSpec};
+
+/// GPU blocks of llama-3.1-8b-instruct on one H100 at 0.9 utilisation.
+pub const REFERENCE_BLOCKS: u32 = 26_312;
+
+/// The observation time of the what-if snapshot (µs).
+pub const WHATIF_NOW_US: u64 = 10_000_000;
+
+/// The reference run's requests (seed 42).
+pub fn reference_requests(num_requests: u64) -> WorkloadGenerator {
+    let spec = WorkloadSpec::single_client(
+        42,
+        num_requests,
+        20.0,
+        ArrivalProcess::Poisson,
+        LengthDist::gaussian(512.0, 256.0, 2, 7000),
+        LengthDist::gaussian(512.0, 256.0, 2, 7000),
+    );
+    spec.generator()
+        .expect("the reference workload is valid (tested in sim_blis_crosscheck)")
+}
+
+/// The reference run's engine: llama-3.1-8b-instruct, H100, TP1, roofline, vLLM defaults.
+pub fn reference_engine() -> Result<Engine, SimError> {
+    let arch = catalog::model("llama-3.1-8b-instruct").map_err(config_error)?;
+    let gpu = catalog::gpu("H100").map_err(config_error)?;
+    let latency =
+        catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).map_err(config_error)?;
+    let mut config = EngineConfig::vllm_defaults(REFERENCE_BLOCKS, arch.max_position_embeddings);
+    config.kv_sample_interval_us = 0;
+    Engine::new(config, latency)
+}
+
+fn config_error(err: impl std::fmt::Display) -> SimError {
+    SimError::InvalidState {
+        field: "catalog",
+        reason: err.to_string(),
+    }
+}
+
+/// A deterministic pseudo-random sequence for building fixtures (no RNG stream needed).
+fn scramble(index: u64, salt: u64) -> u64 {
+    let mut x = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt;
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^ (x >> 29)
+}
+
+/// One mirrored instance with `running` running requests (every eighth mid-prefill, the rest
+/// decoding) and `waiting` waiting ones; final lengths known if `known_lengths`.
+pub fn whatif_instance(
+    id: &str,
+    running: u32,
+    waiting: u32,
+    known_lengths: bool,
+    salt: u64,
+) -> InstanceState {
+    let request = |index: u64, is_running: bool| -> ObservedRequest {
+        let prompt = 200 + (scramble(index, salt) % 1800) as u32;
+        let output_total = 16 + (scramble(index, salt ^ 7) % 480) as u32;
+        let prefilling = is_running && index.is_multiple_of(8);
+        let generated = if !is_running || prefilling {
+            0
+        } else {
+            1 + (scramble(index, salt ^ 13) % u64::from(output_total - 1)) as u32
+        };
+        let computed = match (is_running, prefilling) {
+            (false, _) => 0,
+            (true, true) => prompt / 2,
+            (true, false) => prompt + generated - 1,
+        };
+        ObservedRequest {
+            request_id: format!("{id}/r{index}"),
+            arrival_us: WHATIF_NOW_US - 1 - index * 1000,
+            prompt_tokens: prompt,
+            computed_tokens: computed,
+            cached_tokens: 0,
+            output_tokens: generated,
+            max_tokens: 4096,
+            known_output_tokens: known_lengths.then_some(output_total.max(generated + 1)),
+            priority: 1,
+            slo_class: SloClass::Standard,
+            scheduled_tokens: 0,
+            block_hashes: Vec::new(),
+            token_ids: None,
+        }
+    };
+    InstanceState {
+        instance_id: id.to_owned(),
+        observed_at_us: WHATIF_NOW_US,
+        running: (0..u64::from(running)).map(|i| request(i, true)).collect(),
+        waiting: (0..u64::from(waiting))
+            .map(|i| request(u64::from(running) + i, false))
+            .collect(),
+        ..InstanceState::default()
+    }
+}
+
+/// The what-if snapshot: the default cluster, each instance with 128 running and 64 waiting.
+pub fn whatif_snapshot(known_lengths: bool) -> MirrorSnapshot {
+    let config = spec::default_cluster();
+    let instances = config
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(index, instance)| {
+            Arc::new(whatif_instance(
+                &instance.id,
+                128,
+                64,
+                known_lengths,
+                index as u64,
+            ))
+        })
+        .collect();
+    MirrorSnapshot {
+        generation: 1,
+        config_generation: 1,
+        config: Arc::new(config),
+        settings: Arc::new(TwinSettings::defaults()),
+        instances,
+        traffic: Arc::new(TrafficStats::default()),
+    }
+}
+
+/// The what-if question: 2,000 prompt tokens, 256 output tokens, every instance a candidate.
+pub fn whatif_question(replications: u32) -> RoutingQuestion {
+    RoutingQuestion {
+        request: CandidateRequest {
+            prompt_tokens: 2_000,
+            token_ids: None,
+            block_hashes: Vec::new(),
+            output: OutputLength::Point(256),
+            max_tokens: 256,
+            priority: 1,
+            slo_class: SloClass::Standard,
+            slo: SloTargets {
+                ttft_ms: Some(500.0),
+                tpot_ms: Some(50.0),
+                e2e_ms: None,
+            },
+        },
+        candidates: Vec::new(),
+        options: PredictOptions {
+            replications,
+            quantiles: vec![0.5, 0.9, 0.99],
+            horizon_us: 60_000_000,
+            background: Background::None,
+            stale_policy: None,
+            max_signal_age_us: 200_000,
+            seed: 42,
+        },
+        now_us: WHATIF_NOW_US,
+    }
+}

@@ -1,0 +1,185 @@
+//! `ditto bench`: every performance case, measured and printed (no assertions: speed is
+//! reported, never tested). The same cases back the criterion benches in `benches/`.
+//!
+//! 1. Offline: the BLIS reference run at 10,000, 100,000 and 1,000,000 requests: wall time,
+//!    simulated requests, steps and events per wall-second, per-request cost, peak memory.
+//! 2. What-if: a 4-instance snapshot (128 running + 64 waiting each), one PredictRouting for a
+//!    2,000-token prompt with 256 output tokens over all 4 candidates: latency p50/p99 with 1
+//!    replication (known lengths) and 16 replications (sampled lengths), in-process and
+//!    through the gRPC server on loopback.
+//! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+
+use super::error::CliError;
+use crate::bench::{
+    reference_engine, reference_requests, whatif_instance, whatif_question, whatif_snapshot,
+};
+use crate::cluster::spec;
+use crate::server::loadgen::grpc_whatif_latencies;
+use crate::twin::Limits;
+use crate::twin::build::restore_instance;
+use crate::twin::predict::predict_routing;
+use crate::twin::sampling::{output_draw, stream};
+
+/// Flags of `ditto bench`.
+#[derive(Clone, Debug, Args)]
+pub struct BenchArgs {
+    /// A quick pass (10k and 100k offline, 100 what-if calls): a smoke run, not a measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// What-if calls per case (default 1,000; 100 with --quick).
+    #[arg(long)]
+    pub calls: Option<u32>,
+    /// Offline run sizes, comma-separated (default 10000,100000,1000000).
+    #[arg(long, value_delimiter = ',')]
+    pub offline_requests: Vec<u64>,
+}
+
+/// Runs every case and returns the report.
+pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "ditto bench ({} cores available, load average {})",
+        cores(),
+        load_average()
+    );
+    let _ = writeln!(
+        out,
+        "\n== offline: BLIS reference run (llama-3.1-8b-instruct, H100, TP1, roofline, 20 req/s)"
+    );
+    let _ = writeln!(
+        out,
+        "{:>10} {:>9} {:>12} {:>12} {:>13} {:>11} {:>12}",
+        "requests", "wall s", "req/s", "steps/s", "events/s", "µs/request", "peak RSS MB"
+    );
+    let sizes: Vec<u64> = match (&args.offline_requests[..], args.quick) {
+        ([], true) => vec![10_000, 100_000],
+        ([], false) => vec![10_000, 100_000, 1_000_000],
+        (given, _) => given.to_vec(),
+    };
+    if sizes.contains(&0) {
+        return Err(CliError::flag(
+            "offline-requests",
+            "sizes must be at least 1",
+        ));
+    }
+    let mut per_request = Vec::new();
+    for &size in &sizes {
+        let mut engine = reference_engine()?;
+        let started = Instant::now();
+        engine.run(reference_requests(size), u64::MAX)?;
+        let wall = started.elapsed().as_secs_f64();
+        let counts = engine.counts();
+        let us_per_request = wall * 1e6 / size as f64;
+        per_request.push(us_per_request);
+        let _ = writeln!(
+            out,
+            "{size:>10} {wall:>9.3} {:>12.0} {:>12.0} {:>13.0} {us_per_request:>11.2} {:>12}",
+            size as f64 / wall,
+            counts.steps as f64 / wall,
+            engine.events_processed() as f64 / wall,
+            peak_rss_mb().map_or("n/a".to_owned(), |mb| format!("{mb:.0}"))
+        );
+    }
+    if let (Some(first), Some(last)) = (per_request.first(), per_request.last()) {
+        let _ = writeln!(
+            out,
+            "per-request cost, largest run / smallest run: {:.2}x",
+            last / first
+        );
+    }
+
+    let calls = args.calls.unwrap_or(if args.quick { 100 } else { 1_000 });
+    let _ = writeln!(
+        out,
+        "\n== what-if: 4 instances x (128 running + 64 waiting), 2,000-token prompt, 256 output tokens, 4 candidates, {calls} calls"
+    );
+    let _ = writeln!(
+        out,
+        "{:<44} {:>9} {:>9} {:>9}",
+        "case", "p50 ms", "p99 ms", "max ms"
+    );
+    let known = whatif_snapshot(true);
+    let sampled = whatif_snapshot(false);
+    for (label, snapshot, replications) in [
+        ("in-process, 1 replication (known lengths)", &known, 1),
+        ("in-process, 16 replications (sampled)", &sampled, 16),
+    ] {
+        let question = whatif_question(replications);
+        let mut latencies = Vec::with_capacity(calls as usize);
+        for _ in 0..calls {
+            let started = Instant::now();
+            predict_routing(snapshot, &question, &Limits::DEFAULT)
+                .map_err(|err| CliError::flag("bench", err.to_string()))?;
+            latencies.push(started.elapsed());
+        }
+        let _ = writeln!(out, "{}", latency_row(label, &mut latencies));
+    }
+    let mut grpc = grpc_whatif_latencies(&known, &whatif_question(1), calls)
+        .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let _ = writeln!(
+        out,
+        "{}",
+        latency_row("gRPC loopback, 1 replication (known lengths)", &mut grpc)
+    );
+
+    let _ = writeln!(
+        out,
+        "\n== memory: one mirrored instance (256 requests, 30,000 blocks)"
+    );
+    let mut config = spec::default_cluster().instances[0].clone();
+    config.engine.num_gpu_blocks = 30_000;
+    let state = whatif_instance(&config.id, 192, 64, true, 9);
+    let outputs = output_draw(&known).map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let mut rng = stream(1, 0, "bench");
+    let engine = restore_instance(&config, &state, &outputs, &mut rng, "bench")
+        .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let _ = writeln!(
+        out,
+        "engine state: {:.2} MB ({} requests, {} blocks, {} in use)",
+        engine.memory_bytes() as f64 / 1e6,
+        engine.num_running() + engine.num_waiting(),
+        engine.kv().total_blocks(),
+        engine.kv().used_blocks()
+    );
+    Ok(out)
+}
+
+fn latency_row(label: &str, latencies: &mut [Duration]) -> String {
+    latencies.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let at = |p: f64| {
+        let index = ((latencies.len() - 1) as f64 * p).round() as usize;
+        ms(latencies[index])
+    };
+    format!(
+        "{label:<44} {:>9.3} {:>9.3} {:>9.3}",
+        at(0.5),
+        at(0.99),
+        latencies.last().map_or(0.0, |d| ms(*d))
+    )
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "n/a".to_owned())
+}
+
+/// The process's peak resident memory so far (Linux `VmHWM`).
+fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}

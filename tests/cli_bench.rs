@@ -1,0 +1,38 @@
+//! `ditto bench` runs every case end to end (a smoke run with tiny sizes; the figures are
+//! not checked: speed is measured, never asserted).
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn bench_runs_every_case() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "--offline-requests", "300,600", "--calls", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "offline: BLIS reference run",
+        "       300",
+        "       600",
+        "per-request cost",
+        "in-process, 1 replication (known lengths)",
+        "in-process, 16 replications (sampled)",
+        "gRPC loopback, 1 replication (known lengths)",
+        "engine state:",
+        "(256 requests, 30000 blocks",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_ditto"))
+        .args(["bench", "--offline-requests", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
