@@ -81,11 +81,15 @@ fn request_state(r: &RestoredRequest) -> proto::RequestState {
 }
 
 /// What an observer of each vLLM instance would push at `now`.
-fn observations(engine: &Engine, id: &str) -> (proto::InstanceStateUpdate, proto::KvEventBatch) {
+fn observations(
+    engine: &Engine,
+    id: &str,
+    now: u64,
+) -> (proto::InstanceStateUpdate, proto::KvEventBatch) {
     let observed = engine.observe();
     let update = proto::InstanceStateUpdate {
         instance_id: id.into(),
-        observed_at_us: observed.now_us as i64,
+        observed_at_us: now as i64,
         requests: Some(proto::RequestLists {
             waiting: observed.waiting.iter().map(request_state).collect(),
             running: observed.running.iter().map(request_state).collect(),
@@ -99,7 +103,7 @@ fn observations(engine: &Engine, id: &str) -> (proto::InstanceStateUpdate, proto
     let kv = proto::KvEventBatch {
         instance_id: id.into(),
         seq: 1,
-        ts_us: observed.now_us as i64,
+        ts_us: now as i64,
         events: vec![proto::KvEvent {
             event: Some(proto::kv_event::Event::Stored(proto::BlockStored {
                 block_hashes: hashes,
@@ -158,7 +162,7 @@ async fn grpc_prediction_equals_the_continued_simulation() {
             let mut batches = Vec::new();
             kv_seq += 1;
             for (engine, instance) in cluster.engines().iter().zip(&cluster.config().instances) {
-                let (update, mut kv) = observations(engine, &instance.id);
+                let (update, mut kv) = observations(engine, &instance.id, cut);
                 kv.seq = kv_seq;
                 // Each cut re-sends the whole cache: clear first.
                 kv.events.insert(

@@ -17,6 +17,7 @@ use ditto::twin::Limits;
 use ditto::twin::predict::predict_routing;
 use ditto::twin::question::{
     Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
+    StalePolicy,
 };
 use ditto::twin::snapshot::{
     InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
@@ -55,7 +56,7 @@ fn mirror(cluster: &Cluster, generation: u64) -> MirrorSnapshot {
         .engines()
         .iter()
         .zip(&cluster.config().instances)
-        .map(|(engine, config)| Arc::new(observe(engine, &config.id)))
+        .map(|(engine, config)| Arc::new(observe(engine, &config.id, cluster.now_us())))
         .collect();
     MirrorSnapshot {
         generation,
@@ -67,8 +68,11 @@ fn mirror(cluster: &Cluster, generation: u64) -> MirrorSnapshot {
     }
 }
 
-fn observe(engine: &Engine, id: &str) -> InstanceState {
+/// An instance observed at `now` (its engine's clock may lag: nothing happened since its
+/// last event).
+fn observe(engine: &Engine, id: &str, now: u64) -> InstanceState {
     let observed = engine.observe();
+    debug_assert!(observed.now_us <= now);
     let convert = |r: &ditto::sim::engine::RestoredRequest| ObservedRequest {
         request_id: r.spec.id.0.to_string(),
         arrival_us: r.spec.arrival_us,
@@ -86,7 +90,7 @@ fn observe(engine: &Engine, id: &str) -> InstanceState {
     };
     InstanceState {
         instance_id: id.to_owned(),
-        observed_at_us: observed.now_us,
+        observed_at_us: now,
         running: observed.running.iter().map(convert).collect(),
         waiting: observed.waiting.iter().map(convert).collect(),
         step_end_us: observed.step_end_us,
@@ -278,4 +282,156 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
         (0.75..=0.98).contains(&coverage),
         "coverage {coverage} over {trials} trials"
     );
+}
+
+#[test]
+fn stale_policies() {
+    // Instance states observed 1 s before the question (stale: the limit is 200 ms).
+    let old = 9_000_000;
+    let now = 10_000_000;
+    let stale_cluster = {
+        let mut cluster = Cluster::new(cluster_config(3), 1).unwrap();
+        for spec in workload(45.0, 2_000)
+            .into_iter()
+            .take_while(|s| s.arrival_us <= old)
+        {
+            cluster.run_before(spec.arrival_us);
+            cluster.submit(spec).unwrap();
+        }
+        cluster.run_until(old);
+        cluster
+    };
+    let stale = mirror(&stale_cluster, 1);
+    // The truth at `now` if nothing arrived in between: the same cluster run forward.
+    let mut fresh_cluster = stale_cluster.clone();
+    fresh_cluster.run_until(now);
+    let fresh = mirror(&fresh_cluster, 2);
+    let ask = |policy| {
+        let mut q = question(now, OutputLength::Point(300), 1);
+        q.options.stale_policy = Some(policy);
+        q
+    };
+    let truth = predict_routing(
+        &fresh,
+        &question(now, OutputLength::Point(300), 1),
+        &Limits::DEFAULT,
+    )
+    .unwrap();
+
+    // Roll-forward advances each stale instance by its age inside the simulation: with no
+    // arrivals in between, that is exactly the fresh state.
+    let rolled = predict_routing(&stale, &ask(StalePolicy::RollForward), &Limits::DEFAULT).unwrap();
+    for (a, b) in rolled.candidates.iter().zip(&truth.candidates) {
+        assert_eq!(a.e2e_ms, b.e2e_ms, "{}", a.instance_id);
+        assert_eq!(a.ttft_ms, b.ttft_ms);
+        assert!(a.valid);
+        assert_eq!(a.input_age_ms, 1000.0);
+    }
+    // Use-last takes the old state as current: valid, but a different (older) picture.
+    let last = predict_routing(&stale, &ask(StalePolicy::UseLast), &Limits::DEFAULT).unwrap();
+    assert!(last.candidates.iter().all(|c| c.valid));
+    assert_ne!(
+        last.candidates
+            .iter()
+            .map(|c| c.e2e_ms.mean)
+            .collect::<Vec<_>>(),
+        truth
+            .candidates
+            .iter()
+            .map(|c| c.e2e_ms.mean)
+            .collect::<Vec<_>>()
+    );
+    // Exclude and treat-saturated: no valid candidate, nothing recommended.
+    for policy in [StalePolicy::Exclude, StalePolicy::TreatSaturated] {
+        let answer = predict_routing(&stale, &ask(policy), &Limits::DEFAULT).unwrap();
+        assert!(
+            answer
+                .candidates
+                .iter()
+                .all(|c| !c.valid && !c.invalid_reason.is_empty()),
+            "{policy:?}"
+        );
+        assert_eq!(answer.recommended_instance_id, None);
+    }
+    // Fresh enough signals are never subject to the policy.
+    let mut lenient = ask(StalePolicy::Exclude);
+    lenient.options.max_signal_age_us = 2_000_000;
+    let answer = predict_routing(&stale, &lenient, &Limits::DEFAULT).unwrap();
+    assert!(answer.candidates.iter().all(|c| c.valid));
+}
+
+#[test]
+fn background_arrivals_add_load_and_stay_deterministic() {
+    let cut = 8_000_123;
+    let cluster = cluster_at(cut);
+    let mut snapshot = mirror(&cluster, 1);
+    snapshot.traffic = Arc::new(TrafficStats {
+        arrivals_per_s: 90.0,
+        recent_lengths: (0..64).map(|i| (300 + i * 10, 100 + i * 3)).collect(),
+    });
+    let quiet = predict_routing(
+        &snapshot,
+        &question(cut, OutputLength::Point(300), 4),
+        &Limits::DEFAULT,
+    )
+    .unwrap();
+    let mut busy_question = question(cut, OutputLength::Point(300), 4);
+    busy_question.options.background = Background::ObservedPoisson;
+    let busy = predict_routing(&snapshot, &busy_question, &Limits::DEFAULT).unwrap();
+    for (q, b) in quiet.candidates.iter().zip(&busy.candidates) {
+        assert!(
+            b.e2e_ms.mean >= q.e2e_ms.mean,
+            "{}: {} < {}",
+            q.instance_id,
+            b.e2e_ms.mean,
+            q.e2e_ms.mean
+        );
+    }
+    assert!(busy.events > quiet.events);
+    assert_eq!(
+        predict_routing(&snapshot, &busy_question, &Limits::DEFAULT).unwrap(),
+        busy
+    );
+}
+
+#[test]
+fn bounded_work_and_bad_questions() {
+    use ditto::twin::TwinError;
+    let cut = 8_000_123;
+    let cluster = cluster_at(cut);
+    let snapshot = mirror(&cluster, 1);
+    let mut q = question(cut, OutputLength::Point(300), 1);
+    q.candidates = vec!["vllm-9".into()];
+    assert!(
+        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidArgument { field, .. }) if field == "candidates[0]")
+    );
+    let mut q = question(cut, OutputLength::Point(300), 1);
+    q.now_us = cut - 1;
+    assert!(
+        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidArgument { field, .. }) if field == "now_us")
+    );
+    let q = question(cut, OutputLength::Point(300), 1000);
+    assert!(matches!(
+        predict_routing(&snapshot, &q, &Limits::DEFAULT),
+        Err(TwinError::ResourceExhausted(_))
+    ));
+    // A tiny event budget ends the call with ResourceExhausted, never a hang.
+    let tight = Limits {
+        max_events_per_call: 5_000,
+        ..Limits::DEFAULT
+    };
+    let q = question(cut, OutputLength::Point(300), 1);
+    assert!(matches!(
+        predict_routing(&snapshot, &q, &tight),
+        Err(TwinError::ResourceExhausted(_))
+    ));
+    // A deadline already past ends it with DeadlineExceeded.
+    let late = Limits {
+        deadline: Some(std::time::Instant::now()),
+        ..Limits::DEFAULT
+    };
+    assert!(matches!(
+        predict_routing(&snapshot, &q, &late),
+        Err(TwinError::DeadlineExceeded { .. })
+    ));
 }
