@@ -224,8 +224,8 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
     // One run, observed at 60 successive cuts.
     let mut running = Cluster::new(cluster_config(3), 1).unwrap();
     let mut arrivals = workload(45.0, 2_000).into_iter().peekable();
-    for trial in 0..60u64 {
-        let cut = 6_000_000 + trial * 613_117;
+    for trial in 0..40u64 {
+        let cut = 6_000_000 + trial * 913_117;
         while let Some(spec) = arrivals.next_if(|s| s.arrival_us <= cut) {
             running.run_before(spec.arrival_us);
             running.submit(spec).unwrap();
@@ -245,7 +245,7 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
         let mut q = question(
             cut,
             OutputLength::Histogram((2..=1000).step_by(7).map(|v| (v, 1.0)).collect()),
-            48,
+            32,
         );
         q.candidates = vec![format!("vllm-{}", trial % 3)];
         let answer = predict_routing(&snapshot, &q, &Limits::DEFAULT).unwrap();
@@ -369,13 +369,10 @@ fn background_arrivals_add_load_and_stay_deterministic() {
         arrivals_per_s: 90.0,
         recent_lengths: (0..64).map(|i| (300 + i * 10, 100 + i * 3)).collect(),
     });
-    let quiet = predict_routing(
-        &snapshot,
-        &question(cut, OutputLength::Point(300), 4),
-        &Limits::DEFAULT,
-    )
-    .unwrap();
-    let mut busy_question = question(cut, OutputLength::Point(300), 4);
+    let mut quiet_question = question(cut, OutputLength::Point(300), 4);
+    quiet_question.options.horizon_us = 20_000_000;
+    let quiet = predict_routing(&snapshot, &quiet_question, &Limits::DEFAULT).unwrap();
+    let mut busy_question = quiet_question.clone();
     busy_question.options.background = Background::ObservedPoisson;
     let busy = predict_routing(&snapshot, &busy_question, &Limits::DEFAULT).unwrap();
     for (q, b) in quiet.candidates.iter().zip(&busy.candidates) {

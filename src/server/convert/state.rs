@@ -52,7 +52,7 @@ pub fn request_from_proto(
             .transpose()?,
         priority: message.priority.unwrap_or_else(|| slo_class.priority()),
         slo_class,
-        scheduled_tokens: 0,
+        scheduled_tokens: tokens(message.scheduled_tokens, &field("scheduled_tokens"))?,
         block_hashes: message.block_hashes.clone(),
         token_ids: (!message.token_ids.is_empty())
             .then(|| Arc::<[u32]>::from(message.token_ids.as_slice())),
