@@ -3,7 +3,9 @@
 Drives the real `ditto serve` binary: health, reflection (v1 and v1alpha), config sync,
 state and KV-event pushes (with a sequence gap), snapshots, /metrics over HTTP, and bad
 inputs for every RPC, which must fail with the documented code, name the field, and leave
-the mirror unchanged. Predictions and forecasts are tested for validation failures only.
+the mirror unchanged. Predictions and forecasts are checked on mirrored state (answers,
+recommendation, impact on others, byte-identical repeats, the stream) and for validation
+failures.
 """
 
 import subprocess
@@ -397,3 +399,67 @@ def test_the_predict_command_never_hangs(server):
     assert run.returncode == 1 and "cannot connect" in run.stderr, run.stderr
     run = subprocess.run([BINARY, "predict", "--slo-class", "vip"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2, run.stderr
+
+
+def busy_update(instance_id, at):
+    """An instance with 8 decoding requests and 4 waiting (lengths known)."""
+    running = [
+        pb.RequestState(
+            request_id=f"r{i}", arrival_us=at - 1_000, prompt_tokens=1000, computed_tokens=1000 + i,
+            output_tokens=1 + i, max_tokens=2000, known_output_tokens=600,
+        )
+        for i in range(8)
+    ]
+    waiting = [
+        pb.RequestState(request_id=f"w{i}", arrival_us=at - 500, prompt_tokens=3000, max_tokens=2000,
+                        known_output_tokens=500)
+        for i in range(4)
+    ]
+    return full_update(instance_id, at, waiting=waiting, running=running)
+
+
+def test_predictions_answer_on_the_mirrored_state(server):
+    # The default cluster is mirrored at startup: load one instance, then ask.
+    ack = server.twin.PushInstanceState(iter([busy_update("vllm-0", NOW_US)]), timeout=10)
+    assert ack.accepted == 1
+    message = question(max_tokens=256)
+    message.now_us = NOW_US
+    message.options.replications = 1
+    message.options.seed = 9
+    message.request.slo.ttft_ms = 200.0
+    answer = server.twin.PredictRouting(message, timeout=60)
+    assert [c.instance_id for c in answer.candidates] == ["vllm-0", "vllm-1", "vllm-2", "vllm-3"]
+    assert answer.seed == 9 and answer.snapshot_generation == ack.generation
+    assert answer.recommended_instance_id != "vllm-0"
+    busy, idle = answer.candidates[0], answer.candidates[1]
+    assert busy.valid and idle.valid
+    assert busy.ttft_ms.mean > idle.ttft_ms.mean > 0
+    assert busy.e2e_ms.mean > busy.ttft_ms.mean
+    assert busy.others_delta_e2e_ms > 0 and idle.others_delta_e2e_ms == 0
+    assert [q.quantile for q in busy.e2e_ms.quantiles] == [0.5, 0.9, 0.99]
+    # Identical question, identical bytes.
+    again = server.twin.PredictRouting(message, timeout=60)
+    assert again.SerializeToString() == answer.SerializeToString()
+    # The stream gives the same answer.
+    streamed = list(server.twin.PredictRoutingStream(iter([message]), timeout=60))
+    assert streamed[0].answer.SerializeToString() == answer.SerializeToString()
+
+
+def test_forecasts_recommend_a_replica_count(server):
+    message = pb.ForecastCapacityRequest(
+        stages=[pb.RateStage(rate_rps=30.0, duration_s=20.0)],
+        input_tokens=pb.LengthDistribution(constant=1024),
+        output_tokens=pb.LengthDistribution(constant=256),
+        variants=[pb.VariantCandidates(template_instance_id="vllm-0", replica_counts=[1, 4])],
+        replications=2,
+        seed=3,
+        now_us=NOW_US,
+    )
+    message.slo.ttft_ms = 300.0
+    answer = server.twin.ForecastCapacity(message, timeout=120)
+    assert answer.seed == 3
+    assert len(answer.candidates) == 2
+    one, four = answer.candidates
+    assert four.slo_attainment >= one.slo_attainment
+    assert four.cost_per_hour == 4 * one.cost_per_hour
+    assert len(answer.desired_replicas) <= 1
