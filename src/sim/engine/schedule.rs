@@ -64,6 +64,12 @@ impl Engine {
                     .as_mut()
                     .expect("a running slot holds a live request");
                 let total = state.num_computed + new_tokens;
+                // Fast path: the tokens fit the blocks held and no block fills up.
+                if total <= state.blocks.len() * block_size
+                    && (!prefix_caching || total < (state.blocks.num_keyed + 1) * block_size)
+                {
+                    break true;
+                }
                 if prefix_caching {
                     state.ensure_keys(total / block_size, block_size);
                 }
