@@ -177,6 +177,19 @@ proptest! {
     }
 
     #[test]
+    fn fast_paths_match_the_reference_stepper(scenario in scenario_strategy()) {
+        let mut fast = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
+        fast.run(scenario.requests.clone(), 2_000_000).unwrap();
+        let mut reference = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
+        reference.set_reference_stepper(true);
+        reference.run(scenario.requests.clone(), 2_000_000).unwrap();
+        prop_assert_eq!(&fast.metrics().records, &reference.metrics().records);
+        prop_assert_eq!(&fast.metrics().token_gap_counts, &reference.metrics().token_gap_counts);
+        prop_assert_eq!(fast.summary(), reference.summary());
+        prop_assert_eq!(fast.kv().stats(), reference.kv().stats());
+    }
+
+    #[test]
     fn same_input_same_output(scenario in scenario_strategy()) {
         let a = run_audited(&scenario);
         let b = run_audited(&scenario);

@@ -162,14 +162,17 @@ impl Engine {
                     if record_gaps {
                         timeline.token_gaps_us.push(gap);
                     }
-                    if gap != run_gap {
+                    if self.reference {
+                        *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                    } else if gap != run_gap {
                         if run_count > 0 {
                             *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
                         }
                         run_gap = gap;
-                        run_count = 0;
+                        run_count = 1;
+                    } else {
+                        run_count += 1;
                     }
-                    run_count += 1;
                 }
             }
             timeline.last_emit_step_end_us = now;

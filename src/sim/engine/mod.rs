@@ -80,6 +80,7 @@ pub struct Engine {
     metrics: Metrics,
     counts: Counts,
     events_processed: u64,
+    reference: bool,
 }
 
 impl Engine {
@@ -110,9 +111,18 @@ impl Engine {
             metrics: Metrics::default(),
             counts: Counts::default(),
             events_processed: 0,
+            reference: false,
         };
         engine.track_kv_usage();
         Ok(engine)
+    }
+
+    /// Switches the reference stepper on or off. The reference stepper takes no shortcut:
+    /// every running request goes through the KV allocator every step and every token gap is
+    /// counted one by one. It exists to check, by property test, that the fast paths give
+    /// byte-identical results.
+    pub fn set_reference_stepper(&mut self, on: bool) {
+        self.reference = on;
     }
 
     /// The configuration.

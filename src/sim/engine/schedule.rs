@@ -51,6 +51,7 @@ impl Engine {
 
     /// Phase 1. Returns true if any request was preempted.
     fn schedule_running(&mut self, budget: &mut u32) -> bool {
+        let reference = self.reference;
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let mut preempted = false;
@@ -65,7 +66,8 @@ impl Engine {
                     .expect("a running slot holds a live request");
                 let total = state.num_computed + new_tokens;
                 // Fast path: the tokens fit the blocks held and no block fills up.
-                if total <= state.blocks.len() * block_size
+                if !reference
+                    && total <= state.blocks.len() * block_size
                     && (!prefix_caching || total < (state.blocks.num_keyed + 1) * block_size)
                 {
                     break true;
