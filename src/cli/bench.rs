@@ -137,7 +137,7 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     let state = whatif_instance(&config.id, 192, 64, true, 9);
     let outputs = output_draw(&known).map_err(|err| CliError::flag("bench", err.to_string()))?;
     let mut rng = stream(1, 0, "bench");
-    let engine = restore_instance(&config, &state, &outputs, &mut rng, "bench")
+    let engine = restore_instance(&config, &state, 0, &outputs, &mut rng, "bench")
         .map_err(|err| CliError::flag("bench", err.to_string()))?;
     let _ = writeln!(
         out,

@@ -272,8 +272,15 @@ fn load_source(args: &RunArgs) -> Result<Source, CliError> {
                 path: path.clone(),
                 reason: err.to_string(),
             })?;
+        // Traces may carry absolute (e.g. Unix) times: the run starts at the first arrival.
+        let mut requests = trace.requests;
+        let origin = requests.first().map_or(0, |r| r.arrival_us);
+        for request in &mut requests {
+            request.arrival_us -= origin;
+            request.deadline_us = request.deadline_us.map(|d| d.saturating_sub(origin));
+        }
         return Ok(Source::Trace(
-            trace.requests,
+            requests,
             trace.replay_config,
             path.display().to_string(),
             trace.model_id,

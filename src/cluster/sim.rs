@@ -92,7 +92,11 @@ impl Cluster {
         let mut cluster = Self {
             admission: Admission::new(config.admission),
             captured: vec![CapturedSignals::default(); count],
-            in_flight: vec![0; count],
+            // Requests already on restored instances count as in flight for the router.
+            in_flight: engines
+                .iter()
+                .map(|e| e.counts().queued + e.counts().running)
+                .collect(),
             records_seen: engines.iter().map(|e| e.metrics().records.len()).collect(),
             engines,
             router,
@@ -193,7 +197,6 @@ impl Cluster {
             });
         }
         self.pending.push_back(spec);
-        self.resume_ticks();
         Ok(())
     }
 
@@ -345,6 +348,9 @@ impl Cluster {
             self.refresh(tick_index);
         } else if let Some(spec) = self.pending.pop_front() {
             debug_assert_eq!(spec.arrival_us, time, "arrival out of order");
+            // Ticks stopped while every instance was idle; the captures taken then are still
+            // exact. Restart them now that work arrives.
+            self.resume_ticks();
             self.arrive(spec);
         }
         time
@@ -358,7 +364,8 @@ impl Cluster {
                 captured.refresh(signal, engine, now);
             }
         }
-        let active = !self.pending.is_empty() || self.engines.iter().any(|e| !e.is_idle());
+        // Nothing changes while every instance is idle: stop until the next arrival.
+        let active = self.engines.iter().any(|e| !e.is_idle());
         let tick = &mut self.ticks[tick_index];
         tick.next_us = active.then(|| now + tick.interval_us);
     }

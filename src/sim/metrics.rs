@@ -200,6 +200,9 @@ fn interpolate_counts(pairs: &[(u64, u64)], total: u64, p: f64) -> f64 {
     low + (at(lower + 1) - low) * fraction
 }
 
+/// Most samples a KV-usage timeline keeps.
+pub const KV_TIMELINE_SAMPLES_MAX: usize = 100_000;
+
 /// KV usage over time: a time-weighted mean, the peak, and a sampled timeline.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvUsageTrack {
@@ -226,22 +229,34 @@ impl KvUsageTrack {
     }
 
     /// Records that usage is `usage` from `now_us` on; samples the timeline every
-    /// `interval_us` (0: no timeline).
+    /// `interval_us` (0: no timeline). A sample holds the usage in effect at its time. A
+    /// stretch without change keeps only its first and last samples, and the timeline stops
+    /// at [`KV_TIMELINE_SAMPLES_MAX`], so it stays bounded whatever the time span.
     pub fn update(&mut self, now_us: u64, usage: f64, interval_us: u64) {
         debug_assert!(
             now_us >= self.last_change_us,
             "KV usage time went backwards"
         );
         self.weighted_sum += self.last_usage * (now_us - self.last_change_us) as f64;
-        self.last_change_us = now_us;
-        self.last_usage = usage;
-        self.peak = self.peak.max(usage);
-        if interval_us > 0 {
-            while self.next_sample_us <= now_us {
-                self.timeline.push((self.next_sample_us, usage));
+        if interval_us > 0 && self.timeline.len() < KV_TIMELINE_SAMPLES_MAX {
+            // Samples strictly before now saw the previous usage.
+            if self.next_sample_us < now_us {
+                let before_now = (now_us - 1 - self.next_sample_us) / interval_us;
+                self.timeline.push((self.next_sample_us, self.last_usage));
+                if before_now > 0 {
+                    let last = self.next_sample_us + before_now * interval_us;
+                    self.timeline.push((last, self.last_usage));
+                }
+                self.next_sample_us += (before_now + 1) * interval_us;
+            }
+            if self.next_sample_us == now_us {
+                self.timeline.push((now_us, usage));
                 self.next_sample_us += interval_us;
             }
         }
+        self.last_change_us = now_us;
+        self.last_usage = usage;
+        self.peak = self.peak.max(usage);
     }
 
     /// Time-weighted mean usage over [start, end_us].
@@ -460,6 +475,23 @@ mod tests {
         let a = LatencyStats::from_counts(&counts);
         let b = LatencyStats::from_us(&mut floats);
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn kv_timeline_samples_the_usage_in_effect_and_compresses_idle_stretches() {
+        let mut track = KvUsageTrack::default();
+        track.update(0, 0.5, 10);
+        track.update(25, 0.7, 10);
+        assert_eq!(track.timeline, vec![(0, 0.5), (10, 0.5), (20, 0.5)]);
+        track.update(30, 0.1, 10);
+        assert_eq!(track.timeline.last(), Some(&(30, 0.1)));
+        // A long idle stretch keeps only its first and last samples.
+        track.update(1_000_000_000_000, 0.2, 10);
+        let tail: Vec<_> = track.timeline[4..].to_vec();
+        assert_eq!(
+            tail,
+            vec![(40, 0.1), (999_999_999_990, 0.1), (1_000_000_000_000, 0.2)]
+        );
     }
 
     #[test]

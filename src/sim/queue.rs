@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crate::sim::config::SchedulingPolicy;
 
-/// Sort key of an ordered queue: (primary, arrival_us, request id).
-pub type QueueKey = (i64, u64, u64);
+/// Sort key of an ordered queue: (primary, arrival_us, request id, submission serial). The
+/// serial makes keys unique even if a caller reuses a request id.
+pub type QueueKey = (i64, u64, u64, u64);
 
 /// Requests waiting to be admitted.
 #[derive(Clone, Debug)]

@@ -18,16 +18,24 @@ pub const MIRRORED_ID_BASE: u64 = 1 << 40;
 /// The engine id of the request a routing question is about.
 pub const QUESTION_REQUEST_ID: u64 = 0;
 
-/// An engine in the state `state` describes, at its observation time. Unknown output
-/// lengths are drawn from `outputs` with `rng`.
+/// Engine ids of mirrored instance `index`'s requests start here: ids stay unique across
+/// instances (requests may move between them in a forecast).
+pub fn mirrored_id_base(index: usize) -> u64 {
+    MIRRORED_ID_BASE + ((index as u64) << 24)
+}
+
+/// An engine in the state `state` (mirrored instance `index`) describes, at its observation
+/// time. Unknown output lengths are drawn from `outputs` with `rng`.
 pub fn restore_instance(
     instance: &InstanceConfig,
     state: &InstanceState,
+    index: usize,
     outputs: &LengthDraw,
     rng: &mut SimRng,
     path: &str,
 ) -> Result<Engine, TwinError> {
-    let mut next_id = MIRRORED_ID_BASE;
+    let id_base = mirrored_id_base(index);
+    let mut next_id = id_base;
     let mut convert = |observed: &ObservedRequest| {
         let request = to_restored(observed, next_id, outputs, rng);
         next_id += 1;
@@ -46,7 +54,7 @@ pub fn restore_instance(
     config.kv_sample_interval_us = 0;
     Engine::restore(config, instance.latency.clone(), restore).map_err(|err| match err {
         SimError::InvalidRequest { id, field, reason } => {
-            let index = id.0.saturating_sub(MIRRORED_ID_BASE) as usize;
+            let index = id.0.saturating_sub(id_base) as usize;
             let (list, position) = if index < state.running.len() {
                 ("running", index)
             } else {

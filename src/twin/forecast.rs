@@ -21,7 +21,7 @@ use super::limits::Limits;
 use super::question::{
     Distribution, ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, SloTargets,
 };
-use super::run::EventBudget;
+use super::run::{EventBudget, run_until_done};
 use super::sampling::{output_draw, replication_seed, stream};
 use super::snapshot::MirrorSnapshot;
 use super::stats::{distribution, mean_with_ci, validate_quantiles};
@@ -318,10 +318,13 @@ fn run_replication(
                     let mut engine = restore_instance(
                         &config,
                         &snapshot.instances[index],
+                        index,
                         &outputs,
                         &mut rng,
                         &format!("instances[{index}]"),
                     )?;
+                    // Roll forward to `now` within the call's budget and deadline.
+                    run_until_done(&mut engine, now, budget)?;
                     engine.run_until(now);
                     engine
                 }
@@ -349,6 +352,7 @@ fn run_replication(
             let engine = restore_instance(
                 template_config,
                 &snapshot.instances[index],
+                index,
                 &outputs,
                 &mut rng,
                 &format!("instances[{index}]"),

@@ -16,7 +16,7 @@ use super::question::{
     Background, CandidatePrediction, Distribution, OutputLength, RoutingAnswer, RoutingQuestion,
     StalePolicy,
 };
-use super::run::{EventBudget, run_with_arrivals};
+use super::run::{EventBudget, run_until_done, run_with_arrivals};
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
 use super::stats::{distribution, validate_quantiles};
@@ -28,6 +28,8 @@ struct Outcome1 {
     tpot_ms: f64,
     e2e_ms: f64,
     completed: bool,
+    ttft_known: bool,
+    dropped: bool,
     queue_wait_ms: f64,
     prefix_hit_tokens: f64,
     kv_usage_after: f64,
@@ -196,6 +198,13 @@ fn validate(
         }
         _ => {}
     }
+    let mut seen = std::collections::HashSet::with_capacity(request.block_hashes.len());
+    if let Some(duplicate) = request.block_hashes.iter().find(|h| !seen.insert(**h)) {
+        return Err(TwinError::invalid(
+            "request.block_hashes",
+            format!("hash {duplicate} appears twice (a prompt's block keys are a hash chain)"),
+        ));
+    }
     if let Some(tokens) = &request.token_ids
         && tokens.len() != request.prompt_tokens as usize
     {
@@ -315,11 +324,14 @@ fn simulate(
     let mut engine = restore_instance(
         instance,
         &state,
+        index,
         outputs,
         &mut rng,
         &format!("instances[{index}]"),
     )?;
     let now = question.now_us;
+    // Roll forward to `now` (by the state's age) within the call's budget and deadline.
+    let mut events = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
     let horizon_end = now.saturating_add(question.options.horizon_us);
     let mut without = engine.clone();
@@ -328,7 +340,7 @@ fn simulate(
         .submit(spec)
         .map_err(|err| TwinError::invalid("request", err.to_string()))?;
     let background = background_arrivals(snapshot, question, index, replication, outputs)?;
-    let mut events = run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
+    events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
     events += run_with_arrivals(&mut without, &background, horizon_end, budget)?;
     Ok(measure(&engine, &without, now, horizon_end, events))
 }
@@ -404,6 +416,7 @@ fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: 
     match mine {
         Some(record) if record.outcome == Outcome::Completed => {
             outcome.completed = true;
+            outcome.ttft_known = true;
             outcome.ttft_ms = record.ttft_us().map_or(0.0, ms);
             outcome.e2e_ms = record.e2e_us().map_or(0.0, ms);
             outcome.tpot_ms = record.tpot_us().unwrap_or(0.0) / 1000.0;
@@ -412,11 +425,15 @@ fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: 
             outcome.kv_usage_after =
                 f64::from(record.used_blocks_at_schedule) / f64::from(with.kv().total_blocks());
         }
-        other => {
-            // Not finished within the horizon: censored at the horizon.
+        Some(record) if record.outcome == Outcome::Dropped => outcome.dropped = true,
+        _ => {
+            // Not finished within the horizon: E2E and TPOT are censored at the horizon; the
+            // first token may still have come.
             let censored = ms(horizon_end - now);
+            let first = with.live_first_token_us(RequestId(QUESTION_REQUEST_ID));
+            outcome.ttft_known = first.is_some();
+            outcome.ttft_ms = first.map_or(censored, |t| ms(t - now));
             outcome.e2e_ms = censored;
-            outcome.ttft_ms = other.and_then(|r| r.ttft_us()).map_or(censored, ms);
             outcome.tpot_ms = censored;
             outcome.queue_wait_ms = censored;
         }
@@ -458,7 +475,13 @@ fn summarize(
     let instance = &snapshot.config.instances[index];
     let age_ms = (question.now_us - snapshot.instances[index].observed_at_us) as f64 / 1000.0;
     let quantiles = &question.options.quantiles;
+    let dropped = !reps.is_empty() && reps.iter().all(|r| r.dropped);
     let (valid, reason) = match treatment {
+        _ if dropped => (
+            false,
+            "the instance cannot serve the request: prompt + max_tokens exceeds what it holds"
+                .to_owned(),
+        ),
         Treatment::Excluded => (
             false,
             "excluded: signals older than max_signal_age".to_owned(),
@@ -471,8 +494,9 @@ fn summarize(
     };
     let pick = |f: fn(&Outcome1) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
     let slo = question.request.slo;
+    let ttft_met = |r: &Outcome1| r.ttft_known && slo.ttft_ms.is_none_or(|t| r.ttft_ms <= t);
     let meets = |r: &Outcome1, target: Option<f64>, value: f64| {
-        r.completed && target.is_none_or(|t| value <= t)
+        target.is_none_or(|t| r.completed && value <= t)
     };
     let fraction = |f: &dyn Fn(&Outcome1) -> bool| -> f64 {
         if reps.is_empty() {
@@ -514,11 +538,9 @@ fn summarize(
         tpot_ms: distribution(&pick(|r| r.tpot_ms), quantiles),
         e2e_ms: distribution(&pick(|r| r.e2e_ms), quantiles),
         slo_probability: fraction(&|r| {
-            meets(r, slo.ttft_ms, r.ttft_ms)
-                && meets(r, slo.tpot_ms, r.tpot_ms)
-                && meets(r, slo.e2e_ms, r.e2e_ms)
+            ttft_met(r) && meets(r, slo.tpot_ms, r.tpot_ms) && meets(r, slo.e2e_ms, r.e2e_ms)
         }),
-        ttft_slo_probability: fraction(&|r| meets(r, slo.ttft_ms, r.ttft_ms)),
+        ttft_slo_probability: fraction(&ttft_met),
         tpot_slo_probability: fraction(&|r| meets(r, slo.tpot_ms, r.tpot_ms)),
         queue_wait_ms: mean(pick(|r| r.queue_wait_ms)),
         prefix_hit_tokens: mean(pick(|r| r.prefix_hit_tokens)),

@@ -54,21 +54,29 @@ fn learned_outputs(traffic: &TrafficStats) -> Option<LengthDist> {
 }
 
 /// A final output length above `generated` (and at most `max_tokens` when that is above
-/// `generated`).
+/// `generated`). When the distribution has (almost) no mass above `generated`, the request
+/// has outlived it: its remaining length is then drawn from an exponential tail with mean
+/// `max(16, generated / 4)` rather than assuming it ends at once.
 pub fn conditioned_length(
     draw: &LengthDraw,
     generated: u32,
     max_tokens: u32,
     rng: &mut SimRng,
 ) -> u32 {
-    let mut length = generated + 1;
+    let mut found = None;
     for _ in 0..CONDITIONED_TRIES {
         let candidate = draw.sample(rng);
         if candidate > generated {
-            length = candidate;
+            found = Some(candidate);
             break;
         }
     }
+    let length = found.unwrap_or_else(|| {
+        let mean = f64::from((generated / 4).max(16));
+        let unit = (rand_core::Rng::next_u64(rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let extra = (-(1.0 - unit).ln() * mean).min(f64::from(u32::MAX / 2)) as u32;
+        generated.saturating_add(1).saturating_add(extra)
+    });
     if max_tokens > generated {
         length.min(max_tokens)
     } else {

@@ -152,13 +152,13 @@ impl Engine {
             let timeline = &mut state.timeline;
             match timeline.first_token_us {
                 None => {
-                    timeline.first_token_us = Some(now + token_us);
-                    timeline.last_token_us = now + token_us;
+                    timeline.first_token_us = Some(now.saturating_add(token_us));
+                    timeline.last_token_us = now.saturating_add(token_us);
                 }
                 Some(_) => {
-                    let gap = now - timeline.last_emit_step_end_us + token_us;
-                    timeline.last_token_us += gap;
-                    timeline.token_gap_sum_us += gap;
+                    let gap = (now - timeline.last_emit_step_end_us).saturating_add(token_us);
+                    timeline.last_token_us = timeline.last_token_us.saturating_add(gap);
+                    timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gap);
                     if record_gaps {
                         timeline.token_gaps_us.push(gap);
                     }
@@ -180,7 +180,7 @@ impl Engine {
                 let state = self.slots[entry.slot as usize]
                     .as_mut()
                     .expect("live_mut found this slot");
-                state.timeline.last_token_us += post_us;
+                state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
                 self.kv.free(&mut state.blocks);
                 self.counts.running -= 1;
                 self.counts.completed += 1;
@@ -267,7 +267,12 @@ pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> Queue
         SchedulingPolicy::Priority => i64::from(state.spec.priority),
         SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
     };
-    (primary, state.spec.arrival_us, state.spec.id.0)
+    (
+        primary,
+        state.spec.arrival_us,
+        state.spec.id.0,
+        state.serial,
+    )
 }
 
 /// Causality: arrival <= enqueue <= schedule <= first token <= end.

@@ -176,6 +176,15 @@ impl Engine {
             .collect()
     }
 
+    /// When a request still in the engine saw its first token, if it has.
+    pub fn live_first_token_us(&self, id: RequestId) -> Option<u64> {
+        self.slots
+            .iter()
+            .flatten()
+            .find(|state| state.spec.id == id)
+            .and_then(|state| state.timeline.first_token_us)
+    }
+
     /// Ids of the requests in the running batch, in batch order.
     pub fn running_ids(&self) -> Vec<RequestId> {
         self.running
@@ -405,17 +414,24 @@ pub fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError>
             ),
         ));
     }
-    if let crate::sim::request::PromptContent::BlockKeys(keys) = &spec.content
-        && keys.len() > spec.input_tokens as usize
-    {
-        return Err(invalid(
-            "content",
-            format!(
-                "{} block keys for a {}-token prompt",
-                keys.len(),
-                spec.input_tokens
-            ),
-        ));
+    if let crate::sim::request::PromptContent::BlockKeys(keys) = &spec.content {
+        if keys.len() > spec.input_tokens as usize {
+            return Err(invalid(
+                "content",
+                format!(
+                    "{} block keys for a {}-token prompt",
+                    keys.len(),
+                    spec.input_tokens
+                ),
+            ));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        if let Some(duplicate) = keys.iter().find(|key| !seen.insert(**key)) {
+            return Err(invalid(
+                "content",
+                format!("block key {duplicate} appears twice"),
+            ));
+        }
     }
     Ok(())
 }

@@ -266,7 +266,7 @@ impl Engine {
         }
         // Its computed prefix blocks are the cached blocks with its keys, where they exist.
         let hit = if self.config.enable_prefix_caching {
-            let mut hit = self.kv.lookup(&state.keys, computed / block_size);
+            let mut hit = self.kv.lookup(&state.keys, total / block_size);
             hit.cpu_blocks = 0;
             hit
         } else {

@@ -22,7 +22,8 @@ pub use lru::LruKeySet;
 
 const NIL: u32 = u32::MAX;
 
-/// A hasher for keys that are already uniformly mixed 64-bit hashes: it passes them through.
+/// A cheap, fixed hasher for 64-bit block keys: one multiply and a fold (deterministic, and
+/// robust to crafted keys whose low bits collide).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IdentityBuildHasher;
 
@@ -40,7 +41,10 @@ impl Hasher for IdentityHasher {
         }
     }
     fn write_u64(&mut self, value: u64) {
-        self.0 = value;
+        // Keys may come from clients (vLLM block hashes): mix them so crafted keys cannot pile
+        // into one bucket.
+        let x = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 32);
     }
 }
 
@@ -300,7 +304,8 @@ impl KvCache {
                 self.blocks[id as usize].ref_cnt == 0
             })
             .count() as u32;
-        if fresh > self.free_count - hits_on_free_list {
+        // (Written without subtraction: repeated keys may count one free block twice.)
+        if u64::from(fresh) + u64::from(hits_on_free_list) > u64::from(self.free_count) {
             return false;
         }
         for key in &keys[..hit.gpu_blocks as usize] {

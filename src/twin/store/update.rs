@@ -144,11 +144,14 @@ fn apply_events(
                     let mut request = state.waiting.remove(position);
                     request.computed_tokens = request.computed_tokens.max(request.prompt_tokens);
                     request.output_tokens = request.output_tokens.max(1);
+                    // The step that produced the token is over.
+                    request.scheduled_tokens = 0;
                     state.running.push(request);
                 } else if let Some(position) = find(&state.running, request_id) {
                     let request = &mut state.running[position];
                     request.computed_tokens = request.computed_tokens.max(request.prompt_tokens);
                     request.output_tokens = request.output_tokens.max(1);
+                    request.scheduled_tokens = 0;
                 } else {
                     return Err(unknown_request(&path, "first_token", request_id));
                 }
@@ -314,6 +317,12 @@ fn check_request(
         ));
     }
     let full_blocks = request.prompt_tokens / engine.block_size;
+    if let Some(duplicate) = first_duplicate(&request.block_hashes) {
+        return Err(bad(
+            "block_hashes",
+            format!("hash {duplicate} appears twice (a prompt's block keys are a hash chain)"),
+        ));
+    }
     if request.block_hashes.len() > full_blocks as usize {
         return Err(bad(
             "block_hashes",
@@ -431,4 +440,10 @@ fn check_gauges(gauges: &Gauges, config: &InstanceConfig) -> Result<(), TwinErro
         ));
     }
     Ok(())
+}
+
+/// The first value that occurs twice in `values`, if any.
+pub(crate) fn first_duplicate(values: &[u64]) -> Option<u64> {
+    let mut seen = HashSet::with_capacity(values.len());
+    values.iter().copied().find(|value| !seen.insert(*value))
 }

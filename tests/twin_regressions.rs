@@ -1,0 +1,227 @@
+//! Regression tests for problems found in review (each names what it guards).
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use ditto::bench::{whatif_question, whatif_snapshot};
+use ditto::cluster::spec;
+use ditto::sim::engine::{RestoreState, RestoredRequest};
+use ditto::sim::{Engine, PromptContent, RequestSpec, SchedulingPolicy};
+use ditto::twin::forecast::forecast_capacity;
+use ditto::twin::predict::predict_routing;
+use ditto::twin::question::{
+    ForecastQuestion, ForecastStart, SloTargets, StalePolicy, VariantCandidates,
+};
+use ditto::twin::sampling::{conditioned_length, stream};
+use ditto::twin::snapshot::{
+    InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
+};
+use ditto::twin::{Limits, TwinError};
+use ditto::workload::LengthDist;
+
+fn snapshot_with(instances: Vec<InstanceState>, priority_policy: bool) -> MirrorSnapshot {
+    let mut config = spec::default_cluster();
+    if priority_policy {
+        for instance in &mut config.instances {
+            instance.engine.scheduling_policy = SchedulingPolicy::Priority;
+        }
+    }
+    MirrorSnapshot {
+        generation: 1,
+        config_generation: 1,
+        instances: config
+            .instances
+            .iter()
+            .zip(instances)
+            .map(|(c, mut s)| {
+                s.instance_id = c.id.clone();
+                Arc::new(s)
+            })
+            .collect(),
+        config: Arc::new(config),
+        settings: Arc::new(TwinSettings::defaults()),
+        traffic: Arc::new(TrafficStats::default()),
+    }
+}
+
+fn waiting(id: usize, prompt: u32, output: u32, at: u64) -> ObservedRequest {
+    ObservedRequest {
+        request_id: format!("w{id}"),
+        arrival_us: at,
+        prompt_tokens: prompt,
+        computed_tokens: 0,
+        cached_tokens: 0,
+        output_tokens: 0,
+        max_tokens: 4096,
+        known_output_tokens: Some(output),
+        priority: 1,
+        slo_class: ditto::sim::SloClass::Standard,
+        scheduled_tokens: 0,
+        block_hashes: Vec::new(),
+        token_ids: None,
+    }
+}
+
+fn idle(observed_at_us: u64) -> InstanceState {
+    InstanceState {
+        observed_at_us,
+        ..InstanceState::default()
+    }
+}
+
+#[test]
+fn roll_forward_is_bounded_by_the_event_budget() {
+    // An instance observed long ago with a lot of queued work: rolling it forward to `now`
+    // alone needs far more events than the budget allows (it used to run unbounded).
+    let busy = InstanceState {
+        observed_at_us: 1_000_000,
+        waiting: (0..2000).map(|i| waiting(i, 500, 1000, 900_000)).collect(),
+        ..InstanceState::default()
+    };
+    let snapshot = snapshot_with(
+        vec![
+            busy,
+            idle(999_000_000),
+            idle(999_000_000),
+            idle(999_000_000),
+        ],
+        false,
+    );
+    let mut question = whatif_question(1);
+    question.now_us = 1_000_000_000;
+    question.candidates = vec!["vllm-0".into()];
+    question.options.stale_policy = Some(StalePolicy::RollForward);
+    let limits = Limits {
+        max_events_per_call: 5_000,
+        ..Limits::DEFAULT
+    };
+    assert!(matches!(
+        predict_routing(&snapshot, &question, &limits),
+        Err(TwinError::ResourceExhausted(_))
+    ));
+    // With room, the same question is answered.
+    assert!(predict_routing(&snapshot, &question, &Limits::DEFAULT).is_ok());
+}
+
+#[test]
+fn duplicate_block_keys_are_refused_not_a_panic() {
+    let mut spec = RequestSpec::synthetic(1, 0, 64, 4);
+    spec.content = PromptContent::BlockKeys(vec![7, 7].into());
+    let state = RestoreState {
+        now_us: 10,
+        running: vec![RestoredRequest {
+            spec,
+            computed_tokens: 40,
+            generated: 0,
+            cached_tokens: 0,
+            scheduled_tokens: 0,
+        }],
+        cached_keys: vec![7],
+        ..RestoreState::default()
+    };
+    let config = spec::default_cluster().instances[0].clone();
+    match Engine::restore(config.engine, config.latency, state) {
+        Err(err) => assert!(err.to_string().contains("appears twice"), "{err}"),
+        Ok(_) => panic!("duplicate keys were accepted"),
+    }
+
+    let snapshot = whatif_snapshot(true);
+    let mut question = whatif_question(1);
+    question.request.block_hashes = vec![1, 2, 1];
+    assert!(matches!(
+        predict_routing(&snapshot, &question, &Limits::DEFAULT),
+        Err(TwinError::InvalidArgument { field, .. }) if field == "request.block_hashes"
+    ));
+}
+
+#[test]
+fn forecast_rerouting_under_priority_scheduling_loses_nothing() {
+    // Equal priority, arrival and prompt on every instance: rerouted requests used to share
+    // engine ids and collide in the priority queue (panic in debug, a lost request in release).
+    let busy = |_: usize| InstanceState {
+        observed_at_us: 1_000_000,
+        waiting: (0..3).map(|i| waiting(i, 300, 20, 900_000)).collect(),
+        ..InstanceState::default()
+    };
+    let snapshot = snapshot_with((0..4).map(busy).collect(), true);
+    let question = ForecastQuestion {
+        start: ForecastStart::Snapshot,
+        stages: vec![(1.0, 2.0)],
+        input_tokens: LengthDist::constant(300),
+        output_tokens: LengthDist::constant(20),
+        variants: vec![VariantCandidates {
+            template_instance_id: "vllm-0".into(),
+            replica_counts: vec![1],
+        }],
+        max_cost_per_hour: 0.0,
+        slo: SloTargets::default(),
+        target_attainment: 0.5,
+        replications: 1,
+        quantiles: vec![0.5],
+        seed: 1,
+        now_us: 1_000_000,
+    };
+    let answer = forecast_capacity(&snapshot, &question, &Limits::DEFAULT).unwrap();
+    assert_eq!(answer.candidates.len(), 1);
+}
+
+#[test]
+fn ttft_is_known_even_if_the_request_outlives_the_horizon() {
+    let snapshot = whatif_snapshot(true);
+    let mut question = whatif_question(1);
+    question.request.prompt_tokens = 1000;
+    question.request.output = ditto::twin::question::OutputLength::Point(3000);
+    question.request.max_tokens = 3000;
+    question.options.horizon_us = 5_000_000;
+    question.request.slo = SloTargets {
+        ttft_ms: Some(4_000.0),
+        tpot_ms: None,
+        e2e_ms: None,
+    };
+    let answer = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+    for candidate in &answer.candidates {
+        assert!(
+            candidate.ttft_ms.mean < 4_000.0,
+            "{}: {}",
+            candidate.instance_id,
+            candidate.ttft_ms.mean
+        );
+        assert_eq!(candidate.ttft_slo_probability, 1.0);
+        assert_eq!(
+            candidate.e2e_ms.mean, 5_000.0,
+            "E2E is censored at the horizon"
+        );
+    }
+}
+
+#[test]
+fn a_request_no_instance_can_hold_is_invalid_everywhere() {
+    let snapshot = whatif_snapshot(true);
+    let mut question = whatif_question(1);
+    question.request.prompt_tokens = 500_000;
+    let answer = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+    assert!(
+        answer
+            .candidates
+            .iter()
+            .all(|c| !c.valid && c.invalid_reason.contains("cannot serve"))
+    );
+    assert_eq!(answer.recommended_instance_id, None);
+}
+
+#[test]
+fn requests_past_the_distribution_are_not_assumed_to_end_at_once() {
+    let draw = LengthDist::gaussian(256.0, 128.0, 1, 4096)
+        .compile("x")
+        .unwrap();
+    let mut rng = stream(3, 0, "t");
+    let samples: Vec<u32> = (0..400)
+        .map(|_| conditioned_length(&draw, 900, 100_000, &mut rng))
+        .collect();
+    assert!(samples.iter().all(|&s| s > 900));
+    let at_once = samples.iter().filter(|&&s| s == 901).count();
+    assert!(
+        at_once < 40,
+        "{at_once} of 400 predicted to end on the next token"
+    );
+}
