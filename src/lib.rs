@@ -2,10 +2,14 @@
 //!
 //! The crate is organised as layers (see `ARCHITECTURE.md`):
 //! - [`sim`]: the pure, deterministic, forkable vLLM v1 engine simulator;
+//! - [`cluster`]: many engines behind an llm-d-style router with admission and stale signals;
 //! - [`workload`]: workload specs, generators and trace replay that feed it;
 //! - [`catalog`]: embedded data (model configs, GPU specs, coefficients) and their parsing;
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
-//! - [`server`]: the gRPC API types (and, later, the tonic services).
+//! - [`twin`]: the live mirror and the what-if questions answered by forking it;
+//! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
+//! - [`telemetry`]: Prometheus metrics;
+//! - [`bench`]: benchmark cases shared by `ditto bench` and the criterion benches.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]

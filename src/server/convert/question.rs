@@ -41,7 +41,7 @@ pub const DEFAULT_TARGET_ATTAINMENT: f64 = 0.95;
 /// Most bins of an output-length histogram.
 pub const HISTOGRAM_BINS_MAX: usize = 4096;
 /// Most replicas of one variant in a forecast candidate.
-pub const REPLICAS_MAX: u32 = 4096;
+pub const REPLICAS_MAX: u32 = crate::twin::forecast::REPLICAS_MAX;
 
 /// A routing question decoded from the wire, not yet checked against a snapshot.
 #[derive(Clone, Debug, PartialEq)]
