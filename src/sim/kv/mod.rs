@@ -157,7 +157,8 @@ impl KvCache {
             free_head: 0,
             free_tail: num_blocks - 1,
             free_count: num_blocks,
-            by_key: HashMap::with_hasher(IdentityBuildHasher),
+            // Sized for a full cache up front: growing it rehashes on the hot path.
+            by_key: HashMap::with_capacity_and_hasher(num_blocks as usize, IdentityBuildHasher),
             cpu: (cpu_blocks > 0 && prefix_caching).then(|| LruKeySet::new(cpu_blocks)),
             stats: KvStats::default(),
             key_version: 0,
