@@ -589,3 +589,35 @@ proptest! {
         prop_assert_eq!(summary.total.counts, counts);
     }
 }
+
+#[test]
+fn precise_prefix_works_across_pools_with_different_block_sizes() {
+    // Regression: prompt keys used to be hashed with instance 0's block size for everyone.
+    let mut config = cluster_config(2, precise_prefix_profile(), StalenessConfig::uniform(0));
+    config.instances[1].engine.block_size = 32;
+    let engines: Vec<Engine> = config
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(index, instance)| {
+            let mut engine =
+                Engine::new(instance.engine.clone(), instance.latency.clone()).unwrap();
+            if index == 1 {
+                engine
+                    .run(
+                        [RequestSpec::synthetic(9_999, 0, 1100, 4).with_prefix(7, 1024)],
+                        u64::MAX,
+                    )
+                    .unwrap();
+            }
+            engine
+        })
+        .collect();
+    let mut cluster = Cluster::from_engines(config, engines, 3);
+    let start = cluster.now_us() + 100_000;
+    let requests: Vec<RequestSpec> = (0..6)
+        .map(|i| RequestSpec::synthetic(i, start + i * 300_000, 1100, 4).with_prefix(7, 1024))
+        .collect();
+    cluster.run(requests, u64::MAX).unwrap();
+    assert_eq!(cluster.routed_counts(), &[0, 6]);
+}

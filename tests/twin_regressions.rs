@@ -225,3 +225,31 @@ fn requests_past_the_distribution_are_not_assumed_to_end_at_once() {
         "{at_once} of 400 predicted to end on the next token"
     );
 }
+
+#[test]
+fn forecast_variants_configured_alike_are_refused() {
+    // Two templates configured identically would both claim the same instances' requests.
+    let snapshot = snapshot_with((0..4).map(|_| idle(1_000_000)).collect(), false);
+    let variant = |id: &str| VariantCandidates {
+        template_instance_id: id.into(),
+        replica_counts: vec![1],
+    };
+    let question = ForecastQuestion {
+        start: ForecastStart::Snapshot,
+        stages: vec![(1.0, 2.0)],
+        input_tokens: LengthDist::constant(300),
+        output_tokens: LengthDist::constant(20),
+        variants: vec![variant("vllm-0"), variant("vllm-1")],
+        max_cost_per_hour: 0.0,
+        slo: SloTargets::default(),
+        target_attainment: 0.5,
+        replications: 1,
+        quantiles: vec![0.5],
+        seed: 1,
+        now_us: 1_000_000,
+    };
+    assert!(matches!(
+        forecast_capacity(&snapshot, &question, &Limits::DEFAULT),
+        Err(TwinError::InvalidArgument { field, .. }) if field == "variants[1].template_instance_id"
+    ));
+}

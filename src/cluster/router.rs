@@ -21,10 +21,9 @@ pub struct RoutingContext<'a> {
     pub views: &'a [SignalView],
     /// Router-local in-flight requests (always fresh).
     pub in_flight: &'a [u64],
-    /// Leading prompt blocks each instance is believed to hold.
-    pub prefix_matched: &'a [usize],
-    /// Full blocks of the request's prompt.
-    pub prompt_blocks: usize,
+    /// Fraction of the prompt's full blocks each instance is believed to hold (leading
+    /// blocks matched / prompt blocks, 0 for a prompt shorter than a block).
+    pub prefix_fraction: &'a [f64],
 }
 
 /// Router state: policy, round-robin cursor, approximate prefix index, random stream.
@@ -161,13 +160,7 @@ fn score_of(scorer: Scorer, instance: usize, context: &RoutingContext<'_>) -> f6
                 (max - context.in_flight[instance]) as f64 / max as f64
             }
         }
-        Scorer::PrefixCache(_) => {
-            if context.prompt_blocks == 0 {
-                0.0
-            } else {
-                context.prefix_matched[instance] as f64 / context.prompt_blocks as f64
-            }
-        }
+        Scorer::PrefixCache(_) => context.prefix_fraction[instance],
     }
 }
 
@@ -246,8 +239,7 @@ mod tests {
         let context = RoutingContext {
             views: &v,
             in_flight: &[0, 0, 0],
-            prefix_matched: &[0, 0, 0],
-            prompt_blocks: 0,
+            prefix_fraction: &[0.0, 0.0, 0.0],
         };
         assert_eq!(score_of(Scorer::QueueDepth, 0, &context), 1.0);
         assert_eq!(score_of(Scorer::QueueDepth, 1, &context), 0.5);

@@ -37,7 +37,7 @@ pub struct Cluster {
     routed_to: Vec<u32>,
     events_processed: u64,
     scratch_views: Vec<SignalView>,
-    scratch_matched: Vec<usize>,
+    scratch_fraction: Vec<f64>,
 }
 
 /// What happened to one arrival at the gateway.
@@ -107,7 +107,7 @@ impl Cluster {
             routed_to: vec![0; count],
             events_processed: 0,
             scratch_views: Vec::with_capacity(count),
-            scratch_matched: Vec::with_capacity(count),
+            scratch_fraction: Vec::with_capacity(count),
             config,
         };
         // Captures start from the instances' state at the start time.
@@ -415,33 +415,46 @@ impl Cluster {
             self.reject(spec);
             return Dispatch::Rejected;
         }
-        let block_size = self.config.instances[0].engine.block_size;
-        let keys = match self.router.prefix_mode() {
-            Some(_) => prompt_block_keys(&spec, block_size),
-            None => Vec::new(),
-        };
-        self.scratch_matched.clear();
+        // Prompt block keys per instance block size (pools may differ).
+        let mode = self.router.prefix_mode();
+        let mut keys_by_size: Vec<(u32, Vec<u64>)> = Vec::new();
+        self.scratch_fraction.clear();
         for index in 0..self.engines.len() {
-            let matched = match self.router.prefix_mode() {
-                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, &keys),
+            let block_size = self.config.instances[index].engine.block_size;
+            if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
+                keys_by_size.push((block_size, prompt_block_keys(&spec, block_size)));
+            }
+            let keys = keys_by_size
+                .iter()
+                .find(|(size, _)| *size == block_size)
+                .map_or(&[][..], |(_, keys)| &keys[..]);
+            let matched = match mode {
+                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
                 Some(PrefixMode::Precise) => signals::precise_prefix_match(
-                    &keys,
+                    keys,
                     &self.captured[index],
                     &self.engines[index],
                     &self.config.staleness,
                 ),
                 None => 0,
             };
-            self.scratch_matched.push(matched);
+            let fraction = if keys.is_empty() {
+                0.0
+            } else {
+                matched as f64 / keys.len() as f64
+            };
+            self.scratch_fraction.push(fraction);
         }
         let context = RoutingContext {
             views: &self.scratch_views,
             in_flight: &self.in_flight,
-            prefix_matched: &self.scratch_matched,
-            prompt_blocks: keys.len(),
+            prefix_fraction: &self.scratch_fraction,
         };
         let index = self.router.pick(&context);
-        self.router.record_dispatch(index, &keys);
+        let chosen_size = self.config.instances[index].engine.block_size;
+        if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == chosen_size) {
+            self.router.record_dispatch(index, keys);
+        }
         self.dispatch(index, spec);
         Dispatch::Routed(index)
     }

@@ -62,9 +62,10 @@ pub fn restore_instance(
             };
             TwinError::invalid(format!("{path}.{list}[{position}].{field}"), reason)
         }
-        SimError::InvalidState { field, reason } => {
-            TwinError::invalid(format!("{path}.{field}"), reason)
-        }
+        // The store accepted this state, so a mismatch here is the mirror's, not the caller's.
+        SimError::InvalidState { field, reason } => TwinError::FailedPrecondition(format!(
+            "mirrored state of {path}.{field} cannot be simulated: {reason}"
+        )),
         other => TwinError::invalid(path, other.to_string()),
     })
 }

@@ -189,6 +189,19 @@ fn validate(
                     format!("unknown instance id {:?}", variant.template_instance_id),
                 )
             })?;
+        let config = &snapshot.config.instances;
+        if let Some(other) = templates
+            .iter()
+            .position(|&t| same_variant(&config[t], &config[template]))
+        {
+            return Err(TwinError::invalid(
+                format!("variants[{index}].template_instance_id"),
+                format!(
+                    "configured exactly like variants[{other}]'s template: one variant would \
+                     claim the other's instances"
+                ),
+            ));
+        }
         if templates.contains(&template) {
             return Err(TwinError::invalid(
                 format!("variants[{index}].template_instance_id"),
