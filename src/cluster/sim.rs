@@ -14,6 +14,7 @@ use super::admission::Admission;
 use super::config::{ClusterConfig, PrefixMode};
 use super::router::{Router, RoutingContext};
 use super::signals::{self, CapturedSignals, RefreshTick, SignalView};
+use crate::sim::driver::{self, EventDriven};
 use crate::sim::engine::validate_request;
 use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::metrics::{Counts, Outcome, RequestRecord, Summary};
@@ -237,17 +238,12 @@ impl Cluster {
 
     /// Processes every event strictly before `time_us`.
     pub fn run_before(&mut self, time_us: u64) {
-        while self.next_event_us().is_some_and(|t| t < time_us) {
-            self.process_next_event();
-        }
+        driver::run_before(self, time_us);
     }
 
     /// Processes every event at or before `time_us`, then sets the clock to `time_us`.
     pub fn run_until(&mut self, time_us: u64) {
-        while self.next_event_us().is_some_and(|t| t <= time_us) {
-            self.process_next_event();
-        }
-        self.now_us = self.now_us.max(time_us);
+        driver::run_until(self, time_us);
     }
 
     /// Feeds `requests` (arrival order) and runs until nothing is pending, failing after
@@ -256,27 +252,7 @@ impl Cluster {
     where
         I: IntoIterator<Item = RequestSpec>,
     {
-        for spec in requests {
-            while self.next_event_us().is_some_and(|t| t < spec.arrival_us) {
-                self.step_within(max_events)?;
-            }
-            self.submit(spec)?;
-        }
-        while !self.is_idle() {
-            self.step_within(max_events)?;
-        }
-        Ok(())
-    }
-
-    fn step_within(&mut self, max_events: u64) -> Result<(), SimError> {
-        if self.events_processed >= max_events {
-            return Err(SimError::EventBudgetExhausted {
-                budget: max_events,
-                now_us: self.now_us,
-            });
-        }
-        self.process_next_event();
-        Ok(())
+        driver::run(self, requests, max_events)
     }
 
     /// The aggregate outcome so far.
@@ -502,5 +478,26 @@ impl Cluster {
         let new = total - self.records_seen[index];
         self.records_seen[index] = total;
         self.in_flight[index] = self.in_flight[index].saturating_sub(new as u64);
+    }
+}
+
+impl EventDriven for Cluster {
+    fn next_event_us(&self) -> Option<u64> {
+        Cluster::next_event_us(self)
+    }
+    fn process_next_event(&mut self) -> Option<u64> {
+        Cluster::process_next_event(self)
+    }
+    fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        Cluster::submit(self, spec)
+    }
+    fn events_processed(&self) -> u64 {
+        self.events_processed
+    }
+    fn now_us(&self) -> u64 {
+        self.now_us
+    }
+    fn advance_clock_to(&mut self, time_us: u64) {
+        self.now_us = self.now_us.max(time_us);
     }
 }

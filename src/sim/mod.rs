@@ -6,6 +6,7 @@
 
 pub mod capacity;
 pub mod config;
+pub mod driver;
 pub mod engine;
 pub mod error;
 pub mod kv;

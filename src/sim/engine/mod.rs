@@ -21,6 +21,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use crate::sim::config::EngineConfig;
+use crate::sim::driver::{self, EventDriven};
 use crate::sim::error::SimError;
 use crate::sim::kv::KvCache;
 use crate::sim::latency::{BatchEntry, LatencyModel};
@@ -281,17 +282,12 @@ impl Engine {
 
     /// Processes every event strictly before `time_us`.
     pub fn run_before(&mut self, time_us: u64) {
-        while self.next_event_us().is_some_and(|t| t < time_us) {
-            self.process_next_event();
-        }
+        driver::run_before(self, time_us);
     }
 
     /// Processes every event at or before `time_us`, then sets the clock to `time_us`.
     pub fn run_until(&mut self, time_us: u64) {
-        while self.next_event_us().is_some_and(|t| t <= time_us) {
-            self.process_next_event();
-        }
-        self.now_us = self.now_us.max(time_us);
+        driver::run_until(self, time_us);
     }
 
     /// Feeds `requests` (in non-decreasing arrival order) and runs until nothing is pending,
@@ -300,27 +296,7 @@ impl Engine {
     where
         I: IntoIterator<Item = RequestSpec>,
     {
-        for spec in requests {
-            while self.next_event_us().is_some_and(|t| t < spec.arrival_us) {
-                self.process_within_budget(max_events)?;
-            }
-            self.submit(spec)?;
-        }
-        while !self.is_idle() {
-            self.process_within_budget(max_events)?;
-        }
-        Ok(())
-    }
-
-    fn process_within_budget(&mut self, max_events: u64) -> Result<(), SimError> {
-        if self.events_processed >= max_events {
-            return Err(SimError::EventBudgetExhausted {
-                budget: max_events,
-                now_us: self.now_us,
-            });
-        }
-        self.process_next_event();
-        Ok(())
+        driver::run(self, requests, max_events)
     }
 
     /// The aggregate outcome so far.
@@ -434,4 +410,25 @@ pub fn validate_request(spec: &RequestSpec, now_us: u64) -> Result<(), SimError>
         }
     }
     Ok(())
+}
+
+impl EventDriven for Engine {
+    fn next_event_us(&self) -> Option<u64> {
+        Engine::next_event_us(self)
+    }
+    fn process_next_event(&mut self) -> Option<u64> {
+        Engine::process_next_event(self)
+    }
+    fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        Engine::submit(self, spec)
+    }
+    fn events_processed(&self) -> u64 {
+        self.events_processed
+    }
+    fn now_us(&self) -> u64 {
+        self.now_us
+    }
+    fn advance_clock_to(&mut self, time_us: u64) {
+        self.now_us = self.now_us.max(time_us);
+    }
 }
