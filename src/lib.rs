@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]
+#![warn(clippy::unwrap_used)]
 
 pub mod bench;
 pub mod catalog;
