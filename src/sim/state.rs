@@ -64,6 +64,8 @@ pub struct RequestState {
     pub blocks: BlockTable,
     /// Content keys of the full blocks of the token sequence, computed on demand.
     pub keys: Vec<u64>,
+    /// Lazy decode window: the window step its progress fields were last brought up to.
+    pub lazy_base_step: u32,
     /// Timestamps and counters.
     pub timeline: Timeline,
 }
@@ -79,6 +81,7 @@ impl RequestState {
             generated: 0,
             blocks: BlockTable::default(),
             keys: Vec::new(),
+            lazy_base_step: 0,
             timeline: Timeline::default(),
         }
     }

@@ -79,7 +79,25 @@ impl Engine {
     pub(super) fn on_step(&mut self) {
         debug_assert!(self.step_pending, "a step event fired with none pending");
         self.step_pending = false;
-        self.finish_in_flight();
+        if self.lazy.is_some() {
+            self.lazy_finish();
+            if !self.running.is_empty() && self.waiting.is_empty() {
+                if let Some(duration) = self.lazy_form() {
+                    self.schedule_step_after(duration);
+                    return;
+                }
+            }
+            self.exit_lazy();
+        } else {
+            self.finish_in_flight();
+        }
+        if self.try_enter_lazy() {
+            if let Some(duration) = self.lazy_form() {
+                self.schedule_step_after(duration);
+                return;
+            }
+            self.exit_lazy();
+        }
         // A step can come out empty when its first request preempts itself (priority
         // policy); vLLM's loop then schedules again at once. Bounded: every retry freed
         // blocks by preempting a running request.
@@ -104,6 +122,14 @@ impl Engine {
                 break;
             }
         }
+        self.track_kv_usage();
+    }
+
+    /// Schedules the end of a (lazy) step formed now, `duration` from now.
+    fn schedule_step_after(&mut self, duration: u64) {
+        self.step_pending = true;
+        let end = self.now_us.saturating_add(duration);
+        self.push_event(end, EventKind::Step, 0, 0);
         self.track_kv_usage();
     }
 
@@ -223,7 +249,7 @@ impl Engine {
     }
 
     /// Removes the request in `slot` from the engine, leaving its record.
-    fn retire(&mut self, slot: u32, outcome: Outcome) {
+    pub(super) fn retire(&mut self, slot: u32, outcome: Outcome) {
         let now = self.now_us;
         let state = self.slots[slot as usize]
             .take()

@@ -11,6 +11,7 @@
 //! Knows nothing about workloads, clusters, wall-clock time or I/O.
 
 mod invariants;
+mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
@@ -82,6 +83,7 @@ pub struct Engine {
     counts: Counts,
     events_processed: u64,
     reference: bool,
+    lazy: Option<Box<lazy::LazyWindow>>,
 }
 
 impl Engine {
@@ -113,6 +115,7 @@ impl Engine {
             counts: Counts::default(),
             events_processed: 0,
             reference: false,
+            lazy: None,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -123,6 +126,7 @@ impl Engine {
     /// counted one by one. It exists to check, by property test, that the fast paths give
     /// byte-identical results.
     pub fn set_reference_stepper(&mut self, on: bool) {
+        self.exit_lazy();
         self.reference = on;
     }
 
@@ -168,6 +172,9 @@ impl Engine {
 
     /// The step in flight: each scheduled request's id and the tokens it computes.
     pub fn batch_in_flight(&self) -> Vec<(RequestId, u32)> {
+        if self.lazy_step_in_flight() {
+            return self.running.iter().map(|&slot| (self.state(slot).spec.id, 1)).collect();
+        }
         self.in_flight
             .iter()
             .filter_map(|entry| {
@@ -270,6 +277,10 @@ impl Engine {
         );
         self.now_us = event.time_us;
         self.events_processed += 1;
+        if event.kind != EventKind::Step {
+            // Anything but a step may touch the batch: bring a lazy window up to date first.
+            self.exit_lazy();
+        }
         match event.kind {
             EventKind::Arrival => self.on_arrival(event.slot, event.serial),
             EventKind::Enqueue => self.on_enqueue(event.slot, event.serial),

@@ -67,14 +67,21 @@ impl Engine {
                 .map(|entry| entry.new_tokens)
                 .sum()
         };
+        let lazy_step = self.lazy_step_in_flight();
         let describe = |slot: u32| -> RestoredRequest {
             let state = self.state(slot);
+            // Inside a lazy decode window the stored progress lags by the window's steps.
+            let delta = if state.phase == Phase::Running { self.lazy_delta(slot) } else { 0 };
             RestoredRequest {
                 spec: state.spec.clone(),
-                computed_tokens: state.num_computed,
-                generated: state.generated,
+                computed_tokens: state.num_computed + delta,
+                generated: state.generated + delta,
                 cached_tokens: state.timeline.cached_tokens,
-                scheduled_tokens: scheduled(slot),
+                scheduled_tokens: if lazy_step && state.phase == Phase::Running {
+                    1
+                } else {
+                    scheduled(slot)
+                },
             }
         };
         let mut cached_keys = self.kv.free_keys_lru_first();
@@ -97,7 +104,7 @@ impl Engine {
                 waiting.push(describe(slot as u32));
             }
         }
-        let step_end_us = if self.in_flight.is_empty() {
+        let step_end_us = if self.in_flight.is_empty() && !lazy_step {
             None
         } else {
             self.events

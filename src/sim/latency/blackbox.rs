@@ -40,6 +40,16 @@ impl BlackboxCoefficients {
                 decode_tokens += u64::from(entry.new_tokens);
             }
         }
+        self.step_from_counts(prefill_tokens, decode_tokens)
+    }
+
+    /// Step time of a batch of `decodes` decode requests only (the same arithmetic as
+    /// [`BlackboxCoefficients::step_us`] on such a batch).
+    pub fn decode_step_us(&self, decodes: u64) -> u64 {
+        self.step_from_counts(0, decodes)
+    }
+
+    fn step_from_counts(&self, prefill_tokens: u64, decode_tokens: u64) -> u64 {
         let micros = self.beta[0]
             + self.beta[1] * prefill_tokens as f64
             + self.beta[2] * decode_tokens as f64;

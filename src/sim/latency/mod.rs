@@ -186,6 +186,18 @@ impl LatencyModel {
         step.max(1)
     }
 
+    /// Duration of a step over `decodes` decode-only requests with `context` cached tokens in
+    /// total, if the model prices such a batch from those two numbers alone (then it equals
+    /// [`LatencyModel::step_us`] on any such batch); `None` otherwise.
+    pub fn decode_step_us(&self, decodes: u64, context: u64) -> Option<u64> {
+        let step = match self {
+            LatencyModel::Blackbox(model) => model.decode_step_us(decodes),
+            LatencyModel::Roofline(model) => model.decode_step_us(decodes, context),
+            LatencyModel::Physics(_) => return None,
+        };
+        Some(step.max(1))
+    }
+
     /// Delay between a request's arrival and its entry into the scheduler's wait queue.
     pub fn queueing_us(&self, input_tokens: u32) -> u64 {
         match self {

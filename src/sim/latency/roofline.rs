@@ -128,8 +128,11 @@ impl RooflineModel {
     /// clamps to 1). One pass over `batch`, no allocation.
     pub fn step_us(&self, batch: &[BatchEntry]) -> u64 {
         let mut prefill_flops = 0.0;
-        let mut decode_flops = 0.0;
-        let mut dynamic_bytes = 0.0;
+        let mut prefill_bytes = 0.0;
+        // Decode entries (one token each) are summed as integers, so a batch's cost depends
+        // only on (decodes, their total context): the engine's lazy decode path relies on it.
+        let mut decodes: u64 = 0;
+        let mut decode_context: u64 = 0;
         let mut new_tokens_total: u64 = 0;
         for entry in batch {
             debug_assert!(
@@ -139,25 +142,47 @@ impl RooflineModel {
             if entry.new_tokens == 0 {
                 continue;
             }
-            let context = f64::from(entry.context_tokens);
-            let new_tokens = f64::from(entry.new_tokens);
-            let flops = self.flops(context, new_tokens);
             if entry.is_prefill {
-                prefill_flops += flops;
+                let context = f64::from(entry.context_tokens);
+                let new_tokens = f64::from(entry.new_tokens);
+                prefill_flops += self.flops(context, new_tokens);
+                prefill_bytes +=
+                    new_tokens * self.bytes_per_new_token + context * self.bytes_per_context_token;
             } else {
-                decode_flops += flops;
+                debug_assert_eq!(entry.new_tokens, 1, "a decode computes one token");
+                decodes += u64::from(entry.new_tokens);
+                decode_context += u64::from(entry.context_tokens) * u64::from(entry.new_tokens);
             }
-            dynamic_bytes +=
-                new_tokens * self.bytes_per_new_token + context * self.bytes_per_context_token;
             new_tokens_total += u64::from(entry.new_tokens);
         }
+        self.finish(prefill_flops, prefill_bytes, decodes, decode_context, new_tokens_total)
+    }
+
+    /// Step time of a batch of `decodes` decode requests with `context` cached tokens in
+    /// total (the same arithmetic as [`RooflineModel::step_us`] on such a batch).
+    pub fn decode_step_us(&self, decodes: u64, context: u64) -> u64 {
+        self.finish(0.0, 0.0, decodes, context, decodes)
+    }
+
+    fn finish(
+        &self,
+        prefill_flops: f64,
+        prefill_bytes: f64,
+        decodes: u64,
+        decode_context: u64,
+        new_tokens_total: u64,
+    ) -> u64 {
         if new_tokens_total == 0 {
             return 0;
         }
+        let decode_flops = decodes as f64 * self.flops_per_token
+            + decode_context as f64 * self.flops_per_token_ctx;
+        let decode_bytes = decodes as f64 * self.bytes_per_new_token
+            + decode_context as f64 * self.bytes_per_context_token;
         let compute_s =
             prefill_flops / self.prefill_flops_per_s + decode_flops / self.decode_flops_per_s;
         let weight_bytes = self.weight_bytes(new_tokens_total as f64);
-        let memory_s = (weight_bytes + dynamic_bytes) / self.bytes_per_s;
+        let memory_s = (weight_bytes + prefill_bytes + decode_bytes) / self.bytes_per_s;
         us_trunc_from_f64(compute_s.max(memory_s) * 1e6)
     }
 
