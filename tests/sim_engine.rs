@@ -481,4 +481,10 @@ fn reference_stepper_matches_on_the_reference_workload() {
         .unwrap();
     assert_eq!(fast.metrics().records, reference.metrics().records);
     assert_eq!(fast.summary(), reference.summary());
+    assert!(
+        fast.lazy_steps() > 1_000,
+        "lazy windows: {} steps",
+        fast.lazy_steps()
+    );
+    assert_eq!(reference.lazy_steps(), 0);
 }

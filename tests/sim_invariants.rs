@@ -177,10 +177,24 @@ proptest! {
     }
 
     #[test]
+    fn invariants_hold_with_lazy_decode_windows(scenario in scenario_strategy()) {
+        let mut scenario = scenario;
+        scenario.config.record_token_gaps = false;
+        let engine = run_audited(&scenario);
+        let counts = engine.counts();
+        prop_assert!(counts.is_conserved());
+        prop_assert_eq!(counts.queued + counts.running, 0);
+        prop_assert_eq!(engine.kv().used_blocks(), 0, "blocks leaked");
+    }
+
+    #[test]
     fn fast_paths_match_the_reference_stepper(scenario in scenario_strategy()) {
-        let mut fast = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
+        // Without per-request gap lists, so lazy decode windows can open.
+        let mut config = scenario.config.clone();
+        config.record_token_gaps = false;
+        let mut fast = Engine::new(config.clone(), model(scenario.alpha)).unwrap();
         fast.run(scenario.requests.clone(), 2_000_000).unwrap();
-        let mut reference = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
+        let mut reference = Engine::new(config, model(scenario.alpha)).unwrap();
         reference.set_reference_stepper(true);
         reference.run(scenario.requests.clone(), 2_000_000).unwrap();
         prop_assert_eq!(&fast.metrics().records, &reference.metrics().records);
@@ -209,6 +223,7 @@ fn swarm_reaches_every_path() {
     let mut runner = TestRunner::new_with_rng(Config::default(), rng);
     let strategy = scenario_strategy();
     let (mut preemptions, mut dropped, mut timed_out, mut hits, mut reloads) = (0, 0, 0, 0, 0);
+    let mut lazy_steps = 0;
     for _ in 0..200 {
         let scenario = strategy.new_tree(&mut runner).unwrap().current();
         let engine = run_audited(&scenario);
@@ -218,7 +233,16 @@ fn swarm_reaches_every_path() {
         timed_out += counts.timed_out;
         hits += engine.kv().stats().hit_tokens;
         reloads += engine.kv().stats().cpu_loaded_blocks;
+        let mut config = scenario.config.clone();
+        config.record_token_gaps = false;
+        let mut fast = Engine::new(config, model(scenario.alpha)).unwrap();
+        fast.run(scenario.requests.clone(), 2_000_000).unwrap();
+        lazy_steps += fast.lazy_steps();
     }
+    assert!(
+        lazy_steps > 1_000,
+        "lazy decode windows barely exercised: {lazy_steps} steps"
+    );
     assert!(preemptions > 0, "no preemption exercised");
     assert!(dropped > 0, "no drop exercised");
     assert!(timed_out > 0, "no timeout exercised");

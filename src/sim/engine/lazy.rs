@@ -34,10 +34,16 @@ pub(super) struct LazyWindow {
     members: u64,
     /// Total context of the members before the next step.
     context_sum: u64,
-    /// Requests due for a KV call at a step.
-    kv_due: BinaryHeap<Due>,
+    /// Requests due for a KV call, by step: a ring of buckets indexed by `step % len` (a
+    /// request is never due more than `block_size + 1` steps ahead), each holding
+    /// (batch position, slot).
+    kv_ring: Vec<Vec<(u32, u32)>>,
+    /// Scratch for the bucket being processed (reused: no allocation per step).
+    kv_scratch: Vec<(u32, u32)>,
     /// Requests finishing at a step.
     done_due: BinaryHeap<Due>,
+    /// Scratch for the requests finishing at a step (reused).
+    done_scratch: Vec<u32>,
     /// A window step is formed and pending.
     in_flight: bool,
 }
@@ -63,9 +69,11 @@ impl Engine {
         if !eligible {
             return false;
         }
+        let ring_len = self.config.block_size as usize + 2;
         let mut window = LazyWindow {
             prev_end_us: now,
             members: self.running.len() as u64,
+            kv_ring: vec![Vec::new(); ring_len],
             ..LazyWindow::default()
         };
         for position in 0..self.running.len() {
@@ -75,9 +83,14 @@ impl Engine {
             let computed = state.num_computed;
             let remaining = state.target_tokens() - state.generated;
             window.context_sum += u64::from(computed);
-            window.done_due.push(Reverse((remaining, position as u32, slot)));
-            let next = self.next_kv_step(slot, 0, computed);
-            window.kv_due.push(Reverse((next, position as u32, slot)));
+            window
+                .done_due
+                .push(Reverse((remaining, position as u32, slot)));
+            let next = self
+                .next_kv_step(slot, 0, computed)
+                .min(ring_len as u32 - 1);
+            let bucket = next as usize % ring_len;
+            window.kv_ring[bucket].push((position as u32, slot));
         }
         self.lazy = Some(Box::new(window));
         true
@@ -106,37 +119,44 @@ impl Engine {
         let prefix_caching = self.config.enable_prefix_caching;
         let window = self.lazy.as_mut().expect("a window is open");
         let step = window.step + 1;
-        let mut due = Vec::new();
-        while let Some(&Reverse((at, position, slot))) = window.kv_due.peek() {
-            if at != step {
-                break;
-            }
-            window.kv_due.pop();
-            due.push((position, slot));
-        }
-        for (index, &(position, slot)) in due.iter().enumerate() {
-            let window_step = self.lazy.as_ref().map_or(0, |w| w.step);
-            let state = self.slots[slot as usize]
-                .as_mut()
-                .expect("window members are live requests");
+        let ring_len = window.kv_ring.len();
+        let mut due = std::mem::take(&mut window.kv_scratch);
+        due.clear();
+        due.append(&mut window.kv_ring[step as usize % ring_len]);
+        // Batch order, as the step-by-step path allocates.
+        due.sort_unstable();
+        let window_step = step - 1;
+        for index in 0..due.len() {
+            let (position, slot) = due[index];
+            let Some(state) = self.slots[slot as usize].as_mut() else {
+                continue; // finished earlier in the window
+            };
             let computed = state.num_computed + (window_step - state.lazy_base_step);
             let total = computed + 1;
             if prefix_caching {
                 state.ensure_keys(total / block_size, block_size);
             }
-            if !self.kv.allocate(&mut state.blocks, &state.keys, PrefixHit::default(), total) {
-                // Put back what was not handled so a reopened window is not needed: the
-                // caller closes this one and the step-by-step path takes over.
+            if !self
+                .kv
+                .allocate(&mut state.blocks, &state.keys, PrefixHit::default(), total)
+            {
+                // The window closes; the step-by-step path redoes this step (the calls made
+                // above stand: it finds their blocks in place).
                 let window = self.lazy.as_mut().expect("a window is open");
-                for &(p, s) in &due[index..] {
-                    window.kv_due.push(Reverse((step, p, s)));
-                }
+                window.kv_ring[step as usize % ring_len].extend_from_slice(&due[index..]);
+                window.kv_scratch = due;
                 return None;
             }
-            let next = self.next_kv_step(slot, step, total);
+            // A call earlier than needed is harmless (it finds nothing to do and reschedules),
+            // so a far one is clamped to the ring.
+            let next = self
+                .next_kv_step(slot, step, total)
+                .min(step + ring_len as u32 - 1);
             let window = self.lazy.as_mut().expect("a window is open");
-            window.kv_due.push(Reverse((next, position, slot)));
+            window.kv_ring[next as usize % ring_len].push((position, slot));
         }
+        let window = self.lazy.as_mut().expect("a window is open");
+        window.kv_scratch = due;
         let window = self.lazy.as_mut().expect("a window is open");
         window.in_flight = true;
         let duration = self
@@ -144,6 +164,7 @@ impl Engine {
             .decode_step_us(window.members, window.context_sum)
             .expect("windows open only for models pricing decode batches");
         self.counts.steps += 1;
+        self.lazy_steps += 1;
         Some(duration)
     }
 
@@ -162,7 +183,8 @@ impl Engine {
         window.prev_end_us = now;
         window.context_sum += window.members;
         let step = window.step;
-        let mut finished = Vec::new();
+        let mut finished = std::mem::take(&mut window.done_scratch);
+        finished.clear();
         while let Some(&Reverse((at, _, slot))) = window.done_due.peek() {
             if at != step {
                 break;
@@ -173,10 +195,15 @@ impl Engine {
         for &slot in &finished {
             self.materialize(slot);
             let state = self.state_mut_internal(slot);
-            debug_assert_eq!(state.generated, state.target_tokens(), "finishing early or late");
+            debug_assert_eq!(
+                state.generated,
+                state.target_tokens(),
+                "finishing early or late"
+            );
             let computed = u64::from(state.num_computed);
             state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-            self.kv.free(&mut self.slots[slot as usize].as_mut().expect("member").blocks);
+            self.kv
+                .free(&mut self.slots[slot as usize].as_mut().expect("member").blocks);
             self.counts.running -= 1;
             self.counts.completed += 1;
             self.retire(slot, Outcome::Completed);
@@ -185,12 +212,12 @@ impl Engine {
             window.context_sum -= computed;
         }
         if !finished.is_empty() {
+            // (Finished members' queued KV calls are skipped when their step comes.)
             let slots = &self.slots;
             self.running.retain(|&slot| slots[slot as usize].is_some());
-            // Finished members may still have KV calls queued: drop those.
-            let slots = &self.slots;
-            let window = self.lazy.as_mut().expect("a window is open");
-            window.kv_due.retain(|Reverse((_, _, slot))| slots[*slot as usize].is_some());
+        }
+        if let Some(window) = self.lazy.as_mut() {
+            window.done_scratch = finished;
         }
     }
 
@@ -230,7 +257,10 @@ impl Engine {
         }
         self.lazy = None;
         if in_flight {
-            debug_assert!(self.in_flight.is_empty(), "window steps keep no in-flight entries");
+            debug_assert!(
+                self.in_flight.is_empty(),
+                "window steps keep no in-flight entries"
+            );
             for index in 0..self.running.len() {
                 let slot = self.running[index];
                 let serial = self.state(slot).serial;

@@ -84,6 +84,7 @@ pub struct Engine {
     events_processed: u64,
     reference: bool,
     lazy: Option<Box<lazy::LazyWindow>>,
+    lazy_steps: u64,
 }
 
 impl Engine {
@@ -116,6 +117,7 @@ impl Engine {
             events_processed: 0,
             reference: false,
             lazy: None,
+            lazy_steps: 0,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -128,6 +130,12 @@ impl Engine {
     pub fn set_reference_stepper(&mut self, on: bool) {
         self.exit_lazy();
         self.reference = on;
+    }
+
+    /// Steps taken inside lazy decode windows so far (a diagnostic: how often the fast path
+    /// applied).
+    pub fn lazy_steps(&self) -> u64 {
+        self.lazy_steps
     }
 
     /// The configuration.
@@ -173,7 +181,11 @@ impl Engine {
     /// The step in flight: each scheduled request's id and the tokens it computes.
     pub fn batch_in_flight(&self) -> Vec<(RequestId, u32)> {
         if self.lazy_step_in_flight() {
-            return self.running.iter().map(|&slot| (self.state(slot).spec.id, 1)).collect();
+            return self
+                .running
+                .iter()
+                .map(|&slot| (self.state(slot).spec.id, 1))
+                .collect();
         }
         self.in_flight
             .iter()

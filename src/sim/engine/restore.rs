@@ -71,7 +71,11 @@ impl Engine {
         let describe = |slot: u32| -> RestoredRequest {
             let state = self.state(slot);
             // Inside a lazy decode window the stored progress lags by the window's steps.
-            let delta = if state.phase == Phase::Running { self.lazy_delta(slot) } else { 0 };
+            let delta = if state.phase == Phase::Running {
+                self.lazy_delta(slot)
+            } else {
+                0
+            };
             RestoredRequest {
                 spec: state.spec.clone(),
                 computed_tokens: state.num_computed + delta,

@@ -155,7 +155,13 @@ impl RooflineModel {
             }
             new_tokens_total += u64::from(entry.new_tokens);
         }
-        self.finish(prefill_flops, prefill_bytes, decodes, decode_context, new_tokens_total)
+        self.finish(
+            prefill_flops,
+            prefill_bytes,
+            decodes,
+            decode_context,
+            new_tokens_total,
+        )
     }
 
     /// Step time of a batch of `decodes` decode requests with `context` cached tokens in
