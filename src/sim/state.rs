@@ -108,6 +108,12 @@ impl RequestState {
 
     /// Makes sure the keys of the first `full_blocks` blocks are computed.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
+        if self.keys.capacity() == 0 {
+            // Room for the whole sequence at once: no regrowth on the hot path.
+            let most = (self.spec.input_tokens + self.target_tokens()) / block_size + 1;
+            self.keys.reserve_exact(most as usize);
+            self.blocks.ids.reserve_exact(most as usize + 1);
+        }
         let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
         while (self.keys.len() as u32) < full_blocks {
             let index = self.keys.len() as u32;

@@ -81,11 +81,12 @@ impl Engine {
         self.step_pending = false;
         if self.lazy.is_some() {
             self.lazy_finish();
-            if !self.running.is_empty() && self.waiting.is_empty() {
-                if let Some(duration) = self.lazy_form() {
-                    self.schedule_step_after(duration);
-                    return;
-                }
+            if !self.running.is_empty()
+                && self.waiting.is_empty()
+                && let Some(duration) = self.lazy_form()
+            {
+                self.schedule_step_after(duration);
+                return;
             }
             self.exit_lazy();
         } else {
