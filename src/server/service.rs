@@ -26,8 +26,9 @@ use super::error::{deadline_status, internal_status, status_from, stream_status_
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
 use crate::telemetry::Metrics;
+use crate::twin::MirrorSnapshot;
 use crate::twin::limits::Limits;
-use crate::twin::store::{KvEvent, MirrorStore};
+use crate::twin::store::{KvEvent, MirrorStore, StoredSnapshot};
 use crate::twin::{TwinError, forecast, predict};
 
 /// Most gaps listed in one `PushAck` (the count in the metrics is exact).
@@ -228,29 +229,16 @@ impl Shared {
         message: proto::PredictRoutingRequest,
         deadline: Instant,
     ) -> Result<proto::PredictRoutingResponse, Status> {
-        let started = Instant::now();
-        if started >= deadline {
-            return Err(deadline_status("before the question was read"));
-        }
         let limits = self.limits.twin;
         let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
-        let stored = self
-            .store
-            .snapshot(decoded.generation)
-            .map_err(|err| status_from(&err))?;
         let request_id = decoded.request_id.clone();
-        let question = decoded
-            .resolve(&stored, &limits, wall_now_us())
-            .map_err(|err| status_from(&err))?;
-        let limits = Limits {
-            deadline: Some(deadline),
-            ..limits
-        };
-        let snapshot = Arc::clone(&stored.snapshot);
         let answer = self
-            .simulate(deadline, move || {
-                predict::predict_routing(&snapshot, &question, &limits)
-            })
+            .answer_on_snapshot(
+                deadline,
+                decoded.generation,
+                |stored| decoded.resolve(stored, &limits, wall_now_us()),
+                predict::predict_routing,
+            )
             .await?;
         self.metrics.simulation_events.inc_by(answer.events);
         Ok(routing_answer_to_proto(&answer, &request_id))
@@ -261,30 +249,47 @@ impl Shared {
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
     ) -> Result<proto::ForecastCapacityResponse, Status> {
-        let started = Instant::now();
-        if started >= deadline {
-            return Err(deadline_status("before the question was read"));
-        }
         let limits = self.limits.twin;
         let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
-        let stored = self
-            .store
-            .snapshot(decoded.generation)
-            .map_err(|err| status_from(&err))?;
-        let question = decoded
-            .resolve(&stored, wall_now_us())
-            .map_err(|err| status_from(&err))?;
-        let limits = Limits {
-            deadline: Some(deadline),
-            ..limits
-        };
-        let snapshot = Arc::clone(&stored.snapshot);
         let answer = self
-            .simulate(deadline, move || {
-                forecast::forecast_capacity(&snapshot, &question, &limits)
-            })
+            .answer_on_snapshot(
+                deadline,
+                decoded.generation,
+                |stored| decoded.resolve(stored, wall_now_us()),
+                forecast::forecast_capacity,
+            )
             .await?;
         Ok(forecast_answer_to_proto(&answer))
+    }
+
+    /// The common path of a question: pick the snapshot of `generation`, resolve the question
+    /// against it, then run `work` on that one immutable snapshot within `deadline`.
+    async fn answer_on_snapshot<Q, A>(
+        &self,
+        deadline: Instant,
+        generation: u64,
+        resolve: impl FnOnce(&StoredSnapshot) -> Result<Q, TwinError>,
+        work: fn(&MirrorSnapshot, &Q, &Limits) -> Result<A, TwinError>,
+    ) -> Result<A, Status>
+    where
+        Q: Send + 'static,
+        A: Send + 'static,
+    {
+        if Instant::now() >= deadline {
+            return Err(deadline_status("before the question was read"));
+        }
+        let stored = self
+            .store
+            .snapshot(generation)
+            .map_err(|err| status_from(&err))?;
+        let question = resolve(&stored).map_err(|err| status_from(&err))?;
+        let limits = Limits {
+            deadline: Some(deadline),
+            ..self.limits.twin
+        };
+        let snapshot = Arc::clone(&stored.snapshot);
+        self.simulate(deadline, move || work(&snapshot, &question, &limits))
+            .await
     }
 
     /// Reads the next message of a client stream within the client's deadline, if any.
