@@ -318,8 +318,13 @@ impl Shared {
             ..proto::PushAck::default()
         };
         while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
-            let generation = update_from_proto(&message)
-                .and_then(|update| self.store.apply_state(update))
+            let update = update_from_proto(&message)
+                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            // Store writes copy instance state: keep them off the async workers.
+            let store = Arc::clone(&self.store);
+            let generation = tokio::task::spawn_blocking(move || store.apply_state(update))
+                .await
+                .map_err(|_| internal_status("the store update task failed"))?
                 .map_err(|err| stream_status_from(&err, ack.accepted))?;
             ack.generation = generation;
             ack.accepted += 1;
@@ -344,9 +349,10 @@ impl Shared {
             let batch = kv_batch_from_proto(&message)
                 .map_err(|err| stream_status_from(&err, ack.accepted))?;
             let counts = count_kv_events(&batch.events);
-            let applied = self
-                .store
-                .apply_kv_events(batch)
+            let store = Arc::clone(&self.store);
+            let applied = tokio::task::spawn_blocking(move || store.apply_kv_events(batch))
+                .await
+                .map_err(|_| internal_status("the store update task failed"))?
                 .map_err(|err| stream_status_from(&err, ack.accepted))?;
             for (kind, count) in counts {
                 self.metrics
