@@ -32,6 +32,7 @@ fn snapshot() -> MirrorSnapshot {
         settings: Arc::new(TwinSettings::defaults()),
         instances,
         traffic: Arc::new(TrafficStats::default()),
+        memo: Default::default(),
     }
 }
 

@@ -65,6 +65,7 @@ fn mirror(cluster: &Cluster, generation: u64) -> MirrorSnapshot {
         settings: Arc::new(TwinSettings::defaults()),
         instances,
         traffic: Arc::new(TrafficStats::default()),
+        memo: Default::default(),
     }
 }
 
@@ -431,4 +432,27 @@ fn bounded_work_and_bad_questions() {
         predict_routing(&snapshot, &q, &late),
         Err(TwinError::DeadlineExceeded { .. })
     ));
+}
+
+#[test]
+fn baselines_are_shared_across_questions_on_one_snapshot() {
+    let cut = 8_000_123;
+    let cluster = cluster_at(cut);
+    let snapshot = mirror(&cluster, 1);
+    let first = question(cut, OutputLength::Point(300), 2);
+    let mut second = first.clone();
+    second.request.prompt_tokens = 500;
+    predict_routing(&snapshot, &first, &Limits::DEFAULT).unwrap();
+    assert_eq!(snapshot.memo.len(), 6, "3 candidates x 2 replications");
+    let warm = predict_routing(&snapshot, &second, &Limits::DEFAULT).unwrap();
+    assert_eq!(
+        snapshot.memo.len(),
+        6,
+        "the second question reuses every baseline"
+    );
+    // A copied snapshot starts with an empty memo; the answer is the same.
+    let fresh = snapshot.clone();
+    assert!(fresh.memo.is_empty());
+    let cold = predict_routing(&fresh, &second, &Limits::DEFAULT).unwrap();
+    assert_eq!(warm, cold);
 }

@@ -41,6 +41,7 @@ fn snapshot_with(instances: Vec<InstanceState>, priority_policy: bool) -> Mirror
         config: Arc::new(config),
         settings: Arc::new(TwinSettings::defaults()),
         traffic: Arc::new(TrafficStats::default()),
+        memo: Default::default(),
     }
 }
 

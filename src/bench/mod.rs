@@ -143,6 +143,7 @@ pub fn whatif_snapshot(known_lengths: bool) -> MirrorSnapshot {
         settings: Arc::new(TwinSettings::defaults()),
         instances,
         traffic: Arc::new(TrafficStats::default()),
+        memo: Default::default(),
     }
 }
 

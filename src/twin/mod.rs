@@ -9,6 +9,7 @@ pub mod build;
 pub mod error;
 pub mod forecast;
 pub mod limits;
+pub mod memo;
 pub mod parallel;
 pub mod predict;
 pub mod question;

@@ -7,11 +7,14 @@
 //! snapshot generation and seed it reports. Work is bounded by the call's limits (events,
 //! horizon) and deadline.
 
+use std::sync::Arc;
+
 use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
 
 use super::build::{QUESTION_REQUEST_ID, restore_instance};
 use super::error::TwinError;
 use super::limits::Limits;
+use super::memo::{Baseline, BaselineKey};
 use super::question::{
     Background, CandidatePrediction, Distribution, OutputLength, RoutingAnswer, RoutingQuestion,
     StalePolicy,
@@ -334,15 +337,41 @@ fn simulate(
     let mut events = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
     let horizon_end = now.saturating_add(question.options.horizon_us);
-    let mut without = engine.clone();
+    let background = background_arrivals(snapshot, question, index, replication, outputs)?;
+    let key = BaselineKey {
+        instance: index,
+        now_us: now,
+        seed: question.options.seed,
+        replication,
+        horizon_us: question.options.horizon_us,
+        background: u8::from(question.options.background != Background::None),
+        treatment: u8::from(treatment == Treatment::UseLast),
+    };
+    // The fork without the request is the same for every question on this snapshot.
+    let baseline = match snapshot.memo.get(&key) {
+        Some(baseline) => baseline,
+        None => {
+            let mut without = engine.clone();
+            let events = run_with_arrivals(&mut without, &background, horizon_end, budget)?;
+            let ends = without
+                .metrics()
+                .records
+                .iter()
+                .filter(|r| r.outcome == Outcome::Completed)
+                .map(|r| (r.id.0, r.end_us))
+                .collect();
+            let baseline = Arc::new(Baseline { ends, events });
+            snapshot.memo.insert(key, Arc::clone(&baseline));
+            baseline
+        }
+    };
     let spec = question_request(question, replication, now);
     engine
         .submit(spec)
         .map_err(|err| TwinError::invalid("request", err.to_string()))?;
-    let background = background_arrivals(snapshot, question, index, replication, outputs)?;
     events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
-    events += run_with_arrivals(&mut without, &background, horizon_end, budget)?;
-    Ok(measure(&engine, &without, now, horizon_end, events))
+    events += baseline.events;
+    Ok(measure(&engine, &baseline, now, horizon_end, events))
 }
 
 /// Most background arrivals one fork may simulate.
@@ -405,7 +434,13 @@ fn background_arrivals(
     Ok(arrivals)
 }
 
-fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: u64) -> Outcome1 {
+fn measure(
+    with: &Engine,
+    baseline: &Baseline,
+    now: u64,
+    horizon_end: u64,
+    events: u64,
+) -> Outcome1 {
     let records = &with.metrics().records;
     let mine = records.iter().find(|r| r.id.0 == QUESTION_REQUEST_ID);
     let ms = |us: u64| us as f64 / 1000.0;
@@ -440,19 +475,13 @@ fn measure(with: &Engine, without: &Engine, now: u64, horizon_end: u64, events: 
     }
     // Impact on the requests that were already there: mean change of their end time, over
     // those finishing within the horizon in both forks.
-    let baseline: std::collections::HashMap<u64, u64> = without
-        .metrics()
-        .records
-        .iter()
-        .filter(|r| r.outcome == Outcome::Completed)
-        .map(|r| (r.id.0, r.end_us))
-        .collect();
+
     let (mut sum, mut count) = (0i128, 0u64);
     for record in records {
         if record.id.0 == QUESTION_REQUEST_ID || record.outcome != Outcome::Completed {
             continue;
         }
-        if let Some(&end) = baseline.get(&record.id.0) {
+        if let Some(&end) = baseline.ends.get(&record.id.0) {
             sum += i128::from(record.end_us) - i128::from(end);
             count += 1;
         }

@@ -131,4 +131,6 @@ pub struct MirrorSnapshot {
     pub instances: Vec<Arc<InstanceState>>,
     /// Observed traffic.
     pub traffic: Arc<TrafficStats>,
+    /// Baseline forks already computed on this snapshot (a cache; cloning empties it).
+    pub memo: crate::twin::memo::BaselineMemo,
 }

@@ -353,6 +353,7 @@ impl MirrorStore {
             settings: Arc::new(settings),
             instances,
             traffic,
+            memo: Default::default(),
         };
         self.publish(&mut writer, snapshot, addresses);
         Ok(SyncOutcome {

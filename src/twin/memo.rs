@@ -1,0 +1,99 @@
+//! Memo of baseline forks, per snapshot.
+//!
+//! A routing prediction runs each candidate twice: with the question's request and without
+//! it (to measure the impact on the requests already there). The fork without it depends only
+//! on the snapshot, the candidate, the replication's seed, the horizon, the background
+//! traffic and the stale-policy treatment, not on the question's request, so every question
+//! asked on the same snapshot can share it. Each snapshot carries its own memo, which is why
+//! cloning a snapshot (to derive a new generation or a modified copy) starts an empty one.
+//! Bounded: the memo is emptied when it reaches [`BASELINE_MEMO_MAX`] entries.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Most baselines one snapshot remembers.
+pub const BASELINE_MEMO_MAX: usize = 4096;
+
+/// What identifies a baseline fork on one snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BaselineKey {
+    /// Candidate instance index.
+    pub instance: usize,
+    /// The question's "now" (µs).
+    pub now_us: u64,
+    /// The question's seed.
+    pub seed: u64,
+    /// Replication index.
+    pub replication: u32,
+    /// Horizon (µs).
+    pub horizon_us: u64,
+    /// Background traffic on (1) or off (0).
+    pub background: u8,
+    /// Stale-policy treatment (0 roll forward, 1 use last).
+    pub treatment: u8,
+}
+
+/// The outcome of a fork without the question's request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Baseline {
+    /// End time of every request that finished within the horizon, by engine id.
+    pub ends: HashMap<u64, u64>,
+    /// Simulation events the fork took.
+    pub events: u64,
+}
+
+/// A snapshot's memo of baselines (shared by concurrent questions on that snapshot).
+#[derive(Default)]
+pub struct BaselineMemo {
+    entries: Arc<Mutex<HashMap<BaselineKey, Arc<Baseline>>>>,
+}
+
+impl BaselineMemo {
+    /// The baseline for `key`, if computed.
+    pub fn get(&self, key: &BaselineKey) -> Option<Arc<Baseline>> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.get(key).cloned()
+    }
+
+    /// Remembers `baseline` for `key` (emptying the memo first when full).
+    pub fn insert(&self, key: BaselineKey, baseline: Arc<Baseline>) {
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= BASELINE_MEMO_MAX {
+            entries.clear();
+        }
+        entries.insert(key, baseline);
+    }
+
+    /// Baselines remembered.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// True if nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Clone for BaselineMemo {
+    /// A copied snapshot is a different snapshot: it starts with an empty memo.
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for BaselineMemo {
+    /// Memos are caches: they never make two snapshots different.
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for BaselineMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BaselineMemo({} entries)", self.len())
+    }
+}
