@@ -31,7 +31,7 @@ pub enum Command {
 /// Flags of `ditto run`.
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
-    /// Model: an embedded model name (data/models/) or a path to a HF config.json
+    /// Model: an embedded model name (data/model_configs/) or a path to a HF config.json
     /// (default: the replay trace's model if embedded, else llama-3.1-8b-instruct).
     #[arg(long)]
     pub model: Option<String>,
