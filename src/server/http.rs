@@ -9,7 +9,8 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use super::service::{Shared, wall_now_us};
+use super::deadline::wall_now_us;
+use super::service::Shared;
 
 /// The HTTP routes over the server's shared state.
 pub fn router(shared: Arc<Shared>) -> Router {

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod convert;
+pub mod deadline;
 pub mod error;
 pub mod http;
 pub mod loadgen;

@@ -9,11 +9,10 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -22,6 +21,7 @@ use super::convert::config::cluster_from_proto;
 use super::convert::forecast::{forecast_answer_to_proto, forecast_from_proto};
 use super::convert::question::{routing_answer_to_proto, routing_from_proto};
 use super::convert::state::{kv_batch_from_proto, snapshot_to_proto, update_from_proto};
+use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{deadline_status, internal_status, status_from, stream_status_from};
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
@@ -122,51 +122,6 @@ impl TwinService {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
     }
-}
-
-/// Microseconds since the Unix epoch on the server's clock (0 if the clock is before 1970).
-pub fn wall_now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
-        })
-}
-
-/// Parses a `grpc-timeout` header value (`<up to 8 digits><H|M|S|m|u|n>`).
-pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    if !value.is_ascii() {
-        return None;
-    }
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.checked_mul(3600)?),
-        "M" => Duration::from_secs(amount.checked_mul(60)?),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
-}
-
-/// The client's deadline, if it sent a grpc-timeout. Tonic cancels the call itself at that
-/// instant (with CANCELLED), so the handler's deadline comes a little earlier: a tenth of
-/// the timeout, at least 2 ms and at most 50 ms, so the client gets DEADLINE_EXCEEDED.
-fn client_deadline(metadata: &MetadataMap, now: Instant) -> Option<Instant> {
-    let timeout = parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)?;
-    let margin = (timeout / 10).clamp(Duration::from_millis(2), Duration::from_millis(50));
-    Some(now + timeout.saturating_sub(margin))
-}
-
-/// The deadline of one prediction or forecast: the client's, capped by `max_call`.
-fn work_deadline(client: Option<Instant>, max_call: Duration, now: Instant) -> Instant {
-    let server = now + max_call;
-    client.map_or(server, |client| client.min(server))
 }
 
 fn code_name(code: tonic::Code) -> String {
@@ -308,24 +263,40 @@ impl Shared {
         }
     }
 
+    /// An acknowledgement of nothing yet, at the latest generation.
+    fn empty_ack(&self) -> proto::PushAck {
+        proto::PushAck {
+            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
+            ..proto::PushAck::default()
+        }
+    }
+
+    /// Applies one write to the store on the blocking pool (writes copy instance state: they
+    /// stay off the async workers); errors name the stream message (`accepted` so far).
+    async fn write_store<T: Send + 'static>(
+        &self,
+        accepted: u64,
+        write: impl FnOnce(&MirrorStore) -> Result<T, TwinError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let store = Arc::clone(&self.store);
+        tokio::task::spawn_blocking(move || write(&store))
+            .await
+            .map_err(|_| internal_status("the store update task failed"))?
+            .map_err(|err| stream_status_from(&err, accepted))
+    }
+
     async fn push_states(
         &self,
         mut stream: Streaming<proto::InstanceStateUpdate>,
         deadline: Option<Instant>,
     ) -> Result<proto::PushAck, Status> {
-        let mut ack = proto::PushAck {
-            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
-            ..proto::PushAck::default()
-        };
+        let mut ack = self.empty_ack();
         while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
             let update = update_from_proto(&message)
                 .map_err(|err| stream_status_from(&err, ack.accepted))?;
-            // Store writes copy instance state: keep them off the async workers.
-            let store = Arc::clone(&self.store);
-            let generation = tokio::task::spawn_blocking(move || store.apply_state(update))
-                .await
-                .map_err(|_| internal_status("the store update task failed"))?
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            let generation = self
+                .write_store(ack.accepted, move |store| store.apply_state(update))
+                .await?;
             ack.generation = generation;
             ack.accepted += 1;
             self.metrics
@@ -341,19 +312,14 @@ impl Shared {
         mut stream: Streaming<proto::KvEventBatch>,
         deadline: Option<Instant>,
     ) -> Result<proto::PushAck, Status> {
-        let mut ack = proto::PushAck {
-            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
-            ..proto::PushAck::default()
-        };
+        let mut ack = self.empty_ack();
         while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
             let batch = kv_batch_from_proto(&message)
                 .map_err(|err| stream_status_from(&err, ack.accepted))?;
             let counts = count_kv_events(&batch.events);
-            let store = Arc::clone(&self.store);
-            let applied = tokio::task::spawn_blocking(move || store.apply_kv_events(batch))
-                .await
-                .map_err(|_| internal_status("the store update task failed"))?
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+            let applied = self
+                .write_store(ack.accepted, move |store| store.apply_kv_events(batch))
+                .await?;
             for (kind, count) in counts {
                 self.metrics
                     .kv_events
@@ -584,37 +550,5 @@ impl Twin for TwinService {
             .answer_forecast(request.into_inner(), deadline)
             .await;
         self.shared.finish("ForecastCapacity", started, result)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeouts_parse() {
-        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("5u"), Some(Duration::from_micros(5)));
-        assert_eq!(parse_grpc_timeout("123456789S"), None);
-        assert_eq!(parse_grpc_timeout("S"), None);
-        assert_eq!(parse_grpc_timeout("10x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
-        assert_eq!(parse_grpc_timeout("1é"), None);
-    }
-
-    #[test]
-    fn the_work_deadline_is_the_earlier_one() {
-        let now = Instant::now();
-        let client = now + Duration::from_millis(10);
-        assert_eq!(
-            work_deadline(Some(client), Duration::from_secs(5), now),
-            client
-        );
-        assert_eq!(
-            work_deadline(None, Duration::from_secs(5), now),
-            now + Duration::from_secs(5)
-        );
     }
 }

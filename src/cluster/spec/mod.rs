@@ -10,11 +10,10 @@ use thiserror::Error;
 
 mod policies;
 
-use policies::{
-    AdmissionSpec, RoutingSpec, StalenessSpec, resolve_admission, resolve_routing,
-    resolve_staleness,
+pub use policies::{
+    AdmissionSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_routing,
+    resolve_staleness, routing_by_name,
 };
-pub use policies::{resolve_scorer_named, routing_by_name};
 
 use super::config::{AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy};
 use crate::catalog;

@@ -12,57 +12,80 @@ use crate::cluster::config::{
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RoutingSpec {
-    pub(super) policy: String,
+/// The `routing:` section (also built from the gRPC `RouterPolicy`).
+pub struct RoutingSpec {
+    /// Policy name.
+    pub policy: String,
     #[serde(default)]
-    pub(super) scorers: Option<Vec<ScorerSpec>>,
+    /// Weighted scorers (default: llm-d's profile).
+    pub scorers: Option<Vec<ScorerSpec>>,
     #[serde(default)]
-    pub(super) picker: Option<String>,
+    /// Picker name (default max-score).
+    pub picker: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct ScorerSpec {
-    pub(super) name: String,
-    pub(super) weight: f64,
+/// One weighted scorer entry.
+pub struct ScorerSpec {
+    /// Scorer name.
+    pub name: String,
+    /// Weight.
+    pub weight: f64,
     #[serde(default)]
-    pub(super) mode: Option<String>,
+    /// Prefix mode: approximate or precise.
+    pub mode: Option<String>,
     #[serde(default)]
-    pub(super) blocks_per_instance: Option<u32>,
+    /// Approximate index size per instance.
+    pub blocks_per_instance: Option<u32>,
     #[serde(default)]
-    pub(super) threshold: Option<u32>,
+    /// Load-aware queue threshold.
+    pub threshold: Option<u32>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct AdmissionSpec {
-    pub(super) policy: String,
+/// The `admission:` section (also built from the gRPC `AdmissionPolicy`).
+pub struct AdmissionSpec {
+    /// Policy name.
+    pub policy: String,
     #[serde(default)]
-    pub(super) capacity_tokens: Option<f64>,
+    /// Token-bucket size.
+    pub capacity_tokens: Option<f64>,
     #[serde(default)]
-    pub(super) refill_tokens_per_s: Option<f64>,
+    /// Token-bucket refill rate.
+    pub refill_tokens_per_s: Option<f64>,
     #[serde(default)]
-    pub(super) queue_threshold: Option<f64>,
+    /// Saturation queue threshold.
+    pub queue_threshold: Option<f64>,
     #[serde(default)]
-    pub(super) kv_threshold: Option<f64>,
+    /// Saturation KV threshold.
+    pub kv_threshold: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct StalenessSpec {
+/// The `staleness:` section, in milliseconds (also built from the gRPC `Staleness`).
+pub struct StalenessSpec {
     #[serde(default)]
-    pub(super) refresh_interval_ms: Option<f64>,
+    /// Every signal's refresh interval.
+    pub refresh_interval_ms: Option<f64>,
     #[serde(default)]
-    pub(super) queue_depth_ms: Option<f64>,
+    /// Queue-depth refresh interval.
+    pub queue_depth_ms: Option<f64>,
     #[serde(default)]
-    pub(super) running_ms: Option<f64>,
+    /// Running-count refresh interval.
+    pub running_ms: Option<f64>,
     #[serde(default)]
-    pub(super) kv_usage_ms: Option<f64>,
+    /// KV-usage refresh interval.
+    pub kv_usage_ms: Option<f64>,
     #[serde(default)]
-    pub(super) prefix_cache_ms: Option<f64>,
+    /// Prefix-view refresh interval.
+    pub prefix_cache_ms: Option<f64>,
 }
 
-pub(super) fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecError> {
+/// Resolves a routing section; errors name `routing.*` fields.
+pub fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecError> {
     let policy = spec.policy.trim().to_ascii_lowercase();
     if policy != "weighted" && (spec.scorers.is_some() || spec.picker.is_some()) {
         return Err(invalid(
@@ -113,26 +136,6 @@ pub(super) fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, Clust
             ),
         )),
     }
-}
-
-/// Resolves one weighted scorer given by name (as the gRPC config does); `path` names it
-/// in errors.
-pub fn resolve_scorer_named(
-    name: &str,
-    weight: f64,
-    mode: Option<&str>,
-    path: &str,
-) -> Result<WeightedScorer, ClusterSpecError> {
-    resolve_scorer(
-        &ScorerSpec {
-            name: name.to_owned(),
-            weight,
-            mode: mode.map(str::to_owned),
-            blocks_per_instance: None,
-            threshold: None,
-        },
-        path,
-    )
 }
 
 fn resolve_scorer(spec: &ScorerSpec, path: &str) -> Result<WeightedScorer, ClusterSpecError> {
@@ -215,7 +218,8 @@ fn resolve_scorer(spec: &ScorerSpec, path: &str) -> Result<WeightedScorer, Clust
     })
 }
 
-pub(super) fn resolve_admission(spec: &AdmissionSpec) -> Result<AdmissionPolicy, ClusterSpecError> {
+/// Resolves an admission section; errors name `admission.*` fields.
+pub fn resolve_admission(spec: &AdmissionSpec) -> Result<AdmissionPolicy, ClusterSpecError> {
     let positive =
         |value: Option<f64>, default: f64, field: &str| -> Result<f64, ClusterSpecError> {
             let value = value.unwrap_or(default);
@@ -277,7 +281,8 @@ pub(super) fn resolve_admission(spec: &AdmissionSpec) -> Result<AdmissionPolicy,
     }
 }
 
-pub(super) fn resolve_staleness(spec: StalenessSpec) -> Result<StalenessConfig, ClusterSpecError> {
+/// Resolves a staleness section; errors name `staleness.*` fields.
+pub fn resolve_staleness(spec: StalenessSpec) -> Result<StalenessConfig, ClusterSpecError> {
     let to_us =
         |value: Option<f64>, default_us: u64, field: &str| -> Result<u64, ClusterSpecError> {
             match value {

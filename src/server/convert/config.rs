@@ -5,20 +5,21 @@
 //! instance. Field paths are the message's (`instances[1].engine.max_num_seqs`).
 
 use crate::cluster::config::{
-    AdmissionPolicy, ClusterConfig, DEFAULT_PREFIX_INDEX_BLOCKS, DEFAULT_REFRESH_INTERVAL_US,
-    InstanceConfig, InstanceRole, Picker, PrefixMode, RoutingPolicy, Scorer, StalenessConfig,
-    WeightedScorer,
+    AdmissionPolicy, ClusterConfig, DEFAULT_REFRESH_INTERVAL_US, InstanceConfig, InstanceRole,
+    Picker, PrefixMode, RoutingPolicy, Scorer, StalenessConfig, WeightedScorer,
 };
 use crate::cluster::spec::{
-    ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX, PoolSpec, resolve_pool,
+    AdmissionSpec, ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX, PoolSpec,
+    RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_pool, resolve_routing,
+    resolve_staleness,
 };
 use crate::sim::latency::LatencyModel;
 use crate::twin::TwinError;
 use crate::twin::snapshot::TwinSettings;
 
 use super::{
-    count_in, join, length_dist_from, length_dist_to, ms_to_us, non_negative, positive,
-    stale_policy_from, stale_policy_to, tokens, us_to_ms,
+    count_in, join, length_dist_from, length_dist_to, ms_to_us, positive, stale_policy_from,
+    stale_policy_to, tokens, us_to_ms,
 };
 use crate::server::proto;
 
@@ -183,212 +184,87 @@ fn engine_from_proto(
     })
 }
 
+/// The router policy, resolved by the same code as the cluster YAML (`cluster::spec`); its
+/// `routing.*` error paths are renamed to the message's `router.*`.
 fn routing_from_proto(router: Option<&proto::RouterPolicy>) -> Result<RoutingPolicy, TwinError> {
     let Some(router) = router else {
         return Ok(RoutingPolicy::llm_d_default());
     };
-    let policy = router.policy.trim().to_ascii_lowercase();
-    let weighted = policy.is_empty() || policy == "weighted";
-    if !weighted && (!router.scorers.is_empty() || !router.picker.trim().is_empty()) {
-        return Err(TwinError::invalid(
-            "router.scorers",
-            format!("scorers and picker need policy weighted (got {policy:?})"),
-        ));
-    }
-    match policy.as_str() {
-        "round-robin" => return Ok(RoutingPolicy::RoundRobin),
-        "random" => return Ok(RoutingPolicy::Random),
-        "least-loaded" => return Ok(RoutingPolicy::LeastLoaded),
-        "" | "weighted" => {}
-        other => {
-            return Err(TwinError::invalid(
-                "router.policy",
-                format!(
-                    "unknown policy {other:?}; expected round-robin, random, least-loaded or \
-                     weighted"
-                ),
-            ));
-        }
-    }
-    let picker = match router.picker.trim() {
-        "" | "max-score" => Picker::MaxScore,
-        "weighted-random" => Picker::WeightedRandom,
-        other => {
-            return Err(TwinError::invalid(
-                "router.picker",
-                format!("unknown picker {other:?}; expected max-score or weighted-random"),
-            ));
-        }
-    };
-    if router.scorers.is_empty() {
-        return Ok(match RoutingPolicy::llm_d_default() {
-            RoutingPolicy::Weighted { scorers, .. } => RoutingPolicy::Weighted { scorers, picker },
-            other => other,
-        });
-    }
     let scorers = router
         .scorers
         .iter()
         .enumerate()
-        .map(|(index, scorer)| scorer_from_proto(scorer, &format!("router.scorers[{index}]")))
+        .map(|(index, scorer)| scorer_spec(scorer, &format!("router.scorers[{index}]")))
         .collect::<Result<Vec<_>, _>>()?;
-    if scorers.iter().all(|scorer| scorer.weight == 0.0) {
-        return Err(TwinError::invalid(
-            "router.scorers",
-            "needs at least one scorer with a positive weight",
-        ));
-    }
-    Ok(RoutingPolicy::Weighted { scorers, picker })
-}
-
-fn scorer_from_proto(spec: &proto::ScorerSpec, path: &str) -> Result<WeightedScorer, TwinError> {
-    let weight = non_negative(spec.weight, &join(path, "weight"))?;
-    let name = spec.name.trim().to_ascii_lowercase();
-    let mode = spec.mode.trim().to_ascii_lowercase();
-    if name != "prefix-cache" && (!mode.is_empty() || spec.blocks_per_instance.is_some()) {
-        return Err(TwinError::invalid(
-            join(path, "mode"),
-            "only the prefix-cache scorer has a mode and an index size",
-        ));
-    }
-    if name != "load-aware" && spec.threshold.is_some() {
-        return Err(TwinError::invalid(
-            join(path, "threshold"),
-            "only the load-aware scorer has a threshold",
-        ));
-    }
-    let scorer = match name.as_str() {
-        "queue-depth" => Scorer::QueueDepth,
-        "kv-cache-utilization" => Scorer::KvCacheUtilization,
-        "active-requests" => Scorer::ActiveRequests,
-        "running-requests" => Scorer::RunningRequests,
-        "load-aware" => Scorer::LoadAware {
-            threshold: match spec.threshold {
-                Some(t) => count_in(t, u32::MAX, &join(path, "threshold"))?,
-                None => 128,
-            },
-        },
-        "prefix-cache" => match mode.as_str() {
-            "" | "approximate" => Scorer::PrefixCache(PrefixMode::Approximate {
-                blocks_per_instance: match spec.blocks_per_instance {
-                    Some(b) => count_in(b, u32::MAX, &join(path, "blocks_per_instance"))?,
-                    None => DEFAULT_PREFIX_INDEX_BLOCKS,
-                },
-            }),
-            "precise" if spec.blocks_per_instance.is_none() => {
-                Scorer::PrefixCache(PrefixMode::Precise)
-            }
-            "precise" => {
-                return Err(TwinError::invalid(
-                    join(path, "blocks_per_instance"),
-                    "only the approximate mode has an index size",
-                ));
-            }
-            other => {
-                return Err(TwinError::invalid(
-                    join(path, "mode"),
-                    format!("unknown mode {other:?}; expected approximate or precise"),
-                ));
-            }
-        },
-        other => {
-            return Err(TwinError::invalid(
-                join(path, "name"),
-                format!(
-                    "unknown scorer {other:?}; expected queue-depth, kv-cache-utilization, \
-                     prefix-cache, load-aware, active-requests or running-requests"
-                ),
-            ));
+    let policy = router.policy.trim();
+    let spec = RoutingSpec {
+        policy: if policy.is_empty() {
+            "weighted"
+        } else {
+            policy
         }
+        .to_owned(),
+        scorers: (!scorers.is_empty()).then_some(scorers),
+        picker: Some(router.picker.trim().to_owned()).filter(|p| !p.is_empty()),
     };
-    Ok(WeightedScorer { scorer, weight })
+    resolve_routing(&spec).map_err(|err| match spec_error(err) {
+        TwinError::InvalidArgument { field, reason } => TwinError::InvalidArgument {
+            field: field.replacen("routing", "router", 1),
+            reason,
+        },
+        other => other,
+    })
 }
 
+/// One scorer entry, with the wire's integer fields range-checked.
+fn scorer_spec(spec: &proto::ScorerSpec, path: &str) -> Result<ScorerSpec, TwinError> {
+    let optional = |value: Option<i64>, field: &str| {
+        value
+            .map(|v| count_in(v, u32::MAX, &join(path, field)))
+            .transpose()
+    };
+    Ok(ScorerSpec {
+        name: spec.name.clone(),
+        weight: spec.weight,
+        mode: Some(spec.mode.trim().to_owned()).filter(|m| !m.is_empty()),
+        blocks_per_instance: optional(spec.blocks_per_instance, "blocks_per_instance")?,
+        threshold: optional(spec.threshold, "threshold")?,
+    })
+}
+
+/// The admission policy, resolved by the same code as the cluster YAML.
 fn admission_from_proto(
     admission: Option<&proto::AdmissionPolicy>,
 ) -> Result<AdmissionPolicy, TwinError> {
     let Some(admission) = admission else {
         return Ok(AdmissionPolicy::Always);
     };
-    let value = |given: Option<f64>, default: f64, field: &str| -> Result<f64, TwinError> {
-        positive(given.unwrap_or(default), &format!("admission.{field}"))
+    let policy = admission.policy.trim();
+    let spec = AdmissionSpec {
+        policy: if policy.is_empty() { "always" } else { policy }.to_owned(),
+        capacity_tokens: admission.capacity_tokens,
+        refill_tokens_per_s: admission.refill_tokens_per_s,
+        queue_threshold: admission.queue_threshold,
+        kv_threshold: admission.kv_threshold,
     };
-    let bucket = admission.capacity_tokens.is_some() || admission.refill_tokens_per_s.is_some();
-    let saturation = admission.queue_threshold.is_some() || admission.kv_threshold.is_some();
-    let policy = admission.policy.trim().to_ascii_lowercase();
-    let unused = |field: &str| {
-        TwinError::invalid(
-            format!("admission.{field}"),
-            format!("not used by policy {policy:?}"),
-        )
-    };
-    match policy.as_str() {
-        "" | "always" => {
-            if bucket {
-                return Err(unused("capacity_tokens"));
-            }
-            if saturation {
-                return Err(unused("queue_threshold"));
-            }
-            Ok(AdmissionPolicy::Always)
-        }
-        "token-bucket" => {
-            if saturation {
-                return Err(unused("queue_threshold"));
-            }
-            Ok(AdmissionPolicy::TokenBucket {
-                capacity_tokens: value(admission.capacity_tokens, 10_000.0, "capacity_tokens")?,
-                refill_tokens_per_s: value(
-                    admission.refill_tokens_per_s,
-                    1_000.0,
-                    "refill_tokens_per_s",
-                )?,
-            })
-        }
-        "saturation" | "saturation-shedding" => {
-            if bucket {
-                return Err(unused("capacity_tokens"));
-            }
-            Ok(AdmissionPolicy::SaturationShedding {
-                queue_threshold: value(admission.queue_threshold, 5.0, "queue_threshold")?,
-                kv_threshold: value(admission.kv_threshold, 0.8, "kv_threshold")?,
-            })
-        }
-        other => Err(TwinError::invalid(
-            "admission.policy",
-            format!("unknown policy {other:?}; expected always, token-bucket or saturation"),
-        )),
-    }
+    resolve_admission(&spec).map_err(spec_error)
 }
 
+/// Signal staleness, resolved by the same code as the cluster YAML.
 fn staleness_from_proto(
     staleness: Option<&proto::Staleness>,
 ) -> Result<StalenessConfig, TwinError> {
     let Some(staleness) = staleness else {
         return Ok(StalenessConfig::uniform(DEFAULT_REFRESH_INTERVAL_US));
     };
-    let interval = |value: Option<f64>, default_us: u64, field: &str| -> Result<u64, TwinError> {
-        let path = format!("staleness.{field}");
-        match value {
-            None => Ok(default_us),
-            Some(ms) if ms.is_finite() && (0.0..=3.6e6).contains(&ms) => ms_to_us(ms, &path),
-            Some(ms) => Err(TwinError::invalid(
-                path,
-                format!("{ms} must be in [0, 3600000] ms"),
-            )),
-        }
-    };
-    let base = interval(
-        staleness.refresh_interval_ms,
-        DEFAULT_REFRESH_INTERVAL_US,
-        "refresh_interval_ms",
-    )?;
-    Ok(StalenessConfig {
-        queue_depth_us: interval(staleness.queue_depth_ms, base, "queue_depth_ms")?,
-        running_us: interval(staleness.running_ms, base, "running_ms")?,
-        kv_usage_us: interval(staleness.kv_usage_ms, base, "kv_usage_ms")?,
-        prefix_cache_us: interval(staleness.prefix_cache_ms, base, "prefix_cache_ms")?,
+    resolve_staleness(StalenessSpec {
+        refresh_interval_ms: staleness.refresh_interval_ms,
+        queue_depth_ms: staleness.queue_depth_ms,
+        running_ms: staleness.running_ms,
+        kv_usage_ms: staleness.kv_usage_ms,
+        prefix_cache_ms: staleness.prefix_cache_ms,
     })
+    .map_err(spec_error)
 }
 
 fn settings_from_proto(twin: Option<&proto::TwinSettings>) -> Result<TwinSettings, TwinError> {
