@@ -13,6 +13,7 @@
 //! to date and the step in flight, if any, is handed back as ordinary in-flight entries.
 //! The reference stepper never opens a window; property tests check byte-identical results.
 
+use crate::sim::kv::hash::shareable_blocks;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -136,10 +137,13 @@ impl Engine {
             if prefix_caching {
                 state.ensure_keys(total / block_size, block_size);
             }
-            if !self
-                .kv
-                .allocate(&mut state.blocks, &state.keys, PrefixHit::default(), total)
-            {
+            if !self.kv.allocate(
+                &mut state.blocks,
+                &state.keys,
+                PrefixHit::default(),
+                total,
+                shareable_blocks(&state.spec, block_size),
+            ) {
                 // The window closes; the step-by-step path redoes this step (the calls made
                 // above stand: it finds their blocks in place).
                 let window = self.lazy.as_mut().expect("a window is open");

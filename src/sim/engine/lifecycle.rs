@@ -238,7 +238,7 @@ impl Engine {
             Phase::Running,
             "preempting a request not running"
         );
-        self.kv.free(&mut state.blocks);
+        self.kv.free_preempted(&mut state.blocks);
         state.num_computed = 0;
         state.phase = Phase::Waiting;
         state.timeline.preemptions += 1;

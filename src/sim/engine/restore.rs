@@ -12,6 +12,7 @@ use super::{Engine, EventKind, InFlight};
 use crate::sim::config::EngineConfig;
 use crate::sim::error::SimError;
 use crate::sim::kv::PrefixHit;
+use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::latency::LatencyModel;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
@@ -283,10 +284,13 @@ impl Engine {
         } else {
             PrefixHit::default()
         };
-        if !self
-            .kv
-            .allocate(&mut state.blocks, &state.keys, hit, total.max(1))
-        {
+        if !self.kv.allocate(
+            &mut state.blocks,
+            &state.keys,
+            hit,
+            total.max(1),
+            shareable_blocks(&state.spec, block_size),
+        ) {
             return Err(SimError::InvalidState {
                 field: "running",
                 reason: format!(

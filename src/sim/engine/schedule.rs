@@ -11,6 +11,7 @@
 use super::{Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
+use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::latency::BatchEntry;
 use crate::sim::state::Phase;
 
@@ -75,10 +76,13 @@ impl Engine {
                 if prefix_caching {
                     state.ensure_keys(total / block_size, block_size);
                 }
-                if self
-                    .kv
-                    .allocate(&mut state.blocks, &state.keys, PrefixHit::default(), total)
-                {
+                if self.kv.allocate(
+                    &mut state.blocks,
+                    &state.keys,
+                    PrefixHit::default(),
+                    total,
+                    shareable_blocks(&state.spec, block_size),
+                ) {
                     break true;
                 }
                 let victim_index = self.pick_victim();
@@ -150,10 +154,13 @@ impl Engine {
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
-            if !self
-                .kv
-                .allocate(&mut state.blocks, &state.keys, hit, cached + new_tokens)
-            {
+            if !self.kv.allocate(
+                &mut state.blocks,
+                &state.keys,
+                hit,
+                cached + new_tokens,
+                shareable_blocks(&state.spec, block_size),
+            ) {
                 break;
             }
             if prefix_caching {

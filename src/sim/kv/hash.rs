@@ -65,6 +65,26 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
     }
 }
 
+/// How many leading full blocks of `spec` can have content another request also produces
+/// (a shared prefix group, given block keys, or real token ids). Every later block is
+/// *private*: keyed by the request's own id, so only the request itself (coming back after a
+/// preemption) can ever hit it. The KV cache keeps private keys out of its lookup map while
+/// their owner holds them, which saves a map insert and removal per block.
+pub fn shareable_blocks(spec: &RequestSpec, block_size: u32) -> u32 {
+    let prompt = spec.input_tokens;
+    match &spec.content {
+        PromptContent::Synthetic {
+            prefix_group: Some(_),
+            prefix_len,
+        } => (*prefix_len).min(prompt) / block_size,
+        PromptContent::Synthetic {
+            prefix_group: None, ..
+        } => 0,
+        PromptContent::BlockKeys(keys) => (prompt / block_size).min(keys.len() as u32),
+        PromptContent::Tokens(_) => prompt / block_size,
+    }
+}
+
 /// Keys of every full block of `spec`'s prompt (what a router hashes to score prefixes).
 pub fn prompt_block_keys(spec: &RequestSpec, block_size: u32) -> Vec<u64> {
     let full = spec.input_tokens / block_size;
@@ -110,6 +130,44 @@ mod tests {
         assert_eq!(keys[0], 11);
         assert_eq!(keys.len(), 4);
         assert_ne!(keys[1], prompt_block_keys(&a, 16)[1]);
+    }
+
+    /// The blocks past `shareable_blocks` are exactly those keyed by the request's own id: two
+    /// requests with the same content but different ids agree below it and differ from it on.
+    #[test]
+    fn shareable_blocks_end_where_keys_become_request_private() {
+        let tokens: std::sync::Arc<[u32]> = (0..70).collect::<Vec<u32>>().into();
+        let contents = [
+            PromptContent::Synthetic {
+                prefix_group: None,
+                prefix_len: 0,
+            },
+            PromptContent::Synthetic {
+                prefix_group: Some(3),
+                prefix_len: 40,
+            },
+            PromptContent::Synthetic {
+                prefix_group: Some(3),
+                prefix_len: 500,
+            },
+            PromptContent::BlockKeys(vec![5, 6].into()),
+            PromptContent::BlockKeys(vec![5, 6, 7, 8, 9, 10].into()),
+            PromptContent::Tokens(tokens),
+        ];
+        for content in contents {
+            let mut a = RequestSpec::synthetic(1, 0, 70, 40);
+            a.content = content.clone();
+            let mut b = RequestSpec::synthetic(2, 0, 70, 40);
+            b.content = content.clone();
+            let shareable = shareable_blocks(&a, 16);
+            let (mut ka, mut kb) = (ROOT_KEY, ROOT_KEY);
+            // 110 tokens: 6 full blocks, prompt and output.
+            for index in 0..6 {
+                ka = block_key(&a, ka, index, 16);
+                kb = block_key(&b, kb, index, 16);
+                assert_eq!(ka == kb, index < shareable, "{content:?} block {index}");
+            }
+        }
     }
 
     #[test]

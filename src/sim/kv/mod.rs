@@ -9,6 +9,13 @@
 //! Knows nothing about scheduling, time or latency: callers say how many tokens a request
 //! needs and receive blocks or a refusal.
 //!
+//! *Private* blocks (content only their own request produces: see
+//! [`hash::shareable_blocks`]) are keyed without entering the lookup map while their owner
+//! holds them: nobody else can hit them, so the map insert and removal would be wasted work.
+//! Such a *latent* key still counts as cached for eviction statistics, the CPU tier and
+//! observation, and it enters the map when its owner is preempted (the only way it can be
+//! looked up). Results are exactly those of keying every block in the map.
+//!
 //! Invariant: `free + used == total` at all times, where a block is free exactly when its
 //! refcount is zero, and every free block is on the free list exactly once.
 
@@ -55,15 +62,34 @@ impl BuildHasher for IdentityBuildHasher {
     }
 }
 
+/// Whether a block holds a content key, and where that key is findable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keying {
+    /// Not full yet, prefix caching off, or a duplicate of content cached elsewhere.
+    Unkeyed,
+    /// Keyed and in the lookup map.
+    Mapped,
+    /// Keyed with private content, not in the map (only its owner could look it up).
+    Latent,
+}
+
 /// One GPU block.
 #[derive(Clone, Copy, Debug)]
 struct Block {
+    /// Content key; meaningful unless `keying` is `Unkeyed`.
+    key: u64,
     /// Requests holding the block; 0 means it is on the free list.
     ref_cnt: u32,
-    /// Content key, once the block is full and prefix caching is on.
-    key: Option<u64>,
     prev: u32,
     next: u32,
+    keying: Keying,
+}
+
+impl Block {
+    /// The content key, if the block has one.
+    fn key(&self) -> Option<u64> {
+        (self.keying != Keying::Unkeyed).then_some(self.key)
+    }
 }
 
 /// The blocks a request holds, in token order.
@@ -144,10 +170,11 @@ impl KvCache {
         debug_assert!(block_size > 0, "blocks need tokens");
         let blocks = (0..num_blocks)
             .map(|id| Block {
+                key: 0,
                 ref_cnt: 0,
-                key: None,
                 prev: if id == 0 { NIL } else { id - 1 },
                 next: if id + 1 == num_blocks { NIL } else { id + 1 },
+                keying: Keying::Unkeyed,
             })
             .collect();
         Self {
@@ -157,8 +184,8 @@ impl KvCache {
             free_head: 0,
             free_tail: num_blocks - 1,
             free_count: num_blocks,
-            // Sized for a full cache up front: growing it rehashes on the hot path.
-            by_key: HashMap::with_capacity_and_hasher(num_blocks as usize, IdentityBuildHasher),
+            // Grown on demand: private blocks never enter it, and a small map clones cheaply.
+            by_key: HashMap::with_hasher(IdentityBuildHasher),
             cpu: (cpu_blocks > 0 && prefix_caching).then(|| LruKeySet::new(cpu_blocks)),
             stats: KvStats::default(),
             key_version: 0,
@@ -205,8 +232,9 @@ impl KvCache {
         self.cpu.as_ref().map_or(0, LruKeySet::len)
     }
 
-    /// Keys of the blocks cached on the GPU, in no particular order (callers collect them into
-    /// a set; the order never reaches output).
+    /// Keys of the blocks findable by a prefix lookup on the GPU, in no particular order
+    /// (callers collect them into a set; the order never reaches output). Latent private keys
+    /// are left out: no other request can hit them.
     pub fn cached_keys(&self) -> impl Iterator<Item = u64> + '_ {
         self.by_key.keys().copied()
     }
@@ -217,7 +245,7 @@ impl KvCache {
         let mut cursor = self.free_head;
         while cursor != NIL {
             let block = &self.blocks[cursor as usize];
-            if let Some(key) = block.key {
+            if let Some(key) = block.key() {
                 keys.push(key);
             }
             cursor = block.next;
@@ -238,7 +266,7 @@ impl KvCache {
         self.key_version
     }
 
-    /// True if a block with content `key` is cached on the GPU.
+    /// True if a block with content `key` is findable by a prefix lookup on the GPU.
     pub fn contains_key(&self, key: u64) -> bool {
         self.by_key.contains_key(&key)
     }
@@ -277,14 +305,16 @@ impl KvCache {
 
     /// Grows `table` so it covers `total_tokens` tokens, first taking the `hit` blocks (only
     /// allowed while the table is empty), then fresh blocks; then keys every block that is
-    /// full at `total_tokens` (`keys` must cover them). Returns false, changing nothing, if
-    /// there are not enough free blocks.
+    /// full at `total_tokens` (`keys` must cover them; blocks from index `private_from` on
+    /// hold private content). Returns false, changing nothing, if there are not enough free
+    /// blocks.
     pub fn allocate(
         &mut self,
         table: &mut BlockTable,
         keys: &[u64],
         hit: PrefixHit,
         total_tokens: u32,
+        private_from: u32,
     ) -> bool {
         debug_assert!(
             hit.blocks() == 0 || table.is_empty(),
@@ -293,7 +323,7 @@ impl KvCache {
         let required = total_tokens.div_ceil(self.block_size);
         if hit.blocks() == 0 && required <= table.len() {
             // The common decode step: the tokens fit the blocks already held.
-            self.key_full_blocks(table, keys, total_tokens);
+            self.key_full_blocks(table, keys, total_tokens, private_from);
             return true;
         }
         let held = table.len() + hit.gpu_blocks;
@@ -329,7 +359,7 @@ impl KvCache {
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
         }
-        self.key_full_blocks(table, keys, total_tokens);
+        self.key_full_blocks(table, keys, total_tokens, private_from);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
         true
     }
@@ -342,12 +372,26 @@ impl KvCache {
             return;
         }
         let id = self.free_head;
-        if id == NIL || self.blocks[id as usize].key.is_some() {
+        if id == NIL || self.blocks[id as usize].keying != Keying::Unkeyed {
             return;
         }
         self.unlink_free(id);
         self.set_key(id, key);
         self.push_free(id);
+    }
+
+    /// Releases the blocks of a preempted request: as [`KvCache::free`], after making its
+    /// latent private keys findable, since the request will look them up when it returns.
+    pub fn free_preempted(&mut self, table: &mut BlockTable) {
+        for &id in &table.ids {
+            let block = self.blocks[id as usize];
+            if block.keying == Keying::Latent {
+                // Its key was absent when latent, and only this request produces it.
+                self.blocks[id as usize].keying = Keying::Unkeyed;
+                self.set_key(id, block.key);
+            }
+        }
+        self.free(table);
     }
 
     /// Releases every block of `table` (last block first, so a request's tail is evicted
@@ -411,21 +455,32 @@ impl KvCache {
                     block.ref_cnt
                 ));
             }
-            if let Some(key) = block.key
-                && !self.by_key.contains_key(&key)
-            {
-                return Err(format!("block {id} has a key missing from the map"));
+            match block.keying {
+                Keying::Mapped if self.by_key.get(&block.key) != Some(&(id as u32)) => {
+                    return Err(format!("block {id} has a key missing from the map"));
+                }
+                Keying::Latent if self.by_key.contains_key(&block.key) => {
+                    return Err(format!("block {id}'s latent key is also in the map"));
+                }
+                _ => {}
             }
         }
         for (key, &id) in &self.by_key {
-            if self.blocks[id as usize].key != Some(*key) {
+            let block = &self.blocks[id as usize];
+            if block.keying != Keying::Mapped || block.key != *key {
                 return Err(format!("map entry for block {id} disagrees with the block"));
             }
         }
         Ok(())
     }
 
-    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: &[u64], total_tokens: u32) {
+    fn key_full_blocks(
+        &mut self,
+        table: &mut BlockTable,
+        keys: &[u64],
+        total_tokens: u32,
+        private_from: u32,
+    ) {
         if !self.prefix_caching {
             return;
         }
@@ -436,8 +491,18 @@ impl KvCache {
         debug_assert!(keys.len() as u32 >= full, "keys must cover the full blocks");
         for index in table.num_keyed..full {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].key.is_none() {
-                self.set_key(id, keys[index as usize]);
+            if self.blocks[id as usize].keying != Keying::Unkeyed {
+                continue;
+            }
+            let key = keys[index as usize];
+            if index < private_from {
+                self.set_key(id, key);
+            } else if !self.by_key.contains_key(&key) {
+                // (A present key means this request's own content is cached from before a
+                // preemption: the block stays an unkeyed duplicate, as `set_key` would leave it.)
+                let block = &mut self.blocks[id as usize];
+                block.key = key;
+                block.keying = Keying::Latent;
             }
         }
         table.num_keyed = table.num_keyed.max(full);
@@ -448,7 +513,9 @@ impl KvCache {
         // and the duplicate remains unkeyed (it is freed like any private block).
         if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
             slot.insert(id);
-            self.blocks[id as usize].key = Some(key);
+            let block = &mut self.blocks[id as usize];
+            block.key = key;
+            block.keying = Keying::Mapped;
             self.key_version += 1;
         }
     }
@@ -466,9 +533,12 @@ impl KvCache {
         self.unlink_free(id);
         let block = &mut self.blocks[id as usize];
         block.ref_cnt = 1;
-        if let Some(key) = block.key.take() {
-            if self.by_key.get(&key) == Some(&id) {
-                self.by_key.remove(&key);
+        let keying = std::mem::replace(&mut block.keying, Keying::Unkeyed);
+        if keying != Keying::Unkeyed {
+            let key = block.key;
+            if keying == Keying::Mapped {
+                let removed = self.by_key.remove(&key);
+                debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
                 self.key_version += 1;
             }
             if let Some(cpu) = &mut self.cpu {

@@ -1,0 +1,162 @@
+//! Property test: keeping private block keys out of the lookup map while their owner holds
+//! them (latent keys) changes nothing observable. Two caches run the same random operations,
+//! one told which blocks are private, the other treating every block as shareable (every key
+//! in the map, the plain vLLM bookkeeping); every answer, counter and cached-key listing must
+//! agree after every operation, and both must pass their internal audit.
+#![allow(clippy::unwrap_used)]
+
+use ditto::sim::kv::{BlockTable, KvCache, PrefixHit};
+use proptest::prelude::*;
+
+const BLOCK: u32 = 4;
+
+/// One request: a shared prefix of `shared` blocks, then private content.
+#[derive(Clone, Debug)]
+struct Request {
+    /// Keys of every block the request can fill (shared prefix first).
+    keys: Vec<u64>,
+    shared: u32,
+    /// Tokens computed (held in blocks) while admitted.
+    tokens: u32,
+    /// Tokens of the whole sequence so far (prompt plus generated).
+    length: u32,
+    admitted: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// Admit request `r` (if waiting): look up its prefix and allocate its sequence.
+    Admit(usize),
+    /// Grow admitted request `r` by `n` tokens.
+    Grow(usize, u32),
+    /// Preempt admitted request `r` (it will look its blocks up again).
+    Preempt(usize),
+    /// Finish admitted request `r`; a new request takes its place.
+    Finish(usize),
+}
+
+fn op_strategy(requests: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..requests).prop_map(Op::Admit),
+        (0..requests, 1u32..12).prop_map(|(r, n)| Op::Grow(r, n)),
+        (0..requests).prop_map(Op::Preempt),
+        (0..requests).prop_map(Op::Finish),
+    ]
+}
+
+/// Fresh private keys for request slot `r`, generation `generation` (unique across both).
+fn new_request(r: usize, generation: u64, shared: u32, prefix: &[u64], length: u32) -> Request {
+    let mut keys: Vec<u64> = prefix[..shared as usize].to_vec();
+    for index in shared..64 {
+        keys.push(0x1000_0000 + (r as u64) * 0x10_0000 + generation * 0x1000 + u64::from(index));
+    }
+    Request {
+        keys,
+        shared,
+        tokens: 0,
+        length,
+        admitted: false,
+    }
+}
+
+/// The two caches and one table per request in each.
+struct Pair {
+    latent: KvCache,
+    mapped: KvCache,
+    tables: Vec<(BlockTable, BlockTable)>,
+}
+
+impl Pair {
+    fn allocate(&mut self, r: usize, request: &Request, hit: PrefixHit, total: u32) -> bool {
+        let (a, b) = &mut self.tables[r];
+        let granted = self
+            .latent
+            .allocate(a, &request.keys, hit, total, request.shared);
+        let granted_b = self.mapped.allocate(b, &request.keys, hit, total, u32::MAX);
+        assert_eq!(granted, granted_b, "allocation answers differ");
+        granted
+    }
+
+    fn assert_same(&self) {
+        assert_eq!(self.latent.stats(), self.mapped.stats());
+        assert_eq!(self.latent.free_blocks(), self.mapped.free_blocks());
+        assert_eq!(
+            self.latent.free_keys_lru_first(),
+            self.mapped.free_keys_lru_first()
+        );
+        assert_eq!(
+            self.latent.cpu_resident_blocks(),
+            self.mapped.cpu_resident_blocks()
+        );
+        for (a, b) in &self.tables {
+            assert_eq!(a, b, "block tables differ");
+        }
+        self.latent.check(self.tables.iter().map(|(a, _)| a)).unwrap();
+        self.mapped.check(self.tables.iter().map(|(_, b)| b)).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    #[test]
+    fn latent_private_keys_are_unobservable(
+        blocks in 6u32..40,
+        cpu in prop::sample::select(vec![0u32, 5]),
+        shares in prop::collection::vec(0u32..4, 4),
+        lengths in prop::collection::vec(1u32..40, 4),
+        ops in prop::collection::vec(op_strategy(4), 1..120),
+    ) {
+        let prefix: Vec<u64> = (0..8).map(|i| 0x500 + i).collect();
+        let mut pair = Pair {
+            latent: KvCache::new(blocks, BLOCK, true, cpu),
+            mapped: KvCache::new(blocks, BLOCK, true, cpu),
+            tables: vec![(BlockTable::default(), BlockTable::default()); 4],
+        };
+        let mut generation = 0u64;
+        let mut requests: Vec<Request> = (0..4)
+            .map(|r| new_request(r, 0, shares[r], &prefix, lengths[r]))
+            .collect();
+        for op in ops {
+            match op {
+                Op::Admit(r) if !requests[r].admitted => {
+                    let request = requests[r].clone();
+                    let full = (request.length - 1) / BLOCK;
+                    let hit = pair.latent.lookup(&request.keys, full);
+                    prop_assert_eq!(hit, pair.mapped.lookup(&request.keys, full));
+                    let cached = hit.blocks() * BLOCK;
+                    if pair.allocate(r, &request, hit, request.length) {
+                        let query = request.length;
+                        pair.latent.record_lookup(query, cached);
+                        pair.mapped.record_lookup(query, cached);
+                        requests[r].admitted = true;
+                        requests[r].tokens = request.length;
+                    }
+                }
+                Op::Grow(r, n) if requests[r].admitted => {
+                    let request = requests[r].clone();
+                    let total = (request.tokens + n).min(60 * BLOCK);
+                    if pair.allocate(r, &request, PrefixHit::default(), total) {
+                        requests[r].tokens = total;
+                        requests[r].length = requests[r].length.max(total);
+                    }
+                }
+                Op::Preempt(r) if requests[r].admitted => {
+                    let (a, b) = &mut pair.tables[r];
+                    pair.latent.free_preempted(a);
+                    pair.mapped.free_preempted(b);
+                    requests[r].admitted = false;
+                    requests[r].tokens = 0;
+                }
+                Op::Finish(r) if requests[r].admitted => {
+                    let (a, b) = &mut pair.tables[r];
+                    pair.latent.free(a);
+                    pair.mapped.free(b);
+                    generation += 1;
+                    requests[r] = new_request(r, generation, shares[r], &prefix, lengths[r]);
+                }
+                _ => continue,
+            }
+            pair.assert_same();
+        }
+    }
+}
