@@ -11,6 +11,11 @@ use std::time::Instant;
 use clap::Parser;
 use ditto::cli::{Cli, CliError, Command, run};
 
+/// mimalloc keeps freed pages for reuse: forks allocate and drop megabyte-sized engine
+/// states many times a second, and glibc's heap trimming turned each into page faults.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {

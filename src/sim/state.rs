@@ -64,8 +64,9 @@ pub struct RequestState {
     pub blocks: BlockTable,
     /// Content keys of the full blocks of the token sequence, computed on demand.
     pub keys: Vec<u64>,
-    /// Lazy decode window: the window step its progress fields were last brought up to.
-    pub lazy_base_step: u32,
+    /// While a member of an open lazy decode window: the window step its progress fields
+    /// were last brought up to (`None` outside a window, or prefilling beside one).
+    pub lazy_base_step: Option<u32>,
     /// Timestamps and counters.
     pub timeline: Timeline,
 }
@@ -81,7 +82,7 @@ impl RequestState {
             generated: 0,
             blocks: BlockTable::default(),
             keys: Vec::new(),
-            lazy_base_step: 0,
+            lazy_base_step: None,
             timeline: Timeline::default(),
         }
     }

@@ -1,27 +1,33 @@
-//! Lazy decode windows: steps in which every running request decodes one token and nothing
-//! else can happen cost O(1) plus the requests that cross a KV block boundary or finish,
-//! instead of a pass over the whole batch.
+//! Lazy decode windows: steps in which the decoding requests each compute one token cost
+//! O(1) for them plus the ones that cross a KV block boundary or finish, instead of a pass
+//! over the whole batch. Requests still prefilling run beside the window, handled one by one.
 //!
-//! A window opens after a step when the wait queue is empty, every running request is
-//! decoding, emitted its token in the step that just ended, and fits the token budget, and
-//! the latency model prices a decode-only batch from (count, total context). Inside it, a
-//! request's progress is derived from the window's step counter (`lazy_base_step`), the
-//! batch's total context is kept incrementally, and only the requests due for a KV call
-//! (a block fills up or a new block is needed) or for completion are touched, in batch
-//! order, exactly as the step-by-step path would. Any other event (arrival, enqueue,
-//! timeout) or an allocation failure closes the window first: every request is brought up
-//! to date and the step in flight, if any, is handed back as ordinary in-flight entries.
+//! A window opens after a step when every running request either is decoding and emitted
+//! its token in the step that just ended (a *member*), or is still prefilling (an *explicit*
+//! request), at least one is a member, and the latency model prices decodes from (count,
+//! total context). Inside it, a member's progress is derived from the window's step counter
+//! (`lazy_base_step`), the members' total context is kept incrementally, and only the
+//! members due for a KV call (a block fills up or a new block is needed) or for completion
+//! are touched. Each step walks them and the explicit requests in batch order, exactly as
+//! vLLM's phase 1 would, then admits waiting requests (phase 2) as explicit requests; an
+//! explicit request that emits its first token joins the members. Arrivals and enqueues leave
+//! the window open. A timeout, an allocation failure, or a token budget that would not reach
+//! every running request closes it first: every member is brought up to date and the step in
+//! flight, if any, is handed back as ordinary in-flight entries, so the step-by-step path
+//! takes over (and preempts where it must).
+//!
 //! The reference stepper never opens a window; property tests check byte-identical results.
 
-use crate::sim::kv::hash::shareable_blocks;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use super::{Engine, InFlight};
 use crate::sim::kv::PrefixHit;
+use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::metrics::Outcome;
+use crate::sim::state::RequestState;
 
-/// (window step, batch position, slot): an event due for one request.
+/// (window step, batch position, slot): an event due for one member.
 type Due = Reverse<(u32, u32, u32)>;
 
 /// The state of an open lazy decode window.
@@ -31,20 +37,30 @@ pub(super) struct LazyWindow {
     step: u32,
     /// End time of the last completed window step (the window's start at step 0).
     prev_end_us: u64,
-    /// Requests in the window (the running batch).
+    /// Members (decoding requests handled lazily).
     members: u64,
     /// Total context of the members before the next step.
     context_sum: u64,
-    /// Requests due for a KV call, by step: a ring of buckets indexed by `step % len` (a
-    /// request is never due more than `block_size + 1` steps ahead), each holding
-    /// (batch position, slot).
-    kv_ring: Vec<Vec<(u32, u32)>>,
+    /// Members due for a KV call, by step: a ring of buckets indexed by `step % len` (a
+    /// member is never due more than `block_size + 1` steps ahead), each holding
+    /// (batch position, slot, serial); the serial tells a finished member's leftover call
+    /// from a new request that took its slot.
+    kv_ring: Vec<Vec<(u32, u32, u64)>>,
     /// Scratch for the bucket being processed (reused: no allocation per step).
-    kv_scratch: Vec<(u32, u32)>,
-    /// Requests finishing at a step.
+    kv_scratch: Vec<(u32, u32, u64)>,
+    /// Members finishing at a step.
     done_due: BinaryHeap<Due>,
-    /// Scratch for the requests finishing at a step (reused).
-    done_scratch: Vec<u32>,
+    /// Scratch for the requests finishing at a step: (batch position, slot, was a member).
+    done_scratch: Vec<(u32, u32, bool)>,
+    /// Running requests outside the window (prefilling), as (batch position, slot) in batch
+    /// order. While a step is in flight, `Engine::in_flight` holds exactly their entries, in
+    /// the same order.
+    explicit: Vec<(u32, u32)>,
+    /// Scratch: members ahead of each explicit request in the batch.
+    members_ahead: Vec<u32>,
+    /// Batch position given to the next request admitted (positions only grow, so they
+    /// order the batch as `Engine::running` does).
+    next_position: u32,
     /// A window step is formed and pending.
     in_flight: bool,
 }
@@ -55,7 +71,6 @@ impl Engine {
     pub(super) fn try_enter_lazy(&mut self) -> bool {
         if self.reference
             || self.config.record_token_gaps
-            || !self.waiting.is_empty()
             || self.running.is_empty()
             || self.running.len() > self.config.max_num_batched_tokens as usize
             || self.latency.decode_step_us(1, 0).is_none()
@@ -63,38 +78,58 @@ impl Engine {
             return false;
         }
         let now = self.now_us;
-        let eligible = self.running.iter().all(|&slot| {
+        let mut members = 0usize;
+        for &slot in &self.running {
             let state = self.state(slot);
-            state.is_decoding() && state.timeline.last_emit_step_end_us == now
-        });
-        if !eligible {
+            if state.is_decoding() {
+                if state.timeline.last_emit_step_end_us != now {
+                    return false;
+                }
+                members += 1;
+            }
+        }
+        if members == 0 {
             return false;
         }
         let ring_len = self.config.block_size as usize + 2;
         let mut window = LazyWindow {
             prev_end_us: now,
-            members: self.running.len() as u64,
             kv_ring: vec![Vec::new(); ring_len],
+            next_position: self.running.len() as u32,
             ..LazyWindow::default()
         };
         for position in 0..self.running.len() {
             let slot = self.running[position];
-            let state = self.state_mut_internal(slot);
-            state.lazy_base_step = 0;
-            let computed = state.num_computed;
-            let remaining = state.target_tokens() - state.generated;
-            window.context_sum += u64::from(computed);
-            window
-                .done_due
-                .push(Reverse((remaining, position as u32, slot)));
-            let next = self
-                .next_kv_step(slot, 0, computed)
-                .min(ring_len as u32 - 1);
-            let bucket = next as usize % ring_len;
-            window.kv_ring[bucket].push((position as u32, slot));
+            if self.state(slot).is_decoding() {
+                self.join_window(&mut window, position as u32, slot);
+            } else {
+                window.explicit.push((position as u32, slot));
+            }
         }
         self.lazy = Some(Box::new(window));
         true
+    }
+
+    /// Makes the decoding request in `slot` (at batch `position`, just emitted a token at the
+    /// window's current step) a member.
+    fn join_window(&mut self, window: &mut LazyWindow, position: u32, slot: u32) {
+        let step = window.step;
+        let ring_len = window.kv_ring.len() as u32;
+        let state = self.state_mut_internal(slot);
+        debug_assert!(state.is_decoding(), "only decoding requests join a window");
+        state.lazy_base_step = Some(step);
+        let serial = state.serial;
+        let computed = state.num_computed;
+        let remaining = state.target_tokens() - state.generated;
+        window.members += 1;
+        window.context_sum += u64::from(computed);
+        window
+            .done_due
+            .push(Reverse((step + remaining, position, slot)));
+        let next = self
+            .next_kv_step(slot, step, computed)
+            .min(step + ring_len - 1);
+        window.kv_ring[(next % ring_len) as usize].push((position, slot, serial));
     }
 
     /// The first window step after `step` (at which the request has computed `computed`
@@ -113,12 +148,93 @@ impl Engine {
         step + 1 + threshold.saturating_sub(total_next)
     }
 
-    /// Forms the next window step; `None` if a KV allocation fails (the caller closes the
-    /// window and lets the step-by-step path preempt).
+    /// Forms the next window step; `None` if the step-by-step path must form it instead (a
+    /// KV allocation fails, or the token budget would not reach every running request). The
+    /// caller then closes the window; allocations made here stand and are found in place.
     pub(super) fn lazy_form(&mut self) -> Option<u64> {
+        let mut window = self.lazy.take().expect("a window is open");
+        let formed = self.lazy_form_in(&mut window);
+        if formed.is_none() {
+            self.in_flight.clear();
+        }
+        self.lazy = Some(window);
+        formed
+    }
+
+    fn lazy_form_in(&mut self, window: &mut LazyWindow) -> Option<u64> {
+        debug_assert!(self.in_flight.is_empty(), "a window step over one in flight");
+        let max_budget = u64::from(self.config.max_num_batched_tokens);
+        // Phase 1's budget: each member takes one token; an explicit request takes a chunk
+        // of what the requests ahead of it left.
+        self.count_members_ahead(window);
+        let mut explicit_tokens = 0u64;
+        for index in 0..window.explicit.len() {
+            let slot = window.explicit[index].1;
+            let ahead = u64::from(window.members_ahead[index]);
+            let left = max_budget.checked_sub(ahead + explicit_tokens)?;
+            if left == 0 {
+                return None;
+            }
+            let state = self.state(slot);
+            let tokens = self.chunk(state.remaining_tokens(), left as u32);
+            let serial = state.serial;
+            explicit_tokens += u64::from(tokens);
+            self.in_flight.push(InFlight {
+                slot,
+                serial,
+                new_tokens: tokens,
+            });
+        }
+        // Every running request must get its tokens (the last may take the budget to zero).
+        let mut budget = max_budget.checked_sub(window.members + explicit_tokens)? as u32;
+        self.window_kv_calls(window)?;
+        // Phase 2: admissions become explicit requests.
+        let admitted_from = self.running.len();
+        let cpu_loads = self.admit_waiting(&mut budget);
+        for index in admitted_from..self.running.len() {
+            window
+                .explicit
+                .push((window.next_position, self.running[index]));
+            window.next_position += 1;
+        }
+        self.shape_in_flight();
+        let duration = self.latency.step_with_decodes_us(
+            &self.scratch_shape,
+            window.members,
+            window.context_sum,
+        )?;
+        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
+        window.in_flight = true;
+        self.counts.steps += 1;
+        self.lazy_steps += 1;
+        Some(duration.saturating_add(load))
+    }
+
+    /// Fills `members_ahead`: for each explicit request, the members before it in the batch.
+    fn count_members_ahead(&self, window: &mut LazyWindow) {
+        window.members_ahead.clear();
+        if window.explicit.is_empty() {
+            return;
+        }
+        let mut next = 0;
+        for (index, &slot) in self.running.iter().enumerate() {
+            if next < window.explicit.len() && window.explicit[next].1 == slot {
+                window.members_ahead.push((index - next) as u32);
+                next += 1;
+            }
+        }
+        debug_assert_eq!(
+            next,
+            window.explicit.len(),
+            "explicit requests are running, in batch order"
+        );
+    }
+
+    /// Phase 1's KV calls, in batch order: the members due at the next step and every
+    /// explicit request (whose tokens are in `in_flight`). `None` if an allocation fails.
+    fn window_kv_calls(&mut self, window: &mut LazyWindow) -> Option<()> {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
-        let window = self.lazy.as_mut().expect("a window is open");
         let step = window.step + 1;
         let ring_len = window.kv_ring.len();
         let mut due = std::mem::take(&mut window.kv_scratch);
@@ -127,77 +243,137 @@ impl Engine {
         // Batch order, as the step-by-step path allocates.
         due.sort_unstable();
         let window_step = step - 1;
-        for index in 0..due.len() {
-            let (position, slot) = due[index];
-            let Some(state) = self.slots[slot as usize].as_mut() else {
-                continue; // finished earlier in the window
+        let (mut next_due, mut next_explicit) = (0, 0);
+        let mut result = Some(());
+        loop {
+            let due_position = due.get(next_due).map(|&(position, _, _)| position);
+            let explicit_position = window
+                .explicit
+                .get(next_explicit)
+                .map(|&(position, _)| position);
+            let take_due = match (due_position, explicit_position) {
+                (None, None) => break,
+                (Some(d), Some(e)) => d < e,
+                (d, _) => d.is_some(),
             };
-            let computed = state.num_computed + (window_step - state.lazy_base_step);
-            let total = computed + 1;
-            if prefix_caching {
-                state.ensure_keys(total / block_size, block_size);
+            if take_due {
+                let (position, slot, serial) = due[next_due];
+                next_due += 1;
+                let Some(state) = self.slots[slot as usize]
+                    .as_mut()
+                    .filter(|state| state.serial == serial)
+                else {
+                    continue; // finished earlier in the window
+                };
+                let base = state.lazy_base_step.expect("due requests are members");
+                let total = state.num_computed + (window_step - base) + 1;
+                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                    result = None; // the window closes: its ring is dropped
+                    break;
+                }
+                // A call earlier than needed is harmless (it finds nothing to do and
+                // reschedules), so a far one is clamped to the ring.
+                let next = self
+                    .next_kv_step(slot, step, total)
+                    .min(step + ring_len as u32 - 1);
+                window.kv_ring[next as usize % ring_len].push((position, slot, serial));
+            } else {
+                let entry = self.in_flight[next_explicit];
+                next_explicit += 1;
+                let state = self.slots[entry.slot as usize]
+                    .as_mut()
+                    .expect("explicit requests are live");
+                let total = state.num_computed + entry.new_tokens;
+                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                    result = None;
+                    break;
+                }
             }
-            if !self.kv.allocate(
-                &mut state.blocks,
-                &state.keys,
-                PrefixHit::default(),
-                total,
-                shareable_blocks(&state.spec, block_size),
-            ) {
-                // The window closes; the step-by-step path redoes this step (the calls made
-                // above stand: it finds their blocks in place).
-                let window = self.lazy.as_mut().expect("a window is open");
-                window.kv_ring[step as usize % ring_len].extend_from_slice(&due[index..]);
-                window.kv_scratch = due;
-                return None;
-            }
-            // A call earlier than needed is harmless (it finds nothing to do and reschedules),
-            // so a far one is clamped to the ring.
-            let next = self
-                .next_kv_step(slot, step, total)
-                .min(step + ring_len as u32 - 1);
-            let window = self.lazy.as_mut().expect("a window is open");
-            window.kv_ring[next as usize % ring_len].push((position, slot));
         }
-        let window = self.lazy.as_mut().expect("a window is open");
         window.kv_scratch = due;
-        let window = self.lazy.as_mut().expect("a window is open");
-        window.in_flight = true;
-        let duration = self
-            .latency
-            .decode_step_us(window.members, window.context_sum)
-            .expect("windows open only for models pricing decode batches");
-        self.counts.steps += 1;
-        self.lazy_steps += 1;
-        Some(duration)
+        result
     }
 
-    /// Applies the window step that just ended: one token for every member, one gap each,
-    /// and the members that finish.
+    /// Applies the window step that just ended: one token for every member, the explicit
+    /// requests' chunks, and the requests that finish (in batch order).
     pub(super) fn lazy_finish(&mut self) {
+        let mut window = self.lazy.take().expect("a window is open");
+        self.lazy_finish_in(&mut window);
+        self.lazy = Some(window);
+    }
+
+    fn lazy_finish_in(&mut self, window: &mut LazyWindow) {
         let now = self.now_us;
         let token_us = self.latency.output_token_us();
         let post_us = self.latency.post_decode_us();
-        let window = self.lazy.as_mut().expect("a window is open");
         debug_assert!(window.in_flight, "a window step ended with none formed");
         window.in_flight = false;
         let gap = (now - window.prev_end_us).saturating_add(token_us);
-        *self.metrics.token_gap_counts.entry(gap).or_insert(0) += window.members;
+        if window.members > 0 {
+            *self.metrics.token_gap_counts.entry(gap).or_insert(0) += window.members;
+        }
         window.step += 1;
         window.prev_end_us = now;
         window.context_sum += window.members;
         let step = window.step;
         let mut finished = std::mem::take(&mut window.done_scratch);
         finished.clear();
-        while let Some(&Reverse((at, _, slot))) = window.done_due.peek() {
+        while let Some(&Reverse((at, position, slot))) = window.done_due.peek() {
             if at != step {
                 break;
             }
             window.done_due.pop();
-            finished.push(slot);
+            finished.push((position, slot, true));
         }
-        for &slot in &finished {
-            self.materialize(slot);
+        let members_done = finished.len();
+        // The explicit requests' chunks: tokens emitted, members joining.
+        let entries = std::mem::take(&mut self.in_flight);
+        debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
+        let mut still_explicit = 0;
+        for (index, entry) in entries.iter().enumerate() {
+            let (position, slot) = window.explicit[index];
+            debug_assert_eq!(entry.slot, slot, "entries follow the explicit requests");
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("window requests are live");
+            state.num_computed += entry.new_tokens;
+            if state.num_computed < state.num_tokens() {
+                window.explicit[still_explicit] = (position, slot);
+                still_explicit += 1;
+                continue; // a prefill chunk that emits nothing
+            }
+            state.generated += 1;
+            let timeline = &mut state.timeline;
+            match timeline.first_token_us {
+                None => {
+                    timeline.first_token_us = Some(now.saturating_add(token_us));
+                    timeline.last_token_us = now.saturating_add(token_us);
+                }
+                Some(_) => {
+                    let gap = (now - timeline.last_emit_step_end_us).saturating_add(token_us);
+                    timeline.last_token_us = timeline.last_token_us.saturating_add(gap);
+                    timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gap);
+                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                }
+            }
+            timeline.last_emit_step_end_us = now;
+            if state.generated >= state.target_tokens() {
+                finished.push((position, slot, false));
+            } else {
+                self.join_window(window, position, slot);
+            }
+        }
+        window.explicit.truncate(still_explicit);
+        self.in_flight = entries;
+        self.in_flight.clear();
+        if members_done < finished.len() && members_done > 0 {
+            // Completions retire in batch order, members and explicit requests interleaved.
+            finished.sort_unstable();
+        }
+        for &(_, slot, member) in &finished {
+            if member {
+                self.materialize(window, slot);
+            }
             let state = self.state_mut_internal(slot);
             debug_assert_eq!(
                 state.generated,
@@ -207,33 +383,37 @@ impl Engine {
             let computed = u64::from(state.num_computed);
             state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
             self.kv
-                .free(&mut self.slots[slot as usize].as_mut().expect("member").blocks);
+                .free(&mut self.slots[slot as usize].as_mut().expect("live").blocks);
             self.counts.running -= 1;
             self.counts.completed += 1;
             self.retire(slot, Outcome::Completed);
-            let window = self.lazy.as_mut().expect("a window is open");
-            window.members -= 1;
-            window.context_sum -= computed;
+            if member {
+                window.members -= 1;
+                window.context_sum -= computed;
+            }
         }
         if !finished.is_empty() {
             // (Finished members' queued KV calls are skipped when their step comes.)
             let slots = &self.slots;
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }
-        if let Some(window) = self.lazy.as_mut() {
-            window.done_scratch = finished;
-        }
+        window.done_scratch = finished;
+    }
+
+    /// True if the open window has members left (else it should close).
+    pub(super) fn lazy_has_members(&self) -> bool {
+        self.lazy.as_ref().is_some_and(|window| window.members > 0)
     }
 
     /// Brings one member's progress and timeline up to the window's current step.
-    fn materialize(&mut self, slot: u32) {
-        let Some(window) = self.lazy.as_ref() else {
-            return;
-        };
+    fn materialize(&mut self, window: &LazyWindow, slot: u32) {
         let (step, prev_end) = (window.step, window.prev_end_us);
         let token_us = self.latency.output_token_us();
         let state = self.state_mut_internal(slot);
-        let delta = step - state.lazy_base_step;
+        let Some(base) = state.lazy_base_step else {
+            return;
+        };
+        let delta = step - base;
         if delta == 0 {
             return;
         }
@@ -245,44 +425,62 @@ impl Engine {
         timeline.last_token_us = timeline.last_token_us.saturating_add(gaps);
         timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gaps);
         timeline.last_emit_step_end_us = prev_end;
-        state.lazy_base_step = step;
+        state.lazy_base_step = Some(step);
     }
 
     /// Closes the window: every member up to date, a pending window step handed back as
-    /// ordinary in-flight entries.
+    /// ordinary in-flight entries (in batch order).
     pub(super) fn exit_lazy(&mut self) {
-        let Some(window) = self.lazy.as_ref() else {
+        let Some(window) = self.lazy.take() else {
             return;
         };
-        let in_flight = window.in_flight;
         for index in 0..self.running.len() {
             let slot = self.running[index];
-            self.materialize(slot);
+            self.materialize(&window, slot);
+            self.state_mut_internal(slot).lazy_base_step = None;
         }
-        self.lazy = None;
-        if in_flight {
-            debug_assert!(
-                self.in_flight.is_empty(),
-                "window steps keep no in-flight entries"
-            );
-            for index in 0..self.running.len() {
-                let slot = self.running[index];
-                let serial = self.state(slot).serial;
-                self.in_flight.push(InFlight {
-                    slot,
-                    serial,
-                    new_tokens: 1,
-                });
-            }
+        if window.in_flight {
+            let explicit = std::mem::take(&mut self.in_flight);
+            self.in_flight = self.merge_window_batch(&explicit);
+        }
+    }
+
+    /// The whole batch of a pending window step, in batch order: every running request,
+    /// members with one token, explicit requests with their entries in `explicit`.
+    fn merge_window_batch(&self, explicit: &[InFlight]) -> Vec<InFlight> {
+        let mut next = 0;
+        self.running
+            .iter()
+            .map(|&slot| {
+                if next < explicit.len() && explicit[next].slot == slot {
+                    next += 1;
+                    explicit[next - 1]
+                } else {
+                    InFlight {
+                        slot,
+                        serial: self.state(slot).serial,
+                        new_tokens: 1,
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The step in flight as ordinary entries, whether or not a window formed it.
+    pub(super) fn batch_entries(&self) -> Vec<InFlight> {
+        if self.lazy_step_in_flight() {
+            self.merge_window_batch(&self.in_flight)
+        } else {
+            self.in_flight.clone()
         }
     }
 
     /// Tokens a member has progressed in the open window beyond its stored fields (0 when no
-    /// window is open).
+    /// window is open, or for a request outside it).
     pub(super) fn lazy_delta(&self, slot: u32) -> u32 {
-        match &self.lazy {
-            Some(window) => window.step - self.state(slot).lazy_base_step,
-            None => 0,
+        match (&self.lazy, self.state(slot).lazy_base_step) {
+            (Some(window), Some(base)) => window.step - base,
+            _ => 0,
         }
     }
 
@@ -291,9 +489,30 @@ impl Engine {
         self.lazy.as_ref().is_some_and(|window| window.in_flight)
     }
 
-    fn state_mut_internal(&mut self, slot: u32) -> &mut crate::sim::state::RequestState {
+    fn state_mut_internal(&mut self, slot: u32) -> &mut RequestState {
         self.slots[slot as usize]
             .as_mut()
-            .expect("window members are live requests")
+            .expect("window requests are live")
     }
+}
+
+/// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix
+/// caching is on). False if the cache cannot.
+fn allocate_to(
+    kv: &mut crate::sim::kv::KvCache,
+    state: &mut RequestState,
+    total: u32,
+    block_size: u32,
+    prefix_caching: bool,
+) -> bool {
+    if prefix_caching {
+        state.ensure_keys(total / block_size, block_size);
+    }
+    kv.allocate(
+        &mut state.blocks,
+        &state.keys,
+        PrefixHit::default(),
+        total,
+        shareable_blocks(&state.spec, block_size),
+    )
 }

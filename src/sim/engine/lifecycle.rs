@@ -81,8 +81,7 @@ impl Engine {
         self.step_pending = false;
         if self.lazy.is_some() {
             self.lazy_finish();
-            if !self.running.is_empty()
-                && self.waiting.is_empty()
+            if self.lazy_has_members()
                 && let Some(duration) = self.lazy_form()
             {
                 self.schedule_step_after(duration);

@@ -180,14 +180,7 @@ impl Engine {
 
     /// The step in flight: each scheduled request's id and the tokens it computes.
     pub fn batch_in_flight(&self) -> Vec<(RequestId, u32)> {
-        if self.lazy_step_in_flight() {
-            return self
-                .running
-                .iter()
-                .map(|&slot| (self.state(slot).spec.id, 1))
-                .collect();
-        }
-        self.in_flight
+        self.batch_entries()
             .iter()
             .filter_map(|entry| {
                 let state = self.slots.get(entry.slot as usize)?.as_ref()?;
@@ -289,8 +282,9 @@ impl Engine {
         );
         self.now_us = event.time_us;
         self.events_processed += 1;
-        if event.kind != EventKind::Step {
-            // Anything but a step may touch the batch: bring a lazy window up to date first.
+        if event.kind == EventKind::Timeout {
+            // A timeout may take a request out of the batch: bring a lazy window up to date
+            // first. (Arrivals and enqueues only add to the wait queue: the window stays.)
             self.exit_lazy();
         }
         match event.kind {

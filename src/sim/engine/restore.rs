@@ -61,8 +61,9 @@ impl Engine {
     /// The engine's state as an observer of a live vLLM would report it: the inverse of
     /// [`Engine::restore`]. Requests still in their queueing delay are reported as waiting.
     pub fn observe(&self) -> RestoreState {
+        let batch = self.batch_entries();
         let scheduled = |slot: u32| -> u32 {
-            self.in_flight
+            batch
                 .iter()
                 .filter(|entry| entry.slot == slot)
                 .map(|entry| entry.new_tokens)
@@ -82,11 +83,7 @@ impl Engine {
                 computed_tokens: state.num_computed + delta,
                 generated: state.generated + delta,
                 cached_tokens: state.timeline.cached_tokens,
-                scheduled_tokens: if lazy_step && state.phase == Phase::Running {
-                    1
-                } else {
-                    scheduled(slot)
-                },
+                scheduled_tokens: scheduled(slot),
             }
         };
         let mut cached_keys = self.kv.free_keys_lru_first();

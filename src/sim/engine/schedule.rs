@@ -22,7 +22,6 @@ impl Engine {
             self.in_flight.is_empty(),
             "forming a batch over one in flight"
         );
-        self.scratch_shape.clear();
         let mut budget = self.config.max_num_batched_tokens;
         let preempted = self.schedule_running(&mut budget);
         let mut cpu_loads = 0u64;
@@ -32,6 +31,15 @@ impl Engine {
         if self.in_flight.is_empty() {
             return None;
         }
+        self.shape_in_flight();
+        let step = self.latency.step_us(&self.scratch_shape);
+        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
+        Some(step.saturating_add(load))
+    }
+
+    /// Describes the entries of `in_flight`, in order, into `scratch_shape` for pricing.
+    pub(super) fn shape_in_flight(&mut self) {
+        self.scratch_shape.clear();
         for index in 0..self.in_flight.len() {
             let entry = self.in_flight[index];
             let state = self.state(entry.slot);
@@ -45,9 +53,6 @@ impl Engine {
                 is_prefill,
             });
         }
-        let step = self.latency.step_us(&self.scratch_shape);
-        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
-        Some(step.saturating_add(load))
     }
 
     /// Phase 1. Returns true if any request was preempted.
@@ -119,7 +124,7 @@ impl Engine {
     }
 
     /// Phase 2. Returns the number of blocks reloaded from the CPU tier.
-    fn admit_waiting(&mut self, budget: &mut u32) -> u64 {
+    pub(super) fn admit_waiting(&mut self, budget: &mut u32) -> u64 {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let max_seqs = self.config.max_num_seqs as usize;
@@ -192,7 +197,7 @@ impl Engine {
     }
 
     /// Tokens to compute this step out of `wanted`, given the budget left.
-    fn chunk(&self, wanted: u32, budget: u32) -> u32 {
+    pub(super) fn chunk(&self, wanted: u32, budget: u32) -> u32 {
         let threshold = self.config.long_prefill_token_threshold;
         let capped = if threshold > 0 && wanted > threshold {
             threshold

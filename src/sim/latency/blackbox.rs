@@ -31,8 +31,14 @@ impl BlackboxCoefficients {
 
     /// Step time in microseconds (truncated, as BLIS's `int64`; the caller clamps to >= 1).
     pub fn step_us(&self, batch: &[BatchEntry]) -> u64 {
+        self.step_with_decodes_us(batch, 0)
+    }
+
+    /// Step time of `batch` plus `decodes` more decode requests (exactly
+    /// [`BlackboxCoefficients::step_us`] of the batch with them added).
+    pub fn step_with_decodes_us(&self, batch: &[BatchEntry], decodes: u64) -> u64 {
         let mut prefill_tokens: u64 = 0;
-        let mut decode_tokens: u64 = 0;
+        let mut decode_tokens: u64 = decodes;
         for entry in batch {
             if entry.is_prefill {
                 prefill_tokens += u64::from(entry.new_tokens);
@@ -41,12 +47,6 @@ impl BlackboxCoefficients {
             }
         }
         self.step_from_counts(prefill_tokens, decode_tokens)
-    }
-
-    /// Step time of a batch of `decodes` decode requests only (the same arithmetic as
-    /// [`BlackboxCoefficients::step_us`] on such a batch).
-    pub fn decode_step_us(&self, decodes: u64) -> u64 {
-        self.step_from_counts(0, decodes)
     }
 
     fn step_from_counts(&self, prefill_tokens: u64, decode_tokens: u64) -> u64 {

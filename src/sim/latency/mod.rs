@@ -190,9 +190,22 @@ impl LatencyModel {
     /// total, if the model prices such a batch from those two numbers alone (then it equals
     /// [`LatencyModel::step_us`] on any such batch); `None` otherwise.
     pub fn decode_step_us(&self, decodes: u64, context: u64) -> Option<u64> {
+        self.step_with_decodes_us(&[], decodes, context)
+    }
+
+    /// Duration of a step over `batch` plus `decodes` decode requests (one token each) with
+    /// `context` cached tokens in total, if the model prices decodes from those two numbers
+    /// alone (then it equals [`LatencyModel::step_us`] of the batch with any such decodes
+    /// added); `None` otherwise. Lazy decode windows price their steps with it.
+    pub fn step_with_decodes_us(
+        &self,
+        batch: &[BatchEntry],
+        decodes: u64,
+        context: u64,
+    ) -> Option<u64> {
         let step = match self {
-            LatencyModel::Blackbox(model) => model.decode_step_us(decodes),
-            LatencyModel::Roofline(model) => model.decode_step_us(decodes, context),
+            LatencyModel::Blackbox(model) => model.step_with_decodes_us(batch, decodes),
+            LatencyModel::Roofline(model) => model.step_with_decodes_us(batch, decodes, context),
             LatencyModel::Physics(_) => return None,
         };
         Some(step.max(1))

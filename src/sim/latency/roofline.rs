@@ -127,13 +127,20 @@ impl RooflineModel {
     /// Step time in whole microseconds (truncated; 0 for an empty batch, which the caller
     /// clamps to 1). One pass over `batch`, no allocation.
     pub fn step_us(&self, batch: &[BatchEntry]) -> u64 {
+        self.step_with_decodes_us(batch, 0, 0)
+    }
+
+    /// Step time of `batch` plus `decodes` more decode requests with `context` cached tokens
+    /// in total: exactly [`RooflineModel::step_us`] of the batch with those decodes added
+    /// anywhere (decodes are summed as integers, so their order and split never matter).
+    pub fn step_with_decodes_us(&self, batch: &[BatchEntry], decodes: u64, context: u64) -> u64 {
         let mut prefill_flops = 0.0;
         let mut prefill_bytes = 0.0;
         // Decode entries (one token each) are summed as integers, so a batch's cost depends
         // only on (decodes, their total context): the engine's lazy decode path relies on it.
-        let mut decodes: u64 = 0;
-        let mut decode_context: u64 = 0;
-        let mut new_tokens_total: u64 = 0;
+        let mut decodes = decodes;
+        let mut decode_context = context;
+        let mut new_tokens_total = decodes;
         for entry in batch {
             debug_assert!(
                 entry.new_tokens > 0,
@@ -162,12 +169,6 @@ impl RooflineModel {
             decode_context,
             new_tokens_total,
         )
-    }
-
-    /// Step time of a batch of `decodes` decode requests with `context` cached tokens in
-    /// total (the same arithmetic as [`RooflineModel::step_us`] on such a batch).
-    pub fn decode_step_us(&self, decodes: u64, context: u64) -> u64 {
-        self.finish(0.0, 0.0, decodes, context, decodes)
     }
 
     fn finish(
