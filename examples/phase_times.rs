@@ -13,7 +13,9 @@ fn main() {
     let state = &snapshot.instances[0];
     let n = 200;
     let (mut t_restore, mut t_clone, mut t_run, mut t_base) = (0f64, 0f64, 0f64, 0f64);
-    let mut steps = 0; let mut t_pre = 0f64; let mut pre_steps = 0;
+    let mut steps = 0;
+    let mut t_pre = 0f64;
+    let mut pre_steps = 0;
     let mut lazy = 0;
     let mut events = 0;
     for _ in 0..n {
@@ -47,6 +49,9 @@ fn main() {
     println!("non-lazy prefix: {:.0} µs for {pre_steps} steps", us(t_pre));
     println!(
         "restore {:.0} µs, clone {:.0} µs, question run {:.0} µs, baseline run {:.0} µs; steps {steps} lazy {lazy} events {events}",
-        us(t_restore), us(t_clone), us(t_run), us(t_base)
+        us(t_restore),
+        us(t_clone),
+        us(t_run),
+        us(t_base)
     );
 }

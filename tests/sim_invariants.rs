@@ -2,7 +2,8 @@
 //! and random workloads; every invariant is audited after every event.
 #![allow(clippy::unwrap_used)]
 
-use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
+use ditto::catalog;
+use ditto::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, Outcome, RequestSpec, SchedulingPolicy, SloClass};
 use proptest::prelude::*;
 
@@ -10,6 +11,8 @@ use proptest::prelude::*;
 struct Scenario {
     config: EngineConfig,
     alpha: [f64; 3],
+    /// Price steps with the roofline (context-dependent) instead of the blackbox.
+    roofline: bool,
     requests: Vec<RequestSpec>,
 }
 
@@ -99,9 +102,109 @@ fn scenario_strategy() -> impl Strategy<Value = Scenario> {
             Scenario {
                 config,
                 alpha,
+                roofline: false,
                 requests,
             }
         })
+}
+
+/// A busy instance: long decodes while new prompts keep arriving, so lazy decode windows run
+/// with prefill chunks and admissions beside them, budgets bind mid-batch, and small caches
+/// preempt.
+fn busy_scenario_strategy() -> impl Strategy<Value = Scenario> {
+    (
+        (
+            prop::sample::select(vec![40u32, 120, 400, 3_000]),
+            prop::sample::select(vec![4u32, 16]),
+            2u32..48,
+            16u32..400,
+        ),
+        (
+            prop::sample::select(vec![0u32, 24, 200]),
+            any::<bool>(),
+            0u32..3,
+            prop::sample::select(vec![0u32, 6]),
+        ),
+        prop::collection::vec(
+            (
+                0u64..4_000,
+                1u32..900,
+                1u32..200,
+                prop::option::of((0u64..3, 0u32..300)),
+            ),
+            5..60,
+        ),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(
+                (blocks, block_size, seqs, budget),
+                (threshold, prefix, policy, cpu),
+                raw,
+                roofline,
+            )| {
+                let mut config = EngineConfig::vllm_defaults(blocks, 4096);
+                config.block_size = block_size;
+                config.max_num_seqs = seqs;
+                config.max_num_batched_tokens = budget;
+                config.long_prefill_token_threshold = threshold;
+                config.enable_chunked_prefill = true;
+                config.enable_prefix_caching = prefix || cpu > 0;
+                config.num_cpu_blocks = cpu;
+                config.cpu_block_load_us = 3;
+                config.scheduling_policy = [
+                    SchedulingPolicy::Fcfs,
+                    SchedulingPolicy::Priority,
+                    SchedulingPolicy::Sjf,
+                ][policy as usize];
+                config.kv_sample_interval_us = 10_000;
+                config.record_token_gaps = false;
+                let mut arrival = 0;
+                let requests = raw
+                    .into_iter()
+                    .enumerate()
+                    .map(|(id, (gap, input, output, prefix))| {
+                        arrival += gap;
+                        let mut spec = RequestSpec::synthetic(id as u64, arrival, input, output);
+                        spec.priority = (id % 3) as i32;
+                        if let Some((group, len)) = prefix {
+                            spec = spec.with_prefix(group, len);
+                        }
+                        spec
+                    })
+                    .collect();
+                Scenario {
+                    config,
+                    alpha: [0.0, 0.0, 0.0],
+                    roofline,
+                    requests,
+                }
+            },
+        )
+}
+
+/// Runs `scenario` with the fast paths and with the reference stepper.
+fn fast_and_reference(scenario: &Scenario) -> (Engine, Engine) {
+    let model = || {
+        if scenario.roofline {
+            roofline()
+        } else {
+            model(scenario.alpha)
+        }
+    };
+    let mut fast = Engine::new(scenario.config.clone(), model()).unwrap();
+    fast.run(scenario.requests.clone(), 2_000_000).unwrap();
+    let mut reference = Engine::new(scenario.config.clone(), model()).unwrap();
+    reference.set_reference_stepper(true);
+    reference.run(scenario.requests.clone(), 2_000_000).unwrap();
+    (fast, reference)
+}
+
+/// The embedded roofline of llama-3.1-8b-instruct on one H100 (step times depend on context).
+fn roofline() -> LatencyModel {
+    let arch = catalog::model("llama-3.1-8b-instruct").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).unwrap()
 }
 
 fn model(alpha: [f64; 3]) -> LatencyModel {
@@ -204,6 +307,16 @@ proptest! {
     }
 
     #[test]
+    fn busy_mixed_windows_match_the_reference_stepper(scenario in busy_scenario_strategy()) {
+        let (fast, reference) = fast_and_reference(&scenario);
+        prop_assert_eq!(&fast.metrics().records, &reference.metrics().records);
+        prop_assert_eq!(&fast.metrics().token_gap_counts, &reference.metrics().token_gap_counts);
+        prop_assert_eq!(fast.summary(), reference.summary());
+        prop_assert_eq!(fast.kv().stats(), reference.kv().stats());
+        prop_assert_eq!(fast.counts(), reference.counts());
+    }
+
+    #[test]
     fn same_input_same_output(scenario in scenario_strategy()) {
         let a = run_audited(&scenario);
         let b = run_audited(&scenario);
@@ -243,6 +356,20 @@ fn swarm_reaches_every_path() {
         lazy_steps > 1_000,
         "lazy decode windows barely exercised: {lazy_steps} steps"
     );
+    // The busy scenarios must run mixed windows (prefills beside lazy decodes) and preempt.
+    let busy = busy_scenario_strategy();
+    let (mut mixed, mut busy_preemptions) = (0, 0);
+    for _ in 0..100 {
+        let scenario = busy.new_tree(&mut runner).unwrap().current();
+        let (fast, _) = fast_and_reference(&scenario);
+        mixed += fast.mixed_lazy_steps();
+        busy_preemptions += fast.counts().preemptions;
+    }
+    assert!(
+        mixed > 2_000,
+        "mixed windows barely exercised: {mixed} steps"
+    );
+    assert!(busy_preemptions > 0, "busy scenarios never preempt");
     assert!(preemptions > 0, "no preemption exercised");
     assert!(dropped > 0, "no drop exercised");
     assert!(timed_out > 0, "no timeout exercised");

@@ -91,8 +91,12 @@ impl Pair {
         for (a, b) in &self.tables {
             assert_eq!(a, b, "block tables differ");
         }
-        self.latent.check(self.tables.iter().map(|(a, _)| a)).unwrap();
-        self.mapped.check(self.tables.iter().map(|(_, b)| b)).unwrap();
+        self.latent
+            .check(self.tables.iter().map(|(a, _)| a))
+            .unwrap();
+        self.mapped
+            .check(self.tables.iter().map(|(_, b)| b))
+            .unwrap();
     }
 }
 

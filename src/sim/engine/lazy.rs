@@ -207,6 +207,9 @@ impl Engine {
         window.in_flight = true;
         self.counts.steps += 1;
         self.lazy_steps += 1;
+        if !window.explicit.is_empty() {
+            self.mixed_lazy_steps += 1;
+        }
         Some(duration.saturating_add(load))
     }
 

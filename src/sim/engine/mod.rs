@@ -85,6 +85,7 @@ pub struct Engine {
     reference: bool,
     lazy: Option<Box<lazy::LazyWindow>>,
     lazy_steps: u64,
+    mixed_lazy_steps: u64,
 }
 
 impl Engine {
@@ -118,6 +119,7 @@ impl Engine {
             reference: false,
             lazy: None,
             lazy_steps: 0,
+            mixed_lazy_steps: 0,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -136,6 +138,12 @@ impl Engine {
     /// applied).
     pub fn lazy_steps(&self) -> u64 {
         self.lazy_steps
+    }
+
+    /// Of [`Engine::lazy_steps`], the steps that also carried prefill chunks or admissions
+    /// beside the window's decodes (a diagnostic for tests and benchmarks).
+    pub fn mixed_lazy_steps(&self) -> u64 {
+        self.mixed_lazy_steps
     }
 
     /// The configuration.
