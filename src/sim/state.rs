@@ -109,11 +109,17 @@ impl RequestState {
 
     /// Makes sure the keys of the first `full_blocks` blocks are computed.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
-        if self.keys.capacity() == 0 {
-            // Room for the whole sequence at once: no regrowth on the hot path.
-            let most = (self.spec.input_tokens + self.target_tokens()) / block_size + 1;
-            self.keys.reserve_exact(most as usize);
-            self.blocks.ids.reserve_exact(most as usize + 1);
+        if self.keys.len() as u32 >= full_blocks {
+            return;
+        }
+        // Room for the whole sequence at once: no regrowth on the hot path (a clone of a
+        // forked engine keeps only the length, so this is checked again there).
+        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
+        if self.keys.capacity() < most {
+            self.keys.reserve_exact(most - self.keys.len());
+        }
+        if self.blocks.ids.capacity() < most + 1 {
+            self.blocks.ids.reserve_exact(most + 1 - self.blocks.ids.len());
         }
         let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
         while (self.keys.len() as u32) < full_blocks {

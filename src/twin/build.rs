@@ -34,10 +34,24 @@ pub fn restore_instance(
     rng: &mut SimRng,
     path: &str,
 ) -> Result<Engine, TwinError> {
+    let mut engine = restore_base(instance, state, index, path)?;
+    draw_lengths(&mut engine, state, index, outputs, rng, path)?;
+    Ok(engine)
+}
+
+/// The engine `state` describes with every final length at its least valid value: the
+/// length-independent part of [`restore_instance`], restored once and cloned per replication
+/// before [`draw_lengths`].
+pub fn restore_base(
+    instance: &InstanceConfig,
+    state: &InstanceState,
+    index: usize,
+    path: &str,
+) -> Result<Engine, TwinError> {
     let id_base = mirrored_id_base(index);
     let mut next_id = id_base;
     let mut convert = |observed: &ObservedRequest| {
-        let request = to_restored(observed, next_id, outputs, rng);
+        let request = to_restored(observed, next_id, observed.output_tokens.saturating_add(1));
         next_id += 1;
         request
     };
@@ -52,13 +66,44 @@ pub fn restore_instance(
     };
     let mut config = instance.engine.clone();
     config.kv_sample_interval_us = 0;
-    Engine::restore(config, instance.latency.clone(), restore).map_err(|err| match err {
+    Engine::restore(config, instance.latency.clone(), restore)
+        .map_err(|err| restore_error(err, state, index, path))
+}
+
+/// Sets the final lengths of a just-restored [`restore_base`] of `state`: known ones as
+/// observed, unknown ones drawn from `outputs` with `rng` (conditioned on the tokens already
+/// generated), in restore order.
+pub fn draw_lengths(
+    engine: &mut Engine,
+    state: &InstanceState,
+    index: usize,
+    outputs: &LengthDraw,
+    rng: &mut SimRng,
+    path: &str,
+) -> Result<(), TwinError> {
+    let lengths: Vec<(u32, u32)> = state
+        .running
+        .iter()
+        .chain(&state.waiting)
+        .map(|observed| {
+            let final_length = final_length(observed, outputs, rng);
+            (final_length, observed.max_tokens.max(final_length))
+        })
+        .collect();
+    engine
+        .set_final_lengths(&lengths)
+        .map_err(|err| restore_error(err, state, index, path))
+}
+
+/// Names the mirrored field a restore error is about.
+fn restore_error(err: SimError, state: &InstanceState, index: usize, path: &str) -> TwinError {
+    match err {
         SimError::InvalidRequest { id, field, reason } => {
-            let index = id.0.saturating_sub(id_base) as usize;
-            let (list, position) = if index < state.running.len() {
-                ("running", index)
+            let position = id.0.saturating_sub(mirrored_id_base(index)) as usize;
+            let (list, position) = if position < state.running.len() {
+                ("running", position)
             } else {
-                ("waiting", index - state.running.len())
+                ("waiting", position - state.running.len())
             };
             TwinError::invalid(format!("{path}.{list}[{position}].{field}"), reason)
         }
@@ -67,20 +112,20 @@ pub fn restore_instance(
             "mirrored state of {path}.{field} cannot be simulated: {reason}"
         )),
         other => TwinError::invalid(path, other.to_string()),
-    })
+    }
 }
 
-fn to_restored(
-    observed: &ObservedRequest,
-    id: u64,
-    outputs: &LengthDraw,
-    rng: &mut SimRng,
-) -> RestoredRequest {
+/// The final output length of an observed request: as known, or drawn.
+fn final_length(observed: &ObservedRequest, outputs: &LengthDraw, rng: &mut SimRng) -> u32 {
     let generated = observed.output_tokens;
-    let final_length = match observed.known_output_tokens {
+    match observed.known_output_tokens {
         Some(known) => known.max(generated + 1),
         None => conditioned_length(outputs, generated, observed.max_tokens, rng),
-    };
+    }
+}
+
+fn to_restored(observed: &ObservedRequest, id: u64, final_length: u32) -> RestoredRequest {
+    let generated = observed.output_tokens;
     let content = if !observed.block_hashes.is_empty() {
         PromptContent::BlockKeys(observed.block_hashes.clone().into())
     } else if let Some(tokens) = &observed.token_ids {

@@ -1,4 +1,4 @@
-//! Memo of baseline forks, per snapshot.
+//! Memo of baseline forks and restored engines, per snapshot.
 //!
 //! A routing prediction runs each candidate twice: with the question's request and without
 //! it (to measure the impact on the requests already there). The fork without it depends only
@@ -7,12 +7,32 @@
 //! asked on the same snapshot can share it. Each snapshot carries its own memo, which is why
 //! cloning a snapshot (to derive a new generation or a modified copy) starts an empty one.
 //! Bounded: the memo is emptied when it reaches [`BASELINE_MEMO_MAX`] entries.
+//!
+//! It also keeps each candidate's restored engine before any length is drawn (see
+//! `twin::build::restore_base`): every replication of every question clones it instead of
+//! restoring from the mirrored state again. Bounded by [`RESTORED_MEMO_MAX_BYTES`]: past
+//! it, engines are restored per fork as before.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use crate::sim::Engine;
+
 /// Most baselines one snapshot remembers.
 pub const BASELINE_MEMO_MAX: usize = 4096;
+
+/// Most bytes of restored engines one snapshot remembers.
+pub const RESTORED_MEMO_MAX_BYTES: usize = 256 << 20;
+
+/// What identifies a restored engine on one snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RestoredKey {
+    /// Candidate instance index.
+    pub instance: usize,
+    /// `Some(now)` when the observation is taken as the state at `now` (the use-last stale
+    /// policy shifts it), `None` when restored at its observation time.
+    pub shifted_to_us: Option<u64>,
+}
 
 /// What identifies a baseline fork on one snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,10 +62,19 @@ pub struct Baseline {
     pub events: u64,
 }
 
-/// A snapshot's memo of baselines (shared by concurrent questions on that snapshot).
+/// A snapshot's memo of baselines and restored engines (shared by concurrent questions on
+/// that snapshot).
 #[derive(Default)]
 pub struct BaselineMemo {
     entries: Arc<Mutex<HashMap<BaselineKey, Arc<Baseline>>>>,
+    restored: Arc<Mutex<RestoredEngines>>,
+}
+
+/// Restored engines and the bytes they hold.
+#[derive(Default)]
+struct RestoredEngines {
+    engines: HashMap<RestoredKey, Arc<Engine>>,
+    bytes: usize,
 }
 
 impl BaselineMemo {
@@ -62,6 +91,23 @@ impl BaselineMemo {
             entries.clear();
         }
         entries.insert(key, baseline);
+    }
+
+    /// The restored engine for `key`, if remembered.
+    pub fn restored(&self, key: &RestoredKey) -> Option<Arc<Engine>> {
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        restored.engines.get(key).cloned()
+    }
+
+    /// Remembers `engine` for `key`, unless that would pass [`RESTORED_MEMO_MAX_BYTES`].
+    pub fn insert_restored(&self, key: RestoredKey, engine: Arc<Engine>) {
+        let bytes = engine.memory_bytes();
+        let mut restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        if restored.bytes + bytes <= RESTORED_MEMO_MAX_BYTES
+            && restored.engines.insert(key, engine).is_none()
+        {
+            restored.bytes += bytes;
+        }
     }
 
     /// Baselines remembered.

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
 
-use super::build::{QUESTION_REQUEST_ID, restore_instance};
+use super::build::{QUESTION_REQUEST_ID, draw_lengths, restore_base};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::memo::{Baseline, BaselineKey};
+use super::memo::{Baseline, BaselineKey, RestoredKey};
 use super::question::{
     Background, CandidatePrediction, Distribution, OutputLength, RoutingAnswer, RoutingQuestion,
     StalePolicy,
@@ -312,26 +312,40 @@ fn simulate(
     budget: &EventBudget,
 ) -> Result<Outcome1, TwinError> {
     let instance = &snapshot.config.instances[index];
-    let mut state = (*snapshot.instances[index]).clone();
-    if treatment == Treatment::UseLast {
-        // Take the old observation as the state at `now`.
-        let shift = question.now_us - state.observed_at_us;
-        state.observed_at_us = question.now_us;
-        state.step_end_us = state.step_end_us.map(|end| end + shift);
-    }
+    let state = &snapshot.instances[index];
+    let path = format!("instances[{index}]");
+    let restored_key = RestoredKey {
+        instance: index,
+        shifted_to_us: (treatment == Treatment::UseLast).then_some(question.now_us),
+    };
+    // Restored once per snapshot and candidate; each fork clones it and draws its lengths.
+    let base = match snapshot.memo.restored(&restored_key) {
+        Some(base) => base,
+        None => {
+            let base = if treatment == Treatment::UseLast {
+                // Take the old observation as the state at `now`.
+                let mut shifted = (**state).clone();
+                let shift = question.now_us - shifted.observed_at_us;
+                shifted.observed_at_us = question.now_us;
+                shifted.step_end_us = shifted.step_end_us.map(|end| end + shift);
+                restore_base(instance, &shifted, index, &path)?
+            } else {
+                restore_base(instance, state, index, &path)?
+            };
+            let base = Arc::new(base);
+            snapshot
+                .memo
+                .insert_restored(restored_key, Arc::clone(&base));
+            base
+        }
+    };
     let mut rng = stream(
         question.options.seed,
         replication,
         &format!("twin/outputs/{}", instance.id),
     );
-    let mut engine = restore_instance(
-        instance,
-        &state,
-        index,
-        outputs,
-        &mut rng,
-        &format!("instances[{index}]"),
-    )?;
+    let mut engine = (*base).clone();
+    draw_lengths(&mut engine, state, index, outputs, &mut rng, &path)?;
     let now = question.now_us;
     // Roll forward to `now` (by the state's age) within the call's budget and deadline.
     let mut events = run_until_done(&mut engine, now, budget)?;

@@ -42,7 +42,8 @@ pub(super) struct LazyWindow {
     /// Total context of the members before the next step.
     context_sum: u64,
     /// Members due for a KV call, by step: a ring of buckets indexed by `step % len` (a
-    /// member is never due more than `block_size + 1` steps ahead), each holding
+    /// member is never due more than `block_size + 1` steps ahead; `len` is a power of two
+    /// at least `block_size + 2`), each holding
     /// (batch position, slot, serial); the serial tells a finished member's leftover call
     /// from a new request that took its slot.
     kv_ring: Vec<Vec<(u32, u32, u64)>>,
@@ -91,7 +92,8 @@ impl Engine {
         if members == 0 {
             return false;
         }
-        let ring_len = self.config.block_size as usize + 2;
+        // A power of two, so a bucket is found with a mask rather than a division.
+        let ring_len = (self.config.block_size as usize + 2).next_power_of_two();
         let mut window = LazyWindow {
             prev_end_us: now,
             kv_ring: vec![Vec::new(); ring_len],
@@ -129,7 +131,7 @@ impl Engine {
         let next = self
             .next_kv_step(slot, step, computed)
             .min(step + ring_len - 1);
-        window.kv_ring[(next % ring_len) as usize].push((position, slot, serial));
+        window.kv_ring[(next & (ring_len - 1)) as usize].push((position, slot, serial));
     }
 
     /// The first window step after `step` (at which the request has computed `computed`
@@ -242,9 +244,9 @@ impl Engine {
         let ring_len = window.kv_ring.len();
         let mut due = std::mem::take(&mut window.kv_scratch);
         due.clear();
-        due.append(&mut window.kv_ring[step as usize % ring_len]);
+        due.append(&mut window.kv_ring[step as usize & (ring_len - 1)]);
         // Batch order, as the step-by-step path allocates.
-        due.sort_unstable();
+        due.sort_unstable_by_key(|&(position, _, _)| position);
         let window_step = step - 1;
         let (mut next_due, mut next_explicit) = (0, 0);
         let mut result = Some(());
@@ -279,7 +281,7 @@ impl Engine {
                 let next = self
                     .next_kv_step(slot, step, total)
                     .min(step + ring_len as u32 - 1);
-                window.kv_ring[next as usize % ring_len].push((position, slot, serial));
+                window.kv_ring[next as usize & (ring_len - 1)].push((position, slot, serial));
             } else {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;

@@ -205,17 +205,7 @@ impl Engine {
                 format!("{} is after the observation time {now_us}", spec.arrival_us),
             ));
         }
-        if request.generated >= spec.generated_tokens() {
-            return Err(invalid(
-                spec,
-                "output_tokens",
-                format!(
-                    "final length {} must exceed the {} tokens already generated",
-                    spec.generated_tokens(),
-                    request.generated
-                ),
-            ));
-        }
+        check_final_length(spec, request.generated)?;
         let num_tokens = spec.input_tokens + request.generated;
         if request.computed_tokens >= num_tokens {
             return Err(invalid(
@@ -234,14 +224,7 @@ impl Engine {
                 format!("{} exceeds the prompt", request.cached_tokens),
             ));
         }
-        let needed = u64::from(spec.input_tokens) + u64::from(spec.max_tokens.max(1));
-        if needed > u64::from(self.config.effective_max_model_len()) {
-            return Err(invalid(
-                spec,
-                "max_tokens",
-                format!("prompt + max_tokens = {needed} exceeds what the instance holds"),
-            ));
-        }
+        check_fits(spec, self.config.effective_max_model_len())?;
         let serial = self.next_serial;
         self.next_serial += 1;
         let mut state = RequestState::new(spec.clone(), serial);
@@ -331,6 +314,46 @@ impl Engine {
         Ok(())
     }
 
+    /// Sets the final output length and `max_tokens` of every restored request, given in
+    /// restore order (running, then waiting), with the checks [`Engine::restore`] applies to
+    /// them. A caller restores once (with any valid lengths) and draws lengths per replication
+    /// on clones: restoring never reads the lengths, so the result equals restoring with
+    /// them. Refused once the engine has processed an event.
+    pub fn set_final_lengths(&mut self, lengths: &[(u32, u32)]) -> Result<(), SimError> {
+        if self.events_processed > 0 || lengths.len() != self.slots.len() {
+            return Err(SimError::InvalidState {
+                field: "output_tokens",
+                reason: format!(
+                    "final lengths apply to a just-restored engine: {} given for {} requests after {} events",
+                    lengths.len(),
+                    self.slots.len(),
+                    self.events_processed
+                ),
+            });
+        }
+        let max_len = self.config.effective_max_model_len();
+        for (slot, &(output_tokens, max_tokens)) in lengths.iter().enumerate() {
+            let state = self.slots[slot].as_mut().ok_or(SimError::InvalidState {
+                field: "output_tokens",
+                reason: format!("slot {slot} holds no restored request"),
+            })?;
+            let mut spec = state.spec.clone();
+            spec.output_tokens = output_tokens;
+            spec.max_tokens = max_tokens;
+            if spec.max_tokens < spec.output_tokens {
+                return Err(invalid(
+                    &spec,
+                    "max_tokens",
+                    format!("{max_tokens} is below output_tokens {output_tokens}"),
+                ));
+            }
+            check_final_length(&spec, state.generated)?;
+            check_fits(&spec, max_len)?;
+            state.spec = spec;
+        }
+        Ok(())
+    }
+
     pub(super) fn insert_state(&mut self, state: RequestState) -> u32 {
         match self.free_slots.pop() {
             Some(slot) => {
@@ -343,4 +366,32 @@ impl Engine {
             }
         }
     }
+}
+
+/// A restored request's final length must exceed what it has generated.
+fn check_final_length(spec: &RequestSpec, generated: u32) -> Result<(), SimError> {
+    if generated >= spec.generated_tokens() {
+        return Err(invalid(
+            spec,
+            "output_tokens",
+            format!(
+                "final length {} must exceed the {generated} tokens already generated",
+                spec.generated_tokens()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Prompt plus `max_tokens` must fit the instance's model length.
+fn check_fits(spec: &RequestSpec, max_model_len: u32) -> Result<(), SimError> {
+    let needed = u64::from(spec.input_tokens) + u64::from(spec.max_tokens.max(1));
+    if needed > u64::from(max_model_len) {
+        return Err(invalid(
+            spec,
+            "max_tokens",
+            format!("prompt + max_tokens = {needed} exceeds what the instance holds"),
+        ));
+    }
+    Ok(())
 }
