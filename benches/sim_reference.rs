@@ -4,6 +4,11 @@
 //! 1,000,000.
 #![allow(clippy::unwrap_used)]
 
+
+/// The allocator the `ditto` binary uses, so the benches measure what it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use ditto::bench::{reference_engine, reference_requests};
 

@@ -4,6 +4,11 @@
 //! adds the same call through the gRPC server on loopback.
 #![allow(clippy::unwrap_used)]
 
+
+/// The allocator the `ditto` binary uses, so the benches measure what it runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use criterion::{Criterion, criterion_group, criterion_main};
 use ditto::bench::{whatif_question, whatif_snapshot};
 use ditto::twin::Limits;

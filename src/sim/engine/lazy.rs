@@ -245,8 +245,10 @@ impl Engine {
         let mut due = std::mem::take(&mut window.kv_scratch);
         due.clear();
         due.append(&mut window.kv_ring[step as usize & (ring_len - 1)]);
-        // Batch order, as the step-by-step path allocates.
-        due.sort_unstable_by_key(|&(position, _, _)| position);
+        // Batch order, as the step-by-step path allocates (a bucket mostly fills in order).
+        if !due.is_sorted_by_key(|&(position, _, _)| position) {
+            due.sort_unstable_by_key(|&(position, _, _)| position);
+        }
         let window_step = step - 1;
         let (mut next_due, mut next_explicit) = (0, 0);
         let mut result = Some(());
