@@ -4,7 +4,6 @@
 //! 1,000,000.
 #![allow(clippy::unwrap_used)]
 
-
 /// The allocator the `ditto` binary uses, so the benches measure what it runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

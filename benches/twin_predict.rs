@@ -4,7 +4,6 @@
 //! adds the same call through the gRPC server on loopback.
 #![allow(clippy::unwrap_used)]
 
-
 /// The allocator the `ditto` binary uses, so the benches measure what it runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

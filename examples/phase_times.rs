@@ -43,6 +43,9 @@ fn main() {
     let us = |t: f64| t / n as f64 * 1e6;
     println!(
         "clone {:.0} µs, draw+clone {:.0} µs, question run {:.0} µs, baseline run {:.0} µs; steps {steps} lazy {lazy} mixed {mixed}",
-        us(t_clone), us(t_draw), us(t_run), us(t_base)
+        us(t_clone),
+        us(t_draw),
+        us(t_run),
+        us(t_base)
     );
 }

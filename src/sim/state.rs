@@ -48,7 +48,7 @@ pub struct Timeline {
 }
 
 /// One live request.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct RequestState {
     /// The immutable request.
     pub spec: RequestSpec,
@@ -69,6 +69,31 @@ pub struct RequestState {
     pub lazy_base_step: Option<u32>,
     /// Timestamps and counters.
     pub timeline: Timeline,
+}
+
+impl Clone for RequestState {
+    /// Keeps the key and block vectors' reserved room, so a forked engine never regrows
+    /// them on its hot path.
+    fn clone(&self) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            serial: self.serial,
+            phase: self.phase,
+            num_computed: self.num_computed,
+            generated: self.generated,
+            blocks: self.blocks.clone(),
+            keys: clone_with_capacity(&self.keys),
+            lazy_base_step: self.lazy_base_step,
+            timeline: self.timeline.clone(),
+        }
+    }
+}
+
+/// A copy of `items` with the same reserved room.
+pub(crate) fn clone_with_capacity<T: Copy>(items: &Vec<T>) -> Vec<T> {
+    let mut copy = Vec::with_capacity(items.capacity());
+    copy.extend_from_slice(items);
+    copy
 }
 
 impl RequestState {
@@ -119,7 +144,9 @@ impl RequestState {
             self.keys.reserve_exact(most - self.keys.len());
         }
         if self.blocks.ids.capacity() < most + 1 {
-            self.blocks.ids.reserve_exact(most + 1 - self.blocks.ids.len());
+            self.blocks
+                .ids
+                .reserve_exact(most + 1 - self.blocks.ids.len());
         }
         let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
         while (self.keys.len() as u32) < full_blocks {

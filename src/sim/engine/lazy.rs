@@ -164,7 +164,10 @@ impl Engine {
     }
 
     fn lazy_form_in(&mut self, window: &mut LazyWindow) -> Option<u64> {
-        debug_assert!(self.in_flight.is_empty(), "a window step over one in flight");
+        debug_assert!(
+            self.in_flight.is_empty(),
+            "a window step over one in flight"
+        );
         let max_budget = u64::from(self.config.max_num_batched_tokens);
         // Phase 1's budget: each member takes one token; an explicit request takes a chunk
         // of what the requests ahead of it left.

@@ -93,12 +93,22 @@ impl Block {
 }
 
 /// The blocks a request holds, in token order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct BlockTable {
     /// Block ids, block `i` holding tokens `i*block_size .. (i+1)*block_size`.
     pub ids: Vec<u32>,
     /// How many leading blocks have been keyed (registered for prefix hits).
     pub num_keyed: u32,
+}
+
+impl Clone for BlockTable {
+    /// Keeps the reserved room (a forked request grows its table without reallocating).
+    fn clone(&self) -> Self {
+        Self {
+            ids: crate::sim::state::clone_with_capacity(&self.ids),
+            num_keyed: self.num_keyed,
+        }
+    }
 }
 
 impl BlockTable {
