@@ -154,21 +154,50 @@ pub struct KvStats {
 }
 
 /// The KV cache of one instance.
-#[derive(Clone, Debug)]
+///
+/// Blocks never used yet are *virgin*: not materialized in `blocks` (ids from
+/// `blocks.len()` up to `total`), and logically at the head of the free list in id order,
+/// ahead of every freed block (a block, once freed, goes to the tail). So a fork of a cache
+/// copies only the blocks ever used.
+#[derive(Debug)]
 pub struct KvCache {
     block_size: u32,
     prefix_caching: bool,
+    /// Materialized blocks: ids `0..blocks.len()`.
     blocks: Vec<Block>,
-    /// Least recently freed end: allocation takes from here.
+    /// All blocks, materialized or virgin.
+    total: u32,
+    /// Least recently freed end of the list of freed (materialized) blocks; virgin blocks
+    /// come before it, and allocation takes them first.
     free_head: u32,
     /// Most recently freed end: release appends here.
     free_tail: u32,
+    /// Free blocks: virgin ones plus those on the list.
     free_count: u32,
     by_key: HashMap<u64, u32, IdentityBuildHasher>,
     cpu: Option<LruKeySet>,
     stats: KvStats,
     /// Bumped whenever the set of cached keys changes (lets observers skip re-copying it).
     key_version: u64,
+}
+
+impl Clone for KvCache {
+    /// Copies the materialized blocks only, keeping room for the rest.
+    fn clone(&self) -> Self {
+        Self {
+            block_size: self.block_size,
+            prefix_caching: self.prefix_caching,
+            blocks: crate::sim::state::clone_with_capacity(&self.blocks),
+            total: self.total,
+            free_head: self.free_head,
+            free_tail: self.free_tail,
+            free_count: self.free_count,
+            by_key: self.by_key.clone(),
+            cpu: self.cpu.clone(),
+            stats: self.stats,
+            key_version: self.key_version,
+        }
+    }
 }
 
 impl KvCache {
@@ -178,21 +207,14 @@ impl KvCache {
     pub fn new(num_blocks: u32, block_size: u32, prefix_caching: bool, cpu_blocks: u32) -> Self {
         debug_assert!(num_blocks > 0, "a KV cache needs blocks");
         debug_assert!(block_size > 0, "blocks need tokens");
-        let blocks = (0..num_blocks)
-            .map(|id| Block {
-                key: 0,
-                ref_cnt: 0,
-                prev: if id == 0 { NIL } else { id - 1 },
-                next: if id + 1 == num_blocks { NIL } else { id + 1 },
-                keying: Keying::Unkeyed,
-            })
-            .collect();
         Self {
             block_size,
             prefix_caching,
-            blocks,
-            free_head: 0,
-            free_tail: num_blocks - 1,
+            // Room for every block (untouched until used), so materializing never regrows.
+            blocks: Vec::with_capacity(num_blocks as usize),
+            total: num_blocks,
+            free_head: NIL,
+            free_tail: NIL,
             free_count: num_blocks,
             // Grown on demand: private blocks never enter it, and a small map clones cheaply.
             by_key: HashMap::with_hasher(IdentityBuildHasher),
@@ -214,7 +236,7 @@ impl KvCache {
 
     /// Total GPU blocks.
     pub fn total_blocks(&self) -> u32 {
-        self.blocks.len() as u32
+        self.total
     }
 
     /// Blocks with refcount zero (free, possibly still holding a cached key).
@@ -249,7 +271,8 @@ impl KvCache {
         self.by_key.keys().copied()
     }
 
-    /// Keys of the keyed blocks on the free list, least recently used (next evicted) first.
+    /// Keys of the keyed blocks on the free list, least recently used (next evicted) first
+    /// (virgin blocks hold none).
     pub fn free_keys_lru_first(&self) -> Vec<u64> {
         let mut keys = Vec::new();
         let mut cursor = self.free_head;
@@ -263,10 +286,11 @@ impl KvCache {
         keys
     }
 
-    /// Heap bytes held (capacity-based estimate: blocks, key map, CPU tier).
+    /// Heap bytes held (estimate: materialized blocks, whose room is touched, plus the key
+    /// map's and CPU tier's capacity).
     pub fn memory_bytes(&self) -> usize {
         let map_entry = std::mem::size_of::<(u64, u32)>() + 1;
-        self.blocks.capacity() * std::mem::size_of::<Block>()
+        self.blocks.len() * std::mem::size_of::<Block>()
             + self.by_key.capacity() * map_entry
             + self.cpu.as_ref().map_or(0, LruKeySet::memory_bytes)
     }
@@ -381,11 +405,17 @@ impl KvCache {
         if self.by_key.contains_key(&key) {
             return;
         }
-        let id = self.free_head;
-        if id == NIL || self.blocks[id as usize].keying != Keying::Unkeyed {
-            return;
-        }
-        self.unlink_free(id);
+        let id = match self.take_virgin() {
+            Some(id) => id,
+            None => {
+                let id = self.free_head;
+                if id == NIL || self.blocks[id as usize].keying != Keying::Unkeyed {
+                    return;
+                }
+                self.unlink_free(id);
+                id
+            }
+        };
         self.set_key(id, key);
         self.push_free(id);
     }
@@ -426,8 +456,14 @@ impl KvCache {
         let mut holders = vec![0u32; self.blocks.len()];
         for table in tables {
             for &id in &table.ids {
-                holders[id as usize] += 1;
+                match holders.get_mut(id as usize) {
+                    Some(count) => *count += 1,
+                    None => return Err(format!("a table holds virgin block {id}")),
+                }
             }
+        }
+        if self.blocks.len() as u32 > self.total {
+            return Err("more blocks materialized than exist".to_owned());
         }
         let mut on_list = vec![false; self.blocks.len()];
         let (mut cursor, mut walked, mut prev) = (self.free_head, 0u32, NIL);
@@ -446,9 +482,10 @@ impl KvCache {
         if prev != self.free_tail {
             return Err("free list tail does not match".to_owned());
         }
-        if walked != self.free_count {
+        let virgin = self.total - self.blocks.len() as u32;
+        if walked + virgin != self.free_count {
             return Err(format!(
-                "free list has {walked} blocks, counter says {}",
+                "free list has {walked} blocks and {virgin} virgin ones, counter says {}",
                 self.free_count
             ));
         }
@@ -537,7 +574,29 @@ impl KvCache {
         self.blocks[id as usize].ref_cnt += 1;
     }
 
+    /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
+    /// counting it as taken from the free blocks.
+    fn take_virgin(&mut self) -> Option<u32> {
+        let id = self.blocks.len() as u32;
+        if id == self.total {
+            return None;
+        }
+        self.blocks.push(Block {
+            key: 0,
+            ref_cnt: 0,
+            prev: NIL,
+            next: NIL,
+            keying: Keying::Unkeyed,
+        });
+        self.free_count -= 1;
+        Some(id)
+    }
+
     fn pop_free(&mut self) -> u32 {
+        if let Some(id) = self.take_virgin() {
+            self.blocks[id as usize].ref_cnt = 1;
+            return id;
+        }
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
         self.unlink_free(id);
