@@ -1,9 +1,10 @@
 //! The `ditto.v1.Twin` gRPC service: an adapter that decodes, validates, hands the work to
-//! the store or to a simulation on the blocking pool, and encodes.
+//! the store (on the blocking pool) or to a simulation (on rayon's pool), and encodes.
 //!
 //! Invariants: no lock is held across an `.await` (the store's locks live inside its
-//! synchronous methods); every prediction runs on one immutable snapshot on
-//! `spawn_blocking`, bounded by a semaphore and by the call's deadline; every error is
+//! synchronous methods); every prediction runs on one immutable snapshot on the simulation
+//! pool, bounded by a semaphore and by the call's deadline; a panic there is an INTERNAL
+//! error, never a crash; every error is
 //! mapped by `server::error`.
 
 use std::pin::Pin;
@@ -154,7 +155,7 @@ impl Shared {
         })
     }
 
-    /// Runs `work` on the blocking pool under the simulation semaphore, within `deadline`.
+    /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
     async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
@@ -166,15 +167,19 @@ impl Shared {
             .await
             .map_err(|_| deadline_status("while waiting for a simulation slot"))?
             .map_err(|_| internal_status("the simulation pool is closed"))?;
-        let task = tokio::task::spawn_blocking(move || {
+        let (done, task) = tokio::sync::oneshot::channel();
+        // On the simulation pool itself (rayon's), so the forks a question fans out start on
+        // this thread without another hand-off.
+        rayon::spawn(move || {
             // The permit is released only when the simulation really stops.
             let _permit = permit;
-            work()
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            let _ = done.send(result);
         });
         match tokio::time::timeout_at(deadline, task).await {
             Err(_) => Err(deadline_status("while simulating")),
-            Ok(Err(_)) => Err(internal_status("the simulation task failed")),
-            Ok(Ok(result)) => result.map_err(|err| status_from(&err)),
+            Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
+            Ok(Ok(Ok(result))) => result.map_err(|err| status_from(&err)),
         }
     }
 
