@@ -187,3 +187,93 @@ fn restored_prefix_blocks_are_hit() {
     engine.run([spec], u64::MAX).unwrap();
     assert_eq!(engine.metrics().records[0].cached_tokens, 256);
 }
+
+/// Restoring once and setting final lengths afterwards (how the twin forks replications)
+/// equals restoring with those lengths: same per-request results to the end.
+#[test]
+fn final_lengths_set_after_restore_equal_restoring_with_them() {
+    let cut = 1_234_567;
+    let requests = workload();
+    let mut original = Engine::new(config(), model()).unwrap();
+    for spec in requests.into_iter().filter(|r| r.arrival_us <= cut) {
+        original.run_before(spec.arrival_us);
+        original.submit(spec).unwrap();
+    }
+    original.run_until(cut);
+    let observed = original.observe();
+    // Other final lengths than the original's, as a replication would draw.
+    let mut with_lengths = observed.clone();
+    let lengths: Vec<(u32, u32)> = with_lengths
+        .running
+        .iter_mut()
+        .chain(with_lengths.waiting.iter_mut())
+        .enumerate()
+        .map(|(index, request)| {
+            let length = request.generated + 1 + (index as u32 * 37) % 200;
+            request.spec.output_tokens = length;
+            request.spec.max_tokens = length;
+            (length, length)
+        })
+        .collect();
+    let mut direct = Engine::restore(config(), model(), with_lengths).unwrap();
+    let mut patched = Engine::restore(config(), model(), observed).unwrap();
+    patched.set_final_lengths(&lengths).unwrap();
+    direct.run(Vec::new(), u64::MAX).unwrap();
+    patched.run(Vec::new(), u64::MAX).unwrap();
+    assert_eq!(direct.metrics().records, patched.metrics().records);
+    assert_eq!(direct.summary(), patched.summary());
+    // Once the engine has moved, lengths can no longer change.
+    assert!(matches!(
+        patched.set_final_lengths(&lengths),
+        Err(SimError::InvalidState {
+            field: "output_tokens",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn final_lengths_are_checked_like_restored_ones() {
+    let state = RestoreState {
+        now_us: 0,
+        cached_keys: Vec::new(),
+        running: vec![request(1, 119, 20, 50)],
+        waiting: vec![request(2, 0, 0, 10)],
+        step_end_us: None,
+    };
+    let fresh = || Engine::restore(config(), model(), state.clone()).unwrap();
+    let field = |err: SimError| match err {
+        SimError::InvalidRequest { field, .. } => field,
+        other => panic!("expected a request error, got {other:?}"),
+    };
+    // The running request has generated 20 tokens: a final length of 20 is too short.
+    assert_eq!(
+        field(
+            fresh()
+                .set_final_lengths(&[(20, 20), (10, 10)])
+                .unwrap_err()
+        ),
+        "output_tokens"
+    );
+    assert_eq!(
+        field(
+            fresh()
+                .set_final_lengths(&[(30, 29), (10, 10)])
+                .unwrap_err()
+        ),
+        "max_tokens"
+    );
+    assert_eq!(
+        field(
+            fresh()
+                .set_final_lengths(&[(30, 30), (10, 200_000)])
+                .unwrap_err()
+        ),
+        "max_tokens"
+    );
+    assert!(matches!(
+        fresh().set_final_lengths(&[(30, 30)]),
+        Err(SimError::InvalidState { .. })
+    ));
+    fresh().set_final_lengths(&[(30, 30), (10, 10)]).unwrap();
+}

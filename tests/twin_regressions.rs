@@ -254,3 +254,24 @@ fn forecast_variants_configured_alike_are_refused() {
         Err(TwinError::InvalidArgument { field, .. }) if field == "variants[1].template_instance_id"
     ));
 }
+
+/// The per-snapshot memo (restored engines, baseline forks) never changes an answer: a
+/// question asked again on a warm snapshot, or a new question on it, gets exactly the answer
+/// a fresh copy of the snapshot gives, for fresh signals and for stale ones taken as they are
+/// (use-last), with sampled lengths.
+#[test]
+fn memoised_forks_answer_exactly_as_fresh_ones() {
+    let snapshot = whatif_snapshot(false);
+    let fresh = whatif_question(3);
+    let mut stale = whatif_question(3);
+    stale.now_us += 500_000;
+    stale.options.stale_policy = Some(StalePolicy::UseLast);
+    let mut other = whatif_question(2);
+    other.request.prompt_tokens = 300;
+    for question in [&fresh, &stale, &other, &fresh] {
+        let warm = predict_routing(&snapshot, question, &Limits::DEFAULT).unwrap();
+        let cold = predict_routing(&snapshot.clone(), question, &Limits::DEFAULT).unwrap();
+        assert_eq!(warm, cold);
+    }
+    assert!(!snapshot.memo.is_empty(), "the memo was used");
+}
