@@ -43,11 +43,14 @@ pub(super) struct LazyWindow {
     context_sum: u64,
     /// Members due for a KV call, by step: a ring of buckets indexed by `step % len` (a
     /// member is never due more than `block_size + 1` steps ahead; `len` is a power of two
-    /// at least `block_size + 2`), each holding
-    /// (batch position, slot, serial); the serial tells a finished member's leftover call
-    /// from a new request that took its slot.
-    kv_ring: Vec<Vec<(u32, u32, u64)>>,
-    /// Scratch for the bucket being processed (reused: no allocation per step).
+    /// at least `block_size + 2`), each a bitset of batch positions, so a bucket is read in
+    /// batch order without sorting.
+    kv_ring: Vec<Vec<u64>>,
+    /// The member at each batch position: (slot, serial). The serial tells a finished
+    /// member's leftover call from a new request that took its slot.
+    by_position: Vec<(u32, u64)>,
+    /// Scratch for the bucket being processed, as (batch position, slot, serial) in batch
+    /// order (reused: no allocation per step).
     kv_scratch: Vec<(u32, u32, u64)>,
     /// Members finishing at a step.
     done_due: BinaryHeap<Due>,
@@ -121,6 +124,11 @@ impl Engine {
         debug_assert!(state.is_decoding(), "only decoding requests join a window");
         state.lazy_base_step = Some(step);
         let serial = state.serial;
+        let index = position as usize;
+        if window.by_position.len() <= index {
+            window.by_position.resize(index + 1, (u32::MAX, 0));
+        }
+        window.by_position[index] = (slot, serial);
         let computed = state.num_computed;
         let remaining = state.target_tokens() - state.generated;
         window.members += 1;
@@ -131,7 +139,7 @@ impl Engine {
         let next = self
             .next_kv_step(slot, step, computed)
             .min(step + ring_len - 1);
-        window.kv_ring[(next & (ring_len - 1)) as usize].push((position, slot, serial));
+        set_bit(&mut window.kv_ring[(next & (ring_len - 1)) as usize], position);
     }
 
     /// The first window step after `step` (at which the request has computed `computed`
@@ -247,10 +255,18 @@ impl Engine {
         let ring_len = window.kv_ring.len();
         let mut due = std::mem::take(&mut window.kv_scratch);
         due.clear();
-        due.append(&mut window.kv_ring[step as usize & (ring_len - 1)]);
-        // Batch order, as the step-by-step path allocates (a bucket mostly fills in order).
-        if !due.is_sorted_by_key(|&(position, _, _)| position) {
-            due.sort_unstable_by_key(|&(position, _, _)| position);
+        // Batch order, as the step-by-step path allocates.
+        for (word_index, word) in window.kv_ring[step as usize & (ring_len - 1)]
+            .iter_mut()
+            .enumerate()
+        {
+            let mut bits = std::mem::take(word);
+            while bits != 0 {
+                let position = word_index as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let (slot, serial) = window.by_position[position as usize];
+                due.push((position, slot, serial));
+            }
         }
         let window_step = step - 1;
         let (mut next_due, mut next_explicit) = (0, 0);
@@ -286,7 +302,7 @@ impl Engine {
                 let next = self
                     .next_kv_step(slot, step, total)
                     .min(step + ring_len as u32 - 1);
-                window.kv_ring[next as usize & (ring_len - 1)].push((position, slot, serial));
+                set_bit(&mut window.kv_ring[next as usize & (ring_len - 1)], position);
             } else {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;
@@ -525,4 +541,13 @@ fn allocate_to(
         total,
         shareable_blocks(&state.spec, block_size),
     )
+}
+
+/// Sets bit `position` of `bits`, growing it as needed.
+fn set_bit(bits: &mut Vec<u64>, position: u32) {
+    let word = (position / 64) as usize;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    bits[word] |= 1 << (position % 64);
 }
