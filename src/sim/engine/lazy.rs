@@ -139,7 +139,10 @@ impl Engine {
         let next = self
             .next_kv_step(slot, step, computed)
             .min(step + ring_len - 1);
-        set_bit(&mut window.kv_ring[(next & (ring_len - 1)) as usize], position);
+        set_bit(
+            &mut window.kv_ring[(next & (ring_len - 1)) as usize],
+            position,
+        );
     }
 
     /// The first window step after `step` (at which the request has computed `computed`
@@ -302,7 +305,10 @@ impl Engine {
                 let next = self
                     .next_kv_step(slot, step, total)
                     .min(step + ring_len as u32 - 1);
-                set_bit(&mut window.kv_ring[next as usize & (ring_len - 1)], position);
+                set_bit(
+                    &mut window.kv_ring[next as usize & (ring_len - 1)],
+                    position,
+                );
             } else {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;
