@@ -316,6 +316,62 @@ proptest! {
         prop_assert_eq!(fast.counts(), reference.counts());
     }
 
+    /// What an observer sees mid-run (the twin's view) does not depend on the fast paths:
+    /// progress, steps in flight and cached keys, with windows open (and their keying of
+    /// private blocks deferred) at the cut.
+    #[test]
+    fn observed_state_matches_the_reference_stepper(
+        scenario in busy_scenario_strategy(),
+        cut_fraction in 0.05f64..0.95,
+    ) {
+        let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
+        let cut = (last as f64 * cut_fraction) as u64 + 1;
+        let observe_at_cut = |reference: bool| {
+            let model = if scenario.roofline { roofline() } else { model(scenario.alpha) };
+            let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
+            engine.set_reference_stepper(reference);
+            for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {
+                engine.run_before(spec.arrival_us);
+                engine.submit(spec.clone()).unwrap();
+            }
+            engine.run_until(cut);
+            engine.observe()
+        };
+        prop_assert_eq!(observe_at_cut(false), observe_at_cut(true));
+    }
+
+    /// A window that stays open for hundreds of admissions (long decoders, a stream of
+    /// short requests) renumbers its batch positions along the way; results stay those of
+    /// the reference stepper.
+    #[test]
+    fn long_lived_windows_match_the_reference_stepper(
+        decoders in 1u32..6,
+        stream in 200u64..500,
+        gap in 500u64..6_000,
+        budget in 64u32..600,
+        roofline_pricing in any::<bool>(),
+        prefix in any::<bool>(),
+    ) {
+        let mut config = EngineConfig::vllm_defaults(20_000, 8192);
+        config.max_num_batched_tokens = budget;
+        config.max_num_seqs = 64;
+        config.enable_prefix_caching = prefix;
+        config.kv_sample_interval_us = 0;
+        let mut requests: Vec<RequestSpec> = (0..u64::from(decoders))
+            .map(|id| RequestSpec::synthetic(id, 0, 100, 3_000))
+            .collect();
+        let first = requests.len() as u64;
+        requests.extend((0..stream).map(|i| {
+            RequestSpec::synthetic(first + i, 1_000 + i * gap, 20 + (i as u32 * 37) % 300, 1 + (i as u32 % 4))
+        }));
+        let scenario = Scenario { config, alpha: [0.0; 3], roofline: roofline_pricing, requests };
+        let (fast, reference) = fast_and_reference(&scenario);
+        prop_assert_eq!(&fast.metrics().records, &reference.metrics().records);
+        prop_assert_eq!(&fast.metrics().token_gap_counts, &reference.metrics().token_gap_counts);
+        prop_assert_eq!(fast.kv().stats(), reference.kv().stats());
+        prop_assert!(fast.mixed_lazy_steps() > 0, "windows ran beside the stream");
+    }
+
     #[test]
     fn same_input_same_output(scenario in scenario_strategy()) {
         let a = run_audited(&scenario);

@@ -54,14 +54,22 @@ impl Engine {
                 "queued count {counted_queued} vs {waiting} waiting + {arriving} arriving"
             ));
         }
+        // Blocks cover every computed token and every token of the step in flight (a lazy
+        // window's members included: their stored progress lags by the window's steps).
+        let batch = self.batch_entries();
         for &slot in &self.running {
             let state = self.state(slot);
-            let needed = state.num_computed.div_ceil(self.config.block_size);
+            let scheduled: u32 = batch
+                .iter()
+                .filter(|entry| entry.slot == slot)
+                .map(|entry| entry.new_tokens)
+                .sum();
+            let tokens = state.num_computed + self.lazy_delta(slot) + scheduled;
+            let needed = tokens.div_ceil(self.config.block_size);
             if state.blocks.len() < needed {
                 return Err(format!(
-                    "request {:?} computed {} tokens with only {} blocks",
+                    "request {:?} computed or scheduled {tokens} tokens with only {} blocks",
                     state.spec.id,
-                    state.num_computed,
                     state.blocks.len()
                 ));
             }

@@ -30,6 +30,9 @@ use crate::sim::state::RequestState;
 /// (window step, batch position, slot): an event due for one member.
 type Due = Reverse<(u32, u32, u32)>;
 
+/// Positions a window may hand out beyond twice its batch before renumbering them.
+const POSITION_SLACK: usize = 64;
+
 /// The state of an open lazy decode window.
 #[derive(Clone, Debug, Default)]
 pub(super) struct LazyWindow {
@@ -67,6 +70,8 @@ pub(super) struct LazyWindow {
     next_position: u32,
     /// A window step is formed and pending.
     in_flight: bool,
+    /// Times the positions were renumbered (a diagnostic for tests).
+    compactions: u32,
 }
 
 impl Engine {
@@ -146,12 +151,17 @@ impl Engine {
     }
 
     /// The first window step after `step` (at which the request has computed `computed`
-    /// tokens before it) whose token needs a KV call: a new block, or a block filling up.
+    /// tokens before it) whose token needs a KV call: a new block, or a shareable block
+    /// filling up. A private block filling up waits for the next call (the new block's), for
+    /// the request's completion or for the window's close: no other request can look it up
+    /// meanwhile, and the step-by-step path's keying is caught up at those points.
     fn next_kv_step(&self, slot: u32, step: u32, computed: u32) -> u32 {
         let state = self.state(slot);
         let block_size = self.config.block_size;
         let held = state.blocks.len() * block_size + 1;
-        let threshold = if self.config.enable_prefix_caching {
+        let threshold = if self.config.enable_prefix_caching
+            && state.blocks.num_keyed < shareable_blocks(&state.spec, block_size)
+        {
             held.min((state.blocks.num_keyed + 1) * block_size)
         } else {
             held
@@ -179,6 +189,9 @@ impl Engine {
             self.in_flight.is_empty(),
             "a window step over one in flight"
         );
+        if window.next_position as usize > 2 * self.running.len() + POSITION_SLACK {
+            self.compact_positions(window);
+        }
         let max_budget = u64::from(self.config.max_num_batched_tokens);
         // Phase 1's budget: each member takes one token; an explicit request takes a chunk
         // of what the requests ahead of it left.
@@ -227,6 +240,59 @@ impl Engine {
             self.mixed_lazy_steps += 1;
         }
         Some(duration.saturating_add(load))
+    }
+
+    /// Renumbers batch positions to the running requests' indices (the same order), so a
+    /// long-lived window's positions, bitsets and tables stay as small as the batch.
+    /// Amortized O(1) per admission: it runs once positions outgrow twice the batch plus
+    /// [`POSITION_SLACK`].
+    fn compact_positions(&mut self, window: &mut LazyWindow) {
+        let mut index_of_slot = vec![u32::MAX; self.slots.len()];
+        for (index, &slot) in self.running.iter().enumerate() {
+            index_of_slot[slot as usize] = index as u32;
+        }
+        // Old position -> new one, for live members (stale ones map to nothing).
+        let mut renumber = vec![u32::MAX; window.next_position as usize];
+        let mut by_position = vec![(u32::MAX, 0); self.running.len()];
+        for (old, &(slot, serial)) in window.by_position.iter().enumerate() {
+            let live = self
+                .slots
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|state| state.serial == serial && state.lazy_base_step.is_some());
+            if live {
+                let new = index_of_slot[slot as usize];
+                renumber[old] = new;
+                by_position[new as usize] = (slot, serial);
+            }
+        }
+        for bucket in &mut window.kv_ring {
+            let old_bits = std::mem::take(bucket);
+            for (word_index, &word) in old_bits.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let old = word_index * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if renumber[old] != u32::MAX {
+                        set_bit(bucket, renumber[old]);
+                    }
+                }
+            }
+        }
+        let done: Vec<Due> = std::mem::take(&mut window.done_due).into_vec();
+        window.done_due = done
+            .into_iter()
+            .map(|Reverse((at, old, slot))| {
+                debug_assert!(renumber[old as usize] != u32::MAX, "members are live");
+                Reverse((at, renumber[old as usize], slot))
+            })
+            .collect();
+        for entry in &mut window.explicit {
+            entry.0 = index_of_slot[entry.1 as usize];
+        }
+        window.by_position = by_position;
+        window.next_position = self.running.len() as u32;
+        window.compactions += 1;
     }
 
     /// Fills `members_ahead`: for each explicit request, the members before it in the batch.
@@ -405,6 +471,8 @@ impl Engine {
         for &(_, slot, member) in &finished {
             if member {
                 self.materialize(window, slot);
+                let total = self.state(slot).num_computed;
+                self.key_deferred(slot, total);
             }
             let state = self.state_mut_internal(slot);
             debug_assert_eq!(
@@ -430,6 +498,40 @@ impl Engine {
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }
         window.done_scratch = finished;
+    }
+
+    /// Keys a member's full blocks up to `total` tokens, as the step-by-step path would have
+    /// by now (private blocks whose keying the window deferred). Never allocates.
+    fn key_deferred(&mut self, slot: u32, total: u32) {
+        let block_size = self.config.block_size;
+        if !self.config.enable_prefix_caching {
+            return;
+        }
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("window members are live");
+        if total / block_size <= state.blocks.num_keyed {
+            return;
+        }
+        let keyed = allocate_to(&mut self.kv, state, total, block_size, true);
+        debug_assert!(keyed, "catching up keys needs no new block");
+    }
+
+    /// Blocks of running request `slot` the step-by-step path would have keyed by now: the
+    /// table's count, or for a window member, that of its progress (keying of private blocks
+    /// is deferred inside a window).
+    pub(super) fn observed_keyed_blocks(&self, slot: u32) -> u32 {
+        let state = self.state(slot);
+        let keyed = state.blocks.num_keyed;
+        match (&self.lazy, state.lazy_base_step) {
+            (Some(window), Some(base)) if self.config.enable_prefix_caching => {
+                let total = state.num_computed + (window.step - base) + u32::from(window.in_flight);
+                (total / self.config.block_size)
+                    .min(state.blocks.len())
+                    .max(keyed)
+            }
+            _ => keyed,
+        }
     }
 
     /// True if the open window has members left (else it should close).
@@ -466,10 +568,18 @@ impl Engine {
         let Some(window) = self.lazy.take() else {
             return;
         };
+        let pending = u32::from(window.in_flight);
         for index in 0..self.running.len() {
             let slot = self.running[index];
+            if self.state(slot).lazy_base_step.is_none() {
+                continue; // explicit: always up to date
+            }
             self.materialize(&window, slot);
-            self.state_mut_internal(slot).lazy_base_step = None;
+            let state = self.state_mut_internal(slot);
+            state.lazy_base_step = None;
+            // Key what the step-by-step path would have by now (its pending token included).
+            let total = state.num_computed + pending;
+            self.key_deferred(slot, total);
         }
         if window.in_flight {
             let explicit = std::mem::take(&mut self.in_flight);
@@ -556,4 +666,49 @@ fn set_bit(bits: &mut Vec<u64>, position: u32) {
         bits.resize(word + 1, 0);
     }
     bits[word] |= 1 << (position % 64);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::latency::{BlackboxCoefficients, LatencyModel};
+    use crate::sim::{Engine, EngineConfig, RequestSpec};
+
+    /// One window open across hundreds of admissions (a long decoder, a steady stream of
+    /// short requests, arrivals a step apart): its positions are renumbered, and results
+    /// equal the reference stepper's.
+    #[test]
+    fn a_long_lived_window_renumbers_positions_exactly() {
+        let mut config = EngineConfig::vllm_defaults(20_000, 8192);
+        config.kv_sample_interval_us = 0;
+        let model = LatencyModel::Blackbox(BlackboxCoefficients {
+            alpha: [0.0, 0.0, 0.0],
+            beta: [1_000.0, 1.0, 10.0],
+        });
+        let mut requests = vec![RequestSpec::synthetic(0, 0, 100, 5_000)];
+        requests.extend((1..600u64).map(|i| {
+            RequestSpec::synthetic(i, i * 1_200, 20 + (i as u32 * 37) % 100, 1 + (i as u32 % 3))
+        }));
+        let mut fast = Engine::new(config.clone(), model.clone()).unwrap();
+        for spec in requests.iter().filter(|r| r.arrival_us <= 400_000) {
+            while fast.next_event_us().is_some_and(|t| t < spec.arrival_us) {
+                fast.process_next_event();
+                fast.check_invariants().unwrap();
+            }
+            fast.submit(spec.clone()).unwrap();
+        }
+        fast.run_until(400_000);
+        fast.check_invariants().unwrap();
+        let window = fast.lazy.as_ref().expect("the window is still open");
+        assert!(window.compactions > 0, "positions were never renumbered");
+        fast.run(
+            requests.iter().filter(|r| r.arrival_us > 400_000).cloned(),
+            u64::MAX,
+        )
+        .unwrap();
+        let mut reference = Engine::new(config, model).unwrap();
+        reference.set_reference_stepper(true);
+        reference.run(requests, u64::MAX).unwrap();
+        assert_eq!(fast.metrics().records, reference.metrics().records);
+        assert_eq!(fast.kv().stats(), reference.kv().stats());
+    }
 }

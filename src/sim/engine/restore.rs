@@ -12,7 +12,7 @@ use super::{Engine, EventKind, InFlight};
 use crate::sim::config::EngineConfig;
 use crate::sim::error::SimError;
 use crate::sim::kv::PrefixHit;
-use crate::sim::kv::hash::shareable_blocks;
+use crate::sim::kv::hash::{ROOT_KEY, block_key, shareable_blocks};
 use crate::sim::latency::LatencyModel;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
@@ -89,13 +89,14 @@ impl Engine {
         let mut cached_keys = self.kv.free_keys_lru_first();
         for &slot in &self.running {
             let state = self.state(slot);
-            cached_keys.extend(
-                state
-                    .keys
-                    .iter()
-                    .take(state.blocks.num_keyed as usize)
-                    .copied(),
-            );
+            let keyed = self.observed_keyed_blocks(slot) as usize;
+            cached_keys.extend(state.keys.iter().take(keyed).copied());
+            // Keys a window has not computed yet (its deferred private blocks).
+            let mut parent = state.keys.last().copied().unwrap_or(ROOT_KEY);
+            for index in state.keys.len()..keyed {
+                parent = block_key(&state.spec, parent, index as u32, self.config.block_size);
+                cached_keys.push(parent);
+            }
         }
         let mut waiting: Vec<RestoredRequest> = self.waiting.iter().map(describe).collect();
         for (slot, state) in self.slots.iter().enumerate() {
