@@ -43,24 +43,40 @@ fn config_strategy() -> impl Strategy<Value = EngineConfig> {
                         4096 - max_len_cap
                     },
                 );
-                config.block_size = block_size;
-                config.max_num_seqs = seqs;
-                config.max_num_batched_tokens = budget;
-                config.long_prefill_token_threshold = [0, 1, 7, 50][threshold_pick as usize];
-                config.enable_chunked_prefill = chunked;
-                config.enable_prefix_caching = prefix || cpu > 0;
-                config.num_cpu_blocks = cpu;
-                config.cpu_block_load_us = 3;
-                config.scheduling_policy = [
-                    SchedulingPolicy::Fcfs,
-                    SchedulingPolicy::Priority,
-                    SchedulingPolicy::Sjf,
-                ][policy as usize];
-                config.kv_sample_interval_us = 10_000;
+                shape(
+                    &mut config,
+                    (block_size, seqs, budget),
+                    ([0, 1, 7, 50][threshold_pick as usize], chunked),
+                    (prefix, cpu, policy),
+                );
                 config.record_token_gaps = true;
                 config
             },
         )
+}
+
+/// Sets the knobs both scenario strategies draw: (block size, max seqs, token budget),
+/// (long-prefill threshold, chunked prefill), (prefix caching, CPU blocks, policy index).
+fn shape(
+    config: &mut EngineConfig,
+    (block_size, seqs, budget): (u32, u32, u32),
+    (threshold, chunked): (u32, bool),
+    (prefix, cpu, policy): (bool, u32, u32),
+) {
+    config.block_size = block_size;
+    config.max_num_seqs = seqs;
+    config.max_num_batched_tokens = budget;
+    config.long_prefill_token_threshold = threshold;
+    config.enable_chunked_prefill = chunked;
+    config.enable_prefix_caching = prefix || cpu > 0;
+    config.num_cpu_blocks = cpu;
+    config.cpu_block_load_us = 3;
+    config.scheduling_policy = [
+        SchedulingPolicy::Fcfs,
+        SchedulingPolicy::Priority,
+        SchedulingPolicy::Sjf,
+    ][policy as usize];
+    config.kv_sample_interval_us = 10_000;
 }
 
 /// (arrival gap, input, output, prefix (group, length), SLO class index, deadline offset).
@@ -144,20 +160,12 @@ fn busy_scenario_strategy() -> impl Strategy<Value = Scenario> {
                 roofline,
             )| {
                 let mut config = EngineConfig::vllm_defaults(blocks, 4096);
-                config.block_size = block_size;
-                config.max_num_seqs = seqs;
-                config.max_num_batched_tokens = budget;
-                config.long_prefill_token_threshold = threshold;
-                config.enable_chunked_prefill = true;
-                config.enable_prefix_caching = prefix || cpu > 0;
-                config.num_cpu_blocks = cpu;
-                config.cpu_block_load_us = 3;
-                config.scheduling_policy = [
-                    SchedulingPolicy::Fcfs,
-                    SchedulingPolicy::Priority,
-                    SchedulingPolicy::Sjf,
-                ][policy as usize];
-                config.kv_sample_interval_us = 10_000;
+                shape(
+                    &mut config,
+                    (block_size, seqs, budget),
+                    (threshold, true),
+                    (prefix, cpu, policy),
+                );
                 config.record_token_gaps = false;
                 let mut arrival = 0;
                 let requests = raw

@@ -132,6 +132,32 @@ impl RequestState {
         self.generated > 0 && self.num_computed + 1 == self.num_tokens()
     }
 
+    /// Emits one output token at the end of the step ending at `now`, seen by the client
+    /// `token_us` later: the first token sets the time to first token, a later one adds an
+    /// inter-token gap (kept in the list too if `record_gaps`). Returns that gap, if any.
+    pub fn emit_token(&mut self, now: u64, token_us: u64, record_gaps: bool) -> Option<u64> {
+        self.generated += 1;
+        let timeline = &mut self.timeline;
+        let gap = match timeline.first_token_us {
+            None => {
+                timeline.first_token_us = Some(now.saturating_add(token_us));
+                timeline.last_token_us = now.saturating_add(token_us);
+                None
+            }
+            Some(_) => {
+                let gap = (now - timeline.last_emit_step_end_us).saturating_add(token_us);
+                timeline.last_token_us = timeline.last_token_us.saturating_add(gap);
+                timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gap);
+                if record_gaps {
+                    timeline.token_gaps_us.push(gap);
+                }
+                Some(gap)
+            }
+        };
+        timeline.last_emit_step_end_us = now;
+        gap
+    }
+
     /// Makes sure the keys of the first `full_blocks` blocks are computed.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
         if self.keys.len() as u32 >= full_blocks {

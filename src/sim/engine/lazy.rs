@@ -440,21 +440,9 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            state.generated += 1;
-            let timeline = &mut state.timeline;
-            match timeline.first_token_us {
-                None => {
-                    timeline.first_token_us = Some(now.saturating_add(token_us));
-                    timeline.last_token_us = now.saturating_add(token_us);
-                }
-                Some(_) => {
-                    let gap = (now - timeline.last_emit_step_end_us).saturating_add(token_us);
-                    timeline.last_token_us = timeline.last_token_us.saturating_add(gap);
-                    timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gap);
-                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
-                }
+            if let Some(gap) = state.emit_token(now, token_us, false) {
+                *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
             }
-            timeline.last_emit_step_end_us = now;
             if state.generated >= state.target_tokens() {
                 finished.push((position, slot, false));
             } else {

@@ -174,34 +174,19 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            state.generated += 1;
-            let timeline = &mut state.timeline;
-            match timeline.first_token_us {
-                None => {
-                    timeline.first_token_us = Some(now.saturating_add(token_us));
-                    timeline.last_token_us = now.saturating_add(token_us);
-                }
-                Some(_) => {
-                    let gap = (now - timeline.last_emit_step_end_us).saturating_add(token_us);
-                    timeline.last_token_us = timeline.last_token_us.saturating_add(gap);
-                    timeline.token_gap_sum_us = timeline.token_gap_sum_us.saturating_add(gap);
-                    if record_gaps {
-                        timeline.token_gaps_us.push(gap);
+            if let Some(gap) = state.emit_token(now, token_us, record_gaps) {
+                if self.reference {
+                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                } else if gap != run_gap {
+                    if run_count > 0 {
+                        *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
                     }
-                    if self.reference {
-                        *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
-                    } else if gap != run_gap {
-                        if run_count > 0 {
-                            *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
-                        }
-                        run_gap = gap;
-                        run_count = 1;
-                    } else {
-                        run_count += 1;
-                    }
+                    run_gap = gap;
+                    run_count = 1;
+                } else {
+                    run_count += 1;
                 }
             }
-            timeline.last_emit_step_end_us = now;
             if state.generated >= state.target_tokens() {
                 let state = self.slots[entry.slot as usize]
                     .as_mut()
