@@ -18,6 +18,7 @@ pub mod sampling;
 pub mod snapshot;
 pub mod stats;
 pub mod store;
+mod summary;
 
 pub use error::TwinError;
 pub use limits::Limits;

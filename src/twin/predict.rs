@@ -15,34 +15,32 @@ use super::build::{QUESTION_REQUEST_ID, draw_lengths, restore_base};
 use super::error::TwinError;
 use super::limits::Limits;
 use super::memo::{Baseline, BaselineKey, RestoredKey};
-use super::question::{
-    Background, CandidatePrediction, Distribution, OutputLength, RoutingAnswer, RoutingQuestion,
-    StalePolicy,
-};
+use super::question::{Background, OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
 use super::run::{EventBudget, run_until_done, run_with_arrivals};
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
-use super::stats::{distribution, validate_quantiles};
+use super::stats::validate_quantiles;
+use super::summary::{recommend, summarize};
 
 /// One replication's outcome on one candidate.
 #[derive(Clone, Debug, Default)]
-struct Outcome1 {
-    ttft_ms: f64,
-    tpot_ms: f64,
-    e2e_ms: f64,
-    completed: bool,
-    ttft_known: bool,
-    dropped: bool,
-    queue_wait_ms: f64,
-    prefix_hit_tokens: f64,
-    kv_usage_after: f64,
-    others_delta_e2e_ms: f64,
-    events: u64,
+pub(super) struct Outcome1 {
+    pub(super) ttft_ms: f64,
+    pub(super) tpot_ms: f64,
+    pub(super) e2e_ms: f64,
+    pub(super) completed: bool,
+    pub(super) ttft_known: bool,
+    pub(super) dropped: bool,
+    pub(super) queue_wait_ms: f64,
+    pub(super) prefix_hit_tokens: f64,
+    pub(super) kv_usage_after: f64,
+    pub(super) others_delta_e2e_ms: f64,
+    pub(super) events: u64,
 }
 
 /// How one candidate is treated given its signal age and the stale policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Treatment {
+pub(super) enum Treatment {
     /// Restore at the observation time and simulate forward to `now` first.
     RollForward,
     /// Pretend the observed state is the state at `now`.
@@ -506,109 +504,4 @@ fn measure(
         sum as f64 / count as f64 / 1000.0
     };
     outcome
-}
-
-fn summarize(
-    snapshot: &MirrorSnapshot,
-    question: &RoutingQuestion,
-    index: usize,
-    treatment: Treatment,
-    reps: &[Outcome1],
-) -> CandidatePrediction {
-    let instance = &snapshot.config.instances[index];
-    let age_ms = (question.now_us - snapshot.instances[index].observed_at_us) as f64 / 1000.0;
-    let quantiles = &question.options.quantiles;
-    let dropped = !reps.is_empty() && reps.iter().all(|r| r.dropped);
-    let (valid, reason) = match treatment {
-        _ if dropped => (
-            false,
-            "the instance cannot serve the request: prompt + max_tokens exceeds what it holds"
-                .to_owned(),
-        ),
-        Treatment::Excluded => (
-            false,
-            "excluded: signals older than max_signal_age".to_owned(),
-        ),
-        Treatment::Saturated => (
-            false,
-            "treated as saturated: signals older than max_signal_age".to_owned(),
-        ),
-        Treatment::RollForward | Treatment::UseLast => (true, String::new()),
-    };
-    let pick = |f: fn(&Outcome1) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
-    let slo = question.request.slo;
-    let ttft_met = |r: &Outcome1| r.ttft_known && slo.ttft_ms.is_none_or(|t| r.ttft_ms <= t);
-    let meets = |r: &Outcome1, target: Option<f64>, value: f64| {
-        target.is_none_or(|t| r.completed && value <= t)
-    };
-    let fraction = |f: &dyn Fn(&Outcome1) -> bool| -> f64 {
-        if reps.is_empty() {
-            0.0
-        } else {
-            reps.iter().filter(|r| f(r)).count() as f64 / reps.len() as f64
-        }
-    };
-    let mean = |values: Vec<f64>| -> f64 {
-        if values.is_empty() {
-            0.0
-        } else {
-            values.iter().sum::<f64>() / values.len() as f64
-        }
-    };
-    if !valid {
-        return CandidatePrediction {
-            instance_id: instance.id.clone(),
-            valid,
-            invalid_reason: reason,
-            ttft_ms: Distribution::default(),
-            tpot_ms: Distribution::default(),
-            e2e_ms: Distribution::default(),
-            slo_probability: 0.0,
-            ttft_slo_probability: 0.0,
-            tpot_slo_probability: 0.0,
-            queue_wait_ms: 0.0,
-            prefix_hit_tokens: 0.0,
-            kv_usage_after: 0.0,
-            others_delta_e2e_ms: 0.0,
-            input_age_ms: age_ms,
-        };
-    }
-    CandidatePrediction {
-        instance_id: instance.id.clone(),
-        valid,
-        invalid_reason: reason,
-        ttft_ms: distribution(&pick(|r| r.ttft_ms), quantiles),
-        tpot_ms: distribution(&pick(|r| r.tpot_ms), quantiles),
-        e2e_ms: distribution(&pick(|r| r.e2e_ms), quantiles),
-        slo_probability: fraction(&|r| {
-            ttft_met(r) && meets(r, slo.tpot_ms, r.tpot_ms) && meets(r, slo.e2e_ms, r.e2e_ms)
-        }),
-        ttft_slo_probability: fraction(&ttft_met),
-        tpot_slo_probability: fraction(&|r| meets(r, slo.tpot_ms, r.tpot_ms)),
-        queue_wait_ms: mean(pick(|r| r.queue_wait_ms)),
-        prefix_hit_tokens: mean(pick(|r| r.prefix_hit_tokens)),
-        kv_usage_after: mean(pick(|r| r.kv_usage_after)),
-        others_delta_e2e_ms: mean(pick(|r| r.others_delta_e2e_ms)),
-        input_age_ms: age_ms,
-    }
-}
-
-/// The valid candidate with the highest SLO probability, then the lowest mean E2E, then the
-/// first in question order.
-fn recommend(predictions: &[CandidatePrediction]) -> Option<String> {
-    let mut best: Option<&CandidatePrediction> = None;
-    for prediction in predictions.iter().filter(|p| p.valid) {
-        let better = match best {
-            None => true,
-            Some(current) => {
-                prediction.slo_probability > current.slo_probability
-                    || (prediction.slo_probability == current.slo_probability
-                        && prediction.e2e_ms.mean < current.e2e_ms.mean)
-            }
-        };
-        if better {
-            best = Some(prediction);
-        }
-    }
-    best.map(|p| p.instance_id.clone())
 }

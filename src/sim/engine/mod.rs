@@ -15,6 +15,7 @@ mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
+mod window_kv;
 
 pub use restore::{RestoreState, RestoredRequest};
 

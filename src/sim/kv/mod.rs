@@ -19,48 +19,17 @@
 //! Invariant: `free + used == total` at all times, where a block is free exactly when its
 //! refcount is zero, and every free block is on the free list exactly once.
 
+mod audit;
 pub mod hash;
+mod key_hasher;
 pub mod lru;
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 
+pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
 
 const NIL: u32 = u32::MAX;
-
-/// A cheap, fixed hasher for 64-bit block keys: one multiply and a fold (deterministic, and
-/// robust to crafted keys whose low bits collide).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct IdentityBuildHasher;
-
-/// The hasher built by [`IdentityBuildHasher`].
-#[derive(Clone, Copy, Debug, Default)]
-pub struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        // Keys may come from clients (vLLM block hashes): mix them so crafted keys cannot pile
-        // into one bucket.
-        let x = value.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 = x ^ (x >> 32);
-    }
-}
-
-impl BuildHasher for IdentityBuildHasher {
-    type Hasher = IdentityHasher;
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
-}
 
 /// Whether a block holds a content key, and where that key is findable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -448,77 +417,6 @@ impl KvCache {
         }
         table.ids.clear();
         table.num_keyed = 0;
-    }
-
-    /// Checks the cache's internal invariants and that `tables` (every live request's blocks)
-    /// account for every refcount. Walks everything: for tests and debugging.
-    pub fn check<'a>(&self, tables: impl Iterator<Item = &'a BlockTable>) -> Result<(), String> {
-        let mut holders = vec![0u32; self.blocks.len()];
-        for table in tables {
-            for &id in &table.ids {
-                match holders.get_mut(id as usize) {
-                    Some(count) => *count += 1,
-                    None => return Err(format!("a table holds virgin block {id}")),
-                }
-            }
-        }
-        if self.blocks.len() as u32 > self.total {
-            return Err("more blocks materialized than exist".to_owned());
-        }
-        let mut on_list = vec![false; self.blocks.len()];
-        let (mut cursor, mut walked, mut prev) = (self.free_head, 0u32, NIL);
-        while cursor != NIL {
-            if on_list[cursor as usize] {
-                return Err(format!("block {cursor} is on the free list twice"));
-            }
-            on_list[cursor as usize] = true;
-            if self.blocks[cursor as usize].prev != prev {
-                return Err(format!("free list back link broken at block {cursor}"));
-            }
-            prev = cursor;
-            cursor = self.blocks[cursor as usize].next;
-            walked += 1;
-        }
-        if prev != self.free_tail {
-            return Err("free list tail does not match".to_owned());
-        }
-        let virgin = self.total - self.blocks.len() as u32;
-        if walked + virgin != self.free_count {
-            return Err(format!(
-                "free list has {walked} blocks and {virgin} virgin ones, counter says {}",
-                self.free_count
-            ));
-        }
-        for (id, block) in self.blocks.iter().enumerate() {
-            if block.ref_cnt != holders[id] {
-                return Err(format!(
-                    "block {id}: refcount {} but {} requests hold it",
-                    block.ref_cnt, holders[id]
-                ));
-            }
-            if (block.ref_cnt == 0) != on_list[id] {
-                return Err(format!(
-                    "block {id}: refcount {} vs free-list membership",
-                    block.ref_cnt
-                ));
-            }
-            match block.keying {
-                Keying::Mapped if self.by_key.get(&block.key) != Some(&(id as u32)) => {
-                    return Err(format!("block {id} has a key missing from the map"));
-                }
-                Keying::Latent if self.by_key.contains_key(&block.key) => {
-                    return Err(format!("block {id}'s latent key is also in the map"));
-                }
-                _ => {}
-            }
-        }
-        for (key, &id) in &self.by_key {
-            let block = &self.blocks[id as usize];
-            if block.keying != Keying::Mapped || block.key != *key {
-                return Err(format!("map entry for block {id} disagrees with the block"));
-            }
-        }
-        Ok(())
     }
 
     fn key_full_blocks(

@@ -1,0 +1,275 @@
+//! The KV side of lazy decode windows: when each member next needs the KV cache (a new
+//! block, or a shareable block filling up), the per-step bitsets of members due, the calls
+//! themselves in batch order beside the explicit requests, the keying of private blocks a
+//! window defers (and its catch-up), and the renumbering of batch positions in long-lived
+//! windows.
+
+use std::cmp::Reverse;
+
+use super::Engine;
+use super::lazy::{Due, LazyWindow};
+use crate::sim::kv::PrefixHit;
+use crate::sim::kv::hash::shareable_blocks;
+use crate::sim::state::RequestState;
+
+impl Engine {
+    /// The first window step after `step` (at which the request has computed `computed`
+    /// tokens before it) whose token needs a KV call: a new block, or a shareable block
+    /// filling up. A private block filling up waits for the next call (the new block's), for
+    /// the request's completion or for the window's close: no other request can look it up
+    /// meanwhile, and the step-by-step path's keying is caught up at those points.
+    pub(super) fn next_kv_step(&self, slot: u32, step: u32, computed: u32) -> u32 {
+        let state = self.state(slot);
+        let block_size = self.config.block_size;
+        let held = state.blocks.len() * block_size + 1;
+        let threshold = if self.config.enable_prefix_caching
+            && state.blocks.num_keyed < shareable_blocks(&state.spec, block_size)
+        {
+            held.min((state.blocks.num_keyed + 1) * block_size)
+        } else {
+            held
+        };
+        // At window step s the token computed is number computed + (s - step) + 1.
+        let total_next = computed + 1;
+        step + 1 + threshold.saturating_sub(total_next)
+    }
+
+    /// Renumbers batch positions to the running requests' indices (the same order), so a
+    /// long-lived window's positions, bitsets and tables stay as small as the batch.
+    /// Amortized O(1) per admission: it runs once positions outgrow twice the batch plus
+    /// `lazy::POSITION_SLACK`.
+    pub(super) fn compact_positions(&mut self, window: &mut LazyWindow) {
+        let mut index_of_slot = vec![u32::MAX; self.slots.len()];
+        for (index, &slot) in self.running.iter().enumerate() {
+            index_of_slot[slot as usize] = index as u32;
+        }
+        // Old position -> new one, for live members (stale ones map to nothing).
+        let mut renumber = vec![u32::MAX; window.next_position as usize];
+        let mut by_position = vec![(u32::MAX, 0); self.running.len()];
+        for (old, &(slot, serial)) in window.by_position.iter().enumerate() {
+            let live = self
+                .slots
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|state| state.serial == serial && state.lazy_base_step.is_some());
+            if live {
+                let new = index_of_slot[slot as usize];
+                renumber[old] = new;
+                by_position[new as usize] = (slot, serial);
+            }
+        }
+        for bucket in &mut window.kv_ring {
+            let old_bits = std::mem::take(bucket);
+            for (word_index, &word) in old_bits.iter().enumerate() {
+                let mut bits = word;
+                while bits != 0 {
+                    let old = word_index * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if renumber[old] != u32::MAX {
+                        set_bit(bucket, renumber[old]);
+                    }
+                }
+            }
+        }
+        let done: Vec<Due> = std::mem::take(&mut window.done_due).into_vec();
+        window.done_due = done
+            .into_iter()
+            .map(|Reverse((at, old, slot))| {
+                debug_assert!(renumber[old as usize] != u32::MAX, "members are live");
+                Reverse((at, renumber[old as usize], slot))
+            })
+            .collect();
+        for entry in &mut window.explicit {
+            entry.0 = index_of_slot[entry.1 as usize];
+        }
+        window.by_position = by_position;
+        window.next_position = self.running.len() as u32;
+        window.compactions += 1;
+    }
+
+    /// Phase 1's KV calls, in batch order: the members due at the next step and every
+    /// explicit request (whose tokens are in `in_flight`). `None` if an allocation fails.
+    pub(super) fn window_kv_calls(&mut self, window: &mut LazyWindow) -> Option<()> {
+        let block_size = self.config.block_size;
+        let prefix_caching = self.config.enable_prefix_caching;
+        let step = window.step + 1;
+        let ring_len = window.kv_ring.len();
+        let mut due = std::mem::take(&mut window.kv_scratch);
+        due.clear();
+        // Batch order, as the step-by-step path allocates.
+        for (word_index, word) in window.kv_ring[step as usize & (ring_len - 1)]
+            .iter_mut()
+            .enumerate()
+        {
+            let mut bits = std::mem::take(word);
+            while bits != 0 {
+                let position = word_index as u32 * 64 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let (slot, serial) = window.by_position[position as usize];
+                due.push((position, slot, serial));
+            }
+        }
+        let window_step = step - 1;
+        let (mut next_due, mut next_explicit) = (0, 0);
+        let mut result = Some(());
+        loop {
+            let due_position = due.get(next_due).map(|&(position, _, _)| position);
+            let explicit_position = window
+                .explicit
+                .get(next_explicit)
+                .map(|&(position, _)| position);
+            let take_due = match (due_position, explicit_position) {
+                (None, None) => break,
+                (Some(d), Some(e)) => d < e,
+                (d, _) => d.is_some(),
+            };
+            if take_due {
+                let (position, slot, serial) = due[next_due];
+                next_due += 1;
+                let Some(state) = self.slots[slot as usize]
+                    .as_mut()
+                    .filter(|state| state.serial == serial)
+                else {
+                    continue; // finished earlier in the window
+                };
+                let base = state.lazy_base_step.expect("due requests are members");
+                let total = state.num_computed + (window_step - base) + 1;
+                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                    result = None; // the window closes: its ring is dropped
+                    break;
+                }
+                // A call earlier than needed is harmless (it finds nothing to do and
+                // reschedules), so a far one is clamped to the ring.
+                let next = self
+                    .next_kv_step(slot, step, total)
+                    .min(step + ring_len as u32 - 1);
+                set_bit(
+                    &mut window.kv_ring[next as usize & (ring_len - 1)],
+                    position,
+                );
+            } else {
+                let entry = self.in_flight[next_explicit];
+                next_explicit += 1;
+                let state = self.slots[entry.slot as usize]
+                    .as_mut()
+                    .expect("explicit requests are live");
+                let total = state.num_computed + entry.new_tokens;
+                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                    result = None;
+                    break;
+                }
+            }
+        }
+        window.kv_scratch = due;
+        result
+    }
+
+    /// Keys a member's full blocks up to `total` tokens, as the step-by-step path would have
+    /// by now (private blocks whose keying the window deferred). Never allocates.
+    pub(super) fn key_deferred(&mut self, slot: u32, total: u32) {
+        let block_size = self.config.block_size;
+        if !self.config.enable_prefix_caching {
+            return;
+        }
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("window members are live");
+        if total / block_size <= state.blocks.num_keyed {
+            return;
+        }
+        let keyed = allocate_to(&mut self.kv, state, total, block_size, true);
+        debug_assert!(keyed, "catching up keys needs no new block");
+    }
+
+    /// Blocks of running request `slot` the step-by-step path would have keyed by now: the
+    /// table's count, or for a window member, that of its progress (keying of private blocks
+    /// is deferred inside a window).
+    pub(super) fn observed_keyed_blocks(&self, slot: u32) -> u32 {
+        let state = self.state(slot);
+        let keyed = state.blocks.num_keyed;
+        match (&self.lazy, state.lazy_base_step) {
+            (Some(window), Some(base)) if self.config.enable_prefix_caching => {
+                let total = state.num_computed + (window.step - base) + u32::from(window.in_flight);
+                (total / self.config.block_size)
+                    .min(state.blocks.len())
+                    .max(keyed)
+            }
+            _ => keyed,
+        }
+    }
+}
+
+/// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix
+/// caching is on). False if the cache cannot.
+fn allocate_to(
+    kv: &mut crate::sim::kv::KvCache,
+    state: &mut RequestState,
+    total: u32,
+    block_size: u32,
+    prefix_caching: bool,
+) -> bool {
+    if prefix_caching {
+        state.ensure_keys(total / block_size, block_size);
+    }
+    kv.allocate(
+        &mut state.blocks,
+        &state.keys,
+        PrefixHit::default(),
+        total,
+        shareable_blocks(&state.spec, block_size),
+    )
+}
+
+/// Sets bit `position` of `bits`, growing it as needed.
+pub(super) fn set_bit(bits: &mut Vec<u64>, position: u32) {
+    let word = (position / 64) as usize;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    bits[word] |= 1 << (position % 64);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::latency::{BlackboxCoefficients, LatencyModel};
+    use crate::sim::{Engine, EngineConfig, RequestSpec};
+
+    /// One window open across hundreds of admissions (a long decoder, a steady stream of
+    /// short requests, arrivals a step apart): its positions are renumbered, and results
+    /// equal the reference stepper's.
+    #[test]
+    fn a_long_lived_window_renumbers_positions_exactly() {
+        let mut config = EngineConfig::vllm_defaults(20_000, 8192);
+        config.kv_sample_interval_us = 0;
+        let model = LatencyModel::Blackbox(BlackboxCoefficients {
+            alpha: [0.0, 0.0, 0.0],
+            beta: [1_000.0, 1.0, 10.0],
+        });
+        let mut requests = vec![RequestSpec::synthetic(0, 0, 100, 5_000)];
+        requests.extend((1..600u64).map(|i| {
+            RequestSpec::synthetic(i, i * 1_200, 20 + (i as u32 * 37) % 100, 1 + (i as u32 % 3))
+        }));
+        let mut fast = Engine::new(config.clone(), model.clone()).unwrap();
+        for spec in requests.iter().filter(|r| r.arrival_us <= 400_000) {
+            while fast.next_event_us().is_some_and(|t| t < spec.arrival_us) {
+                fast.process_next_event();
+                fast.check_invariants().unwrap();
+            }
+            fast.submit(spec.clone()).unwrap();
+        }
+        fast.run_until(400_000);
+        fast.check_invariants().unwrap();
+        let window = fast.lazy.as_ref().expect("the window is still open");
+        assert!(window.compactions > 0, "positions were never renumbered");
+        fast.run(
+            requests.iter().filter(|r| r.arrival_us > 400_000).cloned(),
+            u64::MAX,
+        )
+        .unwrap();
+        let mut reference = Engine::new(config, model).unwrap();
+        reference.set_reference_stepper(true);
+        reference.run(requests, u64::MAX).unwrap();
+        assert_eq!(fast.metrics().records, reference.metrics().records);
+        assert_eq!(fast.kv().stats(), reference.kv().stats());
+    }
+}
