@@ -205,11 +205,11 @@ impl Engine {
             window.next_position += 1;
         }
         self.shape_in_flight();
-        let duration = self.latency.step_with_decodes_us(
-            &self.scratch_shape,
-            window.members,
-            window.context_sum,
-        )?;
+        // (Past admissions nothing may fail: the step-by-step path could not redo them.)
+        let duration = self
+            .latency
+            .step_with_decodes_us(&self.scratch_shape, window.members, window.context_sum)
+            .expect("windows open only for models pricing decodes from (count, context)");
         let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
         window.in_flight = true;
         self.counts.steps += 1;
