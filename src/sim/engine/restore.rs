@@ -134,6 +134,9 @@ impl Engine {
         let mut engine = Engine::new(config, latency)?;
         engine.now_us = state.now_us;
         engine.metrics.kv_usage = crate::sim::metrics::KvUsageTrack::starting_at(state.now_us);
+        // Forks of a restored engine each count hundreds of distinct gaps: room up front, so
+        // no fork rehashes (the room is cloned with the engine).
+        engine.metrics.token_gap_counts.reserve(1024);
         if state.cached_keys.len() as u64 > u64::from(engine.kv.total_blocks()) {
             return Err(SimError::InvalidState {
                 field: "cached_blocks",
@@ -319,7 +322,8 @@ impl Engine {
     /// restore order (running, then waiting), with the checks [`Engine::restore`] applies to
     /// them. A caller restores once (with any valid lengths) and draws lengths per replication
     /// on clones: restoring never reads the lengths, so the result equals restoring with
-    /// them. Refused once the engine has processed an event.
+    /// them. Refused once the engine has processed an event. After an error the engine is
+    /// partly updated: discard it.
     pub fn set_final_lengths(&mut self, lengths: &[(u32, u32)]) -> Result<(), SimError> {
         if self.events_processed > 0 || lengths.len() != self.slots.len() {
             return Err(SimError::InvalidState {
@@ -338,19 +342,17 @@ impl Engine {
                 field: "output_tokens",
                 reason: format!("slot {slot} holds no restored request"),
             })?;
-            let mut spec = state.spec.clone();
-            spec.output_tokens = output_tokens;
-            spec.max_tokens = max_tokens;
-            if spec.max_tokens < spec.output_tokens {
+            state.spec.output_tokens = output_tokens;
+            state.spec.max_tokens = max_tokens;
+            if max_tokens < output_tokens {
                 return Err(invalid(
-                    &spec,
+                    &state.spec,
                     "max_tokens",
                     format!("{max_tokens} is below output_tokens {output_tokens}"),
                 ));
             }
-            check_final_length(&spec, state.generated)?;
-            check_fits(&spec, max_len)?;
-            state.spec = spec;
+            check_final_length(&state.spec, state.generated)?;
+            check_fits(&state.spec, max_len)?;
         }
         Ok(())
     }
