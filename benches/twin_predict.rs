@@ -9,26 +9,32 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use ditto::bench::{whatif_question, whatif_snapshot};
+use ditto::bench::{whatif_now_us, whatif_question, whatif_snapshot};
 use ditto::twin::Limits;
 use ditto::twin::predict::predict_routing;
 
 fn bench_predict(c: &mut Criterion) {
     let mut group = c.benchmark_group("twin_predict");
     group.sample_size(20);
+    // Repeated questions on one snapshot, each at a new "now" (as `ditto bench` asks).
     let known = whatif_snapshot(true);
-    let one = whatif_question(1);
+    let mut one = whatif_question(1);
+    let mut call = 0;
     group.bench_function("4_candidates_1_replication_known", |b| {
         b.iter(|| {
+            call += 1;
+            one.now_us = whatif_now_us(call);
             predict_routing(&known, &one, &Limits::DEFAULT)
                 .unwrap()
                 .events
         })
     });
     let sampled = whatif_snapshot(false);
-    let sixteen = whatif_question(16);
+    let mut sixteen = whatif_question(16);
     group.bench_function("4_candidates_16_replications_sampled", |b| {
         b.iter(|| {
+            call += 1;
+            sixteen.now_us = whatif_now_us(call);
             predict_routing(&sampled, &sixteen, &Limits::DEFAULT)
                 .unwrap()
                 .events

@@ -268,10 +268,32 @@ fn memoised_forks_answer_exactly_as_fresh_ones() {
     stale.options.stale_policy = Some(StalePolicy::UseLast);
     let mut other = whatif_question(2);
     other.request.prompt_tokens = 300;
-    for question in [&fresh, &stale, &other, &fresh] {
+    // A gateway asks at a new "now" each time (here later, then earlier again).
+    let mut later = whatif_question(3);
+    later.now_us += 40_000;
+    let mut between = whatif_question(3);
+    between.now_us += 15_000;
+    // Short horizons cut the baseline mid-run: a question reads exactly its own window of a
+    // recording made for another (and a longer horizon then records further).
+    let mut short = whatif_question(3);
+    short.options.horizon_us = 2_000_000;
+    let mut short_later = short.clone();
+    short_later.now_us += 40_000;
+    for question in [
+        &short,
+        &short_later,
+        &fresh,
+        &stale,
+        &other,
+        &fresh,
+        &later,
+        &between,
+    ] {
         let warm = predict_routing(&snapshot, question, &Limits::DEFAULT).unwrap();
         let cold = predict_routing(&snapshot.clone(), question, &Limits::DEFAULT).unwrap();
         assert_eq!(warm, cold);
     }
-    assert!(!snapshot.memo.is_empty(), "the memo was used");
+    // Baselines: 4 candidates x 3 replications shared by every fresh question whatever its
+    // "now", plus those of the use-last question, which start at its own "now".
+    assert_eq!(snapshot.memo.len(), 4 * 3 + 4 * 3, "baselines are shared");
 }

@@ -147,6 +147,13 @@ pub fn whatif_snapshot(known_lengths: bool) -> MirrorSnapshot {
     }
 }
 
+/// "Now" of the `call`-th of repeated what-if questions on one snapshot: a new millisecond
+/// each time, up to 100 ms after the observation, as a gateway asks between state pushes
+/// (within the default signal age, so instances roll forward).
+pub fn whatif_now_us(call: u32) -> u64 {
+    WHATIF_NOW_US + u64::from(call % 100) * 1_000
+}
+
 /// The what-if question: 2,000 prompt tokens, 256 output tokens, every instance a candidate.
 pub fn whatif_question(replications: u32) -> RoutingQuestion {
     RoutingQuestion {

@@ -16,7 +16,8 @@ use clap::Args;
 
 use super::error::CliError;
 use crate::bench::{
-    reference_engine, reference_requests, whatif_instance, whatif_question, whatif_snapshot,
+    reference_engine, reference_requests, whatif_instance, whatif_now_us, whatif_question,
+    whatif_snapshot,
 };
 use crate::cluster::spec;
 use crate::server::loadgen::grpc_whatif_latencies;
@@ -110,8 +111,9 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     );
     let known = whatif_snapshot(true);
     let sampled = whatif_snapshot(false);
-    // "Repeated" asks many questions of one snapshot (a gateway between state pushes: the
-    // baseline forks are memoised); "first question" clones a fresh snapshot for every call.
+    // "Repeated" asks many questions of one snapshot, each at a new "now" up to 100 ms after
+    // the observation, as a gateway does between state pushes (restored engines and baseline
+    // forks are memoised); "first question" clones a fresh snapshot for every call.
     for (label, snapshot, replications, fresh) in [
         (
             "in-process, 1 replication (known), repeated",
@@ -138,11 +140,14 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
             true,
         ),
     ] {
-        let question = whatif_question(replications);
+        let mut question = whatif_question(replications);
         let mut latencies = Vec::with_capacity(calls as usize);
-        for _ in 0..calls {
+        for call in 0..calls {
             let copy = fresh.then(|| snapshot.clone());
             let target = copy.as_ref().unwrap_or(snapshot);
+            if !fresh {
+                question.now_us = whatif_now_us(call);
+            }
             let started = Instant::now();
             predict_routing(target, &question, &Limits::DEFAULT)
                 .map_err(|err| CliError::flag("bench", err.to_string()))?;
@@ -150,7 +155,7 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         }
         let _ = writeln!(out, "{}", latency_row(label, &mut latencies));
     }
-    let mut grpc = grpc_whatif_latencies(&known, &whatif_question(1), calls)
+    let mut grpc = grpc_whatif_latencies(&known, &whatif_question(1), calls, whatif_now_us)
         .map_err(|err| CliError::flag("bench", err.to_string()))?;
     let _ = writeln!(
         out,

@@ -35,11 +35,12 @@ fn rpc(err: impl std::fmt::Display) -> LoadgenError {
 }
 
 /// Latency of `calls` sequential `PredictRouting` calls for `question` on a server mirroring
-/// `snapshot`.
+/// `snapshot`, call `i` asking at `now_of_call(i)`.
 pub fn grpc_whatif_latencies(
     snapshot: &MirrorSnapshot,
     question: &RoutingQuestion,
     calls: u32,
+    now_of_call: fn(u32) -> u64,
 ) -> Result<Vec<Duration>, LoadgenError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -76,9 +77,10 @@ pub fn grpc_whatif_latencies(
             .push_instance_state(tokio_stream::iter(updates))
             .await
             .map_err(rpc)?;
-        let message = routing_to_proto(question, 0, "bench");
+        let mut message = routing_to_proto(question, 0, "bench");
         let mut latencies = Vec::with_capacity(calls as usize);
-        for _ in 0..calls {
+        for call in 0..calls {
+            message.now_us = now_of_call(call) as i64;
             let started = Instant::now();
             client.predict_routing(message.clone()).await.map_err(rpc)?;
             latencies.push(started.elapsed());

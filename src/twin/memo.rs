@@ -1,10 +1,14 @@
 //! Memo of baseline forks and restored engines, per snapshot.
 //!
 //! A routing prediction runs each candidate twice: with the question's request and without
-//! it (to measure the impact on the requests already there). The fork without it depends only
-//! on the snapshot, the candidate, the replication's seed, the horizon, the background
-//! traffic and the stale-policy treatment, not on the question's request, so every question
-//! asked on the same snapshot can share it. Each snapshot carries its own memo, which is why
+//! it (to measure the impact on the requests already there). The fork without it (the
+//! baseline) depends only on the snapshot, the candidate, the replication's seed, the
+//! background traffic and the stale-policy treatment, not on the question's request, so every
+//! question asked on the same snapshot can share it. Without background traffic and rolled
+//! forward from the observation, it does not depend on the question's "now" either: it is the
+//! continuation of the observed state, run from the observation and recorded with the time of
+//! every event and completion, so a question at any later "now" and horizon reads its part
+//! exactly (a gateway asks at a new "now" every time). Each snapshot carries its own memo, which is why
 //! cloning a snapshot (to derive a new generation or a modified copy) starts an empty one.
 //! Bounded: the memo is emptied when it reaches [`BASELINE_MEMO_MAX`] entries.
 //!
@@ -39,27 +43,46 @@ pub struct RestoredKey {
 pub struct BaselineKey {
     /// Candidate instance index.
     pub instance: usize,
-    /// The question's "now" (µs).
-    pub now_us: u64,
+    /// The question's "now" (µs), when the baseline depends on it (background traffic or the
+    /// use-last treatment start there); `None` when it is the observation's continuation.
+    pub now_us: Option<u64>,
     /// The question's seed.
     pub seed: u64,
     /// Replication index.
     pub replication: u32,
-    /// Horizon (µs).
-    pub horizon_us: u64,
     /// Background traffic on (1) or off (0).
     pub background: u8,
     /// Stale-policy treatment (0 roll forward, 1 use last).
     pub treatment: u8,
 }
 
-/// The outcome of a fork without the question's request.
+/// The outcome of a fork without the question's request, recorded so that any question
+/// whose window `(now, horizon end]` lies within `(start, covers_until]` reads its part.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Baseline {
-    /// End time of every request that finished within the horizon, by engine id.
-    pub ends: HashMap<u64, u64>,
-    /// Simulation events the fork took.
-    pub events: u64,
+    /// Of every request that finished: (end time, time of the event that finished it), by
+    /// engine id.
+    pub ends: HashMap<u64, (u64, u64)>,
+    /// Time of every event the fork processed, in order.
+    pub event_times: Vec<u64>,
+    /// The fork ran every event at or before this time.
+    pub covers_until_us: u64,
+}
+
+impl Baseline {
+    /// Events the fork processed after `from_us` and at or before `to_us`.
+    pub fn events_between(&self, from_us: u64, to_us: u64) -> u64 {
+        let after = self.event_times.partition_point(|&t| t <= from_us);
+        let through = self.event_times.partition_point(|&t| t <= to_us);
+        through.saturating_sub(after) as u64
+    }
+
+    /// End time of request `id`, if a fork cut at `to_us` saw it finish.
+    pub fn end_by(&self, id: u64, to_us: u64) -> Option<u64> {
+        self.ends
+            .get(&id)
+            .and_then(|&(end, at)| (at <= to_us).then_some(end))
+    }
 }
 
 /// A snapshot's memo of baselines and restored engines (shared by concurrent questions on

@@ -16,7 +16,7 @@ use super::error::TwinError;
 use super::limits::Limits;
 use super::memo::{Baseline, BaselineKey, RestoredKey};
 use super::question::{Background, OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
-use super::run::{EventBudget, run_until_done, run_with_arrivals};
+use super::run::{EventBudget, run_recorded, run_until_done, run_with_arrivals};
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
 use super::stats::validate_quantiles;
@@ -345,34 +345,47 @@ fn simulate(
     let mut engine = (*base).clone();
     draw_lengths(&mut engine, state, index, outputs, &mut rng, &path)?;
     let now = question.now_us;
-    // Roll forward to `now` (by the state's age) within the call's budget and deadline.
-    let mut events = run_until_done(&mut engine, now, budget)?;
-    engine.run_until(now);
     let horizon_end = now.saturating_add(question.options.horizon_us);
     let background = background_arrivals(snapshot, question, index, replication, outputs)?;
+    // Without background traffic, a rolled-forward baseline is the observation's own
+    // continuation: one recording serves every "now" (see `memo`).
+    let continuation =
+        treatment == Treatment::RollForward && question.options.background == Background::None;
     let key = BaselineKey {
         instance: index,
-        now_us: now,
+        now_us: (!continuation).then_some(now),
         seed: question.options.seed,
         replication,
-        horizon_us: question.options.horizon_us,
         background: u8::from(question.options.background != Background::None),
         treatment: u8::from(treatment == Treatment::UseLast),
     };
-    // The fork without the request is the same for every question on this snapshot.
-    let baseline = match snapshot.memo.get(&key) {
-        Some(baseline) => baseline,
-        None => {
+    let cached = snapshot
+        .memo
+        .get(&key)
+        .filter(|baseline| baseline.covers_until_us >= horizon_end);
+    let recorded_continuation = match (&cached, continuation) {
+        (None, true) => {
+            // Recorded from the observation, and past this horizon for later questions.
             let mut without = engine.clone();
-            let events = run_with_arrivals(&mut without, &background, horizon_end, budget)?;
-            let ends = without
-                .metrics()
-                .records
-                .iter()
-                .filter(|r| r.outcome == Outcome::Completed)
-                .map(|r| (r.id.0, r.end_us))
-                .collect();
-            let baseline = Arc::new(Baseline { ends, events });
+            let until = horizon_end.saturating_add(question.options.horizon_us);
+            Some(run_recorded(&mut without, &[], until, budget)?)
+        }
+        _ => None,
+    };
+    // Roll forward to `now` (by the state's age) within the call's budget and deadline.
+    let mut events = run_until_done(&mut engine, now, budget)?;
+    engine.run_until(now);
+    let baseline = match (cached, recorded_continuation) {
+        (Some(baseline), _) => baseline,
+        (None, recorded) => {
+            let recorded = match recorded {
+                Some(recorded) => recorded,
+                None => {
+                    let mut without = engine.clone();
+                    run_recorded(&mut without, &background, horizon_end, budget)?
+                }
+            };
+            let baseline = Arc::new(recorded);
             snapshot.memo.insert(key, Arc::clone(&baseline));
             baseline
         }
@@ -382,7 +395,11 @@ fn simulate(
         .submit(spec)
         .map_err(|err| TwinError::invalid("request", err.to_string()))?;
     events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
-    events += baseline.events;
+    events += if continuation {
+        baseline.events_between(now, horizon_end)
+    } else {
+        baseline.event_times.len() as u64
+    };
     Ok(measure(&engine, &baseline, now, horizon_end, events))
 }
 
@@ -493,7 +510,7 @@ fn measure(
         if record.id.0 == QUESTION_REQUEST_ID || record.outcome != Outcome::Completed {
             continue;
         }
-        if let Some(&end) = baseline.ends.get(&record.id.0) {
+        if let Some(end) = baseline.end_by(record.id.0, horizon_end) {
             sum += i128::from(record.end_us) - i128::from(end);
             count += 1;
         }

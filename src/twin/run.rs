@@ -4,9 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::sim::Engine;
+use crate::sim::{Engine, Outcome};
 
 use super::error::TwinError;
+use super::memo::Baseline;
 
 /// Events processed between deadline checks.
 const CHUNK_EVENTS: u64 = 2048;
@@ -86,6 +87,59 @@ pub fn run_with_arrivals(
             .map_err(|err| TwinError::invalid("background", err.to_string()))?;
     }
     Ok(processed + run_until_done(engine, end_us, budget)?)
+}
+
+/// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
+/// completion (requests completed before the run count as completed at its start): a
+/// baseline any question inside `(start, end_us]` can read.
+pub fn run_recorded(
+    engine: &mut Engine,
+    arrivals: &[crate::sim::RequestSpec],
+    end_us: u64,
+    budget: &EventBudget,
+) -> Result<Baseline, TwinError> {
+    let mut baseline = Baseline {
+        covers_until_us: end_us,
+        ..Baseline::default()
+    };
+    let start = engine.now_us();
+    let mut seen = 0;
+    record_completions(engine, &mut seen, start, &mut baseline);
+    let mut pending = arrivals
+        .iter()
+        .filter(|s| s.arrival_us <= end_us)
+        .peekable();
+    loop {
+        let next = engine.next_event_us();
+        if let Some(spec) = pending.next_if(|spec| next.is_none_or(|t| t >= spec.arrival_us)) {
+            engine
+                .submit(spec.clone())
+                .map_err(|err| TwinError::invalid("background", err.to_string()))?;
+            continue;
+        }
+        if next.is_none_or(|t| t > end_us) {
+            return Ok(baseline);
+        }
+        let done = baseline.event_times.len() as u64;
+        if done.is_multiple_of(CHUNK_EVENTS) {
+            budget.charge(CHUNK_EVENTS, done)?;
+        }
+        engine.process_next_event();
+        let now = engine.now_us();
+        baseline.event_times.push(now);
+        record_completions(engine, &mut seen, now, &mut baseline);
+    }
+}
+
+/// Adds the completions among `engine`'s records from index `seen` on, as finished at `at_us`.
+fn record_completions(engine: &Engine, seen: &mut usize, at_us: u64, baseline: &mut Baseline) {
+    let records = &engine.metrics().records;
+    for record in &records[*seen..] {
+        if record.outcome == Outcome::Completed {
+            baseline.ends.insert(record.id.0, (record.end_us, at_us));
+        }
+    }
+    *seen = records.len();
 }
 
 /// Runs `engine` until nothing is pending or the next event is after `end_us`; returns the
