@@ -68,25 +68,7 @@ pub fn run_with_arrivals(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<u64, TwinError> {
-    let mut processed = 0u64;
-    for spec in arrivals.iter().filter(|s| s.arrival_us <= end_us) {
-        loop {
-            match engine.next_event_us() {
-                Some(t) if t < spec.arrival_us => {
-                    if processed.is_multiple_of(CHUNK_EVENTS) {
-                        budget.charge(CHUNK_EVENTS, processed)?;
-                    }
-                    engine.process_next_event();
-                    processed += 1;
-                }
-                _ => break,
-            }
-        }
-        engine
-            .submit(spec.clone())
-            .map_err(|err| TwinError::invalid("background", err.to_string()))?;
-    }
-    Ok(processed + run_until_done(engine, end_us, budget)?)
+    drive(engine, arrivals, end_us, budget, |_| {})
 }
 
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
@@ -102,9 +84,49 @@ pub fn run_recorded(
         covers_until_us: end_us,
         ..Baseline::default()
     };
-    let start = engine.now_us();
     let mut seen = 0;
-    record_completions(engine, &mut seen, start, &mut baseline);
+    record_completions(engine, &mut seen, &mut baseline);
+    drive(engine, arrivals, end_us, budget, |engine| {
+        baseline.event_times.push(engine.now_us());
+        record_completions(engine, &mut seen, &mut baseline);
+    })?;
+    Ok(baseline)
+}
+
+/// Adds the completions among `engine`'s records from index `seen` on, as finished now.
+fn record_completions(engine: &Engine, seen: &mut usize, baseline: &mut Baseline) {
+    let records = &engine.metrics().records;
+    for record in &records[*seen..] {
+        if record.outcome == Outcome::Completed {
+            baseline
+                .ends
+                .insert(record.id.0, (record.end_us, engine.now_us()));
+        }
+    }
+    *seen = records.len();
+}
+
+/// Runs `engine` until nothing is pending or the next event is after `end_us`; returns the
+/// events processed.
+pub fn run_until_done(
+    engine: &mut Engine,
+    end_us: u64,
+    budget: &EventBudget,
+) -> Result<u64, TwinError> {
+    drive(engine, &[], end_us, budget, |_| {})
+}
+
+/// The one loop behind the runners: feeds `arrivals` as their times come, processes every
+/// event at or before `end_us` (calling `after_event` after each), charges the budget and
+/// checks the deadline once per chunk of events; returns the events processed.
+fn drive(
+    engine: &mut Engine,
+    arrivals: &[crate::sim::RequestSpec],
+    end_us: u64,
+    budget: &EventBudget,
+    mut after_event: impl FnMut(&Engine),
+) -> Result<u64, TwinError> {
+    let mut processed = 0u64;
     let mut pending = arrivals
         .iter()
         .filter(|s| s.arrival_us <= end_us)
@@ -118,55 +140,13 @@ pub fn run_recorded(
             continue;
         }
         if next.is_none_or(|t| t > end_us) {
-            return Ok(baseline);
+            return Ok(processed);
         }
-        let done = baseline.event_times.len() as u64;
-        if done.is_multiple_of(CHUNK_EVENTS) {
-            budget.charge(CHUNK_EVENTS, done)?;
+        if processed.is_multiple_of(CHUNK_EVENTS) {
+            budget.charge(CHUNK_EVENTS, processed)?;
         }
         engine.process_next_event();
-        let now = engine.now_us();
-        baseline.event_times.push(now);
-        record_completions(engine, &mut seen, now, &mut baseline);
-    }
-}
-
-/// Adds the completions among `engine`'s records from index `seen` on, as finished at `at_us`.
-fn record_completions(engine: &Engine, seen: &mut usize, at_us: u64, baseline: &mut Baseline) {
-    let records = &engine.metrics().records;
-    for record in &records[*seen..] {
-        if record.outcome == Outcome::Completed {
-            baseline.ends.insert(record.id.0, (record.end_us, at_us));
-        }
-    }
-    *seen = records.len();
-}
-
-/// Runs `engine` until nothing is pending or the next event is after `end_us`; returns the
-/// events processed.
-pub fn run_until_done(
-    engine: &mut Engine,
-    end_us: u64,
-    budget: &EventBudget,
-) -> Result<u64, TwinError> {
-    let mut processed = 0u64;
-    loop {
-        budget.check_deadline(processed)?;
-        if !budget.take(CHUNK_EVENTS) {
-            return Err(TwinError::ResourceExhausted(format!(
-                "the simulation event budget of this call ran out after {processed} events in this fork"
-            )));
-        }
-        let mut chunk = 0;
-        while chunk < CHUNK_EVENTS {
-            match engine.next_event_us() {
-                Some(t) if t <= end_us => {
-                    engine.process_next_event();
-                    chunk += 1;
-                }
-                _ => return Ok(processed + chunk),
-            }
-        }
-        processed += chunk;
+        processed += 1;
+        after_event(engine);
     }
 }
