@@ -363,29 +363,24 @@ fn simulate(
         .memo
         .get(&key)
         .filter(|baseline| baseline.covers_until_us >= horizon_end);
-    let recorded_continuation = match (&cached, continuation) {
-        (None, true) => {
-            // Recorded from the observation, and past this horizon for later questions.
-            let mut without = engine.clone();
-            let until = horizon_end.saturating_add(question.options.horizon_us);
-            Some(run_recorded(&mut without, &[], until, budget)?)
-        }
-        _ => None,
-    };
+    // The continuation is recorded from the observation (before rolling forward), past
+    // this horizon for later questions; any other baseline starts at `now`.
+    let observed = (cached.is_none() && continuation).then(|| engine.clone());
     // Roll forward to `now` (by the state's age) within the call's budget and deadline.
     let mut events = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
-    let baseline = match (cached, recorded_continuation) {
-        (Some(baseline), _) => baseline,
-        (None, recorded) => {
-            let recorded = match recorded {
-                Some(recorded) => recorded,
-                None => {
-                    let mut without = engine.clone();
-                    run_recorded(&mut without, &background, horizon_end, budget)?
-                }
+    let baseline = match cached {
+        Some(baseline) => baseline,
+        None => {
+            let (mut without, arrivals, until) = match observed {
+                Some(observed) => (
+                    observed,
+                    &[][..],
+                    horizon_end.saturating_add(question.options.horizon_us),
+                ),
+                None => (engine.clone(), &background[..], horizon_end),
             };
-            let baseline = Arc::new(recorded);
+            let baseline = Arc::new(run_recorded(&mut without, arrivals, until, budget)?);
             snapshot.memo.insert(key, Arc::clone(&baseline));
             baseline
         }
