@@ -74,16 +74,17 @@ pub(super) struct LazyWindow {
 }
 
 impl Engine {
-    /// Opens a window if the conditions hold (called after a step's effects, before forming
-    /// the next). Returns true if a window is now open.
-    pub(super) fn try_enter_lazy(&mut self) -> bool {
+    /// Opens a window and forms its first step if the conditions hold (called after a step's
+    /// effects, instead of forming the next). `None` if no window opened, or if its first step
+    /// must be formed step by step (the caller then closes the window).
+    pub(super) fn enter_lazy(&mut self) -> Option<u64> {
         if self.reference
             || self.config.record_token_gaps
             || self.running.is_empty()
             || self.running.len() > self.config.max_num_batched_tokens as usize
             || self.latency.decode_step_us(1, 0).is_none()
         {
-            return false;
+            return None;
         }
         let now = self.now_us;
         let mut members = 0usize;
@@ -91,13 +92,13 @@ impl Engine {
             let state = self.state(slot);
             if state.is_decoding() {
                 if state.timeline.last_emit_step_end_us != now {
-                    return false;
+                    return None;
                 }
                 members += 1;
             }
         }
         if members == 0 {
-            return false;
+            return None;
         }
         // A power of two, so a bucket is found with a mask rather than a division.
         let ring_len = (self.config.block_size as usize + 2).next_power_of_two();
@@ -115,8 +116,7 @@ impl Engine {
                 window.explicit.push((position as u32, slot));
             }
         }
-        self.lazy = Some(Box::new(window));
-        true
+        self.form_in(Box::new(window))
     }
 
     /// Makes the decoding request in `slot` (at batch `position`, just emitted a token at the
@@ -152,8 +152,7 @@ impl Engine {
     /// Forms the next window step; `None` if the step-by-step path must form it instead (a
     /// KV allocation fails, or the token budget would not reach every running request). The
     /// caller then closes the window; allocations made here stand and are found in place.
-    pub(super) fn lazy_form(&mut self) -> Option<u64> {
-        let mut window = self.lazy.take().expect("a window is open");
+    fn form_in(&mut self, mut window: Box<LazyWindow>) -> Option<u64> {
         let formed = self.lazy_form_in(&mut window);
         if formed.is_none() {
             self.in_flight.clear();
@@ -240,14 +239,21 @@ impl Engine {
         );
     }
 
-    /// Applies the window step that just ended: one token for every member, the explicit
-    /// requests' chunks, and the requests that finish (in batch order).
-    pub(super) fn lazy_finish(&mut self) {
-        let mut window = self.lazy.take().expect("a window is open");
+    /// Applies the window step that just ended and forms the next; `None` if there is no
+    /// window, or the window has no members left or its next step must be formed step by
+    /// step (the caller then closes it).
+    pub(super) fn lazy_continue(&mut self) -> Option<u64> {
+        let mut window = self.lazy.take()?;
         self.lazy_finish_in(&mut window);
-        self.lazy = Some(window);
+        if window.members == 0 {
+            self.lazy = Some(window);
+            return None;
+        }
+        self.form_in(window)
     }
 
+    /// Applies the window step that just ended: one token for every member, the explicit
+    /// requests' chunks, and the requests that finish (in batch order).
     fn lazy_finish_in(&mut self, window: &mut LazyWindow) {
         let now = self.now_us;
         let token_us = self.latency.output_token_us();
@@ -334,11 +340,6 @@ impl Engine {
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }
         window.done_scratch = finished;
-    }
-
-    /// True if the open window has members left (else it should close).
-    pub(super) fn lazy_has_members(&self) -> bool {
-        self.lazy.as_ref().is_some_and(|window| window.members > 0)
     }
 
     /// Brings one member's progress and timeline up to the window's current step.

@@ -80,10 +80,7 @@ impl Engine {
         debug_assert!(self.step_pending, "a step event fired with none pending");
         self.step_pending = false;
         if self.lazy.is_some() {
-            self.lazy_finish();
-            if self.lazy_has_members()
-                && let Some(duration) = self.lazy_form()
-            {
+            if let Some(duration) = self.lazy_continue() {
                 self.schedule_step_after(duration);
                 return;
             }
@@ -91,13 +88,11 @@ impl Engine {
         } else {
             self.finish_in_flight();
         }
-        if self.try_enter_lazy() {
-            if let Some(duration) = self.lazy_form() {
-                self.schedule_step_after(duration);
-                return;
-            }
-            self.exit_lazy();
+        if let Some(duration) = self.enter_lazy() {
+            self.schedule_step_after(duration);
+            return;
         }
+        self.exit_lazy();
         // A step can come out empty when its first request preempts itself (priority
         // policy); vLLM's loop then schedules again at once. Bounded: every retry freed
         // blocks by preempting a running request.
