@@ -82,7 +82,7 @@ impl Engine {
             || self.config.record_token_gaps
             || self.running.is_empty()
             || self.running.len() > self.config.max_num_batched_tokens as usize
-            || self.latency.decode_step_us(1, 0).is_none()
+            || self.latency.step_with_decodes_us(&[], 1, 0).is_none()
         {
             return None;
         }

@@ -186,13 +186,6 @@ impl LatencyModel {
         step.max(1)
     }
 
-    /// Duration of a step over `decodes` decode-only requests with `context` cached tokens in
-    /// total, if the model prices such a batch from those two numbers alone (then it equals
-    /// [`LatencyModel::step_us`] on any such batch); `None` otherwise.
-    pub fn decode_step_us(&self, decodes: u64, context: u64) -> Option<u64> {
-        self.step_with_decodes_us(&[], decodes, context)
-    }
-
     /// Duration of a step over `batch` plus `decodes` decode requests (one token each) with
     /// `context` cached tokens in total, if the model prices decodes from those two numbers
     /// alone (then it equals [`LatencyModel::step_us`] of the batch with any such decodes
