@@ -5,6 +5,7 @@
 //! agree after every operation, and both must pass their internal audit.
 #![allow(clippy::unwrap_used)]
 
+use ditto::sim::kv::hash::{BlockKeys, private_key};
 use ditto::sim::kv::{BlockTable, KvCache, PrefixHit};
 use proptest::prelude::*;
 
@@ -13,14 +14,37 @@ const BLOCK: u32 = 4;
 /// One request: a shared prefix of `shared` blocks, then private content.
 #[derive(Clone, Debug)]
 struct Request {
-    /// Keys of every block the request can fill (shared prefix first).
+    /// Keys of every block the request can fill (shared prefix first, then its private
+    /// keys, derived from `owner` as the engine derives them).
     keys: Vec<u64>,
+    /// The id private keys derive from (unique per slot and generation).
+    owner: u64,
     shared: u32,
     /// Tokens computed (held in blocks) while admitted.
     tokens: u32,
     /// Tokens of the whole sequence so far (prompt plus generated).
     length: u32,
     admitted: bool,
+}
+
+impl Request {
+    /// Its keys as the engine gives them: shared ones stored, private ones derived.
+    fn latent_keys(&self) -> BlockKeys<'_> {
+        BlockKeys {
+            shareable_keys: &self.keys[..self.shared as usize],
+            shareable: self.shared,
+            owner: self.owner,
+        }
+    }
+
+    /// Its keys with every block treated as shareable (all stored, all mapped).
+    fn mapped_keys(&self) -> BlockKeys<'_> {
+        BlockKeys {
+            shareable_keys: &self.keys,
+            shareable: self.keys.len() as u32,
+            owner: self.owner,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -46,12 +70,12 @@ fn op_strategy(requests: usize) -> impl Strategy<Value = Op> {
 
 /// Fresh private keys for request slot `r`, generation `generation` (unique across both).
 fn new_request(r: usize, generation: u64, shared: u32, prefix: &[u64], length: u32) -> Request {
+    let owner = 0x1000_0000 + (r as u64) * 0x10_0000 + generation;
     let mut keys: Vec<u64> = prefix[..shared as usize].to_vec();
-    for index in shared..64 {
-        keys.push(0x1000_0000 + (r as u64) * 0x10_0000 + generation * 0x1000 + u64::from(index));
-    }
+    keys.extend((shared..64).map(|index| private_key(owner, index)));
     Request {
         keys,
+        owner,
         shared,
         tokens: 0,
         length,
@@ -69,10 +93,8 @@ struct Pair {
 impl Pair {
     fn allocate(&mut self, r: usize, request: &Request, hit: PrefixHit, total: u32) -> bool {
         let (a, b) = &mut self.tables[r];
-        let granted = self
-            .latent
-            .allocate(a, &request.keys, hit, total, request.shared);
-        let granted_b = self.mapped.allocate(b, &request.keys, hit, total, u32::MAX);
+        let granted = self.latent.allocate(a, request.latent_keys(), hit, total);
+        let granted_b = self.mapped.allocate(b, request.mapped_keys(), hit, total);
         assert_eq!(granted, granted_b, "allocation answers differ");
         granted
     }
@@ -125,8 +147,8 @@ proptest! {
                 Op::Admit(r) if !requests[r].admitted => {
                     let request = requests[r].clone();
                     let full = (request.length - 1) / BLOCK;
-                    let hit = pair.latent.lookup(&request.keys, full);
-                    prop_assert_eq!(hit, pair.mapped.lookup(&request.keys, full));
+                    let hit = pair.latent.lookup(request.latent_keys(), full);
+                    prop_assert_eq!(hit, pair.mapped.lookup(request.mapped_keys(), full));
                     let cached = hit.blocks() * BLOCK;
                     if pair.allocate(r, &request, hit, request.length) {
                         let query = request.length;

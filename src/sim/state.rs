@@ -7,8 +7,8 @@
 //! resets `num_computed` to zero and keeps `generated`: the request later prefills prompt and
 //! outputs again and resumes decoding where it stopped, as vLLM does.
 
-use crate::sim::kv::BlockTable;
-use crate::sim::kv::hash::{ROOT_KEY, block_key};
+use crate::sim::kv::hash::{BlockKeys, ROOT_KEY, block_key, shareable_blocks};
+use crate::sim::kv::{BlockTable, KvCache, PrefixHit};
 use crate::sim::request::RequestSpec;
 
 /// Where a request is in its lifecycle.
@@ -62,7 +62,8 @@ pub struct RequestState {
     pub generated: u32,
     /// KV blocks held.
     pub blocks: BlockTable,
-    /// Content keys of the full blocks of the token sequence, computed on demand.
+    /// Content keys of the leading shareable full blocks, computed on demand (private
+    /// blocks' keys derive from the id when read: see [`RequestState::block_keys`]).
     pub keys: Vec<u64>,
     /// While a member of an open lazy decode window: the window step its progress fields
     /// were last brought up to (`None` outside a window, or prefilling beside one).
@@ -158,27 +159,59 @@ impl RequestState {
         gap
     }
 
-    /// Makes sure the keys of the first `full_blocks` blocks are computed.
+    /// Makes sure the keys the first `full_blocks` blocks need are computed (the shareable
+    /// ones among them: private keys are derived when read) and the block table has room
+    /// for the whole sequence.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
-        if self.keys.len() as u32 >= full_blocks {
-            return;
-        }
         // Room for the whole sequence at once: no regrowth on the hot path (a clone of a
         // forked engine keeps only the length, so this is checked again there).
         let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
-        if self.keys.capacity() < most {
-            self.keys.reserve_exact(most - self.keys.len());
-        }
         if self.blocks.ids.capacity() < most + 1 {
             self.blocks
                 .ids
                 .reserve_exact(most + 1 - self.blocks.ids.len());
+        }
+        let shareable = shareable_blocks(&self.spec, block_size);
+        let full_blocks = full_blocks.min(shareable);
+        if self.keys.len() as u32 >= full_blocks {
+            return;
+        }
+        if self.keys.capacity() < shareable as usize {
+            self.keys
+                .reserve_exact(shareable as usize - self.keys.len());
         }
         let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
         while (self.keys.len() as u32) < full_blocks {
             let index = self.keys.len() as u32;
             parent = block_key(&self.spec, parent, index, block_size);
             self.keys.push(parent);
+        }
+    }
+
+    /// Grows this request's blocks in `kv` to cover `total` tokens, taking the `hit` blocks
+    /// first (see [`KvCache::allocate`]); false, changing nothing, if blocks run out.
+    pub fn allocate_blocks(
+        &mut self,
+        kv: &mut KvCache,
+        hit: PrefixHit,
+        total: u32,
+        block_size: u32,
+    ) -> bool {
+        let keys = BlockKeys {
+            shareable_keys: &self.keys,
+            shareable: shareable_blocks(&self.spec, block_size),
+            owner: self.spec.id.0,
+        };
+        kv.allocate(&mut self.blocks, keys, hit, total)
+    }
+
+    /// The keys of this request's blocks as the KV cache reads them (shareable ones must
+    /// have been computed by [`RequestState::ensure_keys`] as far as they are read).
+    pub fn block_keys(&self, block_size: u32) -> BlockKeys<'_> {
+        BlockKeys {
+            shareable_keys: &self.keys,
+            shareable: shareable_blocks(&self.spec, block_size),
+            owner: self.spec.id.0,
         }
     }
 }

@@ -12,7 +12,6 @@ use super::{Engine, EventKind, InFlight};
 use crate::sim::config::EngineConfig;
 use crate::sim::error::SimError;
 use crate::sim::kv::PrefixHit;
-use crate::sim::kv::hash::{ROOT_KEY, block_key, shareable_blocks};
 use crate::sim::latency::LatencyModel;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
@@ -89,14 +88,9 @@ impl Engine {
         let mut cached_keys = self.kv.free_keys_lru_first();
         for &slot in &self.running {
             let state = self.state(slot);
-            let keyed = self.observed_keyed_blocks(slot) as usize;
-            cached_keys.extend(state.keys.iter().take(keyed).copied());
-            // Keys a window has not computed yet (its deferred private blocks).
-            let mut parent = state.keys.last().copied().unwrap_or(ROOT_KEY);
-            for index in state.keys.len()..keyed {
-                parent = block_key(&state.spec, parent, index as u32, self.config.block_size);
-                cached_keys.push(parent);
-            }
+            // (Including the private blocks whose keying a window deferred.)
+            let keys = state.block_keys(self.config.block_size);
+            cached_keys.extend((0..self.observed_keyed_blocks(slot)).map(|index| keys.get(index)));
         }
         let mut waiting: Vec<RestoredRequest> = self.waiting.iter().map(describe).collect();
         for (slot, state) in self.slots.iter().enumerate() {
@@ -262,19 +256,15 @@ impl Engine {
         }
         // Its computed prefix blocks are the cached blocks with its keys, where they exist.
         let hit = if self.config.enable_prefix_caching {
-            let mut hit = self.kv.lookup(&state.keys, total / block_size);
+            let mut hit = self
+                .kv
+                .lookup(state.block_keys(block_size), total / block_size);
             hit.cpu_blocks = 0;
             hit
         } else {
             PrefixHit::default()
         };
-        if !self.kv.allocate(
-            &mut state.blocks,
-            &state.keys,
-            hit,
-            total.max(1),
-            shareable_blocks(&state.spec, block_size),
-        ) {
+        if !state.allocate_blocks(&mut self.kv, hit, total.max(1), block_size) {
             return Err(SimError::InvalidState {
                 field: "running",
                 reason: format!(

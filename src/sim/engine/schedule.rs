@@ -11,7 +11,6 @@
 use super::{Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
-use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::latency::BatchEntry;
 use crate::sim::state::Phase;
 
@@ -81,13 +80,7 @@ impl Engine {
                 if prefix_caching {
                     state.ensure_keys(total / block_size, block_size);
                 }
-                if self.kv.allocate(
-                    &mut state.blocks,
-                    &state.keys,
-                    PrefixHit::default(),
-                    total,
-                    shareable_blocks(&state.spec, block_size),
-                ) {
+                if state.allocate_blocks(&mut self.kv, PrefixHit::default(), total, block_size) {
                     break true;
                 }
                 let victim_index = self.pick_victim();
@@ -146,7 +139,8 @@ impl Engine {
             let hit = if prefix_caching {
                 state.ensure_keys(num_tokens / block_size, block_size);
                 // At least one token is always computed, so a full hit leaves the last block.
-                self.kv.lookup(&state.keys, (num_tokens - 1) / block_size)
+                self.kv
+                    .lookup(state.block_keys(block_size), (num_tokens - 1) / block_size)
             } else {
                 PrefixHit::default()
             };
@@ -159,13 +153,7 @@ impl Engine {
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
-            if !self.kv.allocate(
-                &mut state.blocks,
-                &state.keys,
-                hit,
-                cached + new_tokens,
-                shareable_blocks(&state.spec, block_size),
-            ) {
+            if !state.allocate_blocks(&mut self.kv, hit, cached + new_tokens, block_size) {
                 break;
             }
             if prefix_caching {

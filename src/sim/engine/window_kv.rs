@@ -211,13 +211,7 @@ fn allocate_to(
     if prefix_caching {
         state.ensure_keys(total / block_size, block_size);
     }
-    kv.allocate(
-        &mut state.blocks,
-        &state.keys,
-        PrefixHit::default(),
-        total,
-        shareable_blocks(&state.spec, block_size),
-    )
+    state.allocate_blocks(kv, PrefixHit::default(), total, block_size)
 }
 
 /// Sets bit `position` of `bits`, growing it as needed.

@@ -66,7 +66,7 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
 /// Key of a private block: unique to (request, index), so it needs no parent chain (the
 /// request's id already sets it apart from every other sequence). Two mixes instead of six:
 /// private blocks are most blocks, and keying them is on the decode hot path.
-fn private_key(id: u64, block_index: u32) -> u64 {
+pub fn private_key(id: u64, block_index: u32) -> u64 {
     mix64(mix64(id ^ TAG_REQUEST) ^ u64::from(block_index))
 }
 
@@ -87,6 +87,42 @@ pub fn shareable_blocks(spec: &RequestSpec, block_size: u32) -> u32 {
         } => 0,
         PromptContent::BlockKeys(keys) => (prompt / block_size).min(keys.len() as u32),
         PromptContent::Tokens(_) => prompt / block_size,
+    }
+}
+
+/// The content keys of one request's blocks, as the KV cache reads them: the shareable
+/// blocks' keys (a hash chain, computed ahead and stored) and, past them, the private ones,
+/// derived from the request id when read. Storing only the shareable keys keeps a request's
+/// state (and so a fork) small and its hot path free of key pushes.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockKeys<'a> {
+    /// Keys computed so far of the leading shareable blocks.
+    pub shareable_keys: &'a [u64],
+    /// How many leading blocks are shareable (see [`shareable_blocks`]); the keys of those
+    /// read must be in `shareable_keys`.
+    pub shareable: u32,
+    /// The request id private keys derive from.
+    pub owner: u64,
+}
+
+impl BlockKeys<'_> {
+    /// Key of block `index` (0-based).
+    #[inline]
+    pub fn get(&self, index: u32) -> u64 {
+        if index < self.shareable {
+            self.shareable_keys[index as usize]
+        } else {
+            private_key(self.owner, index)
+        }
+    }
+
+    /// Keys with no shareable block (a request that holds only private content, or a test).
+    pub fn private(owner: u64) -> Self {
+        BlockKeys {
+            shareable_keys: &[],
+            shareable: 0,
+            owner,
+        }
     }
 }
 

@@ -26,6 +26,8 @@ pub mod lru;
 
 use std::collections::HashMap;
 
+use hash::BlockKeys;
+
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
 
@@ -274,25 +276,24 @@ impl KvCache {
         self.by_key.contains_key(&key)
     }
 
-    /// Number of leading `keys` (at most `max_blocks`) cached on the GPU, then in the CPU tier.
-    /// A pure query: nothing changes.
-    pub fn lookup(&self, keys: &[u64], max_blocks: u32) -> PrefixHit {
+    /// Number of leading blocks of `keys` (at most `max_blocks`) cached on the GPU, then in
+    /// the CPU tier. A pure query: nothing changes.
+    pub fn lookup(&self, keys: BlockKeys<'_>, max_blocks: u32) -> PrefixHit {
         let mut hit = PrefixHit::default();
         if !self.prefix_caching {
             return hit;
         }
-        let limit = keys.len().min(max_blocks as usize);
         let mut index = 0;
-        while index < limit && self.by_key.contains_key(&keys[index]) {
+        while index < max_blocks && self.by_key.contains_key(&keys.get(index)) {
             index += 1;
         }
-        hit.gpu_blocks = index as u32;
+        hit.gpu_blocks = index;
         if let Some(cpu) = &self.cpu {
-            while index < limit && cpu.contains(keys[index]) {
+            while index < max_blocks && cpu.contains(keys.get(index)) {
                 index += 1;
             }
         }
-        hit.cpu_blocks = index as u32 - hit.gpu_blocks;
+        hit.cpu_blocks = index - hit.gpu_blocks;
         hit
     }
 
@@ -308,16 +309,14 @@ impl KvCache {
 
     /// Grows `table` so it covers `total_tokens` tokens, first taking the `hit` blocks (only
     /// allowed while the table is empty), then fresh blocks; then keys every block that is
-    /// full at `total_tokens` (`keys` must cover them; blocks from index `private_from` on
-    /// hold private content). Returns false, changing nothing, if there are not enough free
-    /// blocks.
+    /// full at `total_tokens` (blocks from `keys.shareable` on hold private content).
+    /// Returns false, changing nothing, if there are not enough free blocks.
     pub fn allocate(
         &mut self,
         table: &mut BlockTable,
-        keys: &[u64],
+        keys: BlockKeys<'_>,
         hit: PrefixHit,
         total_tokens: u32,
-        private_from: u32,
     ) -> bool {
         debug_assert!(
             hit.blocks() == 0 || table.is_empty(),
@@ -326,15 +325,14 @@ impl KvCache {
         let required = total_tokens.div_ceil(self.block_size);
         if hit.blocks() == 0 && required <= table.len() {
             // The common decode step: the tokens fit the blocks already held.
-            self.key_full_blocks(table, keys, total_tokens, private_from);
+            self.key_full_blocks(table, keys, total_tokens);
             return true;
         }
         let held = table.len() + hit.gpu_blocks;
         let fresh = required.saturating_sub(held);
-        let hits_on_free_list = keys[..hit.gpu_blocks as usize]
-            .iter()
-            .filter(|key| {
-                let id = self.by_key[*key];
+        let hits_on_free_list = (0..hit.gpu_blocks)
+            .filter(|&index| {
+                let id = self.by_key[&keys.get(index)];
                 self.blocks[id as usize].ref_cnt == 0
             })
             .count() as u32;
@@ -342,15 +340,15 @@ impl KvCache {
         if u64::from(fresh) + u64::from(hits_on_free_list) > u64::from(self.free_count) {
             return false;
         }
-        for key in &keys[..hit.gpu_blocks as usize] {
-            let id = self.by_key[key];
+        for index in 0..hit.gpu_blocks {
+            let id = self.by_key[&keys.get(index)];
             self.acquire(id);
             table.ids.push(id);
         }
         for index in 0..fresh {
             let id = self.pop_free();
             if index < hit.cpu_blocks {
-                let key = keys[table.ids.len()];
+                let key = keys.get(table.len());
                 self.set_key(id, key);
                 if let Some(cpu) = &mut self.cpu {
                     cpu.touch(key);
@@ -362,7 +360,7 @@ impl KvCache {
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
         }
-        self.key_full_blocks(table, keys, total_tokens, private_from);
+        self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
         true
     }
@@ -419,13 +417,7 @@ impl KvCache {
         table.num_keyed = 0;
     }
 
-    fn key_full_blocks(
-        &mut self,
-        table: &mut BlockTable,
-        keys: &[u64],
-        total_tokens: u32,
-        private_from: u32,
-    ) {
+    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, total_tokens: u32) {
         if !self.prefix_caching {
             return;
         }
@@ -433,14 +425,13 @@ impl KvCache {
         if full <= table.num_keyed {
             return;
         }
-        debug_assert!(keys.len() as u32 >= full, "keys must cover the full blocks");
         for index in table.num_keyed..full {
             let id = table.ids[index as usize];
             if self.blocks[id as usize].keying != Keying::Unkeyed {
                 continue;
             }
-            let key = keys[index as usize];
-            if index < private_from {
+            let key = keys.get(index);
+            if index < keys.shareable {
                 self.set_key(id, key);
             } else if !self.by_key.contains_key(&key) {
                 // (A present key means this request's own content is cached from before a
