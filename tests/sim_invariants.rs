@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use ditto::catalog;
+use ditto::sim::engine::ReachLog;
 use ditto::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, Outcome, RequestSpec, SchedulingPolicy, SloClass};
 use proptest::prelude::*;
@@ -222,6 +223,60 @@ fn model(alpha: [f64; 3]) -> LatencyModel {
     })
 }
 
+/// Late entry: the run with `newcomer` submitted at `now` must equal the run without it,
+/// copied just before the first event the newcomer changes (as its [`ReachLog`] finds it),
+/// with the newcomer inserted there. Returns how many events past `now` the copy skipped
+/// (`None` if the log found no such event).
+fn late_entry_matches_submission(
+    scenario: &Scenario,
+    now: u64,
+    newcomer: &RequestSpec,
+) -> Option<u64> {
+    let fresh = || {
+        let model = if scenario.roofline {
+            roofline()
+        } else {
+            model(scenario.alpha)
+        };
+        let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
+        for spec in &scenario.requests {
+            engine.submit(spec.clone()).unwrap();
+        }
+        engine
+    };
+    let mut with = fresh();
+    with.run_until(now);
+    let events_at_now = with.events_processed();
+    with.submit(newcomer.clone()).unwrap();
+    with.run(std::iter::empty(), 2_000_000).unwrap();
+    let mut without = fresh();
+    if !without.fits_model_len(newcomer) {
+        return None; // dropped at arrival: nothing to insert
+    }
+    let key = without.newcomer_queue_key(newcomer);
+    let mut log = ReachLog::start(&without);
+    while without.process_next_event().is_some() {
+        log.observe(&without);
+    }
+    let enqueue_us = now + without.latency().queueing_us(newcomer.input_tokens);
+    let policy = scenario.config.scheduling_policy;
+    let skip = log.events_before_reach(now, enqueue_us, policy, key, u64::MAX)?;
+    let mut late = fresh();
+    for _ in 0..skip {
+        late.process_next_event().unwrap();
+    }
+    late.insert_waiting(newcomer.clone(), enqueue_us).unwrap();
+    late.check_invariants().unwrap();
+    while late.process_next_event().is_some() {
+        late.check_invariants().unwrap();
+    }
+    assert_eq!(late.metrics().records, with.metrics().records);
+    assert_eq!(late.counts(), with.counts());
+    assert_eq!(late.kv().stats(), with.kv().stats());
+    assert_eq!(late.now_us(), with.now_us());
+    Some(skip.saturating_sub(events_at_now))
+}
+
 /// Runs the scenario, auditing after every event; returns the engine.
 fn run_audited(scenario: &Scenario) -> Engine {
     let mut engine = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
@@ -381,6 +436,23 @@ proptest! {
     }
 
     #[test]
+    fn late_entry_equals_submission(
+        scenario in busy_scenario_strategy(),
+        pick in 0usize..64,
+        offset in 0u64..3_000,
+        (input, output, priority) in (1u32..900, 1u32..200, 0i32..3),
+        prefix in prop::option::of((0u64..3, 0u32..300)),
+    ) {
+        let now = scenario.requests[pick % scenario.requests.len()].arrival_us + offset;
+        let mut newcomer = RequestSpec::synthetic(1_000_000, now, input, output);
+        newcomer.priority = priority;
+        if let Some((group, len)) = prefix {
+            newcomer = newcomer.with_prefix(group, len);
+        }
+        late_entry_matches_submission(&scenario, now, &newcomer);
+    }
+
+    #[test]
     fn same_input_same_output(scenario in scenario_strategy()) {
         let a = run_audited(&scenario);
         let b = run_audited(&scenario);
@@ -434,6 +506,22 @@ fn swarm_reaches_every_path() {
         "mixed windows barely exercised: {mixed} steps"
     );
     assert!(busy_preemptions > 0, "busy scenarios never preempt");
+    // Late entries must skip real work past `now` in a good share of busy cases.
+    let (mut skipped, mut entered) = (0, 0);
+    for index in 0..60u64 {
+        let scenario = busy.new_tree(&mut runner).unwrap().current();
+        let now = scenario.requests[(index as usize * 7) % scenario.requests.len()].arrival_us;
+        let newcomer = RequestSpec::synthetic(1_000_000, now, 300, 20);
+        if let Some(events) = late_entry_matches_submission(&scenario, now, &newcomer) {
+            entered += 1;
+            skipped += events;
+        }
+    }
+    eprintln!("late entries: {entered} cases, {skipped} events skipped");
+    assert!(
+        entered > 20 && skipped > 2_000,
+        "late entries barely exercised: {entered} cases, {skipped} events skipped"
+    );
     assert!(preemptions > 0, "no preemption exercised");
     assert!(dropped > 0, "no drop exercised");
     assert!(timed_out > 0, "no timeout exercised");

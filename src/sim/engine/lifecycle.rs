@@ -43,6 +43,7 @@ impl Engine {
         state.timeline.enqueue_us = Some(now);
         let key = queue_key(policy, state);
         self.waiting.push_arrival(key, slot);
+        self.enqueued += 1;
         self.ensure_step_scheduled();
     }
 

@@ -11,12 +11,14 @@
 //! Knows nothing about workloads, clusters, wall-clock time or I/O.
 
 mod invariants;
+mod late_entry;
 mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
 mod window_kv;
 
+pub use late_entry::{AdmissionReach, ReachLog};
 pub use restore::{RestoreState, RestoredRequest};
 
 use std::cmp::Reverse;
@@ -87,6 +89,8 @@ pub struct Engine {
     lazy: Option<Box<lazy::LazyWindow>>,
     lazy_steps: u64,
     mixed_lazy_steps: u64,
+    reach: AdmissionReach,
+    enqueued: u64,
 }
 
 impl Engine {
@@ -121,6 +125,8 @@ impl Engine {
             lazy: None,
             lazy_steps: 0,
             mixed_lazy_steps: 0,
+            reach: AdmissionReach::Nothing,
+            enqueued: 0,
         };
         engine.track_kv_usage();
         Ok(engine)

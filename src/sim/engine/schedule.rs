@@ -8,7 +8,8 @@
 //! preempted, admits waiting requests while seats, budget and blocks last, taking prefix-cache
 //! hits first. The result is the step's duration from the latency model.
 
-use super::{Engine, InFlight};
+use super::lifecycle::queue_key;
+use super::{AdmissionReach, Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
 use crate::sim::latency::BatchEntry;
@@ -24,7 +25,9 @@ impl Engine {
         let mut budget = self.config.max_num_batched_tokens;
         let preempted = self.schedule_running(&mut budget);
         let mut cpu_loads = 0u64;
-        if !preempted {
+        if preempted {
+            self.reach = AdmissionReach::Nothing;
+        } else {
             cpu_loads = self.admit_waiting(&mut budget);
         }
         if self.in_flight.is_empty() {
@@ -116,17 +119,24 @@ impl Engine {
         preempted
     }
 
-    /// Phase 2. Returns the number of blocks reloaded from the CPU tier.
+    /// Phase 2. Returns the number of blocks reloaded from the CPU tier; leaves how far it
+    /// walked the queue in `reach`.
     pub(super) fn admit_waiting(&mut self, budget: &mut u32) -> u64 {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let max_seqs = self.config.max_num_seqs as usize;
         let chunked = self.config.enable_chunked_prefill;
         let now = self.now_us;
+        let policy = self.config.scheduling_policy;
         let mut cpu_loads = 0u64;
-        while *budget > 0 && self.running.len() < max_seqs {
+        // The key of the last request admitted: a newcomer below it would have come first.
+        let mut last_admitted = None;
+        self.reach = loop {
+            if *budget == 0 || self.running.len() >= max_seqs {
+                break last_admitted.map_or(AdmissionReach::Nothing, AdmissionReach::Below);
+            }
             let Some(slot) = self.waiting.peek() else {
-                break;
+                break AdmissionReach::Everything;
             };
             let state = self.slots[slot as usize]
                 .as_mut()
@@ -146,15 +156,16 @@ impl Engine {
             };
             let cached = hit.blocks() * block_size;
             let wanted = num_tokens - cached;
+            let key = queue_key(policy, state);
             if !chunked && wanted > *budget {
-                break;
+                break AdmissionReach::Below(key);
             }
             let new_tokens = self.chunk(wanted, *budget);
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
             if !state.allocate_blocks(&mut self.kv, hit, cached + new_tokens, block_size) {
-                break;
+                break AdmissionReach::Below(key);
             }
             if prefix_caching {
                 self.kv.record_lookup(num_tokens, cached);
@@ -180,7 +191,8 @@ impl Engine {
                 new_tokens,
             });
             *budget -= new_tokens;
-        }
+            last_admitted = Some(key);
+        };
         cpu_loads
     }
 

@@ -1,0 +1,228 @@
+//! Late entry: putting a request into the wait queue after the fact, as if it had been
+//! submitted earlier, and the record that says when doing so is exact.
+//!
+//! A request that waits in the queue without the scheduler reaching it changes nothing else:
+//! phase 2 admits in queue order and stops before it. So a fork that adds a request at `now`
+//! is identical, up to the first step whose phase 2 would reach it, to the fork without it; a
+//! caller that has recorded the fork without it (the twin's baseline) can start the fork with
+//! it from a copy taken just before that step and insert the request there. Each formed step
+//! leaves an [`AdmissionReach`] saying which newcomers its phase 2 would have reached.
+
+use super::Engine;
+use super::lifecycle::queue_key;
+use crate::sim::config::SchedulingPolicy;
+use crate::sim::error::SimError;
+use crate::sim::queue::QueueKey;
+use crate::sim::request::RequestSpec;
+use crate::sim::state::{Phase, RequestState};
+
+/// How far phase 2 of a formed step walked the wait queue: which request, had it been
+/// waiting in the queue already, the scheduler would have considered (peeked) in that step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AdmissionReach {
+    /// Phase 2 did not run (a preemption) or stopped before its first request.
+    #[default]
+    Nothing,
+    /// Under an ordered policy (priority, sjf), requests whose queue key is below this one;
+    /// under fcfs, where a newcomer joins the back, none.
+    Below(QueueKey),
+    /// Every request: the queue ran out with budget and a seat to spare.
+    Everything,
+}
+
+impl AdmissionReach {
+    /// True if a request waiting with queue key `key` (a newcomer: at the back of an fcfs
+    /// queue) would have been considered.
+    pub fn reaches(&self, policy: SchedulingPolicy, key: QueueKey) -> bool {
+        match *self {
+            AdmissionReach::Nothing => false,
+            AdmissionReach::Everything => true,
+            AdmissionReach::Below(bound) => policy != SchedulingPolicy::Fcfs && key < bound,
+        }
+    }
+}
+
+impl Engine {
+    /// What phase 2 of the last formed step reached.
+    pub fn admission_reach(&self) -> AdmissionReach {
+        self.reach
+    }
+
+    /// True while a step is in flight (an arrival then waits for it to end).
+    pub fn step_pending(&self) -> bool {
+        self.step_pending
+    }
+
+    /// The wait-queue key `spec` would get if submitted next.
+    pub fn newcomer_queue_key(&self, spec: &RequestSpec) -> QueueKey {
+        queue_key(
+            self.config.scheduling_policy,
+            &RequestState::new(spec.clone(), self.next_serial),
+        )
+    }
+
+    /// True if `spec` fits the model length, so it would not be dropped at arrival.
+    pub fn fits_model_len(&self, spec: &RequestSpec) -> bool {
+        u64::from(spec.input_tokens) + u64::from(spec.max_tokens.max(1))
+            <= u64::from(self.config.effective_max_model_len())
+    }
+
+    /// Puts `spec` into the wait queue as if it had been submitted before every event still
+    /// pending, arrived at `spec.arrival_us` and entered the queue at `enqueue_us`: its
+    /// record, and everything from the next event on, are those of that submission (the
+    /// queue-depth peak is not back-dated). The caller must know that no event already
+    /// processed at or after its arrival would have differed (see the module doc).
+    ///
+    /// Refused unless arrival <= `enqueue_us` <= the next event, a step is pending (else its
+    /// enqueue would have formed one), and the request fits the model length.
+    pub fn insert_waiting(&mut self, spec: RequestSpec, enqueue_us: u64) -> Result<(), SimError> {
+        let invalid = |field: &'static str, reason: String| SimError::InvalidRequest {
+            id: spec.id,
+            field,
+            reason,
+        };
+        super::validate_request(&spec, spec.arrival_us)?;
+        if spec.deadline_us.is_some() {
+            return Err(invalid(
+                "deadline_us",
+                "a late entry cannot carry a deadline".to_owned(),
+            ));
+        }
+        if enqueue_us < spec.arrival_us || self.next_event_us().is_some_and(|t| t < enqueue_us) {
+            return Err(invalid(
+                "arrival_us",
+                format!(
+                    "enqueue at {enqueue_us} must lie between the arrival {} and the next event",
+                    spec.arrival_us
+                ),
+            ));
+        }
+        if !self.step_pending {
+            return Err(invalid(
+                "arrival_us",
+                "no step is pending, so its enqueue would have formed one".to_owned(),
+            ));
+        }
+        if !self.fits_model_len(&spec) {
+            return Err(invalid(
+                "max_tokens",
+                "the request does not fit the model length".to_owned(),
+            ));
+        }
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        let mut state = RequestState::new(spec, serial);
+        state.phase = Phase::Waiting;
+        state.timeline.enqueue_us = Some(enqueue_us);
+        let key = queue_key(self.config.scheduling_policy, &state);
+        let slot = self.insert_state(state);
+        self.waiting.push_arrival(key, slot);
+        self.counts.injected += 1;
+        self.counts.queued += 1;
+        self.now_us = self.now_us.max(enqueue_us);
+        self.debug_check_counters();
+        Ok(())
+    }
+}
+
+/// One step formation, or one change of whether a step is pending, in a [`ReachLog`].
+#[derive(Clone, Copy, Debug)]
+struct ReachEntry {
+    /// The event (1-based count since the log started) that did it.
+    event: u64,
+    time_us: u64,
+    /// A step was formed (then `reach` is its phase 2's).
+    formed: bool,
+    reach: AdmissionReach,
+    /// A step is pending after the event.
+    pending_after: bool,
+    /// A new arrival entered the wait queue in the event.
+    enqueued: bool,
+}
+
+/// What a run did that decides where a request added to it would first matter: every step
+/// formation with its [`AdmissionReach`], and every change of whether a step is pending.
+/// Built by calling [`ReachLog::observe`] after each event of a run without the request.
+#[derive(Clone, Debug, Default)]
+pub struct ReachLog {
+    entries: Vec<ReachEntry>,
+    pending_at_start: bool,
+    events: u64,
+    last_steps: u64,
+    last_pending: bool,
+    last_enqueued: u64,
+}
+
+impl ReachLog {
+    /// A log of the run `engine` is about to make.
+    pub fn start(engine: &Engine) -> Self {
+        Self {
+            entries: Vec::new(),
+            pending_at_start: engine.step_pending,
+            events: 0,
+            last_steps: engine.counts.steps,
+            last_pending: engine.step_pending,
+            last_enqueued: engine.enqueued,
+        }
+    }
+
+    /// Notes the event `engine` just processed.
+    pub fn observe(&mut self, engine: &Engine) {
+        self.events += 1;
+        let formed = engine.counts.steps != self.last_steps;
+        let enqueued = engine.enqueued != self.last_enqueued;
+        if formed || enqueued || engine.step_pending != self.last_pending {
+            self.entries.push(ReachEntry {
+                event: self.events,
+                time_us: engine.now_us,
+                formed,
+                reach: engine.reach,
+                pending_after: engine.step_pending,
+                enqueued,
+            });
+            self.last_steps = engine.counts.steps;
+            self.last_pending = engine.step_pending;
+            self.last_enqueued = engine.enqueued;
+        }
+    }
+
+    /// For a request submitted at `now_us` that enters the queue at `enqueue_us` with queue
+    /// key `key`: how many of the logged events come before the first one it would change
+    /// (a step formation that reaches it, or a step ending with nothing left to run), if
+    /// that event is at or before `until_us`. A copy of the run after that many events, with
+    /// the request put in by [`Engine::insert_waiting`], continues exactly as the run with
+    /// the request submitted. `None` if the request would matter at once (no step pending
+    /// when it enters the queue), not within the log, or (fcfs) if a later arrival enters
+    /// the queue first (it would queue behind the request, but ahead of a late entry).
+    pub fn events_before_reach(
+        &self,
+        now_us: u64,
+        enqueue_us: u64,
+        policy: SchedulingPolicy,
+        key: QueueKey,
+        until_us: u64,
+    ) -> Option<u64> {
+        // Events at or before `now` ran before the submission; later ones before its enqueue
+        // too (a step event at the enqueue time comes after it).
+        let before = |time_us: u64| time_us < enqueue_us || time_us <= now_us;
+        let split = self.entries.partition_point(|entry| before(entry.time_us));
+        let pending = self.entries[..split]
+            .last()
+            .map_or(self.pending_at_start, |entry| entry.pending_after);
+        if !pending {
+            return None;
+        }
+        let fcfs = policy == SchedulingPolicy::Fcfs;
+        let entry = self.entries[split..].iter().find(|entry| {
+            (fcfs && entry.enqueued)
+                || !entry.pending_after
+                || (entry.formed && entry.reach.reaches(policy, key))
+        })?;
+        (!(fcfs && entry.enqueued) && entry.time_us <= until_us).then(|| entry.event - 1)
+    }
+
+    /// Heap bytes held.
+    pub fn memory_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<ReachEntry>()
+    }
+}
