@@ -277,6 +277,61 @@ fn late_entry_matches_submission(
     Some(skip.saturating_sub(events_at_now))
 }
 
+/// Closed-form drains: wherever the engine offers one, its ends and step count must equal
+/// running on to the end (and to a cut halfway). Returns how many drains were checked.
+fn drains_match_running_on(scenario: &Scenario) -> u64 {
+    let model = if scenario.roofline {
+        roofline()
+    } else {
+        model(scenario.alpha)
+    };
+    let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
+    for spec in &scenario.requests {
+        engine.submit(spec.clone()).unwrap();
+    }
+    let mut checked = 0;
+    while engine.process_next_event().is_some() && checked < 3 {
+        let Some(drain) = engine.drain(u64::MAX) else {
+            continue;
+        };
+        let mut run = engine.clone();
+        let (mut ends, mut steps, mut seen) = (Vec::new(), Vec::new(), run.metrics().records.len());
+        while let Some(time) = run.process_next_event() {
+            steps.push(time);
+            for record in &run.metrics().records[seen..] {
+                ends.push(ditto::sim::engine::DrainEnd {
+                    id: record.id,
+                    end_us: record.end_us,
+                    finished_at_us: time,
+                });
+            }
+            seen = run.metrics().records.len();
+        }
+        let key = |end: &ditto::sim::engine::DrainEnd| (end.finished_at_us, end.id.0);
+        let mut sorted = drain.ends.clone();
+        sorted.sort_by_key(key);
+        ends.sort_by_key(key);
+        assert_eq!(sorted, ends, "drain ends differ from running on");
+        assert_eq!(drain.steps, steps.len() as u64, "drain steps differ");
+        let cut_us = steps[steps.len() / 2];
+        let cut = engine.drain(cut_us).unwrap();
+        let mut cut_ends = cut.ends.clone();
+        cut_ends.sort_by_key(key);
+        let expected: Vec<_> = ends
+            .iter()
+            .filter(|end| end.finished_at_us <= cut_us)
+            .copied()
+            .collect();
+        assert_eq!(cut_ends, expected, "drain ends up to a cut differ");
+        assert_eq!(
+            cut.steps,
+            steps.iter().filter(|&&t| t <= cut_us).count() as u64
+        );
+        checked += 1;
+    }
+    checked
+}
+
 /// Runs the scenario, auditing after every event; returns the engine.
 fn run_audited(scenario: &Scenario) -> Engine {
     let mut engine = Engine::new(scenario.config.clone(), model(scenario.alpha)).unwrap();
@@ -453,6 +508,11 @@ proptest! {
     }
 
     #[test]
+    fn closed_form_drains_equal_running_on(scenario in busy_scenario_strategy()) {
+        drains_match_running_on(&scenario);
+    }
+
+    #[test]
     fn same_input_same_output(scenario in scenario_strategy()) {
         let a = run_audited(&scenario);
         let b = run_audited(&scenario);
@@ -506,6 +566,13 @@ fn swarm_reaches_every_path() {
         "mixed windows barely exercised: {mixed} steps"
     );
     assert!(busy_preemptions > 0, "busy scenarios never preempt");
+    // Closed-form drains must be offered, and checked, in a good share of busy cases.
+    let mut drains = 0;
+    for _ in 0..60 {
+        drains += drains_match_running_on(&busy.new_tree(&mut runner).unwrap().current());
+    }
+    eprintln!("drains: {drains} checked");
+    assert!(drains > 30, "closed-form drains barely exercised: {drains}");
     // Late entries must skip real work past `now` in a good share of busy cases.
     let (mut skipped, mut entered) = (0, 0);
     for index in 0..60u64 {

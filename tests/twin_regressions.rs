@@ -8,7 +8,7 @@ use ditto::cluster::spec;
 use ditto::sim::engine::{RestoreState, RestoredRequest};
 use ditto::sim::{Engine, PromptContent, RequestSpec, SchedulingPolicy};
 use ditto::twin::forecast::forecast_capacity;
-use ditto::twin::predict::predict_routing;
+use ditto::twin::predict::{Forking, predict_routing, predict_routing_with};
 use ditto::twin::question::{
     ForecastQuestion, ForecastStart, SloTargets, StalePolicy, VariantCandidates,
 };
@@ -292,8 +292,72 @@ fn memoised_forks_answer_exactly_as_fresh_ones() {
         let warm = predict_routing(&snapshot, question, &Limits::DEFAULT).unwrap();
         let cold = predict_routing(&snapshot.clone(), question, &Limits::DEFAULT).unwrap();
         assert_eq!(warm, cold);
+        let plain = predict_routing_with(
+            &snapshot.clone(),
+            question,
+            &Limits::DEFAULT,
+            Forking::Submit,
+        )
+        .unwrap();
+        assert_eq!(warm, plain, "late entry changed an answer");
     }
     // Baselines: 4 candidates x 3 replications shared by every fresh question whatever its
     // "now", plus those of the use-last question, which start at its own "now".
     assert_eq!(snapshot.memo.len(), 4 * 3 + 4 * 3, "baselines are shared");
+}
+
+/// Late entry (forks started where the question's request is first reached, from remembered
+/// checkpoints) answers exactly as submitting the request at "now" and simulating from the
+/// observation, under priority scheduling too (a request of higher priority is reached
+/// earlier than one of lower), with prefix hits on the request's prompt.
+#[test]
+fn late_entry_answers_exactly_as_submitting_at_now() {
+    let mut snapshot = whatif_snapshot(false);
+    let mut config = (*snapshot.config).clone();
+    for instance in &mut config.instances[2..] {
+        instance.engine.scheduling_policy = SchedulingPolicy::Priority;
+    }
+    snapshot.config = Arc::new(config);
+    // The question's prompt shares a prefix with a request waiting on instance 1.
+    let mut instances: Vec<InstanceState> =
+        snapshot.instances.iter().map(|s| (**s).clone()).collect();
+    let shared: Vec<u64> = (0..40).map(|i| 0xfeed_0000 + i).collect();
+    instances[1].waiting[5].block_hashes = shared.clone();
+    instances[1].waiting[5].prompt_tokens = 40 * 16;
+    snapshot.instances = instances.into_iter().map(Arc::new).collect();
+    let mut hit_tokens = 0.0;
+    for (priority, offset, hashes) in [
+        (1, 0, false),
+        (0, 20_000, false),
+        (2, 35_000, true),
+        (1, 60_000, true),
+        (0, 0, true),
+    ] {
+        let mut question = whatif_question(2);
+        question.request.priority = priority;
+        question.now_us += offset;
+        if hashes {
+            question.request.prompt_tokens = 50 * 16;
+            question.request.block_hashes = shared.iter().copied().chain(0..10).collect();
+        }
+        let late = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+        let plain = predict_routing_with(
+            &snapshot.clone(),
+            &question,
+            &Limits::DEFAULT,
+            Forking::Submit,
+        )
+        .unwrap();
+        assert_eq!(
+            late, plain,
+            "priority {priority}, +{offset} µs, hashes {hashes}"
+        );
+        hit_tokens += late.candidates[1].prefix_hit_tokens;
+    }
+    assert!(hit_tokens > 0.0, "the shared prefix was never hit");
+    assert!(
+        snapshot.memo.checkpoints() >= 4,
+        "late entry never started from a checkpoint: {}",
+        snapshot.memo.checkpoints()
+    );
 }

@@ -14,13 +14,17 @@
 //!
 //! It also keeps each candidate's restored engine before any length is drawn (see
 //! `twin::build::restore_base`): every replication of every question clones it instead of
-//! restoring from the mirrored state again. Bounded by [`RESTORED_MEMO_MAX_BYTES`]: past
-//! it, engines are restored per fork as before.
+//! restoring from the mirrored state again. And it keeps *checkpoints*: a baseline's engine
+//! after a given number of events, from which a question's fork starts when its request would
+//! wait unreached in the queue until then (see `sim::engine::ReachLog`), so later questions
+//! skip that stretch. Restored engines and checkpoints together are bounded by
+//! [`RESTORED_MEMO_MAX_BYTES`]: past it, they are rebuilt per fork as before.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::sim::Engine;
+use crate::sim::engine::ReachLog;
 
 /// Most baselines one snapshot remembers.
 pub const BASELINE_MEMO_MAX: usize = 4096;
@@ -36,6 +40,20 @@ pub struct RestoredKey {
     /// `Some(now)` when the observation is taken as the state at `now` (the use-last stale
     /// policy shifts it), `None` when restored at its observation time.
     pub shifted_to_us: Option<u64>,
+}
+
+/// What identifies a checkpoint on one snapshot: a continuation baseline's engine (one
+/// candidate, seed and replication) after `events` events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CheckpointKey {
+    /// Candidate instance index.
+    pub instance: usize,
+    /// The question's seed.
+    pub seed: u64,
+    /// Replication index.
+    pub replication: u32,
+    /// Events processed since the observation.
+    pub events: u64,
 }
 
 /// What identifies a baseline fork on one snapshot.
@@ -58,7 +76,7 @@ pub struct BaselineKey {
 
 /// The outcome of a fork without the question's request, recorded so that any question
 /// whose window `(now, horizon end]` lies within `(start, covers_until]` reads its part.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Baseline {
     /// Of every request that finished: (end time, time of the event that finished it), by
     /// engine id.
@@ -67,6 +85,9 @@ pub struct Baseline {
     pub event_times: Vec<u64>,
     /// The fork ran every event at or before this time.
     pub covers_until_us: u64,
+    /// Its step formations and queue reach, to find where a question's request would first
+    /// change it (continuation baselines only).
+    pub reach: ReachLog,
 }
 
 impl Baseline {
@@ -75,6 +96,11 @@ impl Baseline {
         let after = self.event_times.partition_point(|&t| t <= from_us);
         let through = self.event_times.partition_point(|&t| t <= to_us);
         through.saturating_sub(after) as u64
+    }
+
+    /// Events the fork processed at or before `to_us`.
+    pub fn events_until(&self, to_us: u64) -> u64 {
+        self.event_times.partition_point(|&t| t <= to_us) as u64
     }
 
     /// End time of request `id`, if a fork cut at `to_us` saw it finish.
@@ -93,10 +119,11 @@ pub struct BaselineMemo {
     restored: Arc<Mutex<RestoredEngines>>,
 }
 
-/// Restored engines and the bytes they hold.
+/// Restored engines and checkpoints, and the bytes they hold.
 #[derive(Default)]
 struct RestoredEngines {
     engines: HashMap<RestoredKey, Arc<Engine>>,
+    checkpoints: HashMap<CheckpointKey, Arc<Engine>>,
     bytes: usize,
 }
 
@@ -131,6 +158,30 @@ impl BaselineMemo {
         {
             restored.bytes += bytes;
         }
+    }
+
+    /// The checkpoint for `key`, if remembered.
+    pub fn checkpoint(&self, key: &CheckpointKey) -> Option<Arc<Engine>> {
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        restored.checkpoints.get(key).cloned()
+    }
+
+    /// Remembers checkpoint `engine` for `key`, unless that would pass
+    /// [`RESTORED_MEMO_MAX_BYTES`].
+    pub fn insert_checkpoint(&self, key: CheckpointKey, engine: Arc<Engine>) {
+        let bytes = engine.memory_bytes();
+        let mut restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        if restored.bytes + bytes <= RESTORED_MEMO_MAX_BYTES
+            && restored.checkpoints.insert(key, engine).is_none()
+        {
+            restored.bytes += bytes;
+        }
+    }
+
+    /// Checkpoints remembered.
+    pub fn checkpoints(&self) -> usize {
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        restored.checkpoints.len()
     }
 
     /// Baselines remembered.

@@ -14,9 +14,9 @@ use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, restore_base};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::memo::{Baseline, BaselineKey, RestoredKey};
+use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
 use super::question::{Background, OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
-use super::run::{EventBudget, run_recorded, run_until_done, run_with_arrivals};
+use super::run::{EventBudget, run_events, run_recorded, run_until_done, run_with_arrivals};
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
 use super::stats::validate_quantiles;
@@ -51,11 +51,32 @@ pub(super) enum Treatment {
     Excluded,
 }
 
+/// How a question's forks are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forking {
+    /// Start each fork where the request would first be reached, from a remembered
+    /// checkpoint when there is one (the default: same answers, less work).
+    LateEntry,
+    /// Always roll forward from the observation and submit the request at `now`: the plain
+    /// path late entry is checked against.
+    Submit,
+}
+
 /// Answers `question` on `snapshot` within `limits`.
 pub fn predict_routing(
     snapshot: &MirrorSnapshot,
     question: &RoutingQuestion,
     limits: &Limits,
+) -> Result<RoutingAnswer, TwinError> {
+    predict_routing_with(snapshot, question, limits, Forking::LateEntry)
+}
+
+/// [`predict_routing`] with forks started as `forking` says (tests compare the two).
+pub fn predict_routing_with(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    limits: &Limits,
+    forking: Forking,
 ) -> Result<RoutingAnswer, TwinError> {
     let candidates = validate(snapshot, question, limits)?;
     let replications = question.options.replications;
@@ -81,6 +102,7 @@ pub fn predict_routing(
                 treatment,
                 &outputs,
                 &budget,
+                forking,
             ),
         }
     });
@@ -308,6 +330,7 @@ fn simulate(
     treatment: Treatment,
     outputs: &crate::workload::LengthDraw,
     budget: &EventBudget,
+    forking: Forking,
 ) -> Result<Outcome1, TwinError> {
     let instance = &snapshot.config.instances[index];
     let state = &snapshot.instances[index];
@@ -363,39 +386,113 @@ fn simulate(
         .memo
         .get(&key)
         .filter(|baseline| baseline.covers_until_us >= horizon_end);
-    // The continuation is recorded from the observation (before rolling forward), past
-    // this horizon for later questions; any other baseline starts at `now`.
-    let observed = (cached.is_none() && continuation).then(|| engine.clone());
-    // Roll forward to `now` (by the state's age) within the call's budget and deadline.
+    let spec = question_request(question, replication, now);
+    if continuation {
+        // Recorded from the observation, past this horizon for later questions.
+        let baseline = match cached {
+            Some(baseline) => baseline,
+            None => {
+                let mut without = engine.clone();
+                let until = horizon_end.saturating_add(question.options.horizon_us);
+                let baseline = Arc::new(run_recorded(&mut without, &[], until, budget)?);
+                snapshot.memo.insert(key, Arc::clone(&baseline));
+                baseline
+            }
+        };
+        let reached = (forking == Forking::LateEntry)
+            .then(|| late_entry_point(&engine, &baseline, &spec, now, horizon_end))
+            .flatten();
+        if let Some((skip, enqueue_us)) = reached {
+            // The request waits unreached until event `skip + 1`: start from the baseline
+            // there (remembered for later questions when that skips real work).
+            let checkpoint_key = CheckpointKey {
+                instance: index,
+                seed: question.options.seed,
+                replication,
+                events: skip,
+            };
+            let mut fork = match snapshot.memo.checkpoint(&checkpoint_key) {
+                Some(checkpoint) => (*checkpoint).clone(),
+                None => {
+                    run_events(&mut engine, skip, budget)?;
+                    if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
+                        snapshot
+                            .memo
+                            .insert_checkpoint(checkpoint_key, Arc::new(engine.clone()));
+                    }
+                    engine
+                }
+            };
+            fork.insert_waiting(spec, enqueue_us)
+                .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+            // Its arrival and enqueue count as the events they would have been.
+            let mut events = skip + 2;
+            events += run_with_arrivals(&mut fork, &[], horizon_end, budget)?;
+            events += baseline.events_between(now, horizon_end);
+            return Ok(measure(&fork, &baseline, now, horizon_end, events));
+        }
+        let mut events = run_until_done(&mut engine, now, budget)?;
+        engine.run_until(now);
+        submit_question(&mut engine, spec)?;
+        events += run_with_arrivals(&mut engine, &[], horizon_end, budget)?;
+        events += baseline.events_between(now, horizon_end);
+        return Ok(measure(&engine, &baseline, now, horizon_end, events));
+    }
+    // Roll forward to `now` (by the state's age) within the call's budget and deadline; the
+    // baseline starts there.
     let mut events = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
     let baseline = match cached {
         Some(baseline) => baseline,
         None => {
-            let (mut without, arrivals, until) = match observed {
-                Some(observed) => (
-                    observed,
-                    &[][..],
-                    horizon_end.saturating_add(question.options.horizon_us),
-                ),
-                None => (engine.clone(), &background[..], horizon_end),
-            };
-            let baseline = Arc::new(run_recorded(&mut without, arrivals, until, budget)?);
+            let mut without = engine.clone();
+            let baseline = Arc::new(run_recorded(
+                &mut without,
+                &background,
+                horizon_end,
+                budget,
+            )?);
             snapshot.memo.insert(key, Arc::clone(&baseline));
             baseline
         }
     };
-    let spec = question_request(question, replication, now);
+    submit_question(&mut engine, spec)?;
+    events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
+    events += baseline.event_times.len() as u64;
+    Ok(measure(&engine, &baseline, now, horizon_end, events))
+}
+
+/// Least events a checkpoint must skip past `now` to be remembered (below it, cloning it
+/// costs about what replaying those events does).
+const CHECKPOINT_MIN_EVENTS: u64 = 8;
+
+/// Where the question's request `spec` (submitted at `now`) would first change the
+/// continuation `baseline` of `engine` (the observed state): the events before that point and
+/// the request's enqueue time, if that point is within the horizon and the request can be put
+/// in late there (see `sim::engine::ReachLog`).
+fn late_entry_point(
+    engine: &Engine,
+    baseline: &Baseline,
+    spec: &RequestSpec,
+    now: u64,
+    horizon_end: u64,
+) -> Option<(u64, u64)> {
+    if !engine.fits_model_len(spec) {
+        return None; // dropped at arrival: the ordinary path records that
+    }
+    let enqueue_us = now.saturating_add(engine.latency().queueing_us(spec.input_tokens));
+    let key = engine.newcomer_queue_key(spec);
+    let policy = engine.config().scheduling_policy;
+    let skip = baseline
+        .reach
+        .events_before_reach(now, enqueue_us, policy, key, horizon_end)?;
+    Some((skip, enqueue_us))
+}
+
+fn submit_question(engine: &mut Engine, spec: RequestSpec) -> Result<(), TwinError> {
     engine
         .submit(spec)
-        .map_err(|err| TwinError::invalid("request", err.to_string()))?;
-    events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
-    events += if continuation {
-        baseline.events_between(now, horizon_end)
-    } else {
-        baseline.event_times.len() as u64
-    };
-    Ok(measure(&engine, &baseline, now, horizon_end, events))
+        .map_err(|err| TwinError::invalid("request", err.to_string()))
 }
 
 /// Most background arrivals one fork may simulate.

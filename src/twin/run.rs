@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::sim::engine::ReachLog;
 use crate::sim::{Engine, Outcome};
 
 use super::error::TwinError;
@@ -68,7 +69,7 @@ pub fn run_with_arrivals(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<u64, TwinError> {
-    drive(engine, arrivals, end_us, budget, |_| {})
+    drive(engine, arrivals, end_us, u64::MAX, budget, |_| {})
 }
 
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
@@ -82,12 +83,14 @@ pub fn run_recorded(
 ) -> Result<Baseline, TwinError> {
     let mut baseline = Baseline {
         covers_until_us: end_us,
+        reach: ReachLog::start(engine),
         ..Baseline::default()
     };
     let mut seen = 0;
     record_completions(engine, &mut seen, &mut baseline);
-    drive(engine, arrivals, end_us, budget, |engine| {
+    drive(engine, arrivals, end_us, u64::MAX, budget, |engine| {
         baseline.event_times.push(engine.now_us());
+        baseline.reach.observe(engine);
         record_completions(engine, &mut seen, &mut baseline);
     })?;
     Ok(baseline)
@@ -113,16 +116,24 @@ pub fn run_until_done(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<u64, TwinError> {
-    drive(engine, &[], end_us, budget, |_| {})
+    drive(engine, &[], end_us, u64::MAX, budget, |_| {})
+}
+
+/// Processes exactly the next `count` events (fewer if the engine runs out), within the
+/// budget and deadline; returns the events processed.
+pub fn run_events(engine: &mut Engine, count: u64, budget: &EventBudget) -> Result<u64, TwinError> {
+    drive(engine, &[], u64::MAX, count, budget, |_| {})
 }
 
 /// The one loop behind the runners: feeds `arrivals` as their times come, processes every
-/// event at or before `end_us` (calling `after_event` after each), charges the budget and
-/// checks the deadline once per chunk of events; returns the events processed.
+/// event at or before `end_us` but no more than `max_events` (calling `after_event` after
+/// each), charges the budget and checks the deadline once per chunk of events; returns the
+/// events processed.
 fn drive(
     engine: &mut Engine,
     arrivals: &[crate::sim::RequestSpec],
     end_us: u64,
+    max_events: u64,
     budget: &EventBudget,
     mut after_event: impl FnMut(&Engine),
 ) -> Result<u64, TwinError> {
@@ -139,7 +150,7 @@ fn drive(
                 .map_err(|err| TwinError::invalid("background", err.to_string()))?;
             continue;
         }
-        if next.is_none_or(|t| t > end_us) {
+        if next.is_none_or(|t| t > end_us) || processed == max_events {
             return Ok(processed);
         }
         if processed.is_multiple_of(CHUNK_EVENTS) {

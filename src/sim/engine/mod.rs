@@ -10,6 +10,7 @@
 //! The whole engine is plain data: `Clone` forks it, and the copy continues identically.
 //! Knows nothing about workloads, clusters, wall-clock time or I/O.
 
+mod drain;
 mod invariants;
 mod late_entry;
 mod lazy;
@@ -18,6 +19,7 @@ mod restore;
 mod schedule;
 mod window_kv;
 
+pub use drain::{Drain, DrainEnd};
 pub use late_entry::{AdmissionReach, ReachLog};
 pub use restore::{RestoreState, RestoredRequest};
 

@@ -1,0 +1,131 @@
+//! Closed-form drains: when nothing but time can change the batch again, the end of every
+//! running request follows from the step times alone, without stepping the engine.
+//!
+//! That holds once every running request is a member of a lazy decode window with its step
+//! in flight, nothing waits or is due to arrive, no other event is pending, and the free KV
+//! blocks cover what every member still needs to finish: then no allocation can fail (so no
+//! preemption), no prefix lookup will ever happen again (so the cache's contents no longer
+//! matter), and each step is priced from (members, total context) alone. The arithmetic is
+//! the window's own (`lazy::lazy_finish_in`, `materialize`), so the ends are exactly those a
+//! run would record; property tests check this against running to the end.
+
+use super::Engine;
+use crate::sim::request::RequestId;
+
+/// When and how a running request ends in a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainEnd {
+    /// The request.
+    pub id: RequestId,
+    /// Its end time, as its record would say (last token seen by the client).
+    pub end_us: u64,
+    /// The end of the step that finishes it (the event that would retire it).
+    pub finished_at_us: u64,
+}
+
+/// A drain's outcome up to a time.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Drain {
+    /// The running requests that finish at a step ending at or before that time, in
+    /// finishing order.
+    pub ends: Vec<DrainEnd>,
+    /// Step events at or before that time.
+    pub steps: u64,
+}
+
+/// A member's progress at the drain's start, as the window stores it.
+struct Member {
+    /// Steps (from the one in flight, counted 1) until it finishes.
+    steps_left: u32,
+    id: RequestId,
+    /// Tokens computed once the step in flight ends.
+    computed_next: u64,
+    last_token_us: u64,
+    last_emit_step_end_us: u64,
+    /// Tokens emitted since the stored timeline, once the step in flight ends.
+    emitted_next: u64,
+}
+
+impl Engine {
+    /// The drain from here to `until_us`, if nothing but time can change the batch again (see
+    /// the module doc); `None` otherwise. A pure query: the engine is not advanced.
+    pub fn drain(&self, until_us: u64) -> Option<Drain> {
+        let window = self.lazy.as_ref()?;
+        if !window.in_flight
+            || !window.explicit.is_empty()
+            || !self.waiting.is_empty()
+            || self.events.len() != 1
+            || self.running.len() != window.members as usize
+        {
+            return None;
+        }
+        let step_end = self.next_event_us()?;
+        let block_size = u64::from(self.config.block_size);
+        let mut blocks_needed = 0u64;
+        let mut members = Vec::with_capacity(self.running.len());
+        for &slot in &self.running {
+            let state = self.state(slot);
+            let base = state.lazy_base_step?;
+            let behind = window.step - base;
+            let emitted = state.generated + behind;
+            let target = state.target_tokens();
+            // Tokens held when it finishes, at most: its whole sequence.
+            let total = u64::from(state.spec.input_tokens) + u64::from(target);
+            blocks_needed += total
+                .div_ceil(block_size)
+                .saturating_sub(u64::from(state.blocks.len()));
+            members.push(Member {
+                steps_left: target - emitted,
+                id: state.spec.id,
+                computed_next: u64::from(state.num_computed + behind) + 1,
+                last_token_us: state.timeline.last_token_us,
+                last_emit_step_end_us: state.timeline.last_emit_step_end_us,
+                emitted_next: u64::from(behind) + 1,
+            });
+        }
+        if blocks_needed > u64::from(self.kv.free_blocks()) {
+            return None;
+        }
+        // Finishing order: by steps left, then batch order (as the window retires them).
+        members.sort_by_key(|member| member.steps_left);
+        let token_us = self.latency.output_token_us();
+        let post_us = self.latency.post_decode_us();
+        let mut drain = Drain::default();
+        let mut count = window.members;
+        let mut context = window.context_sum;
+        let mut now = step_end;
+        let mut next = 0;
+        let mut step = 1u32;
+        loop {
+            if now > until_us {
+                return Some(drain);
+            }
+            drain.steps += 1;
+            context += count;
+            while next < members.len() && members[next].steps_left == step {
+                let member = &members[next];
+                let extra = u64::from(step - 1);
+                let emitted = member.emitted_next + extra;
+                let gaps = (now - member.last_emit_step_end_us)
+                    .saturating_add(emitted.saturating_mul(token_us));
+                drain.ends.push(DrainEnd {
+                    id: member.id,
+                    end_us: member
+                        .last_token_us
+                        .saturating_add(gaps)
+                        .saturating_add(post_us),
+                    finished_at_us: now,
+                });
+                context -= member.computed_next + extra;
+                count -= 1;
+                next += 1;
+            }
+            if count == 0 {
+                return Some(drain);
+            }
+            let duration = self.latency.step_with_decodes_us(&[], count, context)?;
+            now = now.saturating_add(duration);
+            step += 1;
+        }
+    }
+}
