@@ -296,10 +296,10 @@ fn memoised_forks_answer_exactly_as_fresh_ones() {
             &snapshot.clone(),
             question,
             &Limits::DEFAULT,
-            Forking::Submit,
+            Forking::Plain,
         )
         .unwrap();
-        assert_eq!(warm, plain, "late entry changed an answer");
+        assert_eq!(warm, plain, "shortcuts changed an answer");
     }
     // Baselines: 4 candidates x 3 replications shared by every fresh question whatever its
     // "now", plus those of the use-last question, which start at its own "now".
@@ -345,7 +345,7 @@ fn late_entry_answers_exactly_as_submitting_at_now() {
             &snapshot.clone(),
             &question,
             &Limits::DEFAULT,
-            Forking::Submit,
+            Forking::Plain,
         )
         .unwrap();
         assert_eq!(

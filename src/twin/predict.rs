@@ -16,7 +16,9 @@ use super::error::TwinError;
 use super::limits::Limits;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
 use super::question::{Background, OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
-use super::run::{EventBudget, run_events, run_recorded, run_until_done, run_with_arrivals};
+use super::run::{
+    EventBudget, ForkRun, run_events, run_fork, run_recorded, run_until_done, run_with_arrivals,
+};
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
 use super::stats::validate_quantiles;
@@ -51,15 +53,17 @@ pub(super) enum Treatment {
     Excluded,
 }
 
-/// How a question's forks are started.
+/// How a question's forks are run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forking {
-    /// Start each fork where the request would first be reached, from a remembered
-    /// checkpoint when there is one (the default: same answers, less work).
-    LateEntry,
-    /// Always roll forward from the observation and submit the request at `now`: the plain
-    /// path late entry is checked against.
-    Submit,
+    /// With shortcuts (the default: same answers, less work): each fork starts where the
+    /// request would first be reached, from a remembered checkpoint when there is one
+    /// (`sim::engine::ReachLog`), and ends in closed form once only time can change its batch
+    /// (`sim::engine::Drain`).
+    Shortcuts,
+    /// Plainly: roll forward from the observation, submit the request at `now` and step to the
+    /// end. The path the shortcuts are checked against.
+    Plain,
 }
 
 /// Answers `question` on `snapshot` within `limits`.
@@ -68,7 +72,7 @@ pub fn predict_routing(
     question: &RoutingQuestion,
     limits: &Limits,
 ) -> Result<RoutingAnswer, TwinError> {
-    predict_routing_with(snapshot, question, limits, Forking::LateEntry)
+    predict_routing_with(snapshot, question, limits, Forking::Shortcuts)
 }
 
 /// [`predict_routing`] with forks started as `forking` says (tests compare the two).
@@ -90,20 +94,18 @@ pub fn predict_routing_with(
         .iter()
         .map(|&i| treatment(snapshot, question, i))
         .collect();
+    let call = Call {
+        snapshot,
+        question,
+        outputs: &outputs,
+        budget: &budget,
+        forking,
+    };
     let results = super::parallel::map(&jobs, |&(index, replication)| {
         let position = candidates.iter().position(|&c| c == index).unwrap_or(0);
         match treatments[position] {
             Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
-            treatment => simulate(
-                snapshot,
-                question,
-                index,
-                replication,
-                treatment,
-                &outputs,
-                &budget,
-                forking,
-            ),
+            treatment => simulate(&call, index, replication, treatment),
         }
     });
     let results: Vec<Outcome1> = results.into_iter().collect::<Result<_, _>>()?;
@@ -322,16 +324,29 @@ fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u6
     }
 }
 
+/// What every fork of one call shares.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    snapshot: &'a MirrorSnapshot,
+    question: &'a RoutingQuestion,
+    outputs: &'a crate::workload::LengthDraw,
+    budget: &'a EventBudget,
+    forking: Forking,
+}
+
 fn simulate(
-    snapshot: &MirrorSnapshot,
-    question: &RoutingQuestion,
+    call: &Call<'_>,
     index: usize,
     replication: u32,
     treatment: Treatment,
-    outputs: &crate::workload::LengthDraw,
-    budget: &EventBudget,
-    forking: Forking,
 ) -> Result<Outcome1, TwinError> {
+    let Call {
+        snapshot,
+        question,
+        outputs,
+        budget,
+        forking,
+    } = *call;
     let instance = &snapshot.config.instances[index];
     let state = &snapshot.instances[index];
     let path = format!("instances[{index}]");
@@ -360,13 +375,17 @@ fn simulate(
             base
         }
     };
-    let mut rng = stream(
-        question.options.seed,
-        replication,
-        &format!("twin/outputs/{}", instance.id),
-    );
-    let mut engine = (*base).clone();
-    draw_lengths(&mut engine, state, index, outputs, &mut rng, &path)?;
+    // A fork: the restored engine with this replication's lengths.
+    let fork = || -> Result<Engine, TwinError> {
+        let mut rng = stream(
+            question.options.seed,
+            replication,
+            &format!("twin/outputs/{}", instance.id),
+        );
+        let mut engine = (*base).clone();
+        draw_lengths(&mut engine, state, index, outputs, &mut rng, &path)?;
+        Ok(engine)
+    };
     let now = question.now_us;
     let horizon_end = now.saturating_add(question.options.horizon_us);
     let background = background_arrivals(snapshot, question, index, replication, outputs)?;
@@ -392,15 +411,14 @@ fn simulate(
         let baseline = match cached {
             Some(baseline) => baseline,
             None => {
-                let mut without = engine.clone();
                 let until = horizon_end.saturating_add(question.options.horizon_us);
-                let baseline = Arc::new(run_recorded(&mut without, &[], until, budget)?);
+                let baseline = Arc::new(run_recorded(&mut fork()?, &[], until, budget)?);
                 snapshot.memo.insert(key, Arc::clone(&baseline));
                 baseline
             }
         };
-        let reached = (forking == Forking::LateEntry)
-            .then(|| late_entry_point(&engine, &baseline, &spec, now, horizon_end))
+        let reached = (forking == Forking::Shortcuts)
+            .then(|| late_entry_point(&base, &baseline, &spec, now, horizon_end))
             .flatten();
         if let Some((skip, enqueue_us)) = reached {
             // The request waits unreached until event `skip + 1`: start from the baseline
@@ -411,9 +429,10 @@ fn simulate(
                 replication,
                 events: skip,
             };
-            let mut fork = match snapshot.memo.checkpoint(&checkpoint_key) {
+            let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
                 Some(checkpoint) => (*checkpoint).clone(),
                 None => {
+                    let mut engine = fork()?;
                     run_events(&mut engine, skip, budget)?;
                     if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
                         snapshot
@@ -423,24 +442,26 @@ fn simulate(
                     engine
                 }
             };
-            fork.insert_waiting(spec, enqueue_us)
+            engine
+                .insert_waiting(spec, enqueue_us)
                 .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+            let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
             // Its arrival and enqueue count as the events they would have been.
-            let mut events = skip + 2;
-            events += run_with_arrivals(&mut fork, &[], horizon_end, budget)?;
-            events += baseline.events_between(now, horizon_end);
-            return Ok(measure(&fork, &baseline, now, horizon_end, events));
+            run.events += skip + 2 + baseline.events_between(now, horizon_end);
+            return Ok(measure(&engine, &run, &baseline, now, horizon_end));
         }
-        let mut events = run_until_done(&mut engine, now, budget)?;
+        let mut engine = fork()?;
+        let rolled = run_until_done(&mut engine, now, budget)?;
         engine.run_until(now);
         submit_question(&mut engine, spec)?;
-        events += run_with_arrivals(&mut engine, &[], horizon_end, budget)?;
-        events += baseline.events_between(now, horizon_end);
-        return Ok(measure(&engine, &baseline, now, horizon_end, events));
+        let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
+        run.events += rolled + baseline.events_between(now, horizon_end);
+        return Ok(measure(&engine, &run, &baseline, now, horizon_end));
     }
     // Roll forward to `now` (by the state's age) within the call's budget and deadline; the
     // baseline starts there.
-    let mut events = run_until_done(&mut engine, now, budget)?;
+    let mut engine = fork()?;
+    let rolled = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
     let baseline = match cached {
         Some(baseline) => baseline,
@@ -457,9 +478,28 @@ fn simulate(
         }
     };
     submit_question(&mut engine, spec)?;
-    events += run_with_arrivals(&mut engine, &background, horizon_end, budget)?;
-    events += baseline.event_times.len() as u64;
-    Ok(measure(&engine, &baseline, now, horizon_end, events))
+    let mut run = run_question(&mut engine, &background, horizon_end, budget, forking)?;
+    run.events += rolled + baseline.event_times.len() as u64;
+    Ok(measure(&engine, &run, &baseline, now, horizon_end))
+}
+
+/// Runs the fork with the question's request to `end_us`: with a closed-form drain at the
+/// end when shortcuts are on and no arrival is left to feed.
+fn run_question(
+    engine: &mut Engine,
+    arrivals: &[RequestSpec],
+    end_us: u64,
+    budget: &EventBudget,
+    forking: Forking,
+) -> Result<ForkRun, TwinError> {
+    if forking == Forking::Shortcuts && arrivals.is_empty() {
+        return run_fork(engine, RequestId(QUESTION_REQUEST_ID), end_us, budget);
+    }
+    let events = run_with_arrivals(engine, arrivals, end_us, budget)?;
+    Ok(ForkRun {
+        events,
+        drained: Vec::new(),
+    })
 }
 
 /// Least events a checkpoint must skip past `now` to be remembered (below it, cloning it
@@ -557,11 +597,12 @@ fn background_arrivals(
 
 fn measure(
     with: &Engine,
+    run: &ForkRun,
     baseline: &Baseline,
     now: u64,
     horizon_end: u64,
-    events: u64,
 ) -> Outcome1 {
+    let events = run.events;
     let records = &with.metrics().records;
     let mine = records.iter().find(|r| r.id.0 == QUESTION_REQUEST_ID);
     let ms = |us: u64| us as f64 / 1000.0;
@@ -595,15 +636,19 @@ fn measure(
         }
     }
     // Impact on the requests that were already there: mean change of their end time, over
-    // those finishing within the horizon in both forks.
-
+    // those finishing within the horizon in both forks (a drain's ends among them).
+    let completed = records
+        .iter()
+        .filter(|record| record.outcome == Outcome::Completed)
+        .map(|record| (record.id, record.end_us));
+    let drained = run.drained.iter().map(|end| (end.id, end.end_us));
     let (mut sum, mut count) = (0i128, 0u64);
-    for record in records {
-        if record.id.0 == QUESTION_REQUEST_ID || record.outcome != Outcome::Completed {
+    for (id, end_us) in completed.chain(drained) {
+        if id.0 == QUESTION_REQUEST_ID {
             continue;
         }
-        if let Some(end) = baseline.end_by(record.id.0, horizon_end) {
-            sum += i128::from(record.end_us) - i128::from(end);
+        if let Some(end) = baseline.end_by(id.0, horizon_end) {
+            sum += i128::from(end_us) - i128::from(end);
             count += 1;
         }
     }

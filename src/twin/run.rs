@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::sim::engine::ReachLog;
-use crate::sim::{Engine, Outcome};
+use crate::sim::engine::{DrainEnd, ReachLog};
+use crate::sim::{Engine, Outcome, RequestId};
 
 use super::error::TwinError;
 use super::memo::Baseline;
@@ -69,7 +69,52 @@ pub fn run_with_arrivals(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<u64, TwinError> {
-    drive(engine, arrivals, end_us, u64::MAX, budget, |_| {})
+    drive(engine, arrivals, end_us, u64::MAX, budget, |_| false)
+}
+
+/// A question's fork run to its end: the events it took and the ends of the requests a
+/// closed-form drain finished (see [`run_fork`]).
+#[derive(Debug, Default)]
+pub struct ForkRun {
+    /// Events processed, drained steps included.
+    pub events: u64,
+    /// Requests the drain finished (they have no record in the engine).
+    pub drained: Vec<DrainEnd>,
+}
+
+/// Runs a question's fork to `end_us` like [`run_with_arrivals`] without arrivals, except that
+/// once request `question` has finished and the engine offers a closed-form drain (see
+/// `sim::engine::Drain`), the rest is read from it instead of stepped: the fork only needs the
+/// other requests' ends from there.
+pub fn run_fork(
+    engine: &mut Engine,
+    question: RequestId,
+    end_us: u64,
+    budget: &EventBudget,
+) -> Result<ForkRun, TwinError> {
+    let mut seen = engine.metrics().records.len();
+    let mut finished = false;
+    // The batch size at the last refused drain: a drain is tried again once it shrinks.
+    let mut refused_at = None;
+    let mut drain = None;
+    let events = drive(engine, &[], end_us, u64::MAX, budget, |engine| {
+        if !finished {
+            let records = &engine.metrics().records;
+            finished = records[seen..].iter().any(|record| record.id == question);
+            seen = records.len();
+        }
+        if !finished || refused_at == Some(engine.num_running()) {
+            return false;
+        }
+        drain = engine.drain(end_us);
+        refused_at = Some(engine.num_running());
+        drain.is_some()
+    })?;
+    let drain = drain.unwrap_or_default();
+    Ok(ForkRun {
+        events: events + drain.steps,
+        drained: drain.ends,
+    })
 }
 
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
@@ -92,6 +137,7 @@ pub fn run_recorded(
         baseline.event_times.push(engine.now_us());
         baseline.reach.observe(engine);
         record_completions(engine, &mut seen, &mut baseline);
+        false
     })?;
     Ok(baseline)
 }
@@ -116,26 +162,26 @@ pub fn run_until_done(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<u64, TwinError> {
-    drive(engine, &[], end_us, u64::MAX, budget, |_| {})
+    drive(engine, &[], end_us, u64::MAX, budget, |_| false)
 }
 
 /// Processes exactly the next `count` events (fewer if the engine runs out), within the
 /// budget and deadline; returns the events processed.
 pub fn run_events(engine: &mut Engine, count: u64, budget: &EventBudget) -> Result<u64, TwinError> {
-    drive(engine, &[], u64::MAX, count, budget, |_| {})
+    drive(engine, &[], u64::MAX, count, budget, |_| false)
 }
 
 /// The one loop behind the runners: feeds `arrivals` as their times come, processes every
 /// event at or before `end_us` but no more than `max_events` (calling `after_event` after
-/// each), charges the budget and checks the deadline once per chunk of events; returns the
-/// events processed.
+/// each, and stopping when it says so), charges the budget and checks the deadline once per
+/// chunk of events; returns the events processed.
 fn drive(
     engine: &mut Engine,
     arrivals: &[crate::sim::RequestSpec],
     end_us: u64,
     max_events: u64,
     budget: &EventBudget,
-    mut after_event: impl FnMut(&Engine),
+    mut after_event: impl FnMut(&Engine) -> bool,
 ) -> Result<u64, TwinError> {
     let mut processed = 0u64;
     let mut pending = arrivals
@@ -158,6 +204,8 @@ fn drive(
         }
         engine.process_next_event();
         processed += 1;
-        after_event(engine);
+        if after_event(engine) {
+            return Ok(processed);
+        }
     }
 }
