@@ -299,11 +299,14 @@ fn drains_match_running_on(scenario: &Scenario) -> u64 {
         while let Some(time) = run.process_next_event() {
             steps.push(time);
             for record in &run.metrics().records[seen..] {
-                ends.push(ditto::sim::engine::DrainEnd {
+                let end = ditto::sim::engine::DrainEnd {
                     id: record.id,
                     end_us: record.end_us,
                     finished_at_us: time,
-                });
+                    token_gap_sum_us: record.token_gap_sum_us,
+                };
+                assert_eq!(engine.drained_record(&end).as_ref(), Some(record));
+                ends.push(end);
             }
             seen = run.metrics().records.len();
         }

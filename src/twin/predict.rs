@@ -498,7 +498,7 @@ fn run_question(
     let events = run_with_arrivals(engine, arrivals, end_us, budget)?;
     Ok(ForkRun {
         events,
-        drained: Vec::new(),
+        ..ForkRun::default()
     })
 }
 
@@ -604,7 +604,10 @@ fn measure(
 ) -> Outcome1 {
     let events = run.events;
     let records = &with.metrics().records;
-    let mine = records.iter().find(|r| r.id.0 == QUESTION_REQUEST_ID);
+    let mine = records
+        .iter()
+        .find(|r| r.id.0 == QUESTION_REQUEST_ID)
+        .or(run.question.as_ref());
     let ms = |us: u64| us as f64 / 1000.0;
     let mut outcome = Outcome1 {
         events,

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::sim::engine::{DrainEnd, ReachLog};
+use crate::sim::metrics::RequestRecord;
 use crate::sim::{Engine, Outcome, RequestId};
 
 use super::error::TwinError;
@@ -72,38 +73,34 @@ pub fn run_with_arrivals(
     drive(engine, arrivals, end_us, u64::MAX, budget, |_| false)
 }
 
-/// A question's fork run to its end: the events it took and the ends of the requests a
-/// closed-form drain finished (see [`run_fork`]).
+/// A question's fork run to its end: the events it took and what a closed-form drain
+/// finished (see [`run_fork`]).
 #[derive(Debug, Default)]
 pub struct ForkRun {
     /// Events processed, drained steps included.
     pub events: u64,
     /// Requests the drain finished (they have no record in the engine).
     pub drained: Vec<DrainEnd>,
+    /// The question's record, if the drain finished it.
+    pub question: Option<RequestRecord>,
 }
 
 /// Runs a question's fork to `end_us` like [`run_with_arrivals`] without arrivals, except that
-/// once request `question` has finished and the engine offers a closed-form drain (see
-/// `sim::engine::Drain`), the rest is read from it instead of stepped: the fork only needs the
-/// other requests' ends from there.
+/// once the engine offers a closed-form drain (see `sim::engine::Drain`), the rest is read
+/// from it instead of stepped: the fork only needs the ends from there, and the record of
+/// request `question`.
 pub fn run_fork(
     engine: &mut Engine,
     question: RequestId,
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<ForkRun, TwinError> {
-    let mut seen = engine.metrics().records.len();
-    let mut finished = false;
-    // The batch size at the last refused drain: a drain is tried again once it shrinks.
+    // The batch size when the free blocks last fell short: only a completion (which frees
+    // blocks and needs) can change that.
     let mut refused_at = None;
     let mut drain = None;
     let events = drive(engine, &[], end_us, u64::MAX, budget, |engine| {
-        if !finished {
-            let records = &engine.metrics().records;
-            finished = records[seen..].iter().any(|record| record.id == question);
-            seen = records.len();
-        }
-        if !finished || refused_at == Some(engine.num_running()) {
+        if !engine.drain_shaped() || refused_at == Some(engine.num_running()) {
             return false;
         }
         drain = engine.drain(end_us);
@@ -111,9 +108,15 @@ pub fn run_fork(
         drain.is_some()
     })?;
     let drain = drain.unwrap_or_default();
+    let question = drain
+        .ends
+        .iter()
+        .find(|end| end.id == question)
+        .and_then(|end| engine.drained_record(end));
     Ok(ForkRun {
         events: events + drain.steps,
         drained: drain.ends,
+        question,
     })
 }
 

@@ -10,6 +10,8 @@
 //! run would record; property tests check this against running to the end.
 
 use super::Engine;
+use super::lifecycle::record_of;
+use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::request::RequestId;
 
 /// When and how a running request ends in a drain.
@@ -21,6 +23,8 @@ pub struct DrainEnd {
     pub end_us: u64,
     /// The end of the step that finishes it (the event that would retire it).
     pub finished_at_us: u64,
+    /// Its record's sum of inter-token gaps.
+    pub token_gap_sum_us: u64,
 }
 
 /// A drain's outcome up to a time.
@@ -42,23 +46,32 @@ struct Member {
     computed_next: u64,
     last_token_us: u64,
     last_emit_step_end_us: u64,
+    token_gap_sum_us: u64,
     /// Tokens emitted since the stored timeline, once the step in flight ends.
     emitted_next: u64,
 }
 
 impl Engine {
+    /// True if the batch has a drain's shape: every running request a member of a lazy
+    /// window with its step in flight, nothing waiting, no other event pending. O(1); a drain
+    /// also needs the free KV blocks to suffice, which [`Engine::drain`] checks.
+    pub fn drain_shaped(&self) -> bool {
+        self.lazy.as_ref().is_some_and(|window| {
+            window.in_flight
+                && window.explicit.is_empty()
+                && self.waiting.is_empty()
+                && self.events.len() == 1
+                && self.running.len() == window.members as usize
+        })
+    }
+
     /// The drain from here to `until_us`, if nothing but time can change the batch again (see
     /// the module doc); `None` otherwise. A pure query: the engine is not advanced.
     pub fn drain(&self, until_us: u64) -> Option<Drain> {
-        let window = self.lazy.as_ref()?;
-        if !window.in_flight
-            || !window.explicit.is_empty()
-            || !self.waiting.is_empty()
-            || self.events.len() != 1
-            || self.running.len() != window.members as usize
-        {
+        if !self.drain_shaped() {
             return None;
         }
+        let window = self.lazy.as_ref()?;
         let step_end = self.next_event_us()?;
         let block_size = u64::from(self.config.block_size);
         let mut blocks_needed = 0u64;
@@ -80,6 +93,7 @@ impl Engine {
                 computed_next: u64::from(state.num_computed + behind) + 1,
                 last_token_us: state.timeline.last_token_us,
                 last_emit_step_end_us: state.timeline.last_emit_step_end_us,
+                token_gap_sum_us: state.timeline.token_gap_sum_us,
                 emitted_next: u64::from(behind) + 1,
             });
         }
@@ -115,6 +129,7 @@ impl Engine {
                         .saturating_add(gaps)
                         .saturating_add(post_us),
                     finished_at_us: now,
+                    token_gap_sum_us: member.token_gap_sum_us.saturating_add(gaps),
                 });
                 context -= member.computed_next + extra;
                 count -= 1;
@@ -127,5 +142,19 @@ impl Engine {
             now = now.saturating_add(duration);
             step += 1;
         }
+    }
+
+    /// The record the running request `end.id` leaves when a drain of this engine finishes it
+    /// as `end` says: what a run would record, built without running. `None` if it is not
+    /// running.
+    pub fn drained_record(&self, end: &DrainEnd) -> Option<RequestRecord> {
+        let slot = *self
+            .running
+            .iter()
+            .find(|&&slot| self.state(slot).spec.id == end.id)?;
+        let mut state = self.state(slot).clone();
+        state.generated = state.target_tokens();
+        state.timeline.token_gap_sum_us = end.token_gap_sum_us;
+        Some(record_of(state, Outcome::Completed, end.end_us))
     }
 }

@@ -240,30 +240,35 @@ impl Engine {
             "retired request still holds blocks"
         );
         self.free_slots.push(slot);
-        let timeline = state.timeline;
         let end_us = match outcome {
-            Outcome::Completed => timeline.last_token_us,
+            Outcome::Completed => state.timeline.last_token_us,
             Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
-        let record = RequestRecord {
-            id: state.spec.id,
-            slo_class: state.spec.slo_class,
-            outcome,
-            arrival_us: state.spec.arrival_us,
-            enqueue_us: timeline.enqueue_us,
-            schedule_us: timeline.schedule_us,
-            first_token_us: timeline.first_token_us,
-            end_us,
-            input_tokens: state.spec.input_tokens,
-            output_tokens: state.generated,
-            cached_tokens: timeline.cached_tokens,
-            used_blocks_at_schedule: timeline.used_blocks_at_schedule,
-            preemptions: timeline.preemptions,
-            token_gap_sum_us: timeline.token_gap_sum_us,
-            token_gaps_us: timeline.token_gaps_us,
-        };
+        let record = record_of(state, outcome, end_us);
         debug_assert_causal(&record);
         self.metrics.records.push(record);
+    }
+}
+
+/// The record `state` leaves when it ends with `outcome` at `end_us`.
+pub(super) fn record_of(state: RequestState, outcome: Outcome, end_us: u64) -> RequestRecord {
+    let timeline = state.timeline;
+    RequestRecord {
+        id: state.spec.id,
+        slo_class: state.spec.slo_class,
+        outcome,
+        arrival_us: state.spec.arrival_us,
+        enqueue_us: timeline.enqueue_us,
+        schedule_us: timeline.schedule_us,
+        first_token_us: timeline.first_token_us,
+        end_us,
+        input_tokens: state.spec.input_tokens,
+        output_tokens: state.generated,
+        cached_tokens: timeline.cached_tokens,
+        used_blocks_at_schedule: timeline.used_blocks_at_schedule,
+        preemptions: timeline.preemptions,
+        token_gap_sum_us: timeline.token_gap_sum_us,
+        token_gaps_us: timeline.token_gaps_us,
     }
 }
 
