@@ -315,7 +315,17 @@ fn drains_match_running_on(scenario: &Scenario) -> u64 {
         sorted.sort_by_key(key);
         ends.sort_by_key(key);
         assert_eq!(sorted, ends, "drain ends differ from running on");
-        assert_eq!(drain.steps, steps.len() as u64, "drain steps differ");
+        let drained_times: Vec<u64> = drain.steps.iter().map(|step| step.end_us).collect();
+        assert_eq!(drained_times, steps, "drain steps differ");
+        // The reach log a stepped run leaves equals the one a drain leaves.
+        let mut stepped_log = ReachLog::start(&engine);
+        let mut replay = engine.clone();
+        while replay.process_next_event().is_some() {
+            stepped_log.observe(&replay);
+        }
+        let mut drained_log = ReachLog::start(&engine);
+        drained_log.observe_drain(&engine, &drain);
+        assert_eq!(drained_log, stepped_log, "drained reach log differs");
         let cut_us = steps[steps.len() / 2];
         let cut = engine.drain(cut_us).unwrap();
         let mut cut_ends = cut.ends.clone();
@@ -327,7 +337,7 @@ fn drains_match_running_on(scenario: &Scenario) -> u64 {
             .collect();
         assert_eq!(cut_ends, expected, "drain ends up to a cut differ");
         assert_eq!(
-            cut.steps,
+            cut.steps.len() as u64,
             steps.iter().filter(|&&t| t <= cut_us).count() as u64
         );
         checked += 1;

@@ -412,7 +412,8 @@ fn simulate(
             Some(baseline) => baseline,
             None => {
                 let until = horizon_end.saturating_add(question.options.horizon_us);
-                let baseline = Arc::new(run_recorded(&mut fork()?, &[], until, budget)?);
+                let drains = forking == Forking::Shortcuts;
+                let baseline = Arc::new(run_recorded(&mut fork()?, &[], until, budget, drains)?);
                 snapshot.memo.insert(key, Arc::clone(&baseline));
                 baseline
             }
@@ -472,6 +473,7 @@ fn simulate(
                 &background,
                 horizon_end,
                 budget,
+                forking == Forking::Shortcuts,
             )?);
             snapshot.memo.insert(key, Arc::clone(&baseline));
             baseline

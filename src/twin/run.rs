@@ -108,13 +108,14 @@ pub fn run_fork(
         drain.is_some()
     })?;
     let drain = drain.unwrap_or_default();
+    let steps = drain.steps.len() as u64;
     let question = drain
         .ends
         .iter()
         .find(|end| end.id == question)
         .and_then(|end| engine.drained_record(end));
     Ok(ForkRun {
-        events: events + drain.steps,
+        events: events + steps,
         drained: drain.ends,
         question,
     })
@@ -123,11 +124,15 @@ pub fn run_fork(
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
 /// completion (requests completed before the run count as completed at its start): a
 /// baseline any question inside `(start, end_us]` can read.
+///
+/// With `drains` (and no arrivals), the recording ends in closed form once the engine offers
+/// a drain, with the same event times, ends and reach log as stepping would give.
 pub fn run_recorded(
     engine: &mut Engine,
     arrivals: &[crate::sim::RequestSpec],
     end_us: u64,
     budget: &EventBudget,
+    drains: bool,
 ) -> Result<Baseline, TwinError> {
     let mut baseline = Baseline {
         covers_until_us: end_us,
@@ -136,11 +141,30 @@ pub fn run_recorded(
     };
     let mut seen = 0;
     record_completions(engine, &mut seen, &mut baseline);
+    let drains = drains && arrivals.is_empty();
+    // The batch size when the free blocks last fell short (see `run_fork`).
+    let mut refused_at = None;
     drive(engine, arrivals, end_us, u64::MAX, budget, |engine| {
         baseline.event_times.push(engine.now_us());
         baseline.reach.observe(engine);
         record_completions(engine, &mut seen, &mut baseline);
-        false
+        if !drains || !engine.drain_shaped() || refused_at == Some(engine.num_running()) {
+            return false;
+        }
+        let Some(drain) = engine.drain(end_us) else {
+            refused_at = Some(engine.num_running());
+            return false;
+        };
+        baseline
+            .event_times
+            .extend(drain.steps.iter().map(|step| step.end_us));
+        baseline.reach.observe_drain(engine, &drain);
+        for end in &drain.ends {
+            baseline
+                .ends
+                .insert(end.id.0, (end.end_us, end.finished_at_us));
+        }
+        true
     })?;
     Ok(baseline)
 }

@@ -33,8 +33,17 @@ pub struct Drain {
     /// The running requests that finish at a step ending at or before that time, in
     /// finishing order.
     pub ends: Vec<DrainEnd>,
-    /// Step events at or before that time.
-    pub steps: u64,
+    /// Every step event at or before that time, in order.
+    pub steps: Vec<DrainStep>,
+}
+
+/// One step event of a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DrainStep {
+    /// When the step ends (the event's time).
+    pub end_us: u64,
+    /// Requests still running after it (0: the drain is over and no step is pending).
+    pub running_after: u32,
 }
 
 /// A member's progress at the drain's start, as the window stores it.
@@ -114,7 +123,6 @@ impl Engine {
             if now > until_us {
                 return Some(drain);
             }
-            drain.steps += 1;
             context += count;
             while next < members.len() && members[next].steps_left == step {
                 let member = &members[next];
@@ -135,6 +143,10 @@ impl Engine {
                 count -= 1;
                 next += 1;
             }
+            drain.steps.push(DrainStep {
+                end_us: now,
+                running_after: count as u32,
+            });
             if count == 0 {
                 return Some(drain);
             }

@@ -9,6 +9,7 @@
 //! leaves an [`AdmissionReach`] saying which newcomers its phase 2 would have reached.
 
 use super::Engine;
+use super::drain::Drain;
 use super::lifecycle::queue_key;
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::error::SimError;
@@ -126,7 +127,7 @@ impl Engine {
 }
 
 /// One step formation, or one change of whether a step is pending, in a [`ReachLog`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct ReachEntry {
     /// The event (1-based count since the log started) that did it.
     event: u64,
@@ -143,7 +144,7 @@ struct ReachEntry {
 /// What a run did that decides where a request added to it would first matter: every step
 /// formation with its [`AdmissionReach`], and every change of whether a step is pending.
 /// Built by calling [`ReachLog::observe`] after each event of a run without the request.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReachLog {
     entries: Vec<ReachEntry>,
     pending_at_start: bool,
@@ -176,13 +177,46 @@ impl ReachLog {
                 event: self.events,
                 time_us: engine.now_us,
                 formed,
-                reach: engine.reach,
+                reach: if formed {
+                    engine.reach
+                } else {
+                    AdmissionReach::Nothing
+                },
                 pending_after: engine.step_pending,
                 enqueued,
             });
             self.last_steps = engine.counts.steps;
             self.last_pending = engine.step_pending;
             self.last_enqueued = engine.enqueued;
+        }
+    }
+
+    /// Notes the step events of `drain`, a drain of `engine` (which then stays where it is:
+    /// the run ends with the drain). Each drained step forms the next with nothing waiting,
+    /// so its phase 2 reaches everything if budget and a seat are left; the last one leaves
+    /// no step pending.
+    pub fn observe_drain(&mut self, engine: &Engine, drain: &Drain) {
+        let max_seqs = engine.config.max_num_seqs;
+        let max_tokens = engine.config.max_num_batched_tokens;
+        for step in &drain.steps {
+            self.events += 1;
+            let running = step.running_after;
+            let formed = running > 0;
+            let reach = if formed && running < max_seqs && running < max_tokens {
+                AdmissionReach::Everything
+            } else {
+                AdmissionReach::Nothing
+            };
+            self.entries.push(ReachEntry {
+                event: self.events,
+                time_us: step.end_us,
+                formed,
+                reach,
+                pending_after: formed,
+                enqueued: false,
+            });
+            self.last_steps += u64::from(formed);
+            self.last_pending = formed;
         }
     }
 

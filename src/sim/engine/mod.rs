@@ -19,7 +19,7 @@ mod restore;
 mod schedule;
 mod window_kv;
 
-pub use drain::{Drain, DrainEnd};
+pub use drain::{Drain, DrainEnd, DrainStep};
 pub use late_entry::{AdmissionReach, ReachLog};
 pub use restore::{RestoreState, RestoredRequest};
 
