@@ -2,6 +2,11 @@
 //! from the snapshot, add the question's request at `now`, and simulate; a second fork
 //! without the request measures the impact on the requests already there.
 //!
+//! Without background traffic, the fork with the request starts where the request would
+//! first be reached (late entry, from a checkpoint of the baseline remembered per snapshot)
+//! and ends in closed form once only time can change its batch (a drain); both are exact, and
+//! [`Forking::Plain`] turns them off for comparison.
+//!
 //! Forks run in parallel across cores and never touch the snapshot. Each replication draws
 //! unknown output lengths from its own seeded stream, so an answer is reproducible from the
 //! snapshot generation and seed it reports. Work is bounded by the call's limits (events,
