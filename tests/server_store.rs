@@ -194,3 +194,40 @@ fn nothing_is_accepted_before_a_config() {
     ));
     assert!(store.latest().is_none());
 }
+
+/// A new generation keeps what stays valid of its predecessor's memo: the instances an update
+/// did not touch keep their baselines (and restored engines and checkpoints), the updated one
+/// starts afresh, and answers equal those asked on a cold copy of the new generation.
+#[test]
+fn a_new_generation_inherits_the_memo_of_unchanged_instances() {
+    use ditto::twin::Limits;
+    use ditto::twin::predict::predict_routing;
+    let store = synced(StoreLimits::DEFAULT);
+    store.apply_state(running("a", 1_000, 3)).unwrap();
+    store.apply_state(running("b", 1_000, 2)).unwrap();
+    let mut question = ditto::bench::whatif_question(2);
+    question.request.prompt_tokens = 24;
+    question.request.output = ditto::twin::question::OutputLength::Point(8);
+    question.request.max_tokens = 8;
+    question.now_us = 2_500;
+    let first = store.latest().unwrap().snapshot;
+    predict_routing(&first, &question, &Limits::DEFAULT).unwrap();
+    assert_eq!(
+        first.memo.len(),
+        2 * 2,
+        "a baseline per instance and replication"
+    );
+    // "b" gains a request (nothing finishes, so the learned lengths stay as they were).
+    store.apply_state(running("b", 2_000, 3)).unwrap();
+    let second = store.latest().unwrap().snapshot;
+    assert_eq!(second.memo.len(), 2, "a's baselines carry over, b's do not");
+    let warm = predict_routing(&second, &question, &Limits::DEFAULT).unwrap();
+    let cold = predict_routing(&(*second).clone(), &question, &Limits::DEFAULT).unwrap();
+    assert_eq!(warm, cold);
+    assert_eq!(second.memo.len(), 2 * 2);
+    // A config change carries nothing over.
+    store
+        .sync_config(cluster(5), TwinSettings::defaults(), Vec::new())
+        .unwrap();
+    assert!(store.latest().unwrap().snapshot.memo.is_empty());
+}

@@ -9,7 +9,9 @@
 //! continuation of the observed state, run from the observation and recorded with the time of
 //! every event and completion, so a question at any later "now" and horizon reads its part
 //! exactly (a gateway asks at a new "now" every time). Each snapshot carries its own memo, which is why
-//! cloning a snapshot (to derive a new generation or a modified copy) starts an empty one.
+//! cloning a snapshot (to derive a new generation or a modified copy) starts an empty one;
+//! the store then hands a new generation what stays valid of its predecessor's memo (see
+//! [`BaselineMemo::inherit`]): an update changes one instance, and the others keep theirs.
 //! Bounded: the memo is emptied when it reaches [`BASELINE_MEMO_MAX`] entries.
 //!
 //! It also keeps each candidate's restored engine before any length is drawn (see
@@ -195,6 +197,51 @@ impl BaselineMemo {
     /// True if nothing is remembered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl BaselineMemo {
+    /// A memo holding what of this one stays valid for a snapshot whose instances `keep`
+    /// says are unchanged (same state, same config): their restored engines, and, if
+    /// `lengths_unchanged` (the same output-length distribution), their baselines without
+    /// background traffic and their checkpoints. Entries are shared, not copied.
+    pub fn inherit(&self, keep: impl Fn(usize) -> bool, lengths_unchanged: bool) -> Self {
+        let baselines: HashMap<BaselineKey, Arc<Baseline>> = if lengths_unchanged {
+            let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            entries
+                .iter()
+                .filter(|(key, _)| key.background == 0 && keep(key.instance))
+                .map(|(key, baseline)| (*key, Arc::clone(baseline)))
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        let engines: HashMap<RestoredKey, Arc<Engine>> = restored
+            .engines
+            .iter()
+            .filter(|(key, _)| keep(key.instance))
+            .map(|(key, engine)| (*key, Arc::clone(engine)))
+            .collect();
+        let checkpoints: HashMap<CheckpointKey, Arc<Engine>> = restored
+            .checkpoints
+            .iter()
+            .filter(|(key, _)| lengths_unchanged && keep(key.instance))
+            .map(|(key, engine)| (*key, Arc::clone(engine)))
+            .collect();
+        let bytes = engines
+            .values()
+            .chain(checkpoints.values())
+            .map(|engine| engine.memory_bytes())
+            .sum();
+        Self {
+            entries: Arc::new(Mutex::new(baselines)),
+            restored: Arc::new(Mutex::new(RestoredEngines {
+                engines,
+                checkpoints,
+                bytes,
+            })),
+        }
     }
 }
 

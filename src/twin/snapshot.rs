@@ -134,3 +134,28 @@ pub struct MirrorSnapshot {
     /// Baseline forks already computed on this snapshot (a cache; cloning empties it).
     pub memo: crate::twin::memo::BaselineMemo,
 }
+
+impl MirrorSnapshot {
+    /// Takes over what stays valid of `previous`'s memo (the snapshot this one was derived
+    /// from): the memo entries of every instance whose state and config are the same objects,
+    /// and their length-dependent entries only if the output-length distribution's inputs
+    /// are equal too (see `twin::sampling::output_draw`).
+    pub fn inherit_memo(&mut self, previous: &MirrorSnapshot) {
+        if !Arc::ptr_eq(&self.config, &previous.config)
+            || !Arc::ptr_eq(&self.settings, &previous.settings)
+            || self.instances.len() != previous.instances.len()
+        {
+            return;
+        }
+        let unchanged: Vec<bool> = self
+            .instances
+            .iter()
+            .zip(&previous.instances)
+            .map(|(now, before)| Arc::ptr_eq(now, before))
+            .collect();
+        let lengths_unchanged = self.traffic.recent_lengths == previous.traffic.recent_lengths;
+        self.memo = previous
+            .memo
+            .inherit(|index| unchanged[index], lengths_unchanged);
+    }
+}

@@ -384,12 +384,13 @@ impl MirrorStore {
         let traffic = writer.traffic_stats(&self.limits, &snapshot.traffic);
         let mut instances = snapshot.instances.clone();
         instances[index] = Arc::new(applied.state);
-        let next = MirrorSnapshot {
+        let mut next = MirrorSnapshot {
             generation: writer.generation + 1,
             instances,
             traffic,
             ..(**snapshot).clone()
         };
+        next.inherit_memo(snapshot);
         let generation = next.generation;
         self.publish(&mut writer, next, Arc::clone(&latest.addresses));
         Ok(generation)
@@ -434,11 +435,12 @@ impl MirrorStore {
         writer.kv[index] = kv_index;
         let mut instances = snapshot.instances.clone();
         instances[index] = Arc::new(state);
-        let next = MirrorSnapshot {
+        let mut next = MirrorSnapshot {
             generation: writer.generation + 1,
             instances,
             ..(**snapshot).clone()
         };
+        next.inherit_memo(snapshot);
         let generation = next.generation;
         self.publish(&mut writer, next, Arc::clone(&latest.addresses));
         Ok(KvApplied { generation, gap })
