@@ -192,18 +192,30 @@ fn busy_scenario_strategy() -> impl Strategy<Value = Scenario> {
         )
 }
 
+/// The latency model `scenario` asks for.
+fn scenario_model(scenario: &Scenario) -> LatencyModel {
+    if scenario.roofline {
+        roofline()
+    } else {
+        model(scenario.alpha)
+    }
+}
+
+/// A fast-path engine for `scenario` with every request submitted (they arrive as their
+/// times come).
+fn submitted_up_front(scenario: &Scenario) -> Engine {
+    let mut engine = Engine::new(scenario.config.clone(), scenario_model(scenario)).unwrap();
+    for spec in &scenario.requests {
+        engine.submit(spec.clone()).unwrap();
+    }
+    engine
+}
+
 /// Runs `scenario` with the fast paths and with the reference stepper.
 fn fast_and_reference(scenario: &Scenario) -> (Engine, Engine) {
-    let model = || {
-        if scenario.roofline {
-            roofline()
-        } else {
-            model(scenario.alpha)
-        }
-    };
-    let mut fast = Engine::new(scenario.config.clone(), model()).unwrap();
+    let mut fast = Engine::new(scenario.config.clone(), scenario_model(scenario)).unwrap();
     fast.run(scenario.requests.clone(), 2_000_000).unwrap();
-    let mut reference = Engine::new(scenario.config.clone(), model()).unwrap();
+    let mut reference = Engine::new(scenario.config.clone(), scenario_model(scenario)).unwrap();
     reference.set_reference_stepper(true);
     reference.run(scenario.requests.clone(), 2_000_000).unwrap();
     (fast, reference)
@@ -232,18 +244,7 @@ fn late_entry_matches_submission(
     now: u64,
     newcomer: &RequestSpec,
 ) -> Option<u64> {
-    let fresh = || {
-        let model = if scenario.roofline {
-            roofline()
-        } else {
-            model(scenario.alpha)
-        };
-        let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
-        for spec in &scenario.requests {
-            engine.submit(spec.clone()).unwrap();
-        }
-        engine
-    };
+    let fresh = || submitted_up_front(scenario);
     let mut with = fresh();
     with.run_until(now);
     let events_at_now = with.events_processed();
@@ -280,15 +281,7 @@ fn late_entry_matches_submission(
 /// Closed-form drains: wherever the engine offers one, its ends and step count must equal
 /// running on to the end (and to a cut halfway). Returns how many drains were checked.
 fn drains_match_running_on(scenario: &Scenario) -> u64 {
-    let model = if scenario.roofline {
-        roofline()
-    } else {
-        model(scenario.alpha)
-    };
-    let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
-    for spec in &scenario.requests {
-        engine.submit(spec.clone()).unwrap();
-    }
+    let mut engine = submitted_up_front(scenario);
     let mut checked = 0;
     while engine.process_next_event().is_some() && checked < 3 {
         let Some(drain) = engine.drain(u64::MAX) else {

@@ -121,11 +121,26 @@ pub struct BaselineMemo {
     restored: Arc<Mutex<RestoredEngines>>,
 }
 
+/// What identifies a remembered engine: a restored one or a checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum EngineKey {
+    Restored(RestoredKey),
+    Checkpoint(CheckpointKey),
+}
+
+impl EngineKey {
+    fn instance(&self) -> usize {
+        match self {
+            EngineKey::Restored(key) => key.instance,
+            EngineKey::Checkpoint(key) => key.instance,
+        }
+    }
+}
+
 /// Restored engines and checkpoints, and the bytes they hold.
 #[derive(Default)]
 struct RestoredEngines {
-    engines: HashMap<RestoredKey, Arc<Engine>>,
-    checkpoints: HashMap<CheckpointKey, Arc<Engine>>,
+    engines: HashMap<EngineKey, Arc<Engine>>,
     bytes: usize,
 }
 
@@ -147,12 +162,41 @@ impl BaselineMemo {
 
     /// The restored engine for `key`, if remembered.
     pub fn restored(&self, key: &RestoredKey) -> Option<Arc<Engine>> {
-        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
-        restored.engines.get(key).cloned()
+        self.engine(&EngineKey::Restored(*key))
     }
 
     /// Remembers `engine` for `key`, unless that would pass [`RESTORED_MEMO_MAX_BYTES`].
     pub fn insert_restored(&self, key: RestoredKey, engine: Arc<Engine>) {
+        self.insert_engine(EngineKey::Restored(key), engine);
+    }
+
+    /// The checkpoint for `key`, if remembered.
+    pub fn checkpoint(&self, key: &CheckpointKey) -> Option<Arc<Engine>> {
+        self.engine(&EngineKey::Checkpoint(*key))
+    }
+
+    /// Remembers checkpoint `engine` for `key`, unless that would pass
+    /// [`RESTORED_MEMO_MAX_BYTES`].
+    pub fn insert_checkpoint(&self, key: CheckpointKey, engine: Arc<Engine>) {
+        self.insert_engine(EngineKey::Checkpoint(key), engine);
+    }
+
+    /// Checkpoints remembered.
+    pub fn checkpoints(&self) -> usize {
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        restored
+            .engines
+            .keys()
+            .filter(|key| matches!(key, EngineKey::Checkpoint(_)))
+            .count()
+    }
+
+    fn engine(&self, key: &EngineKey) -> Option<Arc<Engine>> {
+        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
+        restored.engines.get(key).cloned()
+    }
+
+    fn insert_engine(&self, key: EngineKey, engine: Arc<Engine>) {
         let bytes = engine.memory_bytes();
         let mut restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
         if restored.bytes + bytes <= RESTORED_MEMO_MAX_BYTES
@@ -160,30 +204,6 @@ impl BaselineMemo {
         {
             restored.bytes += bytes;
         }
-    }
-
-    /// The checkpoint for `key`, if remembered.
-    pub fn checkpoint(&self, key: &CheckpointKey) -> Option<Arc<Engine>> {
-        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
-        restored.checkpoints.get(key).cloned()
-    }
-
-    /// Remembers checkpoint `engine` for `key`, unless that would pass
-    /// [`RESTORED_MEMO_MAX_BYTES`].
-    pub fn insert_checkpoint(&self, key: CheckpointKey, engine: Arc<Engine>) {
-        let bytes = engine.memory_bytes();
-        let mut restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
-        if restored.bytes + bytes <= RESTORED_MEMO_MAX_BYTES
-            && restored.checkpoints.insert(key, engine).is_none()
-        {
-            restored.bytes += bytes;
-        }
-    }
-
-    /// Checkpoints remembered.
-    pub fn checkpoints(&self) -> usize {
-        let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
-        restored.checkpoints.len()
     }
 
     /// Baselines remembered.
@@ -217,30 +237,18 @@ impl BaselineMemo {
             HashMap::new()
         };
         let restored = self.restored.lock().unwrap_or_else(PoisonError::into_inner);
-        let engines: HashMap<RestoredKey, Arc<Engine>> = restored
+        let engines: HashMap<EngineKey, Arc<Engine>> = restored
             .engines
             .iter()
-            .filter(|(key, _)| keep(key.instance))
+            .filter(|(key, _)| {
+                keep(key.instance()) && (lengths_unchanged || matches!(key, EngineKey::Restored(_)))
+            })
             .map(|(key, engine)| (*key, Arc::clone(engine)))
             .collect();
-        let checkpoints: HashMap<CheckpointKey, Arc<Engine>> = restored
-            .checkpoints
-            .iter()
-            .filter(|(key, _)| lengths_unchanged && keep(key.instance))
-            .map(|(key, engine)| (*key, Arc::clone(engine)))
-            .collect();
-        let bytes = engines
-            .values()
-            .chain(checkpoints.values())
-            .map(|engine| engine.memory_bytes())
-            .sum();
+        let bytes = engines.values().map(|engine| engine.memory_bytes()).sum();
         Self {
             entries: Arc::new(Mutex::new(baselines)),
-            restored: Arc::new(Mutex::new(RestoredEngines {
-                engines,
-                checkpoints,
-                bytes,
-            })),
+            restored: Arc::new(Mutex::new(RestoredEngines { engines, bytes })),
         }
     }
 }
