@@ -10,7 +10,7 @@ use ditto::sim::{Engine, PromptContent, RequestSpec, SchedulingPolicy};
 use ditto::twin::forecast::forecast_capacity;
 use ditto::twin::predict::{Forking, predict_routing, predict_routing_with};
 use ditto::twin::question::{
-    ForecastQuestion, ForecastStart, SloTargets, StalePolicy, VariantCandidates,
+    Background, ForecastQuestion, ForecastStart, SloTargets, StalePolicy, VariantCandidates,
 };
 use ditto::twin::sampling::{conditioned_length, stream};
 use ditto::twin::snapshot::{
@@ -360,4 +360,42 @@ fn late_entry_answers_exactly_as_submitting_at_now() {
         "late entry never started from a checkpoint: {}",
         snapshot.memo.checkpoints()
     );
+}
+
+/// With no finished requests observed, background arrivals take the question's prompt
+/// length, so a background baseline depends on it: a question differing only in its prompt
+/// must not read another's baseline (found in review).
+#[test]
+fn background_baselines_are_not_shared_across_prompt_lengths() {
+    let mut snapshot = whatif_snapshot(false);
+    snapshot.traffic = Arc::new(TrafficStats {
+        arrivals_per_s: 40.0,
+        recent_lengths: Vec::new(),
+    });
+    let mut first = whatif_question(2);
+    first.options.background = Background::ObservedPoisson;
+    first.options.horizon_us = 5_000_000;
+    let mut second = first.clone();
+    second.request.prompt_tokens = 200;
+    predict_routing(&snapshot, &first, &Limits::DEFAULT).unwrap();
+    let warm = predict_routing(&snapshot, &second, &Limits::DEFAULT).unwrap();
+    let cold = predict_routing(&snapshot.clone(), &second, &Limits::DEFAULT).unwrap();
+    assert_eq!(warm, cold);
+}
+
+/// A baseline that starts at `now` (use-last here) recorded for a long horizon and read for
+/// a shorter one counts only the events within the shorter one (found in review).
+#[test]
+fn a_baseline_read_for_a_shorter_horizon_counts_its_events_only() {
+    let snapshot = whatif_snapshot(false);
+    let mut long = whatif_question(1);
+    long.now_us += 500_000;
+    long.options.stale_policy = Some(StalePolicy::UseLast);
+    long.options.horizon_us = 3_000_000;
+    let mut short = long.clone();
+    short.options.horizon_us = 1_000_000;
+    predict_routing(&snapshot, &long, &Limits::DEFAULT).unwrap();
+    let warm = predict_routing(&snapshot, &short, &Limits::DEFAULT).unwrap();
+    let cold = predict_routing(&snapshot.clone(), &short, &Limits::DEFAULT).unwrap();
+    assert_eq!(warm, cold);
 }

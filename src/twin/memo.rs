@@ -72,6 +72,9 @@ pub struct BaselineKey {
     pub replication: u32,
     /// Background traffic on (1) or off (0).
     pub background: u8,
+    /// With background traffic, the question's prompt length (background requests take it
+    /// when no finished request has been observed); 0 without.
+    pub background_prompt_tokens: u32,
     /// Stale-policy treatment (0 roll forward, 1 use last).
     pub treatment: u8,
 }

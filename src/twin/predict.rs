@@ -404,6 +404,11 @@ fn simulate(
         seed: question.options.seed,
         replication,
         background: u8::from(question.options.background != Background::None),
+        background_prompt_tokens: if question.options.background == Background::None {
+            0
+        } else {
+            question.request.prompt_tokens
+        },
         treatment: u8::from(treatment == Treatment::UseLast),
     };
     let cached = snapshot
@@ -486,7 +491,8 @@ fn simulate(
     };
     submit_question(&mut engine, spec)?;
     let mut run = run_question(&mut engine, &background, horizon_end, budget, forking)?;
-    run.events += rolled + baseline.event_times.len() as u64;
+    // (The baseline starts at `now`; it may have been recorded for a longer horizon.)
+    run.events += rolled + baseline.events_until(horizon_end);
     Ok(measure(&engine, &run, &baseline, now, horizon_end))
 }
 
