@@ -514,6 +514,21 @@ proptest! {
     }
 
     #[test]
+    fn late_entry_equals_submission_with_delays_and_deadlines(
+        scenario in scenario_strategy(),
+        pick in 0usize..64,
+        offset in 0u64..3_000,
+        (input, output, priority) in (1u32..300, 1u32..80, 0i32..3),
+    ) {
+        // Queueing delays (alpha) put the enqueue after `now`, possibly on a step's end;
+        // other requests time out.
+        let now = scenario.requests[pick % scenario.requests.len()].arrival_us + offset;
+        let mut newcomer = RequestSpec::synthetic(1_000_000, now, input, output);
+        newcomer.priority = priority;
+        late_entry_matches_submission(&scenario, now, &newcomer);
+    }
+
+    #[test]
     fn closed_form_drains_equal_running_on(scenario in busy_scenario_strategy()) {
         drains_match_running_on(&scenario);
     }
