@@ -5,11 +5,13 @@
 //!    simulated requests, steps and events per wall-second, per-request cost, peak memory.
 //! 2. What-if: a 4-instance snapshot (128 running + 64 waiting each), one PredictRouting for a
 //!    2,000-token prompt with 256 output tokens over all 4 candidates: latency p50/p99 with 1
-//!    replication (known lengths) and 16 replications (sampled lengths), in-process and
-//!    through the gRPC server on loopback.
+//!    replication (known lengths) and 16 replications (sampled lengths), in-process (asked
+//!    repeatedly on one snapshot, once after each push of one instance, and once on a fresh
+//!    snapshot) and through the gRPC server on loopback.
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
@@ -21,10 +23,10 @@ use crate::bench::{
 };
 use crate::cluster::spec;
 use crate::server::loadgen::grpc_whatif_latencies;
-use crate::twin::Limits;
 use crate::twin::build::restore_instance;
 use crate::twin::predict::predict_routing;
 use crate::twin::sampling::{output_draw, stream};
+use crate::twin::{Limits, MirrorSnapshot};
 
 /// Flags of `ditto bench`.
 #[derive(Clone, Debug, Args)]
@@ -113,41 +115,77 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     let sampled = whatif_snapshot(false);
     // "Repeated" asks many questions of one snapshot, each at a new "now" up to 100 ms after
     // the observation, as a gateway does between state pushes (restored engines and baseline
-    // forks are memoised); "first question" clones a fresh snapshot for every call.
-    for (label, snapshot, replications, fresh) in [
+    // forks are memoised); "after a push" asks once per new generation in which one instance
+    // (in turn) was pushed again, the others keeping their memo as the store hands it on;
+    // "first question" clones a fresh snapshot for every call (nothing memoised).
+    for (label, snapshot, replications, asking) in [
         (
             "in-process, 1 replication (known), repeated",
             &known,
             1,
-            false,
+            Asking::Repeated,
+        ),
+        (
+            "in-process, 1 replication (known), after a push",
+            &known,
+            1,
+            Asking::AfterPush,
         ),
         (
             "in-process, 1 replication (known), first question",
             &known,
             1,
-            true,
+            Asking::First,
         ),
         (
             "in-process, 16 replications (sampled), repeated",
             &sampled,
             16,
-            false,
+            Asking::Repeated,
+        ),
+        (
+            "in-process, 16 replications, after a push",
+            &sampled,
+            16,
+            Asking::AfterPush,
         ),
         (
             "in-process, 16 replications, first question",
             &sampled,
             16,
-            true,
+            Asking::First,
         ),
     ] {
         let mut question = whatif_question(replications);
         let mut latencies = Vec::with_capacity(calls as usize);
+        let mut current = snapshot.clone();
+        if asking == Asking::AfterPush {
+            // Warm the memo first, as the questions before the push did.
+            predict_routing(&current, &question, &Limits::DEFAULT)
+                .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        }
         for call in 0..calls {
-            let copy = fresh.then(|| snapshot.clone());
-            let target = copy.as_ref().unwrap_or(snapshot);
-            if !fresh {
-                question.now_us = whatif_now_us(call);
-            }
+            let fresh;
+            let target: &MirrorSnapshot = match asking {
+                Asking::Repeated => {
+                    question.now_us = whatif_now_us(call);
+                    snapshot
+                }
+                Asking::AfterPush => {
+                    question.now_us = whatif_now_us(call);
+                    let mut next = current.clone();
+                    let pushed = call as usize % next.instances.len();
+                    next.instances[pushed] = Arc::new((*current.instances[pushed]).clone());
+                    next.generation += 1;
+                    next.inherit_memo(&current);
+                    current = next;
+                    &current
+                }
+                Asking::First => {
+                    fresh = snapshot.clone();
+                    &fresh
+                }
+            };
             let started = Instant::now();
             predict_routing(target, &question, &Limits::DEFAULT)
                 .map_err(|err| CliError::flag("bench", err.to_string()))?;
@@ -183,6 +221,17 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         engine.kv().used_blocks()
     );
     Ok(out)
+}
+
+/// How the what-if cases ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asking {
+    /// Many questions on one snapshot, each at a new "now".
+    Repeated,
+    /// One question per new generation, in which one instance was pushed again.
+    AfterPush,
+    /// One question per fresh copy of the snapshot (nothing memoised).
+    First,
 }
 
 fn latency_row(label: &str, latencies: &mut [Duration]) -> String {
