@@ -345,16 +345,23 @@ impl KvCache {
             self.acquire(id);
             table.ids.push(id);
         }
-        for index in 0..fresh {
+        // Blocks reloaded from the CPU tier first, then virgin blocks (in bulk: they are the
+        // head of the free list, in id order), then freed ones.
+        let reloaded = hit.cpu_blocks.min(fresh);
+        for _ in 0..reloaded {
             let id = self.pop_free();
-            if index < hit.cpu_blocks {
-                let key = keys.get(table.len());
-                self.set_key(id, key);
-                if let Some(cpu) = &mut self.cpu {
-                    cpu.touch(key);
-                }
-                self.stats.cpu_loaded_blocks += 1;
+            let key = keys.get(table.len());
+            self.set_key(id, key);
+            if let Some(cpu) = &mut self.cpu {
+                cpu.touch(key);
             }
+            self.stats.cpu_loaded_blocks += 1;
+            table.ids.push(id);
+        }
+        let virgin = self.take_virgins(fresh - reloaded);
+        table.ids.extend(virgin.clone());
+        for _ in reloaded + virgin.len() as u32..fresh {
+            let id = self.pop_free();
             table.ids.push(id);
         }
         if hit.blocks() > 0 {
@@ -479,6 +486,24 @@ impl KvCache {
         });
         self.free_count -= 1;
         Some(id)
+    }
+
+    /// Materializes up to `count` virgin blocks at once, taken (refcount 1): their ids.
+    fn take_virgins(&mut self, count: u32) -> std::ops::Range<u32> {
+        let start = self.blocks.len() as u32;
+        let taken = count.min(self.total - start);
+        self.blocks.extend(std::iter::repeat_n(
+            Block {
+                key: 0,
+                ref_cnt: 1,
+                prev: NIL,
+                next: NIL,
+                keying: Keying::Unkeyed,
+            },
+            taken as usize,
+        ));
+        self.free_count -= taken;
+        start..start + taken
     }
 
     fn pop_free(&mut self) -> u32 {
