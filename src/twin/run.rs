@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use crate::sim::engine::{DrainEnd, ReachLog};
+use crate::sim::engine::{Drain, DrainEnd, ReachLog};
 use crate::sim::metrics::RequestRecord;
 use crate::sim::{Engine, Outcome, RequestId};
 
@@ -95,16 +95,10 @@ pub fn run_fork(
     end_us: u64,
     budget: &EventBudget,
 ) -> Result<ForkRun, TwinError> {
-    // The batch size when the free blocks last fell short: only a completion (which frees
-    // blocks and needs) can change that.
-    let mut refused_at = None;
+    let mut watch = DrainWatch::default();
     let mut drain = None;
     let events = drive(engine, &[], end_us, u64::MAX, budget, |engine| {
-        if !engine.drain_shaped() || refused_at == Some(engine.num_running()) {
-            return false;
-        }
-        drain = engine.drain(end_us);
-        refused_at = Some(engine.num_running());
+        drain = watch.try_drain(engine, end_us);
         drain.is_some()
     })?;
     let drain = drain.unwrap_or_default();
@@ -119,6 +113,27 @@ pub fn run_fork(
         drained: drain.ends,
         question,
     })
+}
+
+/// Asks an engine for a drain after each event, cheaply: only when the batch has a drain's
+/// shape, and not again at the batch size at which the free blocks last fell short (only a
+/// completion, which frees blocks and needs, can change that).
+#[derive(Debug, Default)]
+struct DrainWatch {
+    refused_at: Option<usize>,
+}
+
+impl DrainWatch {
+    fn try_drain(&mut self, engine: &Engine, until_us: u64) -> Option<Drain> {
+        if !engine.drain_shaped() || self.refused_at == Some(engine.num_running()) {
+            return None;
+        }
+        let drain = engine.drain(until_us);
+        if drain.is_none() {
+            self.refused_at = Some(engine.num_running());
+        }
+        drain
+    }
 }
 
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
@@ -142,17 +157,15 @@ pub fn run_recorded(
     let mut seen = 0;
     record_completions(engine, &mut seen, &mut baseline);
     let drains = drains && arrivals.is_empty();
-    // The batch size when the free blocks last fell short (see `run_fork`).
-    let mut refused_at = None;
+    let mut watch = DrainWatch::default();
     drive(engine, arrivals, end_us, u64::MAX, budget, |engine| {
         baseline.event_times.push(engine.now_us());
         baseline.reach.observe(engine);
         record_completions(engine, &mut seen, &mut baseline);
-        if !drains || !engine.drain_shaped() || refused_at == Some(engine.num_running()) {
+        if !drains {
             return false;
         }
-        let Some(drain) = engine.drain(end_us) else {
-            refused_at = Some(engine.num_running());
+        let Some(drain) = watch.try_drain(engine, end_us) else {
             return false;
         };
         baseline
