@@ -81,7 +81,18 @@ pub fn draw_lengths(
     rng: &mut SimRng,
     path: &str,
 ) -> Result<(), TwinError> {
-    let lengths: Vec<(u32, u32)> = state
+    let lengths = final_lengths(state, outputs, rng);
+    set_lengths(engine, &lengths, state, index, path)
+}
+
+/// The final lengths [`draw_lengths`] would set, as (output, max tokens) in restore order:
+/// drawn once, they can be set on several copies of the same restored engine.
+pub fn final_lengths(
+    state: &InstanceState,
+    outputs: &LengthDraw,
+    rng: &mut SimRng,
+) -> Vec<(u32, u32)> {
+    state
         .running
         .iter()
         .chain(&state.waiting)
@@ -89,9 +100,19 @@ pub fn draw_lengths(
             let final_length = final_length(observed, outputs, rng);
             (final_length, observed.max_tokens.max(final_length))
         })
-        .collect();
+        .collect()
+}
+
+/// Sets `lengths` (from [`final_lengths`] of `state`) on a just-restored [`restore_base`].
+pub fn set_lengths(
+    engine: &mut Engine,
+    lengths: &[(u32, u32)],
+    state: &InstanceState,
+    index: usize,
+    path: &str,
+) -> Result<(), TwinError> {
     engine
-        .set_final_lengths(&lengths)
+        .set_final_lengths(lengths)
         .map_err(|err| restore_error(err, state, index, path))
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
 
-use super::build::{QUESTION_REQUEST_ID, draw_lengths, restore_base};
+use super::build::{QUESTION_REQUEST_ID, final_lengths, restore_base, set_lengths};
 use super::error::TwinError;
 use super::limits::Limits;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
@@ -380,15 +380,19 @@ fn simulate(
             base
         }
     };
-    // A fork: the restored engine with this replication's lengths.
+    // A fork: the restored engine with this replication's lengths (drawn once).
+    let lengths = std::cell::OnceCell::new();
     let fork = || -> Result<Engine, TwinError> {
-        let mut rng = stream(
-            question.options.seed,
-            replication,
-            &format!("twin/outputs/{}", instance.id),
-        );
+        let lengths = lengths.get_or_init(|| {
+            let mut rng = stream(
+                question.options.seed,
+                replication,
+                &format!("twin/outputs/{}", instance.id),
+            );
+            final_lengths(state, outputs, &mut rng)
+        });
         let mut engine = (*base).clone();
-        draw_lengths(&mut engine, state, index, outputs, &mut rng, &path)?;
+        set_lengths(&mut engine, lengths, state, index, &path)?;
         Ok(engine)
     };
     let now = question.now_us;
