@@ -22,7 +22,8 @@ use super::limits::Limits;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
 use super::question::{Background, OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
 use super::run::{
-    EventBudget, ForkRun, run_events, run_fork, run_recorded, run_until_done, run_with_arrivals,
+    EventBudget, ForkRun, Newcomer, run_events, run_fork, run_recorded, run_recorded_for,
+    run_until_done, run_with_arrivals,
 };
 use super::sampling::{output_draw, stream};
 use super::snapshot::MirrorSnapshot;
@@ -421,20 +422,32 @@ fn simulate(
         .filter(|baseline| baseline.covers_until_us >= horizon_end);
     let spec = question_request(question, replication, now);
     if continuation {
-        // Recorded from the observation, past this horizon for later questions.
+        let newcomer = (forking == Forking::Shortcuts)
+            .then(|| newcomer(&base, &spec, now, horizon_end))
+            .flatten();
+        // Recorded from the observation, past this horizon for later questions; on the way,
+        // a copy from where the request would first be reached is kept when cheap.
+        let mut captured = None;
         let baseline = match cached {
             Some(baseline) => baseline,
             None => {
                 let until = horizon_end.saturating_add(question.options.horizon_us);
                 let drains = forking == Forking::Shortcuts;
-                let baseline = Arc::new(run_recorded(&mut fork()?, &[], until, budget, drains)?);
+                let (baseline, copy) =
+                    run_recorded_for(&mut fork()?, &[], until, budget, drains, newcomer)?;
+                captured = copy;
+                let baseline = Arc::new(baseline);
                 snapshot.memo.insert(key, Arc::clone(&baseline));
                 baseline
             }
         };
-        let reached = (forking == Forking::Shortcuts)
-            .then(|| late_entry_point(&base, &baseline, &spec, now, horizon_end))
-            .flatten();
+        let reached = newcomer.and_then(|newcomer| {
+            let policy = base.config().scheduling_policy;
+            baseline
+                .reach
+                .events_before_reach(now, newcomer.enqueue_us, policy, newcomer.key, horizon_end)
+                .map(|skip| (skip, newcomer.enqueue_us))
+        });
         if let Some((skip, enqueue_us)) = reached {
             // The request waits unreached until event `skip + 1`: start from the baseline
             // there (remembered for later questions when that skips real work).
@@ -447,8 +460,14 @@ fn simulate(
             let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
                 Some(checkpoint) => (*checkpoint).clone(),
                 None => {
-                    let mut engine = fork()?;
-                    run_events(&mut engine, skip, budget)?;
+                    let engine = match captured {
+                        Some((events, copy)) if events == skip => copy,
+                        _ => {
+                            let mut engine = fork()?;
+                            run_events(&mut engine, skip, budget)?;
+                            engine
+                        }
+                    };
                     if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
                         snapshot
                             .memo
@@ -523,27 +542,16 @@ fn run_question(
 /// costs about what replaying those events does).
 const CHECKPOINT_MIN_EVENTS: u64 = 8;
 
-/// Where the question's request `spec` (submitted at `now`) would first change the
-/// continuation `baseline` of `engine` (the observed state): the events before that point and
-/// the request's enqueue time, if that point is within the horizon and the request can be put
-/// in late there (see `sim::engine::ReachLog`).
-fn late_entry_point(
-    engine: &Engine,
-    baseline: &Baseline,
-    spec: &RequestSpec,
-    now: u64,
-    horizon_end: u64,
-) -> Option<(u64, u64)> {
-    if !engine.fits_model_len(spec) {
-        return None; // dropped at arrival: the ordinary path records that
-    }
-    let enqueue_us = now.saturating_add(engine.latency().queueing_us(spec.input_tokens));
-    let key = engine.newcomer_queue_key(spec);
-    let policy = engine.config().scheduling_policy;
-    let skip = baseline
-        .reach
-        .events_before_reach(now, enqueue_us, policy, key, horizon_end)?;
-    Some((skip, enqueue_us))
+/// The question's request `spec`, submitted at `now` to a copy of `engine` (the observed
+/// state), as a late entry sees it: when it enters the queue and with what key. `None` if it
+/// would be dropped at arrival (the plain path records that).
+fn newcomer(engine: &Engine, spec: &RequestSpec, now: u64, horizon_end: u64) -> Option<Newcomer> {
+    engine.fits_model_len(spec).then(|| Newcomer {
+        now_us: now,
+        enqueue_us: now.saturating_add(engine.latency().queueing_us(spec.input_tokens)),
+        key: engine.newcomer_queue_key(spec),
+        until_us: horizon_end,
+    })
 }
 
 fn submit_question(engine: &mut Engine, spec: RequestSpec) -> Result<(), TwinError> {

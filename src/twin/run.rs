@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use crate::sim::engine::{Drain, DrainEnd, ReachLog};
 use crate::sim::metrics::RequestRecord;
-use crate::sim::{Engine, Outcome, RequestId};
+use crate::sim::queue::QueueKey;
+use crate::sim::{Engine, Outcome, RequestId, SchedulingPolicy};
 
 use super::error::TwinError;
 use super::memo::Baseline;
@@ -136,6 +137,23 @@ impl DrainWatch {
     }
 }
 
+/// A request a recording is made for (see `sim::engine::ReachLog`): submitted at `now_us`,
+/// entering the queue at `enqueue_us` with queue key `key`, asked about up to `until_us`.
+#[derive(Clone, Copy, Debug)]
+pub struct Newcomer {
+    /// When it is submitted.
+    pub now_us: u64,
+    /// When it enters the wait queue.
+    pub enqueue_us: u64,
+    /// Its wait-queue key.
+    pub key: QueueKey,
+    /// The end of the horizon it is asked about.
+    pub until_us: u64,
+}
+
+/// Most copies a recording keeps while looking for the step that first reaches a newcomer.
+const CAPTURE_COPIES_MAX: u32 = 8;
+
 /// Runs `engine` like [`run_with_arrivals`], recording the time of every event and of every
 /// completion (requests completed before the run count as completed at its start): a
 /// baseline any question inside `(start, end_us]` can read.
@@ -149,6 +167,21 @@ pub fn run_recorded(
     budget: &EventBudget,
     drains: bool,
 ) -> Result<Baseline, TwinError> {
+    Ok(run_recorded_for(engine, arrivals, end_us, budget, drains, None)?.0)
+}
+
+/// [`run_recorded`], also keeping, for `newcomer`, a copy of the engine just before the
+/// event that first reaches it, with the number of events before it (the start of its late
+/// entry, had it been submitted), if the copy was made: copies are kept only before steps
+/// that [`Engine::may_reach`] it, at most [`CAPTURE_COPIES_MAX`] of them.
+pub fn run_recorded_for(
+    engine: &mut Engine,
+    arrivals: &[crate::sim::RequestSpec],
+    end_us: u64,
+    budget: &EventBudget,
+    drains: bool,
+    newcomer: Option<Newcomer>,
+) -> Result<(Baseline, Option<(u64, Engine)>), TwinError> {
     let mut baseline = Baseline {
         covers_until_us: end_us,
         reach: ReachLog::start(engine),
@@ -158,10 +191,24 @@ pub fn run_recorded(
     record_completions(engine, &mut seen, &mut baseline);
     let drains = drains && arrivals.is_empty();
     let mut watch = DrainWatch::default();
+    let policy = engine.config().scheduling_policy;
+    let mut capture = newcomer.map(|newcomer| Capture {
+        newcomer,
+        copy: None,
+        copies: 0,
+        found: None,
+    });
+    if let Some(capture) = &mut capture {
+        capture.keep_if_may_reach(engine, 0);
+    }
     drive(engine, arrivals, end_us, u64::MAX, budget, |engine| {
         baseline.event_times.push(engine.now_us());
         baseline.reach.observe(engine);
         record_completions(engine, &mut seen, &mut baseline);
+        if let Some(capture) = &mut capture {
+            let events = baseline.event_times.len() as u64;
+            capture.after_event(engine, &baseline.reach, policy, events);
+        }
         if !drains {
             return false;
         }
@@ -179,7 +226,65 @@ pub fn run_recorded(
         }
         true
     })?;
-    Ok(baseline)
+    Ok((baseline, capture.and_then(|capture| capture.found)))
+}
+
+/// The copies a recording keeps for a newcomer.
+struct Capture {
+    newcomer: Newcomer,
+    /// A copy made after this many events, before the next.
+    copy: Option<(u64, Engine)>,
+    copies: u32,
+    /// The copy from just before the event that first reached the newcomer.
+    found: Option<(u64, Engine)>,
+}
+
+impl Capture {
+    /// After event number `events`: keeps the copy made before it if that event first reached
+    /// the newcomer, else maybe makes one before the next.
+    fn after_event(
+        &mut self,
+        engine: &Engine,
+        log: &ReachLog,
+        policy: SchedulingPolicy,
+        events: u64,
+    ) {
+        if self.found.is_some() {
+            return;
+        }
+        if let Some((before, copy)) = self.copy.take() {
+            let newcomer = &self.newcomer;
+            let first_reach = log.events_before_reach(
+                newcomer.now_us,
+                newcomer.enqueue_us,
+                policy,
+                newcomer.key,
+                newcomer.until_us,
+            );
+            if first_reach == Some(before) {
+                self.found = Some((before, copy));
+                return;
+            }
+        }
+        self.keep_if_may_reach(engine, events);
+    }
+
+    /// Copies `engine` (after `events` events) if its next event may first reach the
+    /// newcomer.
+    fn keep_if_may_reach(&mut self, engine: &Engine, events: u64) {
+        let newcomer = &self.newcomer;
+        let next_may_matter = engine
+            .next_event_us()
+            .is_some_and(|t| t >= newcomer.enqueue_us && t > newcomer.now_us);
+        if self.copies < CAPTURE_COPIES_MAX
+            && next_may_matter
+            && engine.step_pending()
+            && engine.may_reach(newcomer.key)
+        {
+            self.copy = Some((events, engine.clone()));
+            self.copies += 1;
+        }
+    }
 }
 
 /// Adds the completions among `engine`'s records from index `seen` on, as finished now.
@@ -247,5 +352,71 @@ fn drive(
         if after_event(engine) {
             return Ok(processed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::{WHATIF_NOW_US, whatif_snapshot};
+    use crate::sim::RequestSpec;
+    use crate::twin::build::restore_instance;
+    use crate::twin::sampling::{output_draw, stream};
+
+    /// A recording made for a request keeps the copy its late entry starts from (the busy
+    /// what-if instance: the request waits behind 64 others), and that copy is the engine a
+    /// replay to the same point gives: continued with the request put in, both end alike.
+    #[test]
+    fn a_recording_keeps_the_copy_a_late_entry_starts_from() {
+        let snapshot = whatif_snapshot(true);
+        let outputs = output_draw(&snapshot).unwrap();
+        let observed = restore_instance(
+            &snapshot.config.instances[0],
+            &snapshot.instances[0],
+            0,
+            &outputs,
+            &mut stream(1, 0, "test"),
+            "instances[0]",
+        )
+        .unwrap();
+        let now = WHATIF_NOW_US + 30_000;
+        let spec = RequestSpec::synthetic(0, now, 2_000, 256);
+        let newcomer = Newcomer {
+            now_us: now,
+            enqueue_us: now + observed.latency().queueing_us(spec.input_tokens),
+            key: observed.newcomer_queue_key(&spec),
+            until_us: now + 60_000_000,
+        };
+        let budget = EventBudget::new(u64::MAX, None);
+        let (baseline, copy) = run_recorded_for(
+            &mut observed.clone(),
+            &[],
+            newcomer.until_us,
+            &budget,
+            true,
+            Some(newcomer),
+        )
+        .unwrap();
+        let (events, mut copy) = copy.expect("the copy before the first reach was kept");
+        let policy = observed.config().scheduling_policy;
+        let first_reach = baseline.reach.events_before_reach(
+            now,
+            newcomer.enqueue_us,
+            policy,
+            newcomer.key,
+            newcomer.until_us,
+        );
+        assert_eq!(Some(events), first_reach);
+        assert!(events > 10, "the request waits behind the queue");
+        let mut replay = observed.clone();
+        run_events(&mut replay, events, &budget).unwrap();
+        assert_eq!(copy.observe(), replay.observe());
+        for engine in [&mut copy, &mut replay] {
+            engine
+                .insert_waiting(spec.clone(), newcomer.enqueue_us)
+                .unwrap();
+            run_until_done(engine, u64::MAX, &budget).unwrap();
+        }
+        assert_eq!(copy.metrics().records, replay.metrics().records);
     }
 }

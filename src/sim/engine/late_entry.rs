@@ -13,6 +13,7 @@ use super::drain::Drain;
 use super::lifecycle::queue_key;
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::error::SimError;
+use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::queue::QueueKey;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
@@ -60,6 +61,42 @@ impl Engine {
             self.config.scheduling_policy,
             &RequestState::new(spec.clone(), self.next_serial),
         )
+    }
+
+    /// False only if the next step's phase 2 cannot reach a newcomer waiting with queue key
+    /// `key`: the requests ahead of it need the whole token budget even if every block they
+    /// could share were a prefix hit and nothing else ran. Cheap and conservative (a caller
+    /// keeps a copy of the engine before a step that may first reach a newcomer; a wrong
+    /// "true" only costs that copy).
+    pub fn may_reach(&self, key: QueueKey) -> bool {
+        let policy = self.config.scheduling_policy;
+        let block_size = self.config.block_size;
+        let threshold = self.config.long_prefill_token_threshold;
+        let budget = u64::from(self.config.max_num_batched_tokens);
+        let mut needed = 0u64;
+        for slot in self.waiting.iter() {
+            let state = self.state(slot);
+            if policy != SchedulingPolicy::Fcfs && queue_key(policy, state) >= key {
+                break;
+            }
+            // A preempted request may hit its own private blocks too.
+            let least = if state.timeline.preemptions > 0 {
+                1
+            } else {
+                let shareable = shareable_blocks(&state.spec, block_size) * block_size;
+                state.num_tokens().saturating_sub(shareable).max(1)
+            };
+            let least = if threshold > 0 {
+                least.min(threshold)
+            } else {
+                least
+            };
+            needed += u64::from(least);
+            if needed >= budget {
+                return false;
+            }
+        }
+        true
     }
 
     /// True if `spec` fits the model length, so it would not be dropped at arrival.
