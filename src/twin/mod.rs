@@ -8,6 +8,7 @@
 pub mod build;
 pub mod error;
 pub mod forecast;
+mod fork;
 pub mod limits;
 pub mod memo;
 pub mod parallel;

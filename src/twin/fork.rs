@@ -1,0 +1,428 @@
+//! One candidate's fork pair for a routing question: the fork without the request (the
+//! baseline, memoised per snapshot) and the fork with it, started by late entry from a
+//! checkpoint where that is exact and ended by a closed-form drain where that is exact (see
+//! `sim::engine::ReachLog` and `sim::engine::Drain`), then measured against each other.
+
+use std::sync::Arc;
+
+use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
+
+use super::build::{QUESTION_REQUEST_ID, final_lengths, restore_base, set_lengths};
+use super::error::TwinError;
+use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
+use super::predict::{Forking, Outcome1, Treatment};
+use super::question::{Background, OutputLength, RoutingQuestion};
+use super::run::{
+    EventBudget, ForkRun, Newcomer, run_events, run_fork, run_recorded, run_recorded_for,
+    run_until_done, run_with_arrivals,
+};
+use super::sampling::stream;
+use super::snapshot::MirrorSnapshot;
+
+/// The question's request as an engine request arriving at `now`.
+fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u64) -> RequestSpec {
+    let request = &question.request;
+    let output = match &request.output {
+        OutputLength::Point(tokens) => *tokens,
+        OutputLength::Histogram(bins) => {
+            let mut rng = stream(question.options.seed, replication, "twin/question-output");
+            let total: f64 = bins.iter().map(|&(_, w)| w).sum();
+            let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let mut target = unit * total;
+            let mut chosen = bins[bins.len() - 1].0;
+            for &(value, weight) in bins {
+                if target < weight {
+                    chosen = value;
+                    break;
+                }
+                target -= weight;
+            }
+            chosen
+        }
+    };
+    let output = if request.max_tokens > 0 {
+        output.min(request.max_tokens)
+    } else {
+        output
+    };
+    let content = if !request.block_hashes.is_empty() {
+        PromptContent::BlockKeys(request.block_hashes.clone().into())
+    } else if let Some(tokens) = &request.token_ids {
+        PromptContent::Tokens(tokens.clone())
+    } else {
+        PromptContent::Synthetic {
+            prefix_group: None,
+            prefix_len: 0,
+        }
+    };
+    RequestSpec {
+        id: RequestId(QUESTION_REQUEST_ID),
+        arrival_us,
+        input_tokens: request.prompt_tokens,
+        output_tokens: output,
+        max_tokens: request.max_tokens.max(output),
+        slo_class: request.slo_class,
+        priority: request.priority,
+        deadline_us: None,
+        content,
+    }
+}
+
+/// What every fork of one call shares.
+#[derive(Clone, Copy)]
+pub(super) struct Call<'a> {
+    pub(super) snapshot: &'a MirrorSnapshot,
+    pub(super) question: &'a RoutingQuestion,
+    pub(super) outputs: &'a crate::workload::LengthDraw,
+    pub(super) budget: &'a EventBudget,
+    pub(super) forking: Forking,
+}
+
+/// One replication of one candidate: its fork pair, measured.
+pub(super) fn simulate(
+    call: &Call<'_>,
+    index: usize,
+    replication: u32,
+    treatment: Treatment,
+) -> Result<Outcome1, TwinError> {
+    let Call {
+        snapshot,
+        question,
+        outputs,
+        budget,
+        forking,
+    } = *call;
+    let instance = &snapshot.config.instances[index];
+    let state = &snapshot.instances[index];
+    let path = format!("instances[{index}]");
+    let restored_key = RestoredKey {
+        instance: index,
+        shifted_to_us: (treatment == Treatment::UseLast).then_some(question.now_us),
+    };
+    // Restored once per snapshot and candidate; each fork clones it and draws its lengths.
+    let base = match snapshot.memo.restored(&restored_key) {
+        Some(base) => base,
+        None => {
+            let base = if treatment == Treatment::UseLast {
+                // Take the old observation as the state at `now`.
+                let mut shifted = (**state).clone();
+                let shift = question.now_us - shifted.observed_at_us;
+                shifted.observed_at_us = question.now_us;
+                shifted.step_end_us = shifted.step_end_us.map(|end| end + shift);
+                restore_base(instance, &shifted, index, &path)?
+            } else {
+                restore_base(instance, state, index, &path)?
+            };
+            let base = Arc::new(base);
+            snapshot
+                .memo
+                .insert_restored(restored_key, Arc::clone(&base));
+            base
+        }
+    };
+    // A fork: the restored engine with this replication's lengths (drawn once).
+    let lengths = std::cell::OnceCell::new();
+    let fork = || -> Result<Engine, TwinError> {
+        let lengths = lengths.get_or_init(|| {
+            let mut rng = stream(
+                question.options.seed,
+                replication,
+                &format!("twin/outputs/{}", instance.id),
+            );
+            final_lengths(state, outputs, &mut rng)
+        });
+        let mut engine = (*base).clone();
+        set_lengths(&mut engine, lengths, state, index, &path)?;
+        Ok(engine)
+    };
+    let now = question.now_us;
+    let horizon_end = now.saturating_add(question.options.horizon_us);
+    let background = background_arrivals(snapshot, question, index, replication, outputs)?;
+    // Without background traffic, a rolled-forward baseline is the observation's own
+    // continuation: one recording serves every "now" (see `memo`).
+    let continuation =
+        treatment == Treatment::RollForward && question.options.background == Background::None;
+    let key = BaselineKey {
+        instance: index,
+        now_us: (!continuation).then_some(now),
+        seed: question.options.seed,
+        replication,
+        background: u8::from(question.options.background != Background::None),
+        background_prompt_tokens: if question.options.background == Background::None {
+            0
+        } else {
+            question.request.prompt_tokens
+        },
+        treatment: u8::from(treatment == Treatment::UseLast),
+    };
+    let cached = snapshot
+        .memo
+        .get(&key)
+        .filter(|baseline| baseline.covers_until_us >= horizon_end);
+    let spec = question_request(question, replication, now);
+    if continuation {
+        let newcomer = (forking == Forking::Shortcuts)
+            .then(|| newcomer(&base, &spec, now, horizon_end))
+            .flatten();
+        // Recorded from the observation, past this horizon for later questions; on the way,
+        // a copy from where the request would first be reached is kept when cheap.
+        let mut captured = None;
+        let baseline = match cached {
+            Some(baseline) => baseline,
+            None => {
+                let until = horizon_end.saturating_add(question.options.horizon_us);
+                let drains = forking == Forking::Shortcuts;
+                let (baseline, copy) =
+                    run_recorded_for(&mut fork()?, &[], until, budget, drains, newcomer)?;
+                captured = copy;
+                let baseline = Arc::new(baseline);
+                snapshot.memo.insert(key, Arc::clone(&baseline));
+                baseline
+            }
+        };
+        let reached = newcomer.and_then(|newcomer| {
+            let policy = base.config().scheduling_policy;
+            baseline
+                .reach
+                .events_before_reach(now, newcomer.enqueue_us, policy, newcomer.key, horizon_end)
+                .map(|skip| (skip, newcomer.enqueue_us))
+        });
+        if let Some((skip, enqueue_us)) = reached {
+            // The request waits unreached until event `skip + 1`: start from the baseline
+            // there (remembered for later questions when that skips real work).
+            let checkpoint_key = CheckpointKey {
+                instance: index,
+                seed: question.options.seed,
+                replication,
+                events: skip,
+            };
+            let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
+                Some(checkpoint) => (*checkpoint).clone(),
+                None => {
+                    let engine = match captured {
+                        Some((events, copy)) if events == skip => copy,
+                        _ => {
+                            let mut engine = fork()?;
+                            run_events(&mut engine, skip, budget)?;
+                            engine
+                        }
+                    };
+                    if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
+                        snapshot
+                            .memo
+                            .insert_checkpoint(checkpoint_key, Arc::new(engine.clone()));
+                    }
+                    engine
+                }
+            };
+            engine
+                .insert_waiting(spec, enqueue_us)
+                .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+            let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
+            // Its arrival and enqueue count as the events they would have been.
+            run.events += skip + 2 + baseline.events_between(now, horizon_end);
+            return Ok(measure(&engine, &run, &baseline, now, horizon_end));
+        }
+        let mut engine = fork()?;
+        let rolled = run_until_done(&mut engine, now, budget)?;
+        engine.run_until(now);
+        submit_question(&mut engine, spec)?;
+        let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
+        run.events += rolled + baseline.events_between(now, horizon_end);
+        return Ok(measure(&engine, &run, &baseline, now, horizon_end));
+    }
+    // Roll forward to `now` (by the state's age) within the call's budget and deadline; the
+    // baseline starts there.
+    let mut engine = fork()?;
+    let rolled = run_until_done(&mut engine, now, budget)?;
+    engine.run_until(now);
+    let baseline = match cached {
+        Some(baseline) => baseline,
+        None => {
+            let mut without = engine.clone();
+            let baseline = Arc::new(run_recorded(
+                &mut without,
+                &background,
+                horizon_end,
+                budget,
+                forking == Forking::Shortcuts,
+            )?);
+            snapshot.memo.insert(key, Arc::clone(&baseline));
+            baseline
+        }
+    };
+    submit_question(&mut engine, spec)?;
+    let mut run = run_question(&mut engine, &background, horizon_end, budget, forking)?;
+    // (The baseline starts at `now`; it may have been recorded for a longer horizon.)
+    run.events += rolled + baseline.events_until(horizon_end);
+    Ok(measure(&engine, &run, &baseline, now, horizon_end))
+}
+
+/// Runs the fork with the question's request to `end_us`: with a closed-form drain at the
+/// end when shortcuts are on and no arrival is left to feed.
+fn run_question(
+    engine: &mut Engine,
+    arrivals: &[RequestSpec],
+    end_us: u64,
+    budget: &EventBudget,
+    forking: Forking,
+) -> Result<ForkRun, TwinError> {
+    if forking == Forking::Shortcuts && arrivals.is_empty() {
+        return run_fork(engine, RequestId(QUESTION_REQUEST_ID), end_us, budget);
+    }
+    let events = run_with_arrivals(engine, arrivals, end_us, budget)?;
+    Ok(ForkRun {
+        events,
+        ..ForkRun::default()
+    })
+}
+
+/// Least events a checkpoint must skip past `now` to be remembered (below it, cloning it
+/// costs about what replaying those events does).
+const CHECKPOINT_MIN_EVENTS: u64 = 8;
+
+/// The question's request `spec`, submitted at `now` to a copy of `engine` (the observed
+/// state), as a late entry sees it: when it enters the queue and with what key. `None` if it
+/// would be dropped at arrival (the plain path records that).
+fn newcomer(engine: &Engine, spec: &RequestSpec, now: u64, horizon_end: u64) -> Option<Newcomer> {
+    engine.fits_model_len(spec).then(|| Newcomer {
+        now_us: now,
+        enqueue_us: now.saturating_add(engine.latency().queueing_us(spec.input_tokens)),
+        key: engine.newcomer_queue_key(spec),
+        until_us: horizon_end,
+    })
+}
+
+fn submit_question(engine: &mut Engine, spec: RequestSpec) -> Result<(), TwinError> {
+    engine
+        .submit(spec)
+        .map_err(|err| TwinError::invalid("request", err.to_string()))
+}
+
+/// Most background arrivals one fork may simulate.
+pub const BACKGROUND_ARRIVALS_MAX: u64 = 200_000;
+
+/// Poisson arrivals at this instance's share of the observed rate over the horizon, with
+/// (prompt, output) pairs drawn from recently finished requests (or the question's prompt
+/// and the output distribution when none were observed). Ids start at 1.
+fn background_arrivals(
+    snapshot: &MirrorSnapshot,
+    question: &RoutingQuestion,
+    index: usize,
+    replication: u32,
+    outputs: &crate::workload::LengthDraw,
+) -> Result<Vec<RequestSpec>, TwinError> {
+    if question.options.background == Background::None {
+        return Ok(Vec::new());
+    }
+    let instances = snapshot.config.instances.len().max(1) as f64;
+    let rate_per_us = snapshot.traffic.arrivals_per_s / instances / 1e6;
+    if rate_per_us.is_nan() || rate_per_us <= 0.0 {
+        return Ok(Vec::new());
+    }
+    let expected = rate_per_us * question.options.horizon_us as f64;
+    if expected > BACKGROUND_ARRIVALS_MAX as f64 {
+        return Err(TwinError::ResourceExhausted(format!(
+            "about {expected:.0} background arrivals per fork exceed the limit of {BACKGROUND_ARRIVALS_MAX}; shorten the horizon"
+        )));
+    }
+    let instance = &snapshot.config.instances[index];
+    let mut rng = stream(
+        question.options.seed,
+        replication,
+        &format!("twin/background/{}", instance.id),
+    );
+    let lengths = &snapshot.traffic.recent_lengths;
+    let mut arrivals = Vec::new();
+    let mut time = question.now_us as f64;
+    let end = (question.now_us + question.options.horizon_us) as f64;
+    loop {
+        let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+        time += -(1.0 - unit).ln() / rate_per_us;
+        if time > end {
+            break;
+        }
+        let (prompt, output) = if lengths.is_empty() {
+            (question.request.prompt_tokens, outputs.sample(&mut rng))
+        } else {
+            let pick = (rand_core::Rng::next_u64(&mut rng) % lengths.len() as u64) as usize;
+            lengths[pick]
+        };
+        let id = arrivals.len() as u64 + 1;
+        arrivals.push(RequestSpec::synthetic(
+            id,
+            time.ceil() as u64,
+            prompt.max(1),
+            output.max(1),
+        ));
+    }
+    Ok(arrivals)
+}
+
+fn measure(
+    with: &Engine,
+    run: &ForkRun,
+    baseline: &Baseline,
+    now: u64,
+    horizon_end: u64,
+) -> Outcome1 {
+    let events = run.events;
+    let records = &with.metrics().records;
+    let mine = records
+        .iter()
+        .find(|r| r.id.0 == QUESTION_REQUEST_ID)
+        .or(run.question.as_ref());
+    let ms = |us: u64| us as f64 / 1000.0;
+    let mut outcome = Outcome1 {
+        events,
+        ..Outcome1::default()
+    };
+    match mine {
+        Some(record) if record.outcome == Outcome::Completed => {
+            outcome.completed = true;
+            outcome.ttft_known = true;
+            outcome.ttft_ms = record.ttft_us().map_or(0.0, ms);
+            outcome.e2e_ms = record.e2e_us().map_or(0.0, ms);
+            outcome.tpot_ms = record.tpot_us().unwrap_or(0.0) / 1000.0;
+            outcome.queue_wait_ms = record.scheduling_delay_us().map_or(0.0, ms);
+            outcome.prefix_hit_tokens = f64::from(record.cached_tokens);
+            outcome.kv_usage_after =
+                f64::from(record.used_blocks_at_schedule) / f64::from(with.kv().total_blocks());
+        }
+        Some(record) if record.outcome == Outcome::Dropped => outcome.dropped = true,
+        _ => {
+            // Not finished within the horizon: E2E and TPOT are censored at the horizon; the
+            // first token may still have come.
+            let censored = ms(horizon_end - now);
+            let first = with.live_first_token_us(RequestId(QUESTION_REQUEST_ID));
+            outcome.ttft_known = first.is_some();
+            outcome.ttft_ms = first.map_or(censored, |t| ms(t - now));
+            outcome.e2e_ms = censored;
+            outcome.tpot_ms = censored;
+            outcome.queue_wait_ms = censored;
+        }
+    }
+    // Impact on the requests that were already there: mean change of their end time, over
+    // those finishing within the horizon in both forks (a drain's ends among them).
+    let completed = records
+        .iter()
+        .filter(|record| record.outcome == Outcome::Completed)
+        .map(|record| (record.id, record.end_us));
+    let drained = run.drained.iter().map(|end| (end.id, end.end_us));
+    let (mut sum, mut count) = (0i128, 0u64);
+    for (id, end_us) in completed.chain(drained) {
+        if id.0 == QUESTION_REQUEST_ID {
+            continue;
+        }
+        if let Some(end) = baseline.end_by(id.0, horizon_end) {
+            sum += i128::from(end_us) - i128::from(end);
+            count += 1;
+        }
+    }
+    outcome.others_delta_e2e_ms = if count == 0 {
+        0.0
+    } else {
+        sum as f64 / count as f64 / 1000.0
+    };
+    outcome
+}
