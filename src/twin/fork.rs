@@ -3,6 +3,7 @@
 //! checkpoint where that is exact and ended by a closed-form drain where that is exact (see
 //! `sim::engine::ReachLog` and `sim::engine::Drain`), then measured against each other.
 
+use std::cell::OnceCell;
 use std::sync::Arc;
 
 use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
@@ -92,48 +93,12 @@ pub(super) fn simulate(
         budget,
         forking,
     } = *call;
-    let instance = &snapshot.config.instances[index];
-    let state = &snapshot.instances[index];
-    let path = format!("instances[{index}]");
-    let restored_key = RestoredKey {
-        instance: index,
-        shifted_to_us: (treatment == Treatment::UseLast).then_some(question.now_us),
-    };
-    // Restored once per snapshot and candidate; each fork clones it and draws its lengths.
-    let base = match snapshot.memo.restored(&restored_key) {
-        Some(base) => base,
-        None => {
-            let base = if treatment == Treatment::UseLast {
-                // Take the old observation as the state at `now`.
-                let mut shifted = (**state).clone();
-                let shift = question.now_us - shifted.observed_at_us;
-                shifted.observed_at_us = question.now_us;
-                shifted.step_end_us = shifted.step_end_us.map(|end| end + shift);
-                restore_base(instance, &shifted, index, &path)?
-            } else {
-                restore_base(instance, state, index, &path)?
-            };
-            let base = Arc::new(base);
-            snapshot
-                .memo
-                .insert_restored(restored_key, Arc::clone(&base));
-            base
-        }
-    };
-    // A fork: the restored engine with this replication's lengths (drawn once).
-    let lengths = std::cell::OnceCell::new();
-    let fork = || -> Result<Engine, TwinError> {
-        let lengths = lengths.get_or_init(|| {
-            let mut rng = stream(
-                question.options.seed,
-                replication,
-                &format!("twin/outputs/{}", instance.id),
-            );
-            final_lengths(state, outputs, &mut rng)
-        });
-        let mut engine = (*base).clone();
-        set_lengths(&mut engine, lengths, state, index, &path)?;
-        Ok(engine)
+    let forks = Forks {
+        call,
+        index,
+        replication,
+        base: restored_base(call, index, treatment)?,
+        lengths: OnceCell::new(),
     };
     let now = question.now_us;
     let horizon_end = now.saturating_add(question.options.horizon_us);
@@ -161,79 +126,11 @@ pub(super) fn simulate(
         .filter(|baseline| baseline.covers_until_us >= horizon_end);
     let spec = question_request(question, replication, now);
     if continuation {
-        let newcomer = (forking == Forking::Shortcuts)
-            .then(|| newcomer(&base, &spec, now, horizon_end))
-            .flatten();
-        // Recorded from the observation, past this horizon for later questions; on the way,
-        // a copy from where the request would first be reached is kept when cheap.
-        let mut captured = None;
-        let baseline = match cached {
-            Some(baseline) => baseline,
-            None => {
-                let until = horizon_end.saturating_add(question.options.horizon_us);
-                let drains = forking == Forking::Shortcuts;
-                let (baseline, copy) =
-                    run_recorded_for(&mut fork()?, &[], until, budget, drains, newcomer)?;
-                captured = copy;
-                let baseline = Arc::new(baseline);
-                snapshot.memo.insert(key, Arc::clone(&baseline));
-                baseline
-            }
-        };
-        let reached = newcomer.and_then(|newcomer| {
-            let policy = base.config().scheduling_policy;
-            baseline
-                .reach
-                .events_before_reach(now, newcomer.enqueue_us, policy, newcomer.key, horizon_end)
-                .map(|skip| (skip, newcomer.enqueue_us))
-        });
-        if let Some((skip, enqueue_us)) = reached {
-            // The request waits unreached until event `skip + 1`: start from the baseline
-            // there (remembered for later questions when that skips real work).
-            let checkpoint_key = CheckpointKey {
-                instance: index,
-                seed: question.options.seed,
-                replication,
-                events: skip,
-            };
-            let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
-                Some(checkpoint) => (*checkpoint).clone(),
-                None => {
-                    let engine = match captured {
-                        Some((events, copy)) if events == skip => copy,
-                        _ => {
-                            let mut engine = fork()?;
-                            run_events(&mut engine, skip, budget)?;
-                            engine
-                        }
-                    };
-                    if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
-                        snapshot
-                            .memo
-                            .insert_checkpoint(checkpoint_key, Arc::new(engine.clone()));
-                    }
-                    engine
-                }
-            };
-            engine
-                .insert_waiting(spec, enqueue_us)
-                .map_err(|err| TwinError::invalid("request", err.to_string()))?;
-            let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
-            // Its arrival and enqueue count as the events they would have been.
-            run.events += skip + 2 + baseline.events_between(now, horizon_end);
-            return Ok(measure(&engine, &run, &baseline, now, horizon_end));
-        }
-        let mut engine = fork()?;
-        let rolled = run_until_done(&mut engine, now, budget)?;
-        engine.run_until(now);
-        submit_question(&mut engine, spec)?;
-        let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
-        run.events += rolled + baseline.events_between(now, horizon_end);
-        return Ok(measure(&engine, &run, &baseline, now, horizon_end));
+        return continuation_pair(&forks, key, cached, spec, horizon_end);
     }
     // Roll forward to `now` (by the state's age) within the call's budget and deadline; the
     // baseline starts there.
-    let mut engine = fork()?;
+    let mut engine = forks.fork()?;
     let rolled = run_until_done(&mut engine, now, budget)?;
     engine.run_until(now);
     let baseline = match cached {
@@ -255,6 +152,174 @@ pub(super) fn simulate(
     let mut run = run_question(&mut engine, &background, horizon_end, budget, forking)?;
     // (The baseline starts at `now`; it may have been recorded for a longer horizon.)
     run.events += rolled + baseline.events_until(horizon_end);
+    Ok(measure(&engine, &run, &baseline, now, horizon_end))
+}
+
+/// The candidate's engine as observed (or, under use-last, as if observed at `now`), before
+/// any length is drawn: restored once per snapshot and remembered.
+fn restored_base(
+    call: &Call<'_>,
+    index: usize,
+    treatment: Treatment,
+) -> Result<Arc<Engine>, TwinError> {
+    let Call {
+        snapshot, question, ..
+    } = *call;
+    let restored_key = RestoredKey {
+        instance: index,
+        shifted_to_us: (treatment == Treatment::UseLast).then_some(question.now_us),
+    };
+    if let Some(base) = snapshot.memo.restored(&restored_key) {
+        return Ok(base);
+    }
+    let instance = &snapshot.config.instances[index];
+    let state = &snapshot.instances[index];
+    let path = format!("instances[{index}]");
+    let base = if treatment == Treatment::UseLast {
+        // Take the old observation as the state at `now`.
+        let mut shifted = (**state).clone();
+        let shift = question.now_us - shifted.observed_at_us;
+        shifted.observed_at_us = question.now_us;
+        shifted.step_end_us = shifted.step_end_us.map(|end| end + shift);
+        restore_base(instance, &shifted, index, &path)?
+    } else {
+        restore_base(instance, state, index, &path)?
+    };
+    let base = Arc::new(base);
+    snapshot
+        .memo
+        .insert_restored(restored_key, Arc::clone(&base));
+    Ok(base)
+}
+
+/// What one candidate's forks for one replication start from.
+struct Forks<'a> {
+    call: &'a Call<'a>,
+    index: usize,
+    replication: u32,
+    base: Arc<Engine>,
+    /// The replication's final lengths, drawn once for both forks.
+    lengths: OnceCell<Vec<(u32, u32)>>,
+}
+
+impl Forks<'_> {
+    /// A fork: the restored engine with this replication's lengths.
+    fn fork(&self) -> Result<Engine, TwinError> {
+        let Call {
+            snapshot,
+            question,
+            outputs,
+            ..
+        } = *self.call;
+        let index = self.index;
+        let state = &snapshot.instances[index];
+        let lengths = self.lengths.get_or_init(|| {
+            let instance = &snapshot.config.instances[index];
+            let mut rng = stream(
+                question.options.seed,
+                self.replication,
+                &format!("twin/outputs/{}", instance.id),
+            );
+            final_lengths(state, outputs, &mut rng)
+        });
+        let mut engine = (*self.base).clone();
+        set_lengths(
+            &mut engine,
+            lengths,
+            state,
+            index,
+            &format!("instances[{index}]"),
+        )?;
+        Ok(engine)
+    }
+}
+
+/// The fork pair of a rolled-forward candidate without background traffic: the baseline is
+/// the observation's continuation (`cached`, or recorded now under `key`), and the fork with
+/// the request starts by late entry where that applies.
+fn continuation_pair(
+    forks: &Forks<'_>,
+    key: BaselineKey,
+    cached: Option<Arc<Baseline>>,
+    spec: RequestSpec,
+    horizon_end: u64,
+) -> Result<Outcome1, TwinError> {
+    let Call {
+        snapshot,
+        question,
+        budget,
+        forking,
+        ..
+    } = *forks.call;
+    let now = question.now_us;
+    let newcomer = (forking == Forking::Shortcuts)
+        .then(|| newcomer(&forks.base, &spec, now, horizon_end))
+        .flatten();
+    // Recorded from the observation, past this horizon for later questions; on the way, a
+    // copy from where the request would first be reached is kept when cheap.
+    let mut captured = None;
+    let baseline = match cached {
+        Some(baseline) => baseline,
+        None => {
+            let until = horizon_end.saturating_add(question.options.horizon_us);
+            let drains = forking == Forking::Shortcuts;
+            let (baseline, copy) =
+                run_recorded_for(&mut forks.fork()?, &[], until, budget, drains, newcomer)?;
+            captured = copy;
+            let baseline = Arc::new(baseline);
+            snapshot.memo.insert(key, Arc::clone(&baseline));
+            baseline
+        }
+    };
+    let reached = newcomer.and_then(|newcomer| {
+        let policy = forks.base.config().scheduling_policy;
+        baseline
+            .reach
+            .events_before_reach(now, newcomer.enqueue_us, policy, newcomer.key, horizon_end)
+            .map(|skip| (skip, newcomer.enqueue_us))
+    });
+    let Some((skip, enqueue_us)) = reached else {
+        let mut engine = forks.fork()?;
+        let rolled = run_until_done(&mut engine, now, budget)?;
+        engine.run_until(now);
+        submit_question(&mut engine, spec)?;
+        let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
+        run.events += rolled + baseline.events_between(now, horizon_end);
+        return Ok(measure(&engine, &run, &baseline, now, horizon_end));
+    };
+    // The request waits unreached until event `skip + 1`: start from the baseline there
+    // (remembered for later questions when that skips real work).
+    let checkpoint_key = CheckpointKey {
+        instance: forks.index,
+        seed: question.options.seed,
+        replication: forks.replication,
+        events: skip,
+    };
+    let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
+        Some(checkpoint) => (*checkpoint).clone(),
+        None => {
+            let engine = match captured {
+                Some((events, copy)) if events == skip => copy,
+                _ => {
+                    let mut engine = forks.fork()?;
+                    run_events(&mut engine, skip, budget)?;
+                    engine
+                }
+            };
+            if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
+                snapshot
+                    .memo
+                    .insert_checkpoint(checkpoint_key, Arc::new(engine.clone()));
+            }
+            engine
+        }
+    };
+    engine
+        .insert_waiting(spec, enqueue_us)
+        .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+    let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
+    // Its arrival and enqueue count as the events they would have been.
+    run.events += skip + 2 + baseline.events_between(now, horizon_end);
     Ok(measure(&engine, &run, &baseline, now, horizon_end))
 }
 
