@@ -117,21 +117,24 @@ pub fn run_fork(
 }
 
 /// Asks an engine for a drain after each event, cheaply: only when the batch has a drain's
-/// shape, and not again at the batch size at which the free blocks last fell short (only a
-/// completion, which frees blocks and needs, can change that).
+/// shape, and not again while the free blocks last fell short for the same batch (the same
+/// completions, arrivals and preemptions: only those change the blocks free and needed).
 #[derive(Debug, Default)]
 struct DrainWatch {
-    refused_at: Option<usize>,
+    /// (completed, injected, preemptions) when a drain was last refused.
+    refused_at: Option<(u64, u64, u64)>,
 }
 
 impl DrainWatch {
     fn try_drain(&mut self, engine: &Engine, until_us: u64) -> Option<Drain> {
-        if !engine.drain_shaped() || self.refused_at == Some(engine.num_running()) {
+        let counts = engine.counts();
+        let batch = (counts.completed, counts.injected, counts.preemptions);
+        if !engine.drain_shaped() || self.refused_at == Some(batch) {
             return None;
         }
         let drain = engine.drain(until_us);
         if drain.is_none() {
-            self.refused_at = Some(engine.num_running());
+            self.refused_at = Some(batch);
         }
         drain
     }

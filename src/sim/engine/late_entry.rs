@@ -69,15 +69,26 @@ impl Engine {
     /// keeps a copy of the engine before a step that may first reach a newcomer; a wrong
     /// "true" only costs that copy).
     pub fn may_reach(&self, key: QueueKey) -> bool {
+        // Past this many requests ahead the walk stops and answers "maybe": it runs after
+        // every event of a recording, and the caller bounds its copies.
+        const WALK_MAX: usize = 256;
         let policy = self.config.scheduling_policy;
         let block_size = self.config.block_size;
         let threshold = self.config.long_prefill_token_threshold;
         let budget = u64::from(self.config.max_num_batched_tokens);
+        let seats = self.config.max_num_seqs as usize;
         let mut needed = 0u64;
-        for slot in self.waiting.iter() {
+        for (ahead, slot) in self.waiting.iter().enumerate() {
             let state = self.state(slot);
             if policy != SchedulingPolicy::Fcfs && queue_key(policy, state) >= key {
                 break;
+            }
+            // Every request ahead must be admitted, and a seat left for the newcomer.
+            if ahead + 1 >= seats {
+                return false;
+            }
+            if ahead == WALK_MAX {
+                return true;
             }
             // A preempted request may hit its own private blocks too.
             let least = if state.timeline.preemptions > 0 {
