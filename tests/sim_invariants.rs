@@ -235,6 +235,24 @@ fn model(alpha: [f64; 3]) -> LatencyModel {
     })
 }
 
+/// A newcomer (id 1,000,000) arriving `offset` µs after the `pick`-th request of
+/// `scenario`, with (input, output, priority) and an optional (prefix group, length).
+fn newcomer_after(
+    scenario: &Scenario,
+    pick: usize,
+    offset: u64,
+    (input, output, priority): (u32, u32, i32),
+    prefix: Option<(u64, u32)>,
+) -> (u64, RequestSpec) {
+    let now = scenario.requests[pick % scenario.requests.len()].arrival_us + offset;
+    let mut newcomer = RequestSpec::synthetic(1_000_000, now, input, output);
+    newcomer.priority = priority;
+    if let Some((group, len)) = prefix {
+        newcomer = newcomer.with_prefix(group, len);
+    }
+    (now, newcomer)
+}
+
 /// Late entry: the run with `newcomer` submitted at `now` must equal the run without it,
 /// copied just before the first event the newcomer changes (as its [`ReachLog`] finds it),
 /// with the newcomer inserted there. Returns how many events past `now` the copy skipped
@@ -504,12 +522,8 @@ proptest! {
         (input, output, priority) in (1u32..900, 1u32..200, 0i32..3),
         prefix in prop::option::of((0u64..3, 0u32..300)),
     ) {
-        let now = scenario.requests[pick % scenario.requests.len()].arrival_us + offset;
-        let mut newcomer = RequestSpec::synthetic(1_000_000, now, input, output);
-        newcomer.priority = priority;
-        if let Some((group, len)) = prefix {
-            newcomer = newcomer.with_prefix(group, len);
-        }
+        let (now, newcomer) =
+            newcomer_after(&scenario, pick, offset, (input, output, priority), prefix);
         late_entry_matches_submission(&scenario, now, &newcomer);
     }
 
@@ -522,9 +536,7 @@ proptest! {
     ) {
         // Queueing delays (alpha) put the enqueue after `now`, possibly on a step's end;
         // other requests time out.
-        let now = scenario.requests[pick % scenario.requests.len()].arrival_us + offset;
-        let mut newcomer = RequestSpec::synthetic(1_000_000, now, input, output);
-        newcomer.priority = priority;
+        let (now, newcomer) = newcomer_after(&scenario, pick, offset, (input, output, priority), None);
         late_entry_matches_submission(&scenario, now, &newcomer);
     }
 

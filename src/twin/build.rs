@@ -1,6 +1,8 @@
 //! From a mirrored instance to a restored engine: observed requests become engine requests
 //! (with known or sampled final lengths), cached blocks and the step in flight carry over.
 
+use std::sync::Arc;
+
 use crate::cluster::config::InstanceConfig;
 use crate::sim::engine::{RestoreState, RestoredRequest};
 use crate::sim::rng::SimRng;
@@ -145,18 +147,27 @@ fn final_length(observed: &ObservedRequest, outputs: &LengthDraw, rng: &mut SimR
     }
 }
 
-fn to_restored(observed: &ObservedRequest, id: u64, final_length: u32) -> RestoredRequest {
-    let generated = observed.output_tokens;
-    let content = if !observed.block_hashes.is_empty() {
-        PromptContent::BlockKeys(observed.block_hashes.clone().into())
-    } else if let Some(tokens) = &observed.token_ids {
+/// A prompt's content as the engine keys it: the given block hashes, else the token ids,
+/// else synthetic (unique to the request).
+pub(super) fn prompt_content(
+    block_hashes: &[u64],
+    token_ids: Option<&Arc<[u32]>>,
+) -> PromptContent {
+    if !block_hashes.is_empty() {
+        PromptContent::BlockKeys(block_hashes.to_vec().into())
+    } else if let Some(tokens) = token_ids {
         PromptContent::Tokens(tokens.clone())
     } else {
         PromptContent::Synthetic {
             prefix_group: None,
             prefix_len: 0,
         }
-    };
+    }
+}
+
+fn to_restored(observed: &ObservedRequest, id: u64, final_length: u32) -> RestoredRequest {
+    let generated = observed.output_tokens;
+    let content = prompt_content(&observed.block_hashes, observed.token_ids.as_ref());
     RestoredRequest {
         spec: RequestSpec {
             id: RequestId(id),

@@ -6,9 +6,9 @@
 use std::cell::OnceCell;
 use std::sync::Arc;
 
-use crate::sim::{Engine, Outcome, PromptContent, RequestId, RequestSpec};
+use crate::sim::{Engine, Outcome, RequestId, RequestSpec};
 
-use super::build::{QUESTION_REQUEST_ID, final_lengths, restore_base, set_lengths};
+use super::build::{QUESTION_REQUEST_ID, final_lengths, prompt_content, restore_base, set_lengths};
 use super::error::TwinError;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
 use super::predict::{Forking, Outcome1, Treatment};
@@ -46,16 +46,7 @@ fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u6
     } else {
         output
     };
-    let content = if !request.block_hashes.is_empty() {
-        PromptContent::BlockKeys(request.block_hashes.clone().into())
-    } else if let Some(tokens) = &request.token_ids {
-        PromptContent::Tokens(tokens.clone())
-    } else {
-        PromptContent::Synthetic {
-            prefix_group: None,
-            prefix_len: 0,
-        }
-    };
+    let content = prompt_content(&request.block_hashes, request.token_ids.as_ref());
     RequestSpec {
         id: RequestId(QUESTION_REQUEST_ID),
         arrival_us,
