@@ -7,12 +7,15 @@
 
 pub mod args;
 pub mod bench;
+pub mod calibrate;
 pub mod cluster_run;
 pub mod error;
+pub mod latency;
 pub mod predict;
 pub mod report;
 pub mod run;
 pub mod serve;
+pub mod validate;
 
 pub use args::{Cli, Command, RunArgs};
 pub use error::CliError;
