@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod bench;
+pub mod check_config;
 pub mod cluster_run;
 pub mod error;
 pub mod predict;

@@ -5,7 +5,8 @@
 //! on 0.0.0.0:9010 (gRPC) and 0.0.0.0:9011 (HTTP), ready at once. Every flag has a
 //! `DITTO_*` environment equivalent. Exit codes: 0 after a graceful shutdown, 64 for a bad
 //! flag or cluster file (checked before anything binds), 1 when the server cannot start or
-//! fails.
+//! fails. With `--check-config FILE` it only validates (see `cli::check_config`): exit 0, or 2
+//! naming the field.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -29,6 +30,10 @@ pub struct ServeArgs {
     /// A cluster YAML (see data/clusters/default.yaml); default: the embedded default.
     #[arg(long, env = "DITTO_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Validate this cluster YAML (with every other flag) as serve would, then exit: 0 when
+    /// it would serve, 2 naming the field when not. Nothing binds.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
     /// gRPC listen address.
     #[arg(long, env = "DITTO_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
@@ -183,6 +188,9 @@ fn say(line: &str) {
 
 /// Runs `ditto serve` and returns the process exit code.
 pub fn main(args: &ServeArgs) -> ExitCode {
+    if let Some(file) = &args.check_config {
+        return crate::cli::check_config::main(args, file);
+    }
     if !crate::telemetry::init_tracing(&args.log) {
         say(&format!(
             "warning: --log {:?} is not a valid filter; logging is off",
