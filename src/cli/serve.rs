@@ -80,9 +80,11 @@ pub struct ServeArgs {
     /// Largest gRPC message, bytes.
     #[arg(long, env = "DITTO_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_message_bytes: usize,
-    /// Longest the shutdown waits for in-flight calls, milliseconds.
-    #[arg(long, env = "DITTO_DRAIN_MS", default_value_t = 5_000)]
-    pub drain_ms: u64,
+    /// Longest the shutdown waits for in-flight calls, milliseconds (default: --max-call-ms
+    /// plus 5000, so a call accepted before SIGTERM is never cut). Keep Kubernetes'
+    /// terminationGracePeriodSeconds above it.
+    #[arg(long, env = "DITTO_DRAIN_MS")]
+    pub drain_ms: Option<u64>,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -172,7 +174,10 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         ..StoreLimits::DEFAULT
     };
     options.max_message_bytes = positive(args.max_message_bytes, "max-message-bytes")?;
-    options.drain = Duration::from_millis(args.drain_ms);
+    options.drain = args.drain_ms.map_or(
+        options.service.max_call + crate::server::run::DRAIN_MARGIN,
+        Duration::from_millis,
+    );
     options.initial_config = Some(InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),

@@ -11,6 +11,7 @@ pub mod convert;
 pub mod deadline;
 pub mod error;
 pub mod http;
+pub mod lifecycle;
 pub mod loadgen;
 pub mod run;
 pub mod service;
