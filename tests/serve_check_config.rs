@@ -76,3 +76,30 @@ fn check_config_replaces_config() {
     let (code, _, stderr) = check(file, &["--config", "/nonexistent/cluster.yaml"]);
     assert_eq!(code, 0, "{stderr}");
 }
+
+#[test]
+fn bad_forecast_loop_flags_exit_2_naming_the_flag() {
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/data/clusters/default.yaml");
+    for (flags, named) in [
+        (&["--forecast-interval=-1"][..], "--forecast-interval"),
+        (
+            &[
+                "--forecast-interval",
+                "30",
+                "--forecast-target-attainment",
+                "1.5",
+            ][..],
+            "--forecast-target-attainment",
+        ),
+        (
+            &["--forecast-interval", "30", "--forecast-replications", "0"][..],
+            "--forecast-replications",
+        ),
+    ] {
+        let (code, _, stderr) = check(file, flags);
+        assert_eq!(code, 2, "{flags:?}: {stderr}");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
+    let (code, _, stderr) = check(file, &["--forecast-interval", "30"]);
+    assert_eq!(code, 0, "{stderr}");
+}

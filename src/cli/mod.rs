@@ -10,6 +10,7 @@ pub mod bench;
 pub mod check_config;
 pub mod cluster_run;
 pub mod error;
+pub mod forecast_loop;
 pub mod predict;
 pub mod report;
 pub mod run;

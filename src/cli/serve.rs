@@ -85,6 +85,9 @@ pub struct ServeArgs {
     /// terminationGracePeriodSeconds above it.
     #[arg(long, env = "DITTO_DRAIN_MS")]
     pub drain_ms: Option<u64>,
+    /// The optional forecast loop exporting ditto_desired_replicas.
+    #[command(flatten)]
+    pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -178,6 +181,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         options.service.max_call + crate::server::run::DRAIN_MARGIN,
         Duration::from_millis,
     );
+    options.forecast_loop = args.forecast_loop.options()?;
     options.initial_config = Some(InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),

@@ -10,6 +10,7 @@ pub mod client;
 pub mod convert;
 pub mod deadline;
 pub mod error;
+pub mod forecast_loop;
 pub mod http;
 pub mod lifecycle;
 pub mod loadgen;

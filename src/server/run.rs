@@ -19,6 +19,7 @@ use tonic::transport::Server;
 
 use super::FILE_DESCRIPTOR_SET;
 use super::error::ServeError;
+use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
 use super::lifecycle::{DrainGate, Lifecycle};
 use super::proto::twin_server::TwinServer;
@@ -67,6 +68,8 @@ pub struct ServerOptions {
     pub drain: Duration,
     /// Config synced at startup (then the server is ready at once).
     pub initial_config: Option<InitialConfig>,
+    /// The forecast loop exporting desired replicas (None: off).
+    pub forecast_loop: Option<ForecastLoopOptions>,
 }
 
 impl ServerOptions {
@@ -86,6 +89,7 @@ impl ServerOptions {
             max_message_bytes: 16 * 1024 * 1024,
             drain: DEFAULT_MAX_CALL + DRAIN_MARGIN,
             initial_config: None,
+            forecast_loop: None,
         }
     }
 }
@@ -102,6 +106,7 @@ pub struct RunningServer {
     http: JoinHandle<std::io::Result<()>>,
     drain: Duration,
     lifecycle: Arc<Lifecycle>,
+    background: Vec<JoinHandle<()>>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -128,6 +133,17 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             .map_err(ServeError::Config)?;
     }
     let (health, health_service) = tonic_health::server::health_reporter();
+    let mut background = Vec::new();
+    if let Some(forecast) = options.forecast_loop {
+        background.push(forecast_loop::spawn(
+            forecast,
+            Arc::clone(&store),
+            options.service.twin,
+            options.service.max_call,
+            &metrics,
+            lifecycle.draining(),
+        )?);
+    }
     let shared = Arc::new(Shared::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
@@ -187,6 +203,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         http,
         drain: options.drain,
         lifecycle,
+        background,
     })
 }
 
@@ -230,6 +247,10 @@ impl RunningServer {
                 in_flight = self.lifecycle.in_flight(),
                 "drain time over: cutting the calls still in flight"
             );
+        }
+        // Background loops stopped on the drain signal; a panicked one has nothing to wait for.
+        for task in self.background {
+            let _ = task.await;
         }
         // Send fails only if both servers already stopped, which is fine.
         let _ = self.stop.send(true);
