@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import urllib.request
 
 import helm_python as helm
@@ -23,7 +24,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import BINARY, ROOT
+from conftest import BINARY, ROOT, Server
 from ditto.v1 import twin_pb2 as pb
 
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion >=1.27; native gRPC
@@ -52,6 +53,7 @@ def all_toggles_on():
         "tls": {"enabled": True, "secretName": "ditto-tls", "clientCaSecretName": "ditto-client-ca"},
         "auth": {"enabled": True, "secretName": "ditto-token", "secretKey": "token"},
         "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+        "forecast": {"enabled": True, "intervalSeconds": 15, "targetAttainment": 0.9},
         "serviceAccount": {"create": True, "annotations": {"example.com/role": "ditto"}},
         "extraArgs": ["--stream-in-flight=16"],
         "extraEnv": [{"name": "DITTO_SNAPSHOT_HISTORY", "value": "32"}],
@@ -309,6 +311,7 @@ def test_toggles_wire_what_they_name():
     assert ditto["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local" in ditto["args"]
     assert "--stream-in-flight=16" in ditto["args"]
+    assert "--forecast-interval=15" in ditto["args"] and "--forecast-target-attainment=0.9" in ditto["args"]
     monitor = objects[("ServiceMonitor", RELEASE)]
     service_ports = {p["name"] for p in objects[("Service", RELEASE)]["spec"]["ports"]}
     assert monitor["spec"]["endpoints"][0]["port"] in service_ports
@@ -358,13 +361,25 @@ def test_a_bad_cluster_value_fails_check_config_naming_the_field(tmp_path):
     assert "pools[0].tp" in stderr
 
 
-def test_alerts_name_metrics_the_binary_exports(server):
-    server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as reply:
-        exported = set(re.findall(r"^(ditto_[a-z_]+)", reply.read().decode(), re.MULTILINE))
+def test_alerts_name_metrics_the_binary_exports():
+    # The forecast loop on, as the alerts assume with every toggle on.
+    server = Server(extra_args=["--forecast-interval", "0.2", "--forecast-horizon-s", "10"])
+    try:
+        server.wait_serving()
+        server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+        deadline = time.monotonic() + 60
+        exported = set()
+        while "ditto_forecast_rounds_total" not in exported and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as reply:
+                exported = set(re.findall(r"^(ditto_[a-z_]+)", reply.read().decode(), re.MULTILINE))
+    finally:
+        code, output = server.terminate(), server.output()
+        os.unlink(server.log.name)
+        assert code == 0, output
     rule = render(all_toggles_on())[("PrometheusRule", RELEASE)]
     used = {name for group in rule["spec"]["groups"] for r in group["rules"] for name in re.findall(r"ditto_[a-z_]+", r["expr"])}
-    assert used, "the alerts use ditto's metrics"
+    assert "ditto_forecast_rounds_total" in used and "ditto_stale_instances" in used, used
     assert used <= exported, used - exported
 
 

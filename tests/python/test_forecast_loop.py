@@ -5,8 +5,8 @@ seen 100 requests per second arrive (more than one llama-3.1-8b replica serves w
 TTFT), more than one. The loop stops with the drain: exit 0 after SIGTERM.
 """
 
+import os
 import re
-import signal
 import time
 
 from conftest import Server
@@ -76,6 +76,7 @@ def test_the_forecast_loop_exports_desired_replicas_that_follow_traffic():
         assert re.search(r'^ditto_forecast_rounds_total\{outcome="ok"\} [1-9]', text, re.MULTILINE)
     finally:
         code = server.terminate()
-    output = server.output()
+        output = server.output()
+        os.unlink(server.log.name)
     assert code == 0, output
     assert "forecast loop stopped" in output

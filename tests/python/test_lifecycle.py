@@ -21,7 +21,7 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import BINARY, EXIT_BOUND_S, STARTUP_BOUND_S, free_port
+from conftest import BINARY, EXIT_BOUND_S, free_port
 from ditto.v1 import twin_pb2 as pb
 from ditto.v1 import twin_pb2_grpc
 
