@@ -154,7 +154,7 @@ def test_sigterm_drains_an_open_push_stream_and_reports_not_serving_meanwhile():
             "the first push applied",
             lambda: process.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).generation > generation,
         )
-        assert process.in_flight() == 1
+        process.wait_until("only the push stream in flight", lambda: process.in_flight() == 1)
 
         process.process.send_signal(signal.SIGTERM)
         process.wait_until(
@@ -170,7 +170,7 @@ def test_sigterm_drains_an_open_push_stream_and_reports_not_serving_meanwhile():
             assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
             assert "shutting down" in err.details()
         assert process.process.poll() is None, "the server waits for the open stream"
-        assert process.in_flight() == 1
+        process.wait_until("only the push stream in flight", lambda: process.in_flight() == 1)
 
         messages.put(update(1_100_000, "r2"))
         messages.put(None)
