@@ -8,8 +8,10 @@
 pub mod args;
 pub mod bench;
 pub mod calibrate;
+pub mod check_config;
 pub mod cluster_run;
 pub mod error;
+pub mod forecast_loop;
 pub mod latency;
 pub mod predict;
 pub mod report;
