@@ -232,7 +232,7 @@ fn analytic(kind: LatencyKind) -> LatencyModel {
 
 /// Roofline for an even request count, calibrated for an odd one.
 fn kind_by_parity(count: usize) -> LatencyKind {
-    if count % 2 == 0 {
+    if count.is_multiple_of(2) {
         LatencyKind::Roofline
     } else {
         LatencyKind::Calibrated
