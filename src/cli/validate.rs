@@ -15,7 +15,7 @@ use crate::cli::CliError;
 use crate::cli::latency::resolve_latency;
 use crate::fidelity::replay::{self, OutputLength, ReplayOptions};
 use crate::fidelity::score::{self, Metrics, RunScore};
-use crate::fidelity::{MeasuredRun, RunFiles};
+use crate::fidelity::{MeasuredRun, RunFiles, scraped};
 
 /// Flags of `ditto validate`.
 #[derive(Clone, Debug, Args)]
@@ -170,6 +170,9 @@ pub fn load_run(dir: &Path) -> Result<MeasuredRun, CliError> {
         },
         workload,
         s2r_records: read("s2r_error_records.csv")?,
+        metrics_before: read(scraped::BEFORE_FILE)?,
+        metrics_after: read(scraped::AFTER_FILE)?,
+        scrape: read(scraped::SCRAPE_FILE)?,
     };
     MeasuredRun::parse(&files).map_err(|err| CliError::BadFile {
         path: dir.to_path_buf(),
@@ -262,7 +265,14 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
         "KS-T",
         "KS-E"
     );
-    let cell = |p: f64, m: f64, e: f64| format!("{p:.1}/{m:.1} ({e:.1}%)");
+    let cell = |p: f64, m: f64, e: f64| {
+        if m.is_finite() {
+            format!("{p:.1}/{m:.1} ({e:.1}%)")
+        } else {
+            // Not measured (a p90 a scrape cannot give).
+            format!("{p:.1}/-")
+        }
+    };
     for v in validated {
         for s in &v.score.stages {
             let stage = if s.stage < 0 {
@@ -290,15 +300,22 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
     }
     let scores: Vec<RunScore> = validated.iter().map(|v| v.score.clone()).collect();
     let med = score::median_ape(&scores);
+    let pct = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.1}%")
+        } else {
+            "-".to_owned()
+        }
+    };
     let _ = writeln!(
         out,
-        "median abs % error over {} runs: E2E mean {:.1}%, E2E p90 {:.1}%, TTFT mean {:.1}%, TTFT p90 {:.1}%, TPOT {:.1}%",
+        "median abs % error over {} runs: E2E mean {}, E2E p90 {}, TTFT mean {}, TTFT p90 {}, TPOT {}",
         scores.len(),
-        med.e2e_mean,
-        med.e2e_p90,
-        med.ttft_mean,
-        med.ttft_p90,
-        med.tpot_mean
+        pct(med.e2e_mean),
+        pct(med.e2e_p90),
+        pct(med.ttft_mean),
+        pct(med.ttft_p90),
+        pct(med.tpot_mean)
     );
     out
 }

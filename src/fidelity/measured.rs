@@ -12,7 +12,9 @@
 //!   rate stages;
 //! - `workload_*.json`: the workload of a summary-only run (no replay files);
 //! - `s2r_error_records.csv`: the run's hardware, `gpu_mem_util`, summary actuals per stage,
-//!   and the published simulators' predictions and errors.
+//!   and the published simulators' predictions and errors;
+//! - `metrics_before.txt`, `metrics_after.txt`, `scrape.yaml`: a run known only from vLLM's
+//!   own `/metrics` ([`super::scraped`]).
 //!
 //! Text in, no I/O. Errors name the file and the field.
 
@@ -45,6 +47,22 @@ pub struct RunFiles {
     pub workload: Option<String>,
     /// `s2r_error_records.csv`.
     pub s2r_records: Option<String>,
+    /// `metrics_before.txt`: vLLM's `/metrics` before the load (see [`super::scraped`]).
+    pub metrics_before: Option<String>,
+    /// `metrics_after.txt`: vLLM's `/metrics` after the load.
+    pub metrics_after: Option<String>,
+    /// `scrape.yaml`: the interval between the scrapes and the GPU.
+    pub scrape: Option<String>,
+}
+
+/// A length distribution known only as histogram buckets: (lower, upper, count) per
+/// non-empty bucket, and the exact mean (from the histogram's `_sum`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LengthHistogram {
+    /// Non-empty buckets, ascending.
+    pub buckets: Vec<(f64, f64, f64)>,
+    /// The exact mean length.
+    pub mean: f64,
 }
 
 /// One constant-rate stage of the load.
@@ -142,6 +160,10 @@ pub struct MeasuredRun {
     pub actuals: BTreeMap<(i32, String), f64>,
     /// The published simulators' predictions.
     pub published: Vec<Published>,
+    /// Prompt lengths of a run known from histograms only (scraped runs).
+    pub prompt_lengths: Option<LengthHistogram>,
+    /// Output lengths of a run known from histograms only (scraped runs).
+    pub output_lengths: Option<LengthHistogram>,
 }
 
 impl MeasuredRun {
@@ -189,6 +211,8 @@ impl MeasuredRun {
             num_requests: None,
             actuals: s2r.actuals,
             published: s2r.published,
+            prompt_lengths: None,
+            output_lengths: None,
         };
         if let Some(tp) = s2r.tp.filter(|_| exp.is_null()) {
             run.tp = tp;
@@ -198,6 +222,14 @@ impl MeasuredRun {
         }
         if let Some(text) = &files.replay_requests {
             apply_replay(&mut run, text, files.ground_truth.as_deref())?;
+        }
+        if let Some(after) = &files.metrics_after {
+            super::scraped::apply_scrapes(
+                &mut run,
+                files.scrape.as_deref(),
+                files.metrics_before.as_deref(),
+                after,
+            )?;
         }
         if run.stages.is_empty() {
             return Err(FidelityError::Missing {

@@ -10,6 +10,8 @@
 //! - [`replay`]: a run plus a latency model → simulated per-request TTFT and E2E;
 //! - [`score`]: predicted vs. measured → the field's metrics (E2E/TTFT mean and p90, TPOT
 //!   mean), per stage and overall, absolute % errors, KS distances, medians across runs;
+//! - [`scraped`]: a run known only from two scrapes of vLLM's own `/metrics` → a
+//!   summary-only [`MeasuredRun`];
 //! - [`calibrate`]: fits the calibrated step-time model's coefficients to runs by replaying
 //!   them (simulation in the loop), and the warm per-run calibration.
 //!
@@ -19,6 +21,7 @@ pub mod calibrate;
 pub mod measured;
 pub mod replay;
 pub mod score;
+pub mod scraped;
 
 pub use measured::{MeasuredRun, RunFiles, Stage};
 pub use replay::{Replayed, replay};

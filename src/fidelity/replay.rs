@@ -16,7 +16,9 @@
 //! round-robin over users), which gives the same hit rate.
 //!
 //! Summary-only runs (no replay files) get seeded Poisson arrivals per stage, prompts of
-//! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length.
+//! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length;
+//! runs known from `/metrics` histograms draw prompt and output lengths from the histograms
+//! (uniform inside a bucket), scaled so their means are the histograms' exact means.
 
 use rand_core::Rng;
 
@@ -26,7 +28,7 @@ use crate::sim::rng::RngStreams;
 use crate::sim::{Engine, EngineConfig, RequestSpec, capacity};
 
 use super::FidelityError;
-use super::measured::MeasuredRun;
+use super::measured::{LengthHistogram, MeasuredRun};
 
 /// Prompt tokens the chat template and BOS add to system prompt + question (measured on the
 /// H100 "general" runs: 575.5 mean prompt for 100 + 447 configured).
@@ -219,6 +221,7 @@ fn simulated_output_len(
 ) -> Result<Option<u32>, FidelityError> {
     match choice {
         OutputLength::Recount if run.has_requests() => Ok(None),
+        OutputLength::Auto | OutputLength::Recount if run.output_lengths.is_some() => Ok(None),
         OutputLength::Auto if run.has_requests() && !run.ignore_eos => Ok(None),
         _ => run
             .configured_output_len
@@ -261,13 +264,13 @@ fn requests(
             })
             .collect();
     }
-    let out = output_len.unwrap_or(1).max(1);
     let shape = run.shared_prefix;
     let base = shape.map_or(512, |s| {
         s.system_prompt_len + s.question_len + TEMPLATE_TOKENS
     });
-    let mut rng = RngStreams::new(options.seed).stream("fidelity-arrivals");
-    let mut specs = Vec::new();
+    let streams = RngStreams::new(options.seed);
+    let mut rng = streams.stream("fidelity-arrivals");
+    let mut arrivals = Vec::new();
     let limit = run.num_requests.unwrap_or(u64::MAX);
     for stage in &run.stages {
         let mut t = stage.start_us as f64;
@@ -275,19 +278,72 @@ fn requests(
         loop {
             let u = unit(&mut rng);
             t += -(1.0 - u).ln() / stage.rate * 1e6;
-            if t >= end || specs.len() as u64 >= limit {
+            if t >= end || arrivals.len() as u64 >= limit {
                 break;
             }
             let jitter = (rng.next_u64() % 33) as u32;
-            let input = (base + jitter).saturating_sub(16).max(1);
-            let i = specs.len();
-            specs.push(with_prefix(
-                RequestSpec::synthetic(i as u64, t as u64, input, out),
-                i,
-            ));
+            arrivals.push((t as u64, (base + jitter).saturating_sub(16).max(1)));
         }
     }
-    specs
+    let n = arrivals.len();
+    let prompts = run
+        .prompt_lengths
+        .as_ref()
+        .map(|h| draw_lengths(h, n, &mut streams.stream("fidelity-prompt-lengths")));
+    let outputs = run
+        .output_lengths
+        .as_ref()
+        .map(|h| draw_lengths(h, n, &mut streams.stream("fidelity-output-lengths")));
+    arrivals
+        .into_iter()
+        .enumerate()
+        .map(|(i, (arrival_us, templated))| {
+            let input = prompts.as_ref().map_or(templated, |p| p[i]);
+            let out = match (output_len, &outputs) {
+                (Some(len), _) => len,
+                (None, Some(outputs)) => outputs[i],
+                (None, None) => 1,
+            };
+            with_prefix(
+                RequestSpec::synthetic(i as u64, arrival_us, input, out.max(1)),
+                i,
+            )
+        })
+        .collect()
+}
+
+/// `n` lengths drawn from `histogram` (a bucket by its count, then uniform inside it), scaled
+/// so their mean is the histogram's exact mean.
+fn draw_lengths(histogram: &LengthHistogram, n: usize, rng: &mut impl Rng) -> Vec<u32> {
+    let total: f64 = histogram.buckets.iter().map(|b| b.2).sum();
+    if n == 0 || total <= 0.0 {
+        return vec![histogram.mean.round().max(1.0) as u32; n];
+    }
+    let raw: Vec<f64> = (0..n)
+        .map(|_| {
+            let mut pick = unit(rng) * total;
+            let bucket = histogram
+                .buckets
+                .iter()
+                .find(|b| {
+                    pick -= b.2;
+                    pick < 0.0
+                })
+                .or(histogram.buckets.last())
+                .copied()
+                .unwrap_or((1.0, 1.0, 1.0));
+            bucket.0 + unit(rng) * (bucket.1 - bucket.0)
+        })
+        .collect();
+    let drawn_mean = raw.iter().sum::<f64>() / n as f64;
+    let scale = if drawn_mean > 0.0 {
+        histogram.mean / drawn_mean
+    } else {
+        1.0
+    };
+    raw.iter()
+        .map(|&len| (len * scale).round().clamp(1.0, f64::from(u32::MAX / 4)) as u32)
+        .collect()
 }
 
 /// A uniform draw in [0, 1).
