@@ -7,6 +7,7 @@
 //! - [`catalog`]: embedded data (model configs, GPU specs, coefficients) and their parsing;
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
 //! - [`twin`]: the live mirror and the what-if questions answered by forking it;
+//! - [`live`]: the live mirror: pulls pod /metrics and KV events into the twin;
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
 //! - [`telemetry`]: Prometheus metrics;
 //! - [`bench`]: benchmark cases shared by `ditto bench` and the criterion benches.
@@ -19,6 +20,7 @@ pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod cluster;
+pub mod live;
 pub mod server;
 pub mod sim;
 pub mod telemetry;

@@ -13,6 +13,7 @@ pub mod predict;
 pub mod report;
 pub mod run;
 pub mod serve;
+pub mod serve_live;
 
 pub use args::{Cli, Command, RunArgs};
 pub use error::CliError;

@@ -78,6 +78,9 @@ pub struct ServeArgs {
     /// Longest the shutdown waits for in-flight calls, milliseconds.
     #[arg(long, env = "DITTO_DRAIN_MS", default_value_t = 5_000)]
     pub drain_ms: u64,
+    /// The live mirror: pods to pull state from (see docs/live.md).
+    #[command(flatten)]
+    pub live: crate::cli::serve_live::LiveArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -91,6 +94,14 @@ pub enum ServeCommandError {
     BadFlag {
         /// The flag.
         flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A live-mirror flag has an unusable value.
+    #[error("--{flag}: {reason}")]
+    BadLiveFlag {
+        /// The flag.
+        flag: String,
         /// What is wrong.
         reason: String,
     },
@@ -112,6 +123,7 @@ impl ServeCommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ServeCommandError::BadFlag { .. }
+            | ServeCommandError::BadLiveFlag { .. }
             | ServeCommandError::BadConfig { .. }
             | ServeCommandError::Serve(ServeError::Config(_)) => 64,
             ServeCommandError::Serve(_) => 1,
@@ -131,6 +143,7 @@ fn positive<T: PartialEq + Default>(value: T, flag: &'static str) -> Result<T, S
 
 /// Resolves the flags into server options (reads and validates the cluster file).
 pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
+    let mut yaml = None;
     let cluster = match &args.config {
         None => default_cluster(),
         Some(path) => {
@@ -139,9 +152,23 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
                 reason,
             };
             let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
-            parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?
+            let cluster = parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?;
+            yaml = Some(text);
+            cluster
         }
     };
+    let live = crate::cli::serve_live::live_config(&args.live, &cluster, yaml.as_deref()).map_err(
+        |(field, reason)| match &args.config {
+            Some(path) if field.starts_with("sources") => ServeCommandError::BadConfig {
+                path: path.clone(),
+                reason: format!("{field}: {reason}"),
+            },
+            _ => ServeCommandError::BadLiveFlag {
+                flag: field,
+                reason,
+            },
+        },
+    )?;
     let mut options = ServerOptions::new(args.grpc_addr, args.http_addr);
     options.service.twin = Limits {
         max_candidates: positive(args.max_candidates, "max-candidates")?,
@@ -168,10 +195,12 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     };
     options.max_message_bytes = positive(args.max_message_bytes, "max-message-bytes")?;
     options.drain = Duration::from_millis(args.drain_ms);
-    options.initial_config = Some(InitialConfig {
+    // With live sources the instance set comes from them (synced when the server starts).
+    options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),
     });
+    options.live = live;
     Ok(options)
 }
 

@@ -80,6 +80,10 @@ pub struct InstanceState {
     pub kv_event_seq: u64,
     /// KV event sequence gaps detected so far (missed batches).
     pub kv_event_gaps: u64,
+    /// Why the edge that feeds this instance (the live mirror) holds it stale, e.g. "metrics:
+    /// GET /metrics timed out"; `None` when healthy or fed by pushes only. A stale instance
+    /// is treated by the stale policy whatever its ages.
+    pub stale_reason: Option<String>,
 }
 
 /// Traffic the mirror has observed, for background arrivals and output-length sampling.
