@@ -5,9 +5,9 @@
 //! lengths are drawn from the pod's own `request_prompt_tokens` / `request_generation_tokens`
 //! histograms (uniform inside a bucket; seeded by the instance id and the gauges, so the same
 //! page always gives the same state). Running requests' progress is then set so the KV blocks
-//! they hold match `kv_cache_usage_perc`: all prefilled and a common fraction of their output
-//! generated when the usage allows, otherwise still prefilling with a common fraction of the
-//! prompt computed. Running requests' `cached_tokens` follow the cumulative prefix-cache hit
+//! they hold match `kv_cache_usage_perc`: all decoding (the common case under chunked
+//! prefill), with a common fraction of their output generated when the usage allows more than
+//! their prompts, otherwise with their drawn prompts scaled down to the usage. Running requests' `cached_tokens` follow the cumulative prefix-cache hit
 //! rate. Pure: no I/O, no clock.
 
 use rand_chacha::ChaCha8Rng;
@@ -40,7 +40,7 @@ pub fn rebuild(
     let mut draw = |histogram: &Option<Histogram>, fallback: u32, max: u32| {
         let value = histogram
             .as_ref()
-            .and_then(|h| sample(h, unit(&mut rng)))
+            .and_then(|h| sample(h, unit(&mut rng)).map(|v| v * mean_correction(h)))
             .unwrap_or(f64::from(fallback));
         (value.round() as u32).clamp(1, max)
     };
@@ -81,32 +81,29 @@ pub fn rebuild(
         .enumerate()
         .map(|(i, &(prompt, _))| request(i, 'w', prompt))
         .collect();
+    // Prompts scaled down when the usage cannot hold them all (the draws overshoot): every
+    // running request is taken to be decoding, the common case under chunked prefill.
+    let scale = if prompts > 0.0 && target_tokens < prompts {
+        target_tokens / prompts
+    } else {
+        1.0
+    };
+    let fraction = if outputs > 0.0 && target_tokens > prompts {
+        ((target_tokens - prompts) / outputs).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
     let running = running_lengths
         .iter()
         .enumerate()
         .map(|(i, &(prompt, output))| {
+            let prompt = ((f64::from(prompt) * scale) as u32).clamp(1, prompt);
             let mut r = request(i, 'r', prompt);
             let cached = (f64::from(prompt) * hit_rate) as u64 / block * block;
-            r.cached_tokens = cached.min(u64::from(prompt - 1)) as u32;
-            if target_tokens <= prompts || outputs <= 0.0 {
-                // Still prefilling: a common fraction of every prompt computed.
-                let fraction = if prompts > 0.0 {
-                    (target_tokens / prompts).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                };
-                let computed = (f64::from(prompt) * fraction) as u32;
-                r.computed_tokens = computed
-                    .min(prompt - 1)
-                    .max(r.cached_tokens.min(prompt - 1));
-            } else {
-                // Decoding: a common fraction of every output generated.
-                let fraction = ((target_tokens - prompts) / outputs).clamp(0.0, 1.0);
-                let generated = 1 + (f64::from(output - 1) * fraction) as u32;
-                r.output_tokens = generated.min(output - 1).max(1);
-                r.computed_tokens = prompt + r.output_tokens - 1;
-                r.max_tokens = 0;
-            }
+            r.cached_tokens = cached.min(u64::from(prompt)) as u32;
+            let generated = 1 + (f64::from(output - 1) * fraction) as u32;
+            r.output_tokens = generated.min(output - 1).max(1);
+            r.computed_tokens = prompt + r.output_tokens - 1;
             r
         })
         .collect();
@@ -133,6 +130,35 @@ fn seed(instance_id: &str, waiting: u32, running: u32) -> u64 {
 
 fn unit(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The factor that makes [`sample`]'s draws average the histogram's true mean (`_sum` /
+/// count): uniform draws inside vLLM's coarse 1-2-5 buckets overshoot skewed lengths.
+pub fn mean_correction(histogram: &Histogram) -> f64 {
+    let count = histogram.count();
+    let Some(sum) = histogram.sum.filter(|sum| *sum > 0.0 && count > 0.0) else {
+        return 1.0;
+    };
+    let mut lower = 0.0;
+    let mut below = 0.0;
+    let mut total = 0.0;
+    for &(upper, cumulative) in &histogram.buckets {
+        let upper_bound = if upper.is_finite() {
+            upper
+        } else {
+            lower * 2.0 + 1.0
+        };
+        total += (cumulative - below).max(0.0) * (lower + upper_bound) / 2.0;
+        if upper.is_finite() {
+            lower = upper;
+        }
+        below = cumulative;
+    }
+    if total <= 0.0 {
+        return 1.0;
+    }
+    // Bounded: a wild _sum must not turn a draw into nonsense.
+    ((sum / count) / (total / count)).clamp(0.25, 4.0)
 }
 
 /// Inverse CDF of a cumulative histogram at `u` in [0, 1): uniform inside the bucket; the
@@ -179,6 +205,7 @@ mod tests {
             kv_usage: 0.4,
             prompt_tokens: Some(Histogram {
                 buckets: vec![(500.0, 10.0), (2000.0, 20.0), (f64::INFINITY, 20.0)],
+                sum: None,
             }),
             ..PodMetrics::default()
         };
@@ -205,9 +232,16 @@ mod tests {
     fn inverse_cdf_stays_inside_buckets() {
         let h = Histogram {
             buckets: vec![(10.0, 5.0), (20.0, 5.0), (40.0, 10.0)],
+            sum: None,
         };
         assert_eq!(sample(&h, 0.0), Some(0.0));
         assert!((sample(&h, 0.75).expect("value") - 30.0).abs() < 1e-9);
         assert_eq!(sample(&Histogram::default(), 0.5), None);
+        // Interpolated mean 17.5; a true mean of 8.75 halves every draw.
+        let skewed = Histogram {
+            sum: Some(87.5),
+            ..h
+        };
+        assert!((mean_correction(&skewed) - 0.5).abs() < 1e-12);
     }
 }

@@ -40,6 +40,8 @@ pub enum TextError {
 pub struct Histogram {
     /// Buckets, ascending by bound, counts cumulative.
     pub buckets: Vec<(f64, f64)>,
+    /// The sum of the observations (`_sum`), if published.
+    pub sum: Option<f64>,
 }
 
 impl Histogram {
@@ -224,7 +226,14 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         metrics.num_gpu_blocks = label(["num_gpu_blocks", "num_pages"]);
     }
     let mut histogram_of = |names: &[(&'static str, bool)]| {
-        let (name, histogram) = histogram(samples, names)?;
+        let (name, mut histogram) = histogram(samples, names)?;
+        let sum_name = format!("{name}_sum");
+        let sums: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.metric == sum_name)
+            .filter_map(|s| plain_value(&s.value))
+            .collect();
+        histogram.sum = (!sums.is_empty()).then(|| sums.iter().sum());
         if let Some(&(name, true)) = names.iter().find(|(n, _)| *n == name) {
             metrics.deprecated.push(name);
         }
@@ -325,7 +334,13 @@ fn histogram(
         }
         merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
         merged.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some((name, Histogram { buckets: merged }))
+        Some((
+            name,
+            Histogram {
+                buckets: merged,
+                sum: None,
+            },
+        ))
     })
 }
 
@@ -367,6 +382,7 @@ vllm:request_prompt_tokens_sum{engine=\"0\",model_name=\"m\"} 3000.0
         let prompt = metrics.prompt_tokens.expect("histogram");
         assert_eq!(prompt.count(), 10.0);
         assert_eq!(prompt.buckets[0], (100.0, 4.0));
+        assert_eq!(prompt.sum, Some(3000.0));
     }
 
     #[test]
