@@ -10,6 +10,7 @@
 //! can feed one mirror. This is an edge module: it knows tokio, the wall clock and the
 //! network; `text`, `rebuild` and `kv_wire` are pure.
 
+pub mod bench;
 pub mod config;
 pub mod kv;
 pub mod kv_wire;

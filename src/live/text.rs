@@ -130,6 +130,54 @@ const ITL: &[(&str, bool)] = &[
 /// What `:` in a metric name becomes for the parser (word characters only).
 pub const COLON: &str = "__COLON__";
 
+/// Every family this module reads.
+const WANTED: [&[(&str, bool)]; 9] = [
+    WAITING,
+    RUNNING,
+    KV_USAGE,
+    CACHE_INFO,
+    PROMPT,
+    GENERATION,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    ITL,
+];
+
+/// The metric name of a sample, `# HELP` or `# TYPE` line (`None` for other lines).
+fn line_name(line: &str) -> Option<&str> {
+    let trimmed = line.trim_start();
+    let rest = match trimmed.strip_prefix('#') {
+        Some(comment) => {
+            let comment = comment.trim_start();
+            comment
+                .strip_prefix("HELP ")
+                .or_else(|| comment.strip_prefix("TYPE "))?
+                .trim_start()
+        }
+        None => trimmed,
+    };
+    let end = rest
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// True for lines of the families this module reads (the rest is not parsed: a vLLM page
+/// is mostly latency histograms).
+fn wanted(line: &str) -> bool {
+    let Some(name) = line_name(line) else {
+        return false;
+    };
+    let base = ["_bucket", "_sum", "_count", "_total", "_created"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    WANTED
+        .iter()
+        .flat_map(|names| names.iter())
+        .any(|(wanted, _)| *wanted == base || *wanted == name)
+}
+
 /// `line` with the `:` of its metric name escaped (sample, `# HELP` and `# TYPE` lines).
 fn escape_name(line: &str) -> String {
     let trimmed = line.trim_start();
@@ -156,7 +204,8 @@ fn escape_name(line: &str) -> String {
 
 /// Parses one `/metrics` page.
 pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
-    let mut scrape = Scrape::parse(text.lines().map(|line| Ok(escape_name(line))))
+    let lines = text.lines().filter(|line| wanted(line));
+    let mut scrape = Scrape::parse(lines.map(|line| Ok(escape_name(line))))
         .map_err(|err| TextError::Unreadable(err.to_string()))?;
     for sample in &mut scrape.samples {
         if sample.metric.contains(COLON) {

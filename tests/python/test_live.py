@@ -358,3 +358,55 @@ def test_bad_live_flags_exit_64_naming_the_flag():
         done = subprocess.run([BINARY, "serve", *args], capture_output=True, text=True, timeout=60)
         assert done.returncode == 64, (args, done.stderr)
         assert flag in done.stderr, (args, done.stderr)
+
+
+def test_sources_in_the_cluster_yaml_and_dns_discovery(fakes, serve, tmp_path):
+    (a, b), _, _ = fakes(2)
+    # Pool settings the pods run with (vLLM does not publish its scheduler limits); the
+    # pods publish block_size 16 and 4096 blocks, which replace the configured 1000.
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "pools:\n"
+        "  - {name: small, replicas: 1, model: llama-3.1-8b-instruct, gpu: H100, tp: 1,\n"
+        "     engine: {max_num_seqs: 8, max_num_batched_tokens: 4096, num_gpu_blocks: 1000,\n"
+        "              max_model_len: 8192, enable_chunked_prefill: true}}\n"
+        "sources:\n"
+        f"  - {{pool: small, pods: ['{a.address}']}}\n"
+    )
+    server = serve("--config", str(config))
+    eventually(server, lambda i: a.address in i and i[a.address].HasField("gauges"), "pod from sources:")
+    engine = {c.id: c for c in snapshot(server).config.instances}[a.address].engine
+    assert (engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len) == (8, 4096, 8192)
+    eventually(
+        server,
+        lambda i: {c.id: c for c in snapshot(server).config.instances}[a.address].engine.num_gpu_blocks == 4096,
+        "cache info adopted",
+    )
+    assert metric(server, "ditto_live_config_mismatch", instance=a.address, field="num_gpu_blocks") == 1
+    # A DNS source: "localhost" resolves to the loopback address b's fake listens on.
+    dns_fake = Fake("127.0.0.1", free_port_on("127.0.0.1"))
+    try:
+        dns_fake.control(gauges=dict(running=1, waiting=1, kv=0.01))
+        other = serve("--pods-dns", f"localhost:{dns_fake.http_port}", "--dns-interval-ms", "100")
+        eventually(other, lambda i: gauges_are(i.get(dns_fake.address, pb.InstanceSnapshot()), 1, 1, 0.01), "found by DNS")
+        # Forecasts say how old the state they forked from is.
+        message = pb.ForecastCapacityRequest(
+            stages=[pb.RateStage(rate_rps=2.0, duration_s=2.0)],
+            input_tokens=pb.LengthDistribution(constant=128),
+            output_tokens=pb.LengthDistribution(constant=16),
+            variants=[pb.VariantCandidates(template_instance_id=dns_fake.address, replica_counts=[1])],
+            replications=1,
+            seed=3,
+        )
+        answer = other.twin.ForecastCapacity(message, timeout=120)
+        assert answer.state_age_ms > 0
+    finally:
+        dns_fake.stop()
+    assert b.address not in by_id(snapshot(server))
+
+
+def test_bad_sources_name_the_field(tmp_path):
+    config = tmp_path / "cluster.yaml"
+    config.write_text("pools:\n  - {name: p, replicas: 1}\nsources:\n  - {pool: nope, pods: ['a:1']}\n")
+    done = subprocess.run([BINARY, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 64 and "sources[0].pool" in done.stderr, done.stderr
