@@ -42,6 +42,9 @@ pub struct BenchArgs {
     /// Offline run sizes, comma-separated (default 10000,100000,1000000).
     #[arg(long, value_delimiter = ',')]
     pub offline_requests: Vec<u64>,
+    /// Seconds the live-mirror case runs (default 10; 2 with --quick).
+    #[arg(long)]
+    pub live_seconds: Option<u64>,
 }
 
 /// Runs every case and returns the report.
@@ -223,7 +226,10 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         engine.kv().used_blocks()
     );
 
-    let seconds = if args.quick { 2 } else { 10 };
+    let seconds = args
+        .live_seconds
+        .unwrap_or(if args.quick { 2 } else { 10 })
+        .max(1);
     let _ = writeln!(
         out,
         "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (CPU includes serving the fake pods)"

@@ -138,6 +138,29 @@ pub fn start(
     })
 }
 
+/// Of one source's known pods (id, when it was first found missing), the ids to retire now:
+/// a pod missing from `found` is remembered as vanished at `now`, and retired once it has been
+/// missing for `grace`; a pod found again is forgotten as vanished.
+fn to_retire(
+    known: Vec<(&String, &mut Option<Instant>)>,
+    found: &[String],
+    now: Instant,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    let mut retired = Vec::new();
+    for (id, vanished_since) in known {
+        if found.contains(id) {
+            *vanished_since = None;
+            continue;
+        }
+        let since = *vanished_since.get_or_insert(now);
+        if now.duration_since(since) >= grace {
+            retired.push(id.clone());
+        }
+    }
+    retired
+}
+
 impl Coordinator {
     /// Starts mirroring pod `id` of source `source`.
     fn add(&mut self, source: usize, id: String) {
@@ -292,25 +315,18 @@ impl Coordinator {
                 }
             };
             for id in &found {
-                match self.pods.get_mut(id) {
-                    Some(entry) => entry.vanished_since = None,
-                    None => {
-                        self.add(index, id.clone());
-                        changed = true;
-                    }
+                if !self.pods.contains_key(id) {
+                    self.add(index, id.clone());
+                    changed = true;
                 }
             }
-            let retire_after = self.config.retire_after;
-            let mut retired = Vec::new();
-            for (id, entry) in self.pods.iter_mut() {
-                if entry.pod.source != index || found.contains(id) {
-                    continue;
-                }
-                let since = *entry.vanished_since.get_or_insert(now);
-                if now.duration_since(since) >= retire_after {
-                    retired.push(id.clone());
-                }
-            }
+            let vanished: Vec<(&String, &mut Option<Instant>)> = self
+                .pods
+                .iter_mut()
+                .filter(|(_, entry)| entry.pod.source == index)
+                .map(|(id, entry)| (id, &mut entry.vanished_since))
+                .collect();
+            let retired = to_retire(vanished, &found, now, self.config.retire_after);
             for id in retired {
                 if let Some(entry) = self.pods.remove(&id) {
                     let deprecated = entry
@@ -329,5 +345,38 @@ impl Coordinator {
         if changed {
             self.resync();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn vanished_pods_are_retired_after_the_grace_period_only() {
+        let (a, b) = ("10.0.0.1:8000".to_owned(), "10.0.0.2:8000".to_owned());
+        let (mut va, mut vb) = (None, None);
+        let start = Instant::now();
+        let grace = Duration::from_secs(30);
+        // b vanishes: remembered, not retired.
+        let found = vec![a.clone()];
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, start, grace).is_empty());
+        assert_eq!((va, vb), (None, Some(start)));
+        // Still gone within the grace period: kept.
+        let later = start + Duration::from_secs(10);
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, later, grace).is_empty());
+        // Back again: forgotten as vanished; gone again later: the clock restarts.
+        let back = vec![a.clone(), b.clone()];
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &back, later, grace).is_empty());
+        assert_eq!(vb, None);
+        let again = start + Duration::from_secs(20);
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, again, grace).is_empty());
+        let past = again + grace;
+        assert_eq!(
+            to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, past, grace),
+            vec![b.clone()]
+        );
     }
 }

@@ -262,23 +262,21 @@ async fn scrape_once(
         }),
         events: Vec::new(),
     };
-    let store = Arc::clone(&pod.store);
-    let applied = tokio::task::spawn_blocking(move || {
-        let with_requests = update.requests.is_some();
-        match store.apply_state(update.clone()) {
-            Ok(_) => Ok(with_requests),
-            // A push newer than this scrape won the race: keep it, take the gauges only.
-            Err(_) if with_requests => store
-                .apply_state(InstanceUpdate {
-                    requests: None,
-                    ..update
-                })
-                .map(|_| false),
-            Err(err) => Err(err),
-        }
-    })
-    .await
-    .map_err(|_| ("pending", "the store update task failed".to_owned()))?;
+    // A small update (one instance's gauges and a rebuilt list): applied inline, the store
+    // holds its lock for microseconds.
+    let with_requests = update.requests.is_some();
+    let applied = match pod.store.apply_state(update.clone()) {
+        Ok(_) => Ok(with_requests),
+        // A push newer than this scrape won the race: keep it, take the gauges only.
+        Err(_) if with_requests => pod
+            .store
+            .apply_state(InstanceUpdate {
+                requests: None,
+                ..update
+            })
+            .map(|_| false),
+        Err(err) => Err(err),
+    };
     match applied {
         Ok(true) if rebuilt => pod.last_rebuild_us.store(at_us, Ordering::Relaxed),
         Ok(_) => {}
