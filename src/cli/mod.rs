@@ -7,13 +7,18 @@
 
 pub mod args;
 pub mod bench;
+pub mod calibrate;
+pub mod check_config;
 pub mod cluster_run;
 pub mod error;
+pub mod forecast_loop;
+pub mod latency;
 pub mod predict;
 pub mod report;
 pub mod run;
 pub mod serve;
 pub mod serve_live;
+pub mod validate;
 
 pub use args::{Cli, Command, RunArgs};
 pub use error::CliError;

@@ -5,7 +5,8 @@
 //! on 0.0.0.0:9010 (gRPC) and 0.0.0.0:9011 (HTTP), ready at once. Every flag has a
 //! `DITTO_*` environment equivalent. Exit codes: 0 after a graceful shutdown, 64 for a bad
 //! flag or cluster file (checked before anything binds), 1 when the server cannot start or
-//! fails.
+//! fails. With `--check-config FILE` it only validates (see `cli::check_config`): exit 0, or 2
+//! naming the field.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -29,6 +30,10 @@ pub struct ServeArgs {
     /// A cluster YAML (see data/clusters/default.yaml); default: the embedded default.
     #[arg(long, env = "DITTO_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Validate this cluster YAML (with every other flag) as serve would, then exit: 0 when
+    /// it would serve, 2 naming the field when not. Nothing binds.
+    #[arg(long, value_name = "FILE")]
+    pub check_config: Option<PathBuf>,
     /// gRPC listen address.
     #[arg(long, env = "DITTO_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
@@ -75,9 +80,14 @@ pub struct ServeArgs {
     /// Largest gRPC message, bytes.
     #[arg(long, env = "DITTO_MAX_MESSAGE_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_message_bytes: usize,
-    /// Longest the shutdown waits for in-flight calls, milliseconds.
-    #[arg(long, env = "DITTO_DRAIN_MS", default_value_t = 5_000)]
-    pub drain_ms: u64,
+    /// Longest the shutdown waits for in-flight calls, milliseconds (default: --max-call-ms
+    /// plus 5000, so a call accepted before SIGTERM is never cut). Keep Kubernetes'
+    /// terminationGracePeriodSeconds above it.
+    #[arg(long, env = "DITTO_DRAIN_MS")]
+    pub drain_ms: Option<u64>,
+    /// The optional forecast loop exporting ditto_desired_replicas.
+    #[command(flatten)]
+    pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
     /// The live mirror: pods to pull state from (see docs/live.md).
     #[command(flatten)]
     pub live: crate::cli::serve_live::LiveArgs,
@@ -194,7 +204,11 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         ..StoreLimits::DEFAULT
     };
     options.max_message_bytes = positive(args.max_message_bytes, "max-message-bytes")?;
-    options.drain = Duration::from_millis(args.drain_ms);
+    options.drain = args.drain_ms.map_or(
+        options.service.max_call + crate::server::run::DRAIN_MARGIN,
+        Duration::from_millis,
+    );
+    options.forecast_loop = args.forecast_loop.options()?;
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
@@ -212,6 +226,9 @@ fn say(line: &str) {
 
 /// Runs `ditto serve` and returns the process exit code.
 pub fn main(args: &ServeArgs) -> ExitCode {
+    if let Some(file) = &args.check_config {
+        return crate::cli::check_config::main(args, file);
+    }
     if !crate::telemetry::init_tracing(&args.log) {
         say(&format!(
             "warning: --log {:?} is not a valid filter; logging is off",

@@ -2,9 +2,11 @@
 //! v1alpha) and the HTTP listener (metrics, liveness, readiness).
 //!
 //! Order: the initial config is validated and synced before anything binds (a bad config
-//! fails fast); health reports SERVING as soon as a config is in; on shutdown health turns
-//! NOT_SERVING first, then both listeners stop accepting and in-flight calls drain for at
-//! most `drain`, after which remaining connections are dropped.
+//! fails fast); health reports SERVING as soon as a config is in. On shutdown new Twin calls
+//! are refused with UNAVAILABLE and health turns NOT_SERVING while both listeners stay up
+//! (probes see the drain); calls in flight get at most `drain` to finish (by default the
+//! longest call plus a margin, so no call the server accepted is cut); then the listeners
+//! close and remaining connections are dropped after a short grace.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +19,9 @@ use tonic::transport::Server;
 
 use super::FILE_DESCRIPTOR_SET;
 use super::error::ServeError;
+use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
+use super::lifecycle::{DrainGate, Lifecycle};
 use super::proto::twin_server::TwinServer;
 use super::service::{ServiceLimits, Shared, TwinService};
 use crate::cluster::config::ClusterConfig;
@@ -30,6 +34,13 @@ use crate::twin::store::{MirrorStore, StoreLimits};
 pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:9010";
 /// Default HTTP address of `ditto serve`.
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9011";
+/// Default longest call (a prediction or forecast without a shorter grpc-timeout).
+pub const DEFAULT_MAX_CALL: Duration = Duration::from_secs(30);
+/// What the default drain adds to the longest call: encoding and sending the last reply.
+pub const DRAIN_MARGIN: Duration = Duration::from_secs(5);
+/// Longest the listeners wait for connections to close once no call is in flight (idle
+/// keep-alives close at once; a health `Watch` stream would wait forever).
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// A config to sync before the server starts.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,6 +70,8 @@ pub struct ServerOptions {
     pub initial_config: Option<InitialConfig>,
     /// The live mirror (pod sources to pull from), if any; it owns the instance set.
     pub live: Option<crate::live::LiveConfig>,
+    /// The forecast loop exporting desired replicas (None: off).
+    pub forecast_loop: Option<ForecastLoopOptions>,
 }
 
 impl ServerOptions {
@@ -69,16 +82,17 @@ impl ServerOptions {
             http_addr,
             service: ServiceLimits {
                 twin: Limits::DEFAULT,
-                max_call: Duration::from_secs(30),
+                max_call: DEFAULT_MAX_CALL,
                 max_concurrent_simulations: std::thread::available_parallelism()
                     .map_or(2, |n| n.get()),
                 stream_in_flight: 8,
             },
             store: StoreLimits::DEFAULT,
             max_message_bytes: 16 * 1024 * 1024,
-            drain: Duration::from_secs(5),
+            drain: DEFAULT_MAX_CALL + DRAIN_MARGIN,
             initial_config: None,
             live: None,
+            forecast_loop: None,
         }
     }
 }
@@ -96,6 +110,8 @@ pub struct RunningServer {
     drain: Duration,
     /// The live mirror's tasks (stopped when the server is dropped).
     _live: Option<crate::live::LiveHandle>,
+    lifecycle: Arc<Lifecycle>,
+    background: Vec<JoinHandle<()>>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -112,6 +128,9 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 /// Syncs the initial config, binds both listeners and starts serving.
 pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> {
     let metrics = Arc::new(Metrics::new()?);
+    let in_flight = Lifecycle::in_flight_gauge()?;
+    metrics.register(Box::new(in_flight.clone()))?;
+    let lifecycle = Arc::new(Lifecycle::new(in_flight));
     let store = Arc::new(MirrorStore::new(options.store));
     if let Some(initial) = options.initial_config {
         store
@@ -119,6 +138,17 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             .map_err(ServeError::Config)?;
     }
     let (health, health_service) = tonic_health::server::health_reporter();
+    let mut background = Vec::new();
+    if let Some(forecast) = options.forecast_loop {
+        background.push(forecast_loop::spawn(
+            forecast,
+            Arc::clone(&store),
+            options.service.twin,
+            options.service.max_call,
+            &metrics,
+            lifecycle.draining(),
+        )?);
+    }
     let shared = Arc::new(Shared::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
@@ -139,6 +169,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
         .max_decoding_message_size(options.max_message_bytes)
         .max_encoding_message_size(options.max_message_bytes);
+    let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
     let grpc_addr = grpc_listener
@@ -181,6 +212,8 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         http,
         drain: options.drain,
         _live: live,
+        lifecycle,
+        background,
     })
 }
 
@@ -222,15 +255,43 @@ impl RunningServer {
         &self.shared.store
     }
 
-    /// NOT_SERVING, stop accepting, drain in-flight calls for at most the drain time.
+    /// The drain state: calls in flight, and the signal background loops stop on.
+    pub fn lifecycle(&self) -> &Arc<Lifecycle> {
+        &self.lifecycle
+    }
+
+    /// Refuse new Twin calls, NOT_SERVING, let in-flight calls finish for at most the drain
+    /// time, then close the listeners.
     pub async fn shutdown(self) -> Result<(), ServeError> {
+        let deadline = tokio::time::Instant::now() + self.drain;
+        self.lifecycle.begin_drain();
         self.shared.begin_shutdown().await;
-        tracing::info!("shutting down: NOT_SERVING, draining");
+        tracing::info!(
+            in_flight = self.lifecycle.in_flight(),
+            drain_ms = u64::try_from(self.drain.as_millis()).unwrap_or(u64::MAX),
+            "shutting down: NOT_SERVING, refusing new calls, draining"
+        );
+        if tokio::time::timeout_at(deadline, self.lifecycle.idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                in_flight = self.lifecycle.in_flight(),
+                "drain time over: cutting the calls still in flight"
+            );
+        }
+        // Background loops stopped on the drain signal; a panicked one has nothing to wait for.
+        for task in self.background {
+            let _ = task.await;
+        }
         // Send fails only if both servers already stopped, which is fine.
         let _ = self.stop.send(true);
         let grpc_abort = self.grpc.abort_handle();
         let http_abort = self.http.abort_handle();
-        let drained = tokio::time::timeout(self.drain, async {
+        let grace = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(CLOSE_GRACE);
+        let drained = tokio::time::timeout(grace, async {
             let grpc = self.grpc.await;
             let http = self.http.await;
             (grpc, http)
@@ -247,7 +308,7 @@ impl RunningServer {
                 Ok(())
             }
             Err(_) => {
-                tracing::warn!("drain time over: dropping the remaining connections");
+                tracing::debug!("dropping the connections still open");
                 grpc_abort.abort();
                 http_abort.abort();
                 Ok(())
@@ -276,12 +337,14 @@ pub fn serve_until_signal(
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
+    let mut signalled_at = None;
     let result = runtime.block_on(async {
         // Install the handlers before reporting ready, so an early signal is not lost.
         let signal = tokio::spawn(termination());
         let server = start(options).await?;
         on_ready(server.grpc_addr(), server.http_addr());
         let signalled = signal.await;
+        signalled_at = Some(std::time::Instant::now());
         let shutdown = server.shutdown().await;
         match signalled {
             Ok(result) => result?,
@@ -293,7 +356,8 @@ pub fn serve_until_signal(
         }
         shutdown
     });
-    // Simulations still running past the drain are abandoned.
-    runtime.shutdown_timeout(drain);
+    // Blocking work still running is waited for only up to the drain's end, then abandoned.
+    let left = signalled_at.map_or(Duration::ZERO, |at| drain.saturating_sub(at.elapsed()));
+    runtime.shutdown_timeout(left);
     result
 }

@@ -137,6 +137,15 @@ impl Metrics {
         })
     }
 
+    /// Registers a metric owned elsewhere (e.g. the drain gate's in-flight gauge) in this
+    /// registry, so `/metrics` exports it.
+    pub fn register(
+        &self,
+        collector: Box<dyn prometheus::core::Collector>,
+    ) -> Result<(), prometheus::Error> {
+        self.registry.register(collector)
+    }
+
     /// Records one finished RPC.
     pub fn observe_rpc(&self, rpc: &str, code: &str, seconds: f64) {
         self.rpc_requests.with_label_values(&[rpc, code]).inc();

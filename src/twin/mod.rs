@@ -6,6 +6,7 @@
 //! touch the mirror itself. Knows nothing about gRPC or tokio: `server` adapts it.
 
 pub mod build;
+pub mod desired;
 pub mod error;
 pub mod forecast;
 mod fork;

@@ -1,0 +1,261 @@
+//! Desired replicas for autoscalers: the capacity question the forecast loop asks of each
+//! variant on the mirrored state and observed traffic, and the gauges its answer yields
+//! (`ditto_desired_replicas` and friends, shaped like llm-d's `wva_desired_replicas`).
+//!
+//! Pure: the server's loop supplies the snapshot, the clock and the settings. A variant is
+//! the set of mirrored instances sharing a base name (the instance id without its
+//! `namespace/` prefix, `:port` suffix and trailing `-<ordinal>`), e.g. `vllm-0`..`vllm-3`
+//! or `llm-d/vllm-2:8000` are variant `vllm`. The observed arrival rate is shared among
+//! variants in proportion to their current replicas (the mirror sees the cluster's arrivals,
+//! not the router's split).
+
+use super::MirrorSnapshot;
+use super::question::{
+    ForecastAnswer, ForecastQuestion, ForecastStart, SloTargets, VariantCandidates,
+};
+use crate::workload::LengthDist;
+
+/// What the forecast loop asks, apart from the traffic it observes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredSettings {
+    /// Simulated horizon of each forecast, seconds.
+    pub horizon_s: f64,
+    /// Replications per candidate count.
+    pub replications: u32,
+    /// The objectives.
+    pub slo: SloTargets,
+    /// Fraction of requests that must meet every objective.
+    pub target_attainment: f64,
+    /// Namespace label for instances whose id carries none.
+    pub namespace: String,
+    /// Seed of every forecast (answers are reproducible from the snapshot).
+    pub seed: u64,
+}
+
+/// One variant of the mirrored cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Variant {
+    /// Base name shared by its instances.
+    pub name: String,
+    /// Namespace (from the ids, else the settings').
+    pub namespace: String,
+    /// Served model.
+    pub model: String,
+    /// Id of the first instance, the template of the forecast.
+    pub template_id: String,
+    /// Instances mirrored now.
+    pub current: u32,
+}
+
+/// What the loop exports for one variant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// The variant.
+    pub variant: Variant,
+    /// Fewest replicas meeting the target (the most evaluated when none does).
+    pub desired: u32,
+    /// SLO attainment the forecast gives at `desired` replicas.
+    pub attainment: f64,
+}
+
+/// Splits an instance id into (namespace, variant base name).
+pub fn variant_of(id: &str) -> (Option<&str>, &str) {
+    let (namespace, rest) = match id.split_once('/') {
+        Some((namespace, rest)) => (Some(namespace), rest),
+        None => (None, id),
+    };
+    let rest = rest.split_once(':').map_or(rest, |(name, _)| name);
+    let base = match rest.rsplit_once('-') {
+        Some((base, ordinal))
+            if !base.is_empty()
+                && !ordinal.is_empty()
+                && ordinal.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            base
+        }
+        _ => rest,
+    };
+    (namespace, base)
+}
+
+/// The variants of the snapshot's config, in order of first appearance.
+pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Variant> {
+    let mut out: Vec<Variant> = Vec::new();
+    for instance in &snapshot.config.instances {
+        let (namespace, name) = variant_of(&instance.id);
+        let namespace = namespace.unwrap_or(default_namespace);
+        match out
+            .iter_mut()
+            .find(|v| v.name == name && v.namespace == namespace)
+        {
+            Some(variant) => variant.current += 1,
+            None => out.push(Variant {
+                name: name.to_owned(),
+                namespace: namespace.to_owned(),
+                model: instance.model.clone(),
+                template_id: instance.id.clone(),
+                current: 1,
+            }),
+        }
+    }
+    out
+}
+
+/// Prompt and output lengths to forecast with: the recently finished requests' when the
+/// mirror has seen some, else the settings' output distribution and gaussian prompts.
+fn lengths(snapshot: &MirrorSnapshot) -> (LengthDist, LengthDist) {
+    let recent = &snapshot.traffic.recent_lengths;
+    if recent.is_empty() {
+        return (
+            LengthDist::gaussian(512.0, 256.0, 2, 7000),
+            snapshot.settings.output_tokens.clone(),
+        );
+    }
+    let prompts = recent.iter().map(|&(prompt, _)| prompt.max(1)).collect();
+    let outputs = recent.iter().map(|&(_, output)| output.max(1)).collect();
+    (
+        LengthDist::empirical(prompts, None),
+        LengthDist::empirical(outputs, None),
+    )
+}
+
+/// The capacity question for `variant` (a search over its replica count from idle
+/// instances), or None when the mirror has observed no arrivals (then 1 replica suffices).
+pub fn question(
+    snapshot: &MirrorSnapshot,
+    variant: &Variant,
+    settings: &DesiredSettings,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    let total: u32 = variants(snapshot, &settings.namespace)
+        .iter()
+        .map(|v| v.current)
+        .sum();
+    let rate =
+        snapshot.traffic.arrivals_per_s * f64::from(variant.current) / f64::from(total.max(1));
+    if !(rate.is_finite() && rate > 0.0) {
+        return None;
+    }
+    let (input_tokens, output_tokens) = lengths(snapshot);
+    Some(ForecastQuestion {
+        start: ForecastStart::Empty,
+        stages: vec![(rate, settings.horizon_s)],
+        input_tokens,
+        output_tokens,
+        variants: vec![VariantCandidates {
+            template_instance_id: variant.template_id.clone(),
+            replica_counts: Vec::new(),
+        }],
+        max_cost_per_hour: 0.0,
+        slo: settings.slo,
+        target_attainment: settings.target_attainment,
+        replications: settings.replications,
+        quantiles: Vec::new(),
+        seed: settings.seed,
+        now_us,
+    })
+}
+
+/// The gauges of `variant` from the forecast's answer (None: no traffic, 1 replica).
+pub fn desired(variant: &Variant, answer: Option<&ForecastAnswer>) -> Desired {
+    let Some(answer) = answer else {
+        return Desired {
+            variant: variant.clone(),
+            desired: 1,
+            attainment: 1.0,
+        };
+    };
+    let count_of = |replicas: &[(String, u32)]| {
+        replicas
+            .iter()
+            .find(|(id, _)| *id == variant.template_id)
+            .map_or(0, |&(_, count)| count)
+    };
+    let chosen = match answer.desired_replicas.as_slice() {
+        [] => answer
+            .candidates
+            .iter()
+            .max_by_key(|candidate| count_of(&candidate.replicas)),
+        wanted => {
+            let count = count_of(wanted);
+            answer
+                .candidates
+                .iter()
+                .find(|candidate| count_of(&candidate.replicas) == count)
+        }
+    };
+    match chosen {
+        Some(candidate) => Desired {
+            variant: variant.clone(),
+            desired: count_of(&candidate.replicas).max(1),
+            attainment: candidate.slo_attainment,
+        },
+        None => Desired {
+            variant: variant.clone(),
+            desired: variant.current.max(1),
+            attainment: 0.0,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_drop_namespace_port_and_ordinal() {
+        assert_eq!(variant_of("vllm-0"), (None, "vllm"));
+        assert_eq!(variant_of("llm-d/vllm-12:8000"), (Some("llm-d"), "vllm"));
+        assert_eq!(variant_of("ns/decode-a:8000"), (Some("ns"), "decode-a"));
+        assert_eq!(variant_of("solo"), (None, "solo"));
+        assert_eq!(variant_of("-3"), (None, "-3"));
+    }
+
+    fn candidate(count: u32, attainment: f64) -> crate::twin::question::ForecastCandidate {
+        let none = crate::twin::question::Distribution {
+            mean: 0.0,
+            quantiles: Vec::new(),
+        };
+        crate::twin::question::ForecastCandidate {
+            replicas: vec![("vllm-0".to_owned(), count)],
+            ttft_ms: none.clone(),
+            itl_ms: none.clone(),
+            e2e_ms: none,
+            slo_attainment: attainment,
+            slo_attainment_ci: (attainment, attainment),
+            max_queue_depth: 0,
+            kv_usage_mean: 0.0,
+            throughput_rps: 0.0,
+            cost_per_hour: 0.0,
+        }
+    }
+
+    fn variant() -> Variant {
+        Variant {
+            name: "vllm".to_owned(),
+            namespace: "ns".to_owned(),
+            model: "m".to_owned(),
+            template_id: "vllm-0".to_owned(),
+            current: 4,
+        }
+    }
+
+    #[test]
+    fn desired_is_the_answer_s_count_or_the_most_evaluated_when_none_meets_the_target() {
+        let mut answer = ForecastAnswer {
+            candidates: vec![candidate(1, 0.2), candidate(2, 0.7), candidate(3, 0.97)],
+            desired_replicas: vec![("vllm-0".to_owned(), 3)],
+            generation: 1,
+            seed: 0,
+            state_age_us: 0,
+        };
+        let met = desired(&variant(), Some(&answer));
+        assert_eq!((met.desired, met.attainment), (3, 0.97));
+        answer.candidates.pop();
+        answer.desired_replicas.clear();
+        let unmet = desired(&variant(), Some(&answer));
+        assert_eq!((unmet.desired, unmet.attainment), (2, 0.7));
+        let idle = desired(&variant(), None);
+        assert_eq!((idle.desired, idle.attainment), (1, 1.0));
+    }
+}

@@ -1,0 +1,455 @@
+"""The Helm chart (helm/ditto) and the kustomize manifests (deploy/) against Helm's own engine,
+the Kubernetes API schemas and the real binary.
+
+The chart is rendered with helm-python-sdk (Helm v4's Go engine in a shared library) with
+default values and with every toggle on, and linted strictly. Every rendered object and
+every manifest in deploy/ is validated with kubernetes-validate --strict against a pinned
+Kubernetes version (Prometheus Operator objects, which it has no schema for, against the
+subset of their CRD schema the chart uses). The container flags and the ConfigMap's
+cluster.yaml that the chart and the manifests render go through the real binary's
+`ditto serve --check-config`, so chart, manifests and binary cannot drift apart.
+"""
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import time
+import urllib.request
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import BINARY, ROOT, Server
+from ditto.v1 import twin_pb2 as pb
+
+# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion >=1.27; native gRPC
+# probes are GA since 1.27); pinned so a schema update cannot change the verdict silently.
+KUBE_VERSION = "1.30.0"
+CHART = os.path.join(ROOT, "helm", "ditto")
+DEPLOY = os.path.join(ROOT, "deploy")
+RELEASE, NAMESPACE = "ditto", "llm-d"
+
+
+def all_toggles_on():
+    return {
+        "replicaCount": 2,
+        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5558},
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+        },
+        "tracing": {"enabled": True, "otlpEndpoint": "http://otel-collector.monitoring:4317", "samplingRatio": "0.25"},
+        "tls": {"enabled": True, "secretName": "ditto-tls", "clientCaSecretName": "ditto-client-ca"},
+        "auth": {"enabled": True, "secretName": "ditto-token", "secretKey": "token"},
+        "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+        "forecast": {"enabled": True, "intervalSeconds": 15, "targetAttainment": 0.9},
+        "serviceAccount": {"create": True, "annotations": {"example.com/role": "ditto"}},
+        "extraArgs": ["--stream-in-flight=16"],
+        "extraEnv": [{"name": "DITTO_SNAPSHOT_HISTORY", "value": "32"}],
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm-d", "effect": "NoSchedule"}],
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "ditto"}},
+                        },
+                    }
+                ]
+            }
+        },
+        "podAnnotations": {"example.com/team": "inference"},
+        "probes": {"grpc": True},
+    }
+
+
+def http_probes():
+    return {"probes": {"grpc": False}}
+
+
+SCENARIOS = {"defaults": dict, "all-toggles-on": all_toggles_on, "http-probes": http_probes}
+
+
+def render(values):
+    """{(kind, name): object} of the chart rendered with `values` (NOTES.txt left out)."""
+    rendered = helm.Chart.load(CHART).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objects = {}
+    for path, text in rendered.items():
+        if path.endswith("NOTES.txt"):
+            assert RELEASE in text
+            continue
+        for document in yaml.safe_load_all(text):
+            if document:
+                objects[(document["kind"], document["metadata"]["name"])] = document
+    return objects
+
+
+def deployment(objects):
+    (found,) = [obj for (kind, _), obj in objects.items() if kind == "Deployment"]
+    return found
+
+
+def container(pod_spec, name="ditto"):
+    (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
+    return found
+
+
+# The fields of the Prometheus Operator's CRDs (monitoring.coreos.com/v1) the chart uses,
+# strict like kubernetes-validate --strict: an unknown or misspelt field fails.
+METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "additionalProperties": False,
+}
+SELECTOR = {
+    "type": "object",
+    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+    "additionalProperties": False,
+}
+DURATION = {"type": "string", "pattern": "^(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$"}
+CRD_SCHEMAS = {
+    "ServiceMonitor": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "ServiceMonitor"},
+            "metadata": METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "endpoints"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": SELECTOR,
+                    "namespaceSelector": {
+                        "type": "object",
+                        "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
+                        "additionalProperties": False,
+                    },
+                    "endpoints": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "port": {"type": "string"},
+                                "path": {"type": "string"},
+                                "interval": DURATION,
+                                "scrapeTimeout": DURATION,
+                                "scheme": {"enum": ["http", "https"]},
+                                "tlsConfig": {
+                                    "type": "object",
+                                    "properties": {"insecureSkipVerify": {"type": "boolean"}},
+                                    "additionalProperties": False,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+    "PrometheusRule": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PrometheusRule"},
+            "metadata": METADATA,
+            "spec": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "groups": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name", "rules"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "rules": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["alert", "expr"],
+                                        "additionalProperties": False,
+                                        "properties": {
+                                            "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                                            "expr": {"type": "string", "minLength": 1},
+                                            "for": DURATION,
+                                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    }
+                },
+            },
+        },
+    },
+}
+
+
+def validate(obj, where):
+    """kubernetes-validate --strict at the pinned version, or the CRD subset schema."""
+    try:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as err:
+        raise AssertionError(f"{where}: {obj['kind']}/{obj['metadata'].get('name')}: {err}") from err
+
+
+def check_config(spec, cluster_yaml, tmp_path):
+    """Runs a rendered container's flags and plain env with `cluster_yaml` through the binary."""
+    file = tmp_path / "cluster.yaml"
+    file.write_text(cluster_yaml)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DITTO_")}
+    env.update({e["name"]: e["value"] for e in spec.get("env", []) if "value" in e})
+    result = subprocess.run(
+        [BINARY, "serve", *spec["args"], "--check-config", str(file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+def test_helm_lint_strict_is_clean_with_defaults_and_every_toggle():
+    for name, values in SCENARIOS.items():
+        report = helm.lint(CHART, values(), strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert not problems and not report["errors"], (name, report)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_rendered_object_validates(scenario):
+    objects = render(SCENARIOS[scenario]())
+    for obj in objects.values():
+        validate(obj, f"chart ({scenario})")
+    kinds = {kind for kind, _ in objects}
+    assert {"ConfigMap", "Deployment", "Service", "ServiceAccount"} <= kinds, kinds
+    toggled = {"ServiceMonitor", "PrometheusRule", "PodDisruptionBudget"}
+    if scenario == "all-toggles-on":
+        assert toggled <= kinds, kinds
+    else:
+        assert not toggled & kinds, kinds
+
+
+def test_the_defaults_render_a_restricted_drain_aware_pod():
+    objects = render({})
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    ditto = container(pod)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    security = ditto["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert {p["name"]: p["containerPort"] for p in ditto["ports"]} == {"grpc": 9010, "http-metrics": 9011}
+    service = objects[("Service", RELEASE)]
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {"grpc": 9010, "http-metrics": 9011}
+    assert ditto["readinessProbe"]["grpc"]["port"] == 9010
+    assert ditto["startupProbe"]["grpc"]["port"] == 9010
+    assert ditto["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # --config names the file the ConfigMap volume holds.
+    assert "--config=/etc/ditto/cluster.yaml" in ditto["args"]
+    (mount,) = [m for m in ditto["volumeMounts"] if m["name"] == "config"]
+    assert mount["mountPath"] == "/etc/ditto"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert ("ConfigMap", volume["configMap"]["name"]) in objects
+    assert "cluster.yaml" in objects[("ConfigMap", volume["configMap"]["name"])]["data"]
+    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+    max_call_ms = int(next(a for a in ditto["args"] if a.startswith("--max-call-ms=")).split("=")[1])
+    assert max_call_ms < drain_ms < pod["terminationGracePeriodSeconds"] * 1000
+
+
+def test_toggles_wire_what_they_name():
+    objects = render(all_toggles_on())
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    ditto = container(pod)
+    env = {e["name"]: e.get("value") for e in ditto["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.monitoring:4317"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in ditto["volumeMounts"]}
+    assert volumes["tls"]["secret"]["secretName"] == "ditto-tls"
+    assert env["DITTO_TLS_CERT_FILE"].startswith(mounts["tls"] + "/")
+    assert volumes["tls-client-ca"]["secret"]["secretName"] == "ditto-client-ca"
+    assert volumes["auth"]["secret"]["secretName"] == "ditto-token"
+    assert env["DITTO_AUTH_TOKEN_FILE"] == mounts["auth"] + "/token"
+    assert not any("token" in arg for arg in ditto["args"]), "a token never shows in ps"
+    # kubelet's gRPC probe cannot speak TLS: with TLS the probes are HTTPS.
+    assert ditto["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local:8000" in ditto["args"]
+    assert "--kv-events=tcp://{ip}:5557" in ditto["args"] and "--kv-replay=tcp://{ip}:5558" in ditto["args"]
+    assert "--stale-policy=treat-saturated" in ditto["args"]
+    assert "--stream-in-flight=16" in ditto["args"]
+    assert "--forecast-interval=15" in ditto["args"] and "--forecast-target-attainment=0.9" in ditto["args"]
+    monitor = objects[("ServiceMonitor", RELEASE)]
+    service_ports = {p["name"] for p in objects[("Service", RELEASE)]["spec"]["ports"]}
+    assert monitor["spec"]["endpoints"][0]["port"] in service_ports
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+
+
+def bad_values_error(values):
+    with pytest.raises(helm.HelmError) as caught:
+        render(values)
+    return str(caught.value)
+
+
+def test_bad_values_are_refused_naming_the_value():
+    assert "pullPolicyy" in bad_values_error({"image": {"pullPolicyy": "Always"}})
+    assert "replicaCount" in bad_values_error({"replicaCount": "one"})
+    assert "tls.secretName" in bad_values_error({"tls": {"enabled": True}})
+    assert "auth.secretName" in bad_values_error({"auth": {"enabled": True}})
+    assert "mirror.podsDns" in bad_values_error({"mirror": {"enabled": True}})
+    assert "lifecycle.drainMs" in bad_values_error({"limits": {"maxCallMs": 60000}})
+    assert "terminationGracePeriodSeconds" in bad_values_error({"lifecycle": {"drainMs": 50000}})
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_rendered_flags_and_configmap_pass_check_config(scenario, tmp_path):
+    values = SCENARIOS[scenario]()
+    # TLS and token files exist only in a pod.
+    values.pop("tls", None)
+    values.pop("auth", None)
+    objects = render(values)
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    cluster_yaml = objects[("ConfigMap", volume["configMap"]["name"])]["data"]["cluster.yaml"]
+    code, stdout, stderr = check_config(container(pod), cluster_yaml, tmp_path)
+    assert code == 0, stderr
+    assert "ok (4 instances" in stdout
+    # With the mirror on, its flags (DNS name, KV-event templates, policy) were checked too.
+    mirrored = values.get("mirror", {}).get("enabled", False)
+    assert ("live mirror: 1 pod source" in stdout) == mirrored, stdout
+
+
+def test_a_bad_cluster_value_fails_check_config_naming_the_field(tmp_path):
+    values = {"cluster": copy.deepcopy(yaml.safe_load(open(os.path.join(CHART, "values.yaml")))["cluster"])}
+    values["cluster"]["pools"][0]["tp"] = 0
+    objects = render(values)
+    ditto = container(deployment(objects)["spec"]["template"]["spec"])
+    code, _, stderr = check_config(ditto, objects[("ConfigMap", RELEASE)]["data"]["cluster.yaml"], tmp_path)
+    assert code == 2, stderr
+    assert "pools[0].tp" in stderr
+
+
+def test_alerts_name_metrics_the_binary_exports():
+    # The forecast loop on, as the alerts assume with every toggle on.
+    server = Server(extra_args=["--forecast-interval", "0.2", "--forecast-horizon-s", "10"])
+    try:
+        server.wait_serving()
+        server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+        deadline = time.monotonic() + 60
+        exported = set()
+        while "ditto_forecast_rounds_total" not in exported and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as reply:
+                exported = set(re.findall(r"^(ditto_[a-z_]+)", reply.read().decode(), re.MULTILINE))
+    finally:
+        code, output = server.terminate(), server.output()
+        os.unlink(server.log.name)
+        assert code == 0, output
+    rule = render(all_toggles_on())[("PrometheusRule", RELEASE)]
+    used = {name for group in rule["spec"]["groups"] for r in group["rules"] for name in re.findall(r"ditto_[a-z_]+", r["expr"])}
+    assert "ditto_forecast_rounds_total" in used and "ditto_stale_instances" in used, used
+    assert used <= exported, used - exported
+
+
+def deploy_files():
+    for directory, _, files in os.walk(DEPLOY):
+        for name in sorted(files):
+            if name.endswith((".yaml", ".yml")):
+                yield os.path.join(directory, name)
+
+
+def test_every_file_in_deploy_validates(tmp_path):
+    seen = set()
+    for path in deploy_files():
+        where = os.path.relpath(path, ROOT)
+        with open(path, encoding="utf-8") as handle:
+            documents = [d for d in yaml.safe_load_all(handle) if d is not None]
+        assert documents, where
+        for document in documents:
+            if isinstance(document, list):
+                # A JSON 6902 patch: every value must be valid where it goes.
+                for op in document:
+                    assert op["op"] in ("add", "replace", "remove") and op["path"].startswith("/spec/template/spec/"), (where, op)
+                    field = op["path"].split("/")[4]
+                    if field == "containers":
+                        pod = {"containers": [op["value"]]}
+                    elif field == "volumes":
+                        pod = {"containers": [{"name": "x", "image": "x"}], "volumes": [op["value"]]}
+                    else:
+                        pod = {"containers": [{"name": "x", "image": "x"}], field: op["value"]}
+                    validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
+                seen.add("patch")
+            elif "pools" in document:
+                code, _, stderr = check_config({"args": []}, yaml.safe_dump(document), tmp_path)
+                assert code == 0, f"{where}: {stderr}"
+                seen.add("cluster")
+            elif document.get("kind") == "Kustomization":
+                base = os.path.dirname(path)
+                listed = list(document.get("resources", []))
+                listed += [p["path"] for p in document.get("patches", []) if "path" in p]
+                listed += [f for g in document.get("configMapGenerator", []) for f in g.get("files", [])]
+                for item in listed:
+                    assert os.path.exists(os.path.join(base, item)), f"{where}: {item} is missing"
+                seen.add("kustomization")
+            else:
+                validate(document, where)
+                seen.add(document["kind"])
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster"} <= seen, seen
+
+
+KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS)
+def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", os.path.join(DEPLOY, directory)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    for obj in objects:
+        validate(obj, f"kubectl kustomize deploy/{directory}")
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    for obj in objects:
+        if obj["kind"] != "Deployment":
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        ditto = container(pod)
+        (mount,) = [m for m in ditto["volumeMounts"] if m["mountPath"] == "/etc/ditto"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        cluster_yaml = configmaps[volume["configMap"]["name"]]["data"]["cluster.yaml"]
+        code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+        assert code == 0, f"deploy/{directory}: {stderr}"
+        drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+        assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
