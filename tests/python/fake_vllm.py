@@ -12,7 +12,9 @@
   sequence -1 with an empty payload.
 - `POST /control` (JSON) drives it: set gauges, publish KV events (optionally held back from
   the PUB socket to make a gap), send malformed msgpack, switch faults on the /metrics path
-  (`timeout`, `500`, `garbage`, `binary`, `truncated`).
+  (`timeout`, `500`, `garbage`, `binary`, `truncated`). `hold_after: N` with `gauges` makes the
+  request that follows the N-th page with the new gauges wait until `release` (so a test can
+  look at the mirror knowing how many such pages its scraper has had); `status` reports it.
 
 Run: python fake_vllm.py --host 127.0.0.2 --http-port P --pub-port Q [--replay-port R]
 """
@@ -159,6 +161,12 @@ class State:
         self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks)
         self.metrics.set(0, 0, 0.0)
         self.fault = None
+        # Pages served since the last gauge change, and the scrape hold (see the docstring).
+        self.lock = threading.Lock()
+        self.served_since_change = 0
+        self.hold_after = None
+        self.holding = False
+        self.release = threading.Event()
         self.publisher = Publisher(args.host, args.pub_port, args.replay_port) if args.pub_port else None
 
 
@@ -188,7 +196,15 @@ def handler(state):
                 return self.reply(200, b"<html><body>502 Bad Gateway</body></html>\n{{{ not: prometheus\n")
             if fault == "binary":
                 return self.reply(200, b"\x00\xff\xfe\x80binary")
-            page = generate_latest(state.metrics.registry)
+            with state.lock:
+                hold = state.hold_after is not None and state.served_since_change >= state.hold_after
+                if hold:
+                    state.holding = True
+            if hold:
+                state.release.wait(30)
+            with state.lock:
+                page = generate_latest(state.metrics.registry)
+                state.served_since_change += 1
             if fault == "truncated":
                 # Cut mid-line inside the KV-usage family: the gauges before it survive.
                 cut = page.index(b"# HELP vllm:kv_cache_usage_perc") + 12
@@ -200,7 +216,20 @@ def handler(state):
             command = json.loads(self.rfile.read(length) or b"{}")
             result = {}
             if "gauges" in command:
-                state.metrics.set(**command["gauges"])
+                with state.lock:
+                    state.metrics.set(**command["gauges"])
+                    state.served_since_change = 0
+                    state.hold_after = command.get("hold_after")
+                    state.holding = False
+                    state.release.clear()
+            if command.get("release"):
+                with state.lock:
+                    state.hold_after = None
+                    state.holding = False
+                state.release.set()
+            if command.get("status"):
+                with state.lock:
+                    result.update(holding=state.holding, served_since_change=state.served_since_change)
             if "fault" in command:
                 state.fault = command["fault"]
             if "kv" in command:

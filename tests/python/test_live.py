@@ -140,6 +140,16 @@ def eventually(server, check, what):
     raise AssertionError(f"not {what} within {BOUND_S} s; last snapshot: {last}\n{server.output()}")
 
 
+def bounded_until(check, what):
+    """Polls `check()` until truthy, for at most BOUND_S."""
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"not {what} within {BOUND_S} s")
+
+
 def metric(server, family, **labels):
     """Value of one series on ditto's /metrics (None if absent)."""
     _, text = server.http("/metrics")
@@ -165,7 +175,8 @@ def test_pods_converge_to_their_gauges_without_push(fakes, serve):
     (a, b), _, _ = fakes(2)
     a.control(gauges=dict(running=3, waiting=2, kv=0.3))
     b.control(gauges=dict(running=1, waiting=0, kv=0.05))
-    server = serve("--pods", f"{a.address},{b.address}")
+    # A long scrape timeout: a held scrape (below) must not count as a fault.
+    server = serve("--pods", f"{a.address},{b.address}", "--scrape-timeout-ms", "30000")
     eventually(
         server,
         lambda i: gauges_are(i[a.address], 3, 2, 0.3) and gauges_are(i[b.address], 1, 0, 0.05),
@@ -177,9 +188,19 @@ def test_pods_converge_to_their_gauges_without_push(fakes, serve):
     assert len(inst.requests.waiting) == 2
     assert all(r.computed_tokens > 0 for r in inst.requests.running)
     assert inst.requests_age.observed and not inst.stale_reason
-    # A change on the pod shows up without any RPC.
-    a.control(gauges=dict(running=0, waiting=5, kv=0.0))
-    eventually(server, lambda i: gauges_are(i[a.address], 0, 5, 0.0), "at the new gauges")
+    # A change on the pods shows up without any RPC, by the first scrape after it: each fake
+    # holds the scrape that follows its first page with the new gauges (ditto has one scrape in
+    # flight per pod, and applies a page before it asks again), so while both are held the
+    # mirror must already show both changes: within two scrape intervals of the change.
+    a.control(gauges=dict(running=0, waiting=5, kv=0.0), hold_after=1)
+    b.control(gauges=dict(running=2, waiting=1, kv=0.1), hold_after=1)
+    for fake in (a, b):
+        bounded_until(lambda: fake.control(status=True)["holding"], "the fake holds ditto's next scrape")
+    held = by_id(snapshot(server))
+    a.control(release=True)
+    b.control(release=True)
+    assert gauges_are(held[a.address], 0, 5, 0.0) and gauges_are(held[b.address], 2, 1, 0.1), held
+    assert len(held[a.address].requests.waiting) == 5 and not held[a.address].requests.running
     # Cache settings come from vllm:cache_config_info (4096 blocks), and the mismatch with the
     # pool's derived num_gpu_blocks is reported.
     config = {c.id: c for c in snapshot(server).config.instances}
