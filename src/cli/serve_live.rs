@@ -142,6 +142,7 @@ pub fn live_config(
                 discovery,
                 template: template.clone(),
                 kv: kv.clone(),
+                scrape_interval: None,
             });
         }
     } else if kv.is_some() {

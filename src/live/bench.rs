@@ -210,6 +210,7 @@ pub async fn scrape_bench(
         discovery: Discovery::Static(addresses),
         template,
         kv: None,
+        scrape_interval: None,
     };
     let mut config = LiveConfig::new(vec![source], cluster, TwinSettings::defaults());
     config.scrape_interval = interval;

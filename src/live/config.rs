@@ -72,6 +72,24 @@ pub struct LiveSource {
     pub template: InstanceConfig,
     /// KV events, if subscribed.
     pub kv: Option<KvEndpoints>,
+    /// This source's own `/metrics` period (`None`: the base tick, `--scrape-interval-ms`);
+    /// rounded up to a whole number of base ticks, as the EPP does with a per-source interval.
+    pub scrape_interval: Option<Duration>,
+}
+
+impl LiveSource {
+    /// The period this source's pods are scraped at, given the base tick: its own interval
+    /// rounded up to a multiple of the tick (at least one tick), or the tick.
+    pub fn scrape_period(&self, tick: Duration) -> Duration {
+        match self.scrape_interval {
+            None => tick,
+            Some(own) if tick.is_zero() => own,
+            Some(own) => {
+                let ticks = own.as_nanos().div_ceil(tick.as_nanos()).max(1);
+                tick.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
+            }
+        }
+    }
 }
 
 /// Age limits per signal: older marks the instance stale.
@@ -207,6 +225,10 @@ pub struct SourceSpec {
     /// Subscription topic prefix (default `kv@`).
     #[serde(default)]
     pub kv_topic: Option<String>,
+    /// This source's `/metrics` period, ms (default: `--scrape-interval-ms`), rounded up to a
+    /// multiple of that base tick.
+    #[serde(default)]
+    pub scrape_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -254,11 +276,22 @@ pub fn sources_from_yaml(
                     })
                 }
             };
+            let scrape_interval = match spec.scrape_interval_ms {
+                None => None,
+                Some(0) => {
+                    return Err(invalid(
+                        format!("{path}.scrape_interval_ms"),
+                        "must be at least 1",
+                    ));
+                }
+                Some(ms) => Some(Duration::from_millis(ms)),
+            };
             Ok(LiveSource {
                 name: spec.pool.clone(),
                 discovery,
                 template,
                 kv,
+                scrape_interval,
             })
         })
         .collect()
@@ -271,4 +304,35 @@ pub fn pool_template(cluster: &ClusterConfig, name: &str) -> Option<InstanceConf
         .iter()
         .find(|instance| instance.id == format!("{name}-0"))
         .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(own: Option<u64>) -> LiveSource {
+        LiveSource {
+            name: "vllm".to_owned(),
+            discovery: Discovery::Static(vec!["10.0.0.1:8000".to_owned()]),
+            template: crate::cluster::spec::default_cluster().instances[0].clone(),
+            kv: None,
+            scrape_interval: own.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn a_source_interval_is_a_whole_number_of_base_ticks() {
+        let tick = Duration::from_millis(50);
+        assert_eq!(source(None).scrape_period(tick), tick);
+        assert_eq!(source(Some(10)).scrape_period(tick), tick);
+        assert_eq!(source(Some(50)).scrape_period(tick), tick);
+        assert_eq!(
+            source(Some(120)).scrape_period(tick),
+            Duration::from_millis(150)
+        );
+        assert_eq!(
+            source(Some(1000)).scrape_period(tick),
+            Duration::from_secs(1)
+        );
+    }
 }

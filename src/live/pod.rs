@@ -146,7 +146,13 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
         config.metrics_path.clone(),
         config.scrape_timeout,
     );
-    let mut ticker = tokio::time::interval(config.scrape_interval);
+    let period = config
+        .sources
+        .get(pod.source)
+        .map_or(config.scrape_interval, |source| {
+            source.scrape_period(config.scrape_interval)
+        });
+    let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut last_cache = None;
     let mut last_at_us = 0;

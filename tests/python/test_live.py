@@ -392,7 +392,7 @@ def test_sources_in_the_cluster_yaml_and_dns_discovery(fakes, serve, tmp_path):
         "     engine: {max_num_seqs: 8, max_num_batched_tokens: 4096, num_gpu_blocks: 1000,\n"
         "              max_model_len: 8192, enable_chunked_prefill: true}}\n"
         "sources:\n"
-        f"  - {{pool: small, pods: ['{a.address}']}}\n"
+        f"  - {{pool: small, pods: ['{a.address}'], scrape_interval_ms: 120}}\n"
     )
     server = serve("--config", str(config))
     eventually(server, lambda i: a.address in i and i[a.address].HasField("gauges"), "pod from sources:")
@@ -431,3 +431,6 @@ def test_bad_sources_name_the_field(tmp_path):
     config.write_text("pools:\n  - {name: p, replicas: 1}\nsources:\n  - {pool: nope, pods: ['a:1']}\n")
     done = subprocess.run([BINARY, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 64 and "sources[0].pool" in done.stderr, done.stderr
+    config.write_text("pools:\n  - {name: p, replicas: 1}\nsources:\n  - {pool: p, pods: ['a:1'], scrape_interval_ms: 0}\n")
+    done = subprocess.run([BINARY, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 64 and "sources[0].scrape_interval_ms" in done.stderr, done.stderr
