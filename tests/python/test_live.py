@@ -434,3 +434,30 @@ def test_bad_sources_name_the_field(tmp_path):
     config.write_text("pools:\n  - {name: p, replicas: 1}\nsources:\n  - {pool: p, pods: ['a:1'], scrape_interval_ms: 0}\n")
     done = subprocess.run([BINARY, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 64 and "sources[0].scrape_interval_ms" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("max_kv_age", [None, "500"])
+def test_a_killed_pod_s_kv_stream_recovers_after_restart(fakes, serve, max_kv_age):
+    (a,), pub, rep = fakes(1, kv=True)
+    args = ["--pods", a.address, "--kv-events", f"tcp://{{ip}}:{pub}", "--kv-replay", f"tcp://{{ip}}:{rep}"]
+    if max_kv_age:
+        args += ["--max-kv-age-ms", max_kv_age]
+    server = serve(*args, "--scrape-timeout-ms", "300")
+    warm_up(a, server, [1])
+    a.kill()
+    reason = eventually(server, lambda i: i[a.address].stale_reason, "stale")
+    assert "metrics: " in reason
+    if max_kv_age:
+        eventually(server, lambda i: "kv_events: " in i[a.address].stale_reason, "the stopped stream reported")
+    # The pod comes back (its publisher restarts at sequence 0): the subscription follows it.
+    a.start()
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[7])]))
+        time.sleep(0.1)
+        inst = by_id(snapshot(server))[a.address]
+        if 7 in inst.cached_block_hashes and not inst.stale_reason:
+            break
+    else:
+        raise AssertionError(f"the KV stream did not recover: {by_id(snapshot(server))[a.address]}\n{server.output()}")
+    assert metric(server, "ditto_live_stale", instance=a.address, signal="kv_events") in (None, 0)
