@@ -1,6 +1,7 @@
 //! One pod's KV-event stream: a ZMQ SUB on its publisher (topic filter), sequence tracking,
 //! gap recovery through the publisher's replay ROUTER, and publisher restarts (sequence going
-//! back: the pod's cache is rebuilt from an `AllBlocksCleared`). A malformed message is
+//! back, or a process restart seen on the pod's `/metrics`: the pod's cache is rebuilt from an
+//! `AllBlocksCleared`). A malformed message is
 //! counted, reported on the pod's health and skipped; a gap that cannot be replayed marks the
 //! pod's prefix state stale for [`PREFIX_STALE_HOLD`]. The loop never ends on an error: it
 //! reconnects.
@@ -31,6 +32,10 @@ struct Cursor {
     last_ts_us: u64,
     /// Until when the prefix state is held stale.
     stale_until: Option<Instant>,
+    /// Process restarts of the pod already handled (see [`Pod::restarts`]).
+    restarts_seen: u64,
+    /// The pod restarted: the next batch is the new publisher's, whatever its sequence.
+    new_publisher: bool,
 }
 
 /// The KV-event loop of `pod`.
@@ -80,18 +85,27 @@ async fn receive(
 ) {
     let max_age = pod.config.max_age.kv_events;
     loop {
-        let message = match max_age {
-            Some(age) => match tokio::time::timeout(age, socket.recv()).await {
-                Ok(message) => message,
-                Err(_) => {
-                    pod.set_health(|h| {
-                        h.kv_events =
-                            Some(format!("kv_events: no batch for {} ms", age.as_millis()))
-                    });
-                    continue;
-                }
-            },
-            None => socket.recv().await,
+        let next = async {
+            match max_age {
+                Some(age) => tokio::time::timeout(age, socket.recv()).await.ok(),
+                None => Some(socket.recv().await),
+            }
+        };
+        let received = tokio::select! {
+            biased;
+            () = pod.restarted.notified() => {
+                on_restart(pod, cursor);
+                continue;
+            }
+            received = next => received,
+        };
+        let Some(message) = received else {
+            if let Some(age) = max_age {
+                pod.set_health(|h| {
+                    h.kv_events = Some(format!("kv_events: no batch for {} ms", age.as_millis()))
+                });
+            }
+            continue;
         };
         let message = match message {
             Ok(message) => message,
@@ -136,7 +150,36 @@ async fn receive(
     }
 }
 
+/// The pod's process restarted (seen on its `/metrics`): its cached blocks are gone now, not
+/// at its publisher's next batch (an idle pod may send none for a long while).
+fn on_restart(pod: &Arc<Pod>, cursor: &mut Cursor) {
+    let restarts = pod.restarts.load(std::sync::atomic::Ordering::Relaxed);
+    if restarts == cursor.restarts_seen {
+        return;
+    }
+    cursor.restarts_seen = restarts;
+    cursor.new_publisher = true;
+    if let Some(expected) = cursor.expected {
+        apply(
+            pod,
+            WireBatch {
+                seq: expected,
+                ts_s: 0.0,
+                events: vec![KvEvent::AllCleared],
+                dp_rank: None,
+            },
+            cursor,
+        );
+    }
+}
+
 async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: &mut Cursor) {
+    let mut batch = batch;
+    if std::mem::take(&mut cursor.new_publisher) {
+        // The restarted publisher numbers from 0 again: nothing before it is missing.
+        cursor.expected = None;
+        batch.events.insert(0, KvEvent::AllCleared);
+    }
     let mut reason = None;
     match cursor.expected {
         Some(expected) if batch.seq > expected => {
@@ -175,7 +218,6 @@ async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: 
         }
         _ => {}
     }
-    let mut batch = batch;
     if cursor.expected.is_some_and(|expected| batch.seq < expected) {
         // The publisher restarted: what it had cached is gone.
         batch.events.insert(0, KvEvent::AllCleared);

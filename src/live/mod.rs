@@ -180,6 +180,8 @@ impl Coordinator {
             health: Mutex::new(Health::default()),
             last_rebuild_us: AtomicU64::new(0),
             deprecated: Mutex::new(Vec::new()),
+            restarts: AtomicU64::new(0),
+            restarted: tokio::sync::Notify::new(),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
             Arc::clone(&pod),

@@ -13,7 +13,7 @@ use tokio::time::MissedTickBehavior;
 use super::config::LiveConfig;
 use super::rebuild::rebuild;
 use super::scrape::{ScrapeError, Scraper};
-use super::text::parse_metrics;
+use super::text::{RestartMarks, parse_metrics};
 use crate::telemetry::live::LiveMetrics;
 use crate::twin::snapshot::Gauges;
 use crate::twin::store::{InstanceUpdate, MirrorStore};
@@ -83,6 +83,10 @@ pub struct Pod {
     pub last_rebuild_us: AtomicU64,
     /// Deprecated names this pod has used (to drop their series at retirement).
     pub deprecated: Mutex<Vec<&'static str>>,
+    /// Process restarts seen on its `/metrics` (another start time, a counter reset).
+    pub restarts: AtomicU64,
+    /// Woken at each restart: the KV loop clears the pod's blocks (its cache died with it).
+    pub restarted: tokio::sync::Notify,
 }
 
 impl Pod {
@@ -137,6 +141,15 @@ fn scrape_result(err: &ScrapeError) -> &'static str {
     }
 }
 
+/// What a pod's scrape loop remembers from earlier pages.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The cache settings last reported to the coordinator.
+    cache: Option<(Option<u32>, Option<u32>)>,
+    /// The last page's process-run marks.
+    marks: Option<RestartMarks>,
+}
+
 /// The scrape loop: one scrape in flight, every `scrape_interval` (a late scrape delays the
 /// next tick instead of bursting).
 pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
@@ -154,12 +167,12 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
         });
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut last_cache = None;
+    let mut seen = Seen::default();
     let mut last_at_us = 0;
     loop {
         ticker.tick().await;
         let started = Instant::now();
-        let outcome = scrape_once(&pod, &mut scraper, last_at_us, &mut last_cache, &news).await;
+        let outcome = scrape_once(&pod, &mut scraper, last_at_us, &mut seen, &news).await;
         pod.metrics
             .scrape_duration
             .observe(started.elapsed().as_secs_f64());
@@ -190,7 +203,7 @@ async fn scrape_once(
     pod: &Arc<Pod>,
     scraper: &mut Scraper,
     last_at_us: u64,
-    last_cache: &mut Option<(Option<u32>, Option<u32>)>,
+    seen: &mut Seen,
     news: &mpsc::Sender<PodNews>,
 ) -> Result<u64, (&'static str, String)> {
     let text = scraper
@@ -198,6 +211,16 @@ async fn scrape_once(
         .await
         .map_err(|err| (scrape_result(&err), err.to_string()))?;
     let metrics = parse_metrics(&text).map_err(|err| ("parse", err.to_string()))?;
+    let marks = metrics.restart_marks();
+    if seen
+        .marks
+        .is_some_and(|before| marks.restarted_since(&before))
+    {
+        tracing::info!(pod = %pod.id, "live mirror: the pod's process restarted");
+        pod.restarts.fetch_add(1, Ordering::Relaxed);
+        pod.restarted.notify_one();
+    }
+    seen.marks = Some(marks);
     {
         let mut known = pod
             .deprecated
@@ -214,8 +237,8 @@ async fn scrape_once(
         }
     }
     let cache = (metrics.block_size, metrics.num_gpu_blocks);
-    if *last_cache != Some(cache) {
-        *last_cache = Some(cache);
+    if seen.cache != Some(cache) {
+        seen.cache = Some(cache);
         let _ = news
             .send(PodNews::CacheInfo {
                 id: pod.id.clone(),

@@ -74,11 +74,51 @@ pub struct PodMetrics {
     pub prefix_hits: Option<f64>,
     /// Inter-token latency observations (current or deprecated name), for reporting.
     pub itl_count: Option<f64>,
+    /// When the pod's process started (`process_start_time_seconds`), if exported.
+    pub process_start: Option<f64>,
     /// Deprecated names this page used (reported on /metrics).
     pub deprecated: Vec<&'static str>,
 }
 
+/// What tells one run of a pod's process from the next: its start time and its counters
+/// (a counter that goes back means the process restarted, as Prometheus reads a reset).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct RestartMarks {
+    /// `process_start_time_seconds`.
+    pub start: Option<f64>,
+    /// Prefix-cache queries, prompt- and generation-length counts, ITL count.
+    pub counters: [Option<f64>; 4],
+}
+
+impl RestartMarks {
+    /// True when `self` (a later page) shows a process other than `before`'s: another start
+    /// time, or a counter below its earlier value.
+    pub fn restarted_since(&self, before: &RestartMarks) -> bool {
+        let other_start =
+            matches!((self.start, before.start), (Some(now), Some(then)) if now != then);
+        let reset = self
+            .counters
+            .iter()
+            .zip(before.counters.iter())
+            .any(|pair| matches!(pair, (Some(now), Some(then)) if now < then));
+        other_start || reset
+    }
+}
+
 impl PodMetrics {
+    /// The marks of this page's process run.
+    pub fn restart_marks(&self) -> RestartMarks {
+        RestartMarks {
+            start: self.process_start,
+            counters: [
+                self.prefix_queries,
+                self.prompt_tokens.as_ref().map(Histogram::count),
+                self.generation_tokens.as_ref().map(Histogram::count),
+                self.itl_count,
+            ],
+        }
+    }
+
     /// Cumulative prefix-cache hit rate in [0, 1], if the counters are present.
     pub fn prefix_hit_rate(&self) -> Option<f64> {
         match (self.prefix_queries, self.prefix_hits) {
@@ -126,12 +166,14 @@ const ITL: &[(&str, bool)] = &[
     ("vllm:inter_token_latency_seconds", false),
     ("vllm:time_per_output_token_seconds", true),
 ];
+/// prometheus-client's process collector (vLLM's API server exports it).
+const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
 
 /// What `:` in a metric name becomes for the parser (word characters only).
 pub const COLON: &str = "__COLON__";
 
 /// Every family this module reads.
-const WANTED: [&[(&str, bool)]; 9] = [
+const WANTED: [&[(&str, bool)]; 10] = [
     WAITING,
     RUNNING,
     KV_USAGE,
@@ -141,6 +183,7 @@ const WANTED: [&[(&str, bool)]; 9] = [
     PREFIX_QUERIES,
     PREFIX_HITS,
     ITL,
+    PROCESS_START,
 ];
 
 /// The metric name of a sample, `# HELP` or `# TYPE` line (`None` for other lines).
@@ -305,6 +348,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
             }
         }
     }
+    metrics.process_start = scalar(samples, PROCESS_START, Combine::Mean).map(|(_, start)| start);
     metrics.deprecated.sort_unstable();
     metrics.deprecated.dedup();
     Ok(metrics)
@@ -453,5 +497,28 @@ vllm:request_prompt_tokens_sum{engine=\"0\",model_name=\"m\"} 3000.0
         let metrics = parse_metrics(page).expect("valid page");
         assert_eq!((metrics.waiting, metrics.running), (4, 1));
         assert!(metrics.deprecated.is_empty());
+    }
+
+    #[test]
+    fn a_new_start_time_or_a_counter_going_back_is_a_restart() {
+        let page = |start: Option<f64>, queries: f64| RestartMarks {
+            start,
+            counters: [Some(queries), Some(10.0), None, Some(3.0)],
+        };
+        let before = page(Some(100.0), 500.0);
+        assert!(!page(Some(100.0), 600.0).restarted_since(&before));
+        assert!(page(Some(160.0), 600.0).restarted_since(&before));
+        assert!(page(Some(100.0), 20.0).restarted_since(&before));
+        assert!(page(None, 20.0).restarted_since(&page(None, 500.0)));
+        assert!(!page(None, 500.0).restarted_since(&page(None, 500.0)));
+        // A counter that appears or disappears says nothing.
+        let mut gone = page(Some(100.0), 600.0);
+        gone.counters[0] = None;
+        assert!(!gone.restarted_since(&before));
+        // Read from a page: the process collector's start time.
+        let text = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n\
+                    vllm:kv_cache_usage_perc 0\nprocess_start_time_seconds 1.7e9\n";
+        let metrics = parse_metrics(text).expect("a minimal page");
+        assert_eq!(metrics.restart_marks().start, Some(1.7e9));
     }
 }

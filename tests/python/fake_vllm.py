@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgpack
 import zmq
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
@@ -45,6 +45,9 @@ class Metrics:
         prefix = "vllm:gpu_prefix_cache" if deprecated else "vllm:prefix_cache"
         itl = "vllm:time_per_output_token_seconds" if deprecated else "vllm:inter_token_latency_seconds"
         r = self.registry
+        # vLLM's API server serves prometheus-client's default registry, which holds the
+        # process collector (process_start_time_seconds, ...).
+        ProcessCollector(registry=r)
         self.running = Gauge("vllm:num_requests_running", "Requests in execution batches.", labels, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r)
         self.kv = Gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)

@@ -449,8 +449,11 @@ def test_a_killed_pod_s_kv_stream_recovers_after_restart(fakes, serve, max_kv_ag
     assert "metrics: " in reason
     if max_kv_age:
         eventually(server, lambda i: "kv_events: " in i[a.address].stale_reason, "the stopped stream reported")
-    # The pod comes back (its publisher restarts at sequence 0): the subscription follows it.
+    # The pod comes back (its publisher restarts at sequence 0): its /metrics shows a new
+    # process, so the blocks it held are dropped at once, before it publishes anything.
     a.start()
+    eventually(server, lambda i: not i[a.address].cached_block_hashes, "the dead process's blocks dropped")
+    # The subscription follows the new publisher.
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
         a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[7])]))
@@ -461,3 +464,5 @@ def test_a_killed_pod_s_kv_stream_recovers_after_restart(fakes, serve, max_kv_ag
     else:
         raise AssertionError(f"the KV stream did not recover: {by_id(snapshot(server))[a.address]}\n{server.output()}")
     assert metric(server, "ditto_live_stale", instance=a.address, signal="kv_events") in (None, 0)
+    assert 1 not in by_id(snapshot(server))[a.address].cached_block_hashes
+    assert by_id(snapshot(server))[a.address].kv_event_gaps == 0
