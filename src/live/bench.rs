@@ -36,8 +36,9 @@ pub struct ScrapeBench {
     pub mean_gauge_age_ms: f64,
     /// Mean scrape start → publish, ms.
     pub mean_publish_lag_ms: f64,
-    /// Resident memory after the warm-up and at the end, MB.
-    pub rss_mb: (f64, f64),
+    /// Resident memory after the warm-up, at each quarter of the run and at the end, MB
+    /// (flat when the later steps stop growing).
+    pub rss_mb: Vec<f64>,
     /// Size of the served page, bytes.
     pub page_bytes: usize,
 }
@@ -48,7 +49,7 @@ impl ScrapeBench {
         let mut out = String::new();
         let _ = write!(
             out,
-            "{} pods @ {} ms for {:.1} s: {} scrapes, CPU {:.3} ms per pod per s, gauge age {:.1} ms mean, publish lag {:.2} ms mean, RSS {:.1} -> {:.1} MB (page {} kB)",
+            "{} pods @ {} ms for {:.1} s: {} scrapes, CPU {:.3} ms per pod per s, gauge age {:.1} ms mean, publish lag {:.2} ms mean, RSS {} MB by quarter (page {} kB)",
             self.pods,
             self.interval.as_millis(),
             self.wall.as_secs_f64(),
@@ -56,8 +57,11 @@ impl ScrapeBench {
             self.cpu_per_pod_s * 1e3,
             self.mean_gauge_age_ms,
             self.mean_publish_lag_ms,
-            self.rss_mb.0,
-            self.rss_mb.1,
+            self.rss_mb
+                .iter()
+                .map(|mb| format!("{mb:.1}"))
+                .collect::<Vec<_>>()
+                .join(" -> "),
             self.page_bytes / 1024
         );
         out
@@ -220,24 +224,30 @@ pub async fn scrape_bench(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let scrapes_before = metrics_scrapes(&metrics);
     let lag_before = (live_lag(&metrics), metrics_lag_count(&metrics));
-    let rss_start = rss_mb();
+    let mut rss = vec![rss_mb()];
     let cpu_start = process_cpu_s();
     let started = Instant::now();
-    let mut ages = Vec::new();
+    // Running sums (a sample buffer would grow the very memory measured).
+    let (mut age_sum_ms, mut age_count) = (0.0, 0u64);
     while started.elapsed() < duration {
         tokio::time::sleep(Duration::from_millis(10)).await;
         if let Some(stored) = store.latest() {
             let now = wall_now_us();
             for state in &stored.snapshot.instances {
                 if state.gauges_at_us > 0 {
-                    ages.push(now.saturating_sub(state.gauges_at_us) as f64 / 1e3);
+                    age_sum_ms += now.saturating_sub(state.gauges_at_us) as f64 / 1e3;
+                    age_count += 1;
                 }
             }
+        }
+        let quarter = started.elapsed().as_secs_f64() / duration.as_secs_f64().max(1e-9);
+        if rss.len() < 4 && quarter >= rss.len() as f64 / 4.0 {
+            rss.push(rss_mb());
         }
     }
     let wall = started.elapsed();
     let cpu = process_cpu_s() - cpu_start;
-    let rss_end = rss_mb();
+    rss.push(rss_mb());
     let scrapes = metrics_scrapes(&metrics) - scrapes_before;
     let lag_sum = live_lag(&metrics) - lag_before.0;
     let lag_count = metrics_lag_count(&metrics) - lag_before.1;
@@ -251,13 +261,13 @@ pub async fn scrape_bench(
         wall,
         scrapes,
         cpu_per_pod_s: cpu / pods as f64 / wall.as_secs_f64(),
-        mean_gauge_age_ms: ages.iter().sum::<f64>() / ages.len().max(1) as f64,
+        mean_gauge_age_ms: age_sum_ms / age_count.max(1) as f64,
         mean_publish_lag_ms: if lag_count > 0 {
             lag_sum / lag_count as f64 * 1e3
         } else {
             0.0
         },
-        rss_mb: (rss_start, rss_end),
+        rss_mb: rss,
         page_bytes: page.len(),
     })
 }
