@@ -262,9 +262,19 @@ impl Coordinator {
             instances,
             ..self.config.cluster.clone()
         };
-        let outcome = self
-            .store
-            .sync_config(cluster, self.config.settings.clone(), addresses)?;
+        // The forecast loop groups pods by their source's pool (their ids are addresses).
+        let mut settings = self.config.settings.clone();
+        settings.variants = self
+            .pods
+            .iter()
+            .map(|(id, entry)| {
+                (
+                    id.clone(),
+                    self.config.sources[entry.pod.source].name.clone(),
+                )
+            })
+            .collect();
+        let outcome = self.store.sync_config(cluster, settings, addresses)?;
         for entry in self.pods.values() {
             entry.pod.republish_health();
         }

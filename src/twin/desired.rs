@@ -83,6 +83,11 @@ pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Varia
     let mut out: Vec<Variant> = Vec::new();
     for instance in &snapshot.config.instances {
         let (namespace, name) = variant_of(&instance.id);
+        let name = snapshot
+            .settings
+            .variants
+            .get(&instance.id)
+            .map_or(name, String::as_str);
         let namespace = namespace.unwrap_or(default_namespace);
         match out
             .iter_mut()

@@ -466,3 +466,26 @@ def test_a_killed_pod_s_kv_stream_recovers_after_restart(fakes, serve, max_kv_ag
     assert metric(server, "ditto_live_stale", instance=a.address, signal="kv_events") in (None, 0)
     assert 1 not in by_id(snapshot(server))[a.address].cached_block_hashes
     assert by_id(snapshot(server))[a.address].kv_event_gaps == 0
+
+
+def test_the_forecast_loop_counts_a_pool_s_pods_as_one_variant(fakes, serve):
+    (a, b), _, _ = fakes(2)
+    server = serve(
+        "--pods", f"{a.address},{b.address}",
+        "--forecast-interval", "0.2",
+        "--forecast-horizon-s", "20",
+        "--forecast-replications", "1",
+        "--forecast-namespace", "llm-d",
+    )
+    eventually(server, lambda i: a.address in i and b.address in i, "both pods mirrored")
+    # The pods are named host:port; their variant is their source's pool (the first pool of
+    # the embedded cluster, "vllm"), not one variant per address.
+    deadline = time.monotonic() + BOUND_S
+    while time.monotonic() < deadline:
+        current = metric(server, "ditto_current_replicas", variant_name="vllm", namespace="llm-d")
+        if current is not None:
+            break
+        time.sleep(0.1)
+    assert current == 2, server.output()
+    _, text = server.http("/metrics")
+    assert "127.0.0." not in "".join(line for line in text.splitlines() if line.startswith("ditto_current_replicas")), text
