@@ -1,10 +1,9 @@
 //! One pod's KV-event stream: a ZMQ SUB on its publisher (topic filter), sequence tracking,
 //! gap recovery through the publisher's replay ROUTER, and publisher restarts (sequence going
 //! back, or a process restart seen on the pod's `/metrics`: the pod's cache is rebuilt from an
-//! `AllBlocksCleared`). A malformed message is
-//! counted, reported on the pod's health and skipped; a gap that cannot be replayed marks the
-//! pod's prefix state stale for [`PREFIX_STALE_HOLD`]. The loop never ends on an error: it
-//! reconnects.
+//! `AllBlocksCleared`). A malformed message is counted, reported on the pod's health and
+//! skipped; a gap that cannot be replayed marks the pod's prefix state stale for
+//! [`PREFIX_STALE_HOLD`]. The loop never ends on an error: it reconnects.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

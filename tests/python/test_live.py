@@ -354,16 +354,26 @@ def test_pushed_state_is_preferred_over_the_rebuild(fakes, serve):
     a.control(gauges=dict(running=2, waiting=0, kv=0.1))
     server = serve("--pods", a.address, "--max-metrics-age-ms", "60000")
     eventually(server, lambda i: len(i[a.address].requests.running) == 2, "rebuilt")
-    now = int(time.time() * 1e6)
-    update = pb.InstanceStateUpdate(
-        instance_id=a.address,
-        observed_at_us=now,
-        requests=pb.RequestLists(
-            running=[pb.RequestState(request_id="pushed-1", arrival_us=now - 1000, prompt_tokens=100,
-                                     computed_tokens=100, output_tokens=1, max_tokens=50)]
-        ),
-    )
-    server.twin.PushInstanceState(iter([update]), timeout=10)
+    # The newest observation wins: a scrape that lands between reading the clock and the push
+    # makes the push older, and it is refused (documented); a gateway then pushes again.
+    for _ in range(20):
+        now = int(time.time() * 1e6)
+        update = pb.InstanceStateUpdate(
+            instance_id=a.address,
+            observed_at_us=now,
+            requests=pb.RequestLists(
+                running=[pb.RequestState(request_id="pushed-1", arrival_us=now - 1000, prompt_tokens=100,
+                                         computed_tokens=100, output_tokens=1, max_tokens=50)]
+            ),
+        )
+        try:
+            server.twin.PushInstanceState(iter([update]), timeout=10)
+            break
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.INVALID_ARGUMENT or "older than" not in err.details():
+                raise
+    else:
+        raise AssertionError("every push lost the race against a scrape")
     a.control(gauges=dict(running=3, waiting=1, kv=0.2))
     inst = eventually(server, lambda i: gauges_are(i[a.address], 3, 1, 0.2) and i[a.address], "gauges pulled")
     assert [r.request_id for r in inst.requests.running] == ["pushed-1"], "the push wins while fresh"
