@@ -18,10 +18,12 @@ use ditto::sim::{Engine, RequestSpec};
 use ditto::workload::{ArrivalProcess, LengthDist, PrefixSpec, WorkloadSpec};
 use prost::Message;
 
+const LATENCY_MODEL: &str = "calibrated";
 const CLUSTER_YAML: &str = "
 pools:
   - name: vllm
     replicas: 3
+    latency_model: calibrated
     engine: {max_num_seqs: 64}
 routing: {policy: round-robin}
 staleness: {refresh_interval_ms: 0}
@@ -34,6 +36,7 @@ fn proto_config() -> proto::ClusterConfig {
             max_num_seqs: Some(64),
             ..proto::EngineLimits::default()
         }),
+        latency_model: LATENCY_MODEL.into(),
         ..proto::InstanceSpec::default()
     };
     proto::ClusterConfig {

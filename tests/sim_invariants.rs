@@ -12,7 +12,8 @@ use proptest::prelude::*;
 struct Scenario {
     config: EngineConfig,
     alpha: [f64; 3],
-    /// Price steps with the roofline (context-dependent) instead of the blackbox.
+    /// Price steps with a context-dependent analytic model (the roofline, or the calibrated
+    /// default when the request count is odd) instead of the blackbox.
     roofline: bool,
     requests: Vec<RequestSpec>,
 }
@@ -195,7 +196,7 @@ fn busy_scenario_strategy() -> impl Strategy<Value = Scenario> {
 /// The latency model `scenario` asks for.
 fn scenario_model(scenario: &Scenario) -> LatencyModel {
     if scenario.roofline {
-        roofline()
+        analytic(kind_by_parity(scenario.requests.len()))
     } else {
         model(scenario.alpha)
     }
@@ -221,11 +222,21 @@ fn fast_and_reference(scenario: &Scenario) -> (Engine, Engine) {
     (fast, reference)
 }
 
-/// The embedded roofline of llama-3.1-8b-instruct on one H100 (step times depend on context).
-fn roofline() -> LatencyModel {
+/// The embedded `kind` model of llama-3.1-8b-instruct on one H100 (step times depend on
+/// context; the calibrated one also has request overheads and a first-token delay).
+fn analytic(kind: LatencyKind) -> LatencyModel {
     let arch = catalog::model("llama-3.1-8b-instruct").unwrap();
     let gpu = catalog::gpu("H100").unwrap();
-    catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).unwrap()
+    catalog::latency_model(kind, &arch, &gpu, 1).unwrap()
+}
+
+/// Roofline for an even request count, calibrated for an odd one.
+fn kind_by_parity(count: usize) -> LatencyKind {
+    if count.is_multiple_of(2) {
+        LatencyKind::Roofline
+    } else {
+        LatencyKind::Calibrated
+    }
 }
 
 fn model(alpha: [f64; 3]) -> LatencyModel {
@@ -469,7 +480,7 @@ proptest! {
         let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
         let cut = (last as f64 * cut_fraction) as u64 + 1;
         let observe_at_cut = |reference: bool| {
-            let model = if scenario.roofline { roofline() } else { model(scenario.alpha) };
+            let model = scenario_model(&scenario);
             let mut engine = Engine::new(scenario.config.clone(), model).unwrap();
             engine.set_reference_stepper(reference);
             for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {

@@ -2,8 +2,9 @@
 //! original (the basis of every twin prediction), and bad state is refused with the field.
 #![allow(clippy::unwrap_used)]
 
+use ditto::catalog;
 use ditto::sim::engine::{RestoreState, RestoredRequest};
-use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
+use ditto::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, Outcome, RequestSpec, SimError};
 
 fn model() -> LatencyModel {
@@ -35,12 +36,12 @@ fn workload() -> Vec<RequestSpec> {
         .collect()
 }
 
-/// Runs the original to `cut` (every event at or before it), observes, restores, then feeds
+/// Runs the original with `model` to `cut` (every event at or before it), observes, restores, then feeds
 /// both the remaining arrivals; returns (original, restored).
-fn split_run(cut: u64) -> (Engine, Engine) {
+fn split_run_with(cut: u64, model: LatencyModel) -> (Engine, Engine) {
     let requests = workload();
     let (before, after): (Vec<_>, Vec<_>) = requests.into_iter().partition(|r| r.arrival_us <= cut);
-    let mut original = Engine::new(config(), model()).unwrap();
+    let mut original = Engine::new(config(), model.clone()).unwrap();
     for spec in before {
         original.run_before(spec.arrival_us);
         original.submit(spec).unwrap();
@@ -52,7 +53,7 @@ fn split_run(cut: u64) -> (Engine, Engine) {
         "the cut should catch requests mid-flight"
     );
     assert!(observed.step_end_us.is_some(), "and a step in flight");
-    let mut restored = Engine::restore(config(), model(), observed).unwrap();
+    let mut restored = Engine::restore(config(), model, observed).unwrap();
     original.run(after.clone(), u64::MAX).unwrap();
     restored.run(after, u64::MAX).unwrap();
     (original, restored)
@@ -61,7 +62,70 @@ fn split_run(cut: u64) -> (Engine, Engine) {
 #[test]
 fn restored_engine_continues_exactly() {
     for cut in [1_000_000, 1_234_567, 2_500_001] {
-        let (original, restored) = split_run(cut);
+        assert_continues_exactly(cut, model());
+    }
+}
+
+#[test]
+fn restored_engine_continues_exactly_with_request_overheads() {
+    // Goal: a request observed between its arrival and the scheduler's queue (the latency
+    // model's queueing delay: HTTP, tokenization) joins the queue when it would have, not at
+    // the restore. Method: a blackbox model with a 5 ms queueing delay (arrivals every 9 ms,
+    // so some cuts catch one in flight) and the calibrated default, whose request overheads
+    // (queueing, first-token delay, post-decode) are all non-zero.
+    let queueing = LatencyModel::Blackbox(BlackboxCoefficients {
+        alpha: [5_000.0, 0.0, 0.0],
+        beta: [800.0, 3.0, 20.0],
+    });
+    let arch = catalog::model("llama-3.1-8b-instruct").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    let calibrated = catalog::latency_model(LatencyKind::Calibrated, &arch, &gpu, 1).unwrap();
+    for model in [queueing, calibrated] {
+        for cut in [1_000_000, 1_234_567, 2_500_001, 3_001_000, 3_604_000] {
+            assert_continues_exactly(cut, model.clone());
+        }
+    }
+}
+
+#[test]
+fn a_request_observed_before_its_enqueue_joins_the_queue_when_it_would_have() {
+    // Goal: a request observed between arrival and the scheduler's queue (queueing delay)
+    // is not scheduled earlier after a restore. Method: an idle engine with a 5 ms queueing
+    // delay, two arrivals, a cut before either reaches the queue; the restored copy must
+    // schedule and finish them at the original's times.
+    let model = LatencyModel::Blackbox(BlackboxCoefficients {
+        alpha: [5_000.0, 0.0, 0.0],
+        beta: [800.0, 3.0, 20.0],
+    });
+    let specs = [
+        RequestSpec::synthetic(1, 0, 300, 20),
+        RequestSpec::synthetic(2, 1_000, 200, 10),
+    ];
+    let mut original = Engine::new(config(), model.clone()).unwrap();
+    for spec in specs {
+        original.submit(spec).unwrap();
+    }
+    original.run_until(2_000);
+    let observed = original.observe();
+    assert_eq!(observed.waiting.len(), 2, "both arrived, neither scheduled");
+    let mut restored = Engine::restore(config(), model, observed).unwrap();
+    original.run(Vec::new(), u64::MAX).unwrap();
+    restored.run(Vec::new(), u64::MAX).unwrap();
+    let ends = |engine: &Engine| -> Vec<(u64, u64, Option<u64>)> {
+        engine
+            .metrics()
+            .records
+            .iter()
+            .map(|r| (r.id.0, r.end_us, r.ttft_us()))
+            .collect()
+    };
+    assert_eq!(ends(&original), ends(&restored));
+    restored.check_invariants().unwrap();
+}
+
+fn assert_continues_exactly(cut: u64, model: LatencyModel) {
+    {
+        let (original, restored) = split_run_with(cut, model);
         let finished_before = original
             .metrics()
             .records
@@ -94,6 +158,7 @@ fn request(id: u64, computed: u32, generated: u32, output: u32) -> RestoredReque
         generated,
         cached_tokens: 0,
         scheduled_tokens: 0,
+        client_lag_us: 0,
     }
 }
 
@@ -162,6 +227,7 @@ fn inconsistent_state_is_refused_with_the_field() {
         generated: 0,
         cached_tokens: 0,
         scheduled_tokens: 0,
+        client_lag_us: 0,
     };
     let state = RestoreState {
         now_us: 10,

@@ -116,6 +116,7 @@ fn duplicate_block_keys_are_refused_not_a_panic() {
             generated: 0,
             cached_tokens: 0,
             scheduled_tokens: 0,
+            client_lag_us: 0,
         }],
         cached_keys: vec![7],
         ..RestoreState::default()

@@ -45,8 +45,9 @@ pub struct RunArgs {
     /// Tensor-parallel degree (default 1, or the replay trace's).
     #[arg(long)]
     pub tp: Option<u32>,
-    /// Step-time model: roofline, blackbox or physics.
-    #[arg(long, default_value = "roofline")]
+    /// Step-time model: calibrated (fitted on measured vLLM runs, docs/fidelity.md),
+    /// physics, roofline, blackbox, or a coefficients file written by `ditto calibrate`.
+    #[arg(long, default_value = "calibrated")]
     pub latency_model: String,
     /// Requests to generate.
     #[arg(long, default_value_t = 1000)]

@@ -133,7 +133,7 @@ pub fn output(cluster: &Cluster, workload: String, seed: u64) -> RunOutput {
             model: first.model.clone(),
             gpu: first.gpu.clone(),
             tp: first.tp,
-            latency_model: first.latency.kind().as_str(),
+            latency_model: first.latency.kind().as_str().to_owned(),
             num_gpu_blocks: first.engine.num_gpu_blocks,
             block_size: first.engine.block_size,
             max_num_seqs: first.engine.max_num_seqs,

@@ -8,12 +8,13 @@ use serde::Serialize;
 use super::args::RunArgs;
 use super::cluster_run::{self, ClusterInfo, InstanceJson};
 use super::error::CliError;
+use super::latency::resolve_latency;
 use super::report::{RequestJson, SummaryJson};
 use crate::catalog;
 use crate::cluster::Cluster;
 use crate::cluster::config::{InstanceConfig, InstanceRole};
 use crate::sim::capacity;
-use crate::sim::latency::{GpuSpec, LatencyKind, ModelArch};
+use crate::sim::latency::{GpuSpec, ModelArch};
 use crate::sim::{Engine, EngineConfig, RequestSpec, SchedulingPolicy};
 use crate::workload::{ArrivalProcess, LengthDist, ReplayConfig, TraceFormat, WorkloadSpec};
 
@@ -27,7 +28,7 @@ pub struct RunInfo {
     /// Tensor-parallel degree.
     pub tp: u32,
     /// Latency model.
-    pub latency_model: &'static str,
+    pub latency_model: String,
     /// GPU KV blocks.
     pub num_gpu_blocks: u32,
     /// Tokens per block.
@@ -169,16 +170,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
     if tp == 0 {
         return Err(CliError::flag("tp", "must be at least 1"));
     }
-    let kind = LatencyKind::parse(&args.latency_model).ok_or_else(|| {
-        CliError::flag(
-            "latency-model",
-            format!(
-                "unknown model {:?}; expected roofline, blackbox or physics",
-                args.latency_model
-            ),
-        )
-    })?;
-    let latency = catalog::latency_model(kind, &arch, &gpu, tp)?;
+    let latency = resolve_latency(&args.latency_model, &arch, &gpu, tp)?;
     let config = engine_config(args, &arch, &gpu, tp, replay)?;
     let seed = match &source {
         Source::Generated(spec, _) => spec.seed,
@@ -214,7 +206,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         model: arch.name.clone(),
         gpu: gpu.name.clone(),
         tp,
-        latency_model: kind.as_str(),
+        latency_model: args.latency_model.clone(),
         num_gpu_blocks: config.num_gpu_blocks,
         block_size: config.block_size,
         max_num_seqs: config.max_num_seqs,

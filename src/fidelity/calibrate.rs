@@ -9,6 +9,10 @@
 //! non-negative by fitting its magnitude), so the fit sees the scheduler's real feedback
 //! (a slower step grows the batch, which slows the step) instead of a linearised proxy.
 //!
+//! A summary-only run (no per-request truth; its arrivals and prompts are synthesised from
+//! the workload description) counts [`SUMMARY_ONLY_WEIGHT`] of a replayed run: its error
+//! mixes the step-time model's with the synthesis's, so it guides the fit without steering it.
+//!
 //! Warm calibration fits a run's first stage only ([`MeasuredRun::through_stage`]) and is
 //! scored on the stages after it.
 
@@ -178,6 +182,9 @@ pub fn fit(targets: &[Target], spec: &FitSpec) -> Result<FitResult, FidelityErro
     })
 }
 
+/// The weight of a summary-only run relative to a run with per-request ground truth.
+pub const SUMMARY_ONLY_WEIGHT: f64 = 0.25;
+
 /// A coefficient that starts at 0 starts at this fraction of its typical magnitude.
 const ZERO_START: f64 = 0.05;
 
@@ -197,10 +204,15 @@ pub fn loss(
         )?);
         let replayed = replay::replay(&target.run, &target.config, latency, options)?;
         let scored = score::score(&target.run, &replayed);
+        let run_weight = if target.run.has_requests() {
+            1.0
+        } else {
+            SUMMARY_ONLY_WEIGHT
+        };
         for stage in &scored.stages {
             // The whole run counts as much as its stages together: it is what is judged.
             let weight = if stage.stage < 0 { 2.0 } else { 1.0 };
-            total += weight * stage_loss(&stage.predicted, &stage.measured);
+            total += run_weight * weight * stage_loss(&stage.predicted, &stage.measured);
         }
         total += replayed.unfinished as f64;
     }

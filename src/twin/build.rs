@@ -183,6 +183,8 @@ fn to_restored(observed: &ObservedRequest, id: u64, final_length: u32) -> Restor
         computed_tokens: observed.computed_tokens,
         generated,
         cached_tokens: observed.cached_tokens,
+        // A pod does not publish its clients' view; it only shifts that request's own times.
+        client_lag_us: 0,
         scheduled_tokens: observed.scheduled_tokens,
     }
 }

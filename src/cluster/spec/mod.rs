@@ -84,7 +84,8 @@ pub struct PoolSpec {
     /// Tensor-parallel degree (default 1).
     #[serde(default = "one")]
     pub tp: u32,
-    /// `roofline` (default), `blackbox` or `physics`.
+    /// `calibrated` (default: fitted on measured vLLM runs), `physics`, `roofline` or
+    /// `blackbox`.
     #[serde(default = "default_latency")]
     pub latency_model: String,
     /// Explicit blackbox coefficients (then `latency_model` must be `blackbox`).
@@ -148,7 +149,7 @@ fn default_gpu() -> String {
     "H100".to_owned()
 }
 fn default_latency() -> String {
-    "roofline".to_owned()
+    "calibrated".to_owned()
 }
 
 /// The embedded default cluster: 4 x llama-3.1-8b-instruct on H100, llm-d's default profile.

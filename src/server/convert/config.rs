@@ -115,7 +115,7 @@ fn instance_from_proto(
     };
     let latency_model = match (spec.latency_model.trim(), &spec.coefficients) {
         ("", Some(_)) => "blackbox".to_owned(),
-        ("", None) => "roofline".to_owned(),
+        ("", None) => "calibrated".to_owned(),
         (name, _) => name.to_owned(),
     };
     let pool = PoolSpec {

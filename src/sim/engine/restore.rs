@@ -30,6 +30,10 @@ pub struct RestoredRequest {
     pub cached_tokens: u32,
     /// Tokens it computes in the step in flight (running requests; 0 if not in that step).
     pub scheduled_tokens: u32,
+    /// How far the client's view of its tokens lags the engine's (the latency model's
+    /// first-token and streaming delays, which later tokens inherit), for a request that has
+    /// generated; 0 when unknown (a mirrored pod does not publish it).
+    pub client_lag_us: u64,
 }
 
 /// The observed state of one instance at `now_us`.
@@ -83,6 +87,14 @@ impl Engine {
                 generated: state.generated + delta,
                 cached_tokens: state.timeline.cached_tokens,
                 scheduled_tokens: scheduled(slot),
+                client_lag_us: if state.generated > 0 {
+                    state
+                        .timeline
+                        .last_token_us
+                        .saturating_sub(state.timeline.last_emit_step_end_us)
+                } else {
+                    0
+                },
             }
         };
         let mut cached_keys = self.kv.free_keys_lru_first();
@@ -231,7 +243,7 @@ impl Engine {
         state.timeline.cached_tokens = request.cached_tokens;
         if request.generated > 0 {
             state.timeline.first_token_us = Some(now_us);
-            state.timeline.last_token_us = now_us;
+            state.timeline.last_token_us = now_us.saturating_add(request.client_lag_us);
             state.timeline.last_emit_step_end_us = now_us;
         }
         self.counts.injected += 1;
@@ -299,6 +311,21 @@ impl Engine {
             ));
         }
         let mut state = self.restore_common(request, now_us)?;
+        let enqueue_us = request
+            .spec
+            .arrival_us
+            .saturating_add(self.latency.queueing_us(request.spec.input_tokens));
+        if enqueue_us > now_us && request.generated == 0 {
+            // Still on its way to the scheduler's queue (the latency model's queueing delay:
+            // HTTP, tokenization): it joins the queue when it would have, as on arrival.
+            state.phase = Phase::Arriving;
+            state.timeline.enqueue_us = None;
+            let serial = state.serial;
+            let slot = self.insert_state(state);
+            self.counts.queued += 1;
+            self.push_event(enqueue_us, EventKind::Enqueue, slot, serial);
+            return Ok(());
+        }
         state.phase = Phase::Waiting;
         let policy = self.config.scheduling_policy;
         let key = super::lifecycle::queue_key(policy, &state);
