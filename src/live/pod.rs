@@ -218,6 +218,10 @@ async fn scrape_once(
     {
         tracing::info!(pod = %pod.id, "live mirror: the pod's process restarted");
         pod.restarts.fetch_add(1, Ordering::Relaxed);
+        pod.metrics
+            .restarts
+            .with_label_values(&[pod.id.as_str()])
+            .inc();
         pod.restarted.notify_one();
     }
     seen.marks = Some(marks);

@@ -28,6 +28,8 @@ pub struct LiveMetrics {
     pub deprecated_names: IntGaugeVec,
     /// Pods currently mirrored.
     pub pods: IntGauge,
+    /// Process restarts read from a pod's `/metrics` (its cached blocks were dropped).
+    pub restarts: IntCounterVec,
 }
 
 impl LiveMetrics {
@@ -90,6 +92,13 @@ impl LiveMetrics {
             &["instance", "name"],
         )?;
         let pods = IntGauge::new("ditto_live_pods", "Pods mirrored by the live mirror.")?;
+        let restarts = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_pod_restarts_total",
+                "Pod process restarts seen on /metrics (new start time or a counter reset).",
+            ),
+            &["instance"],
+        )?;
         registry.register(Box::new(scrapes.clone()))?;
         registry.register(Box::new(scrape_duration.clone()))?;
         registry.register(Box::new(publish_lag.clone()))?;
@@ -99,6 +108,7 @@ impl LiveMetrics {
         registry.register(Box::new(config_mismatch.clone()))?;
         registry.register(Box::new(deprecated_names.clone()))?;
         registry.register(Box::new(pods.clone()))?;
+        registry.register(Box::new(restarts.clone()))?;
         Ok(Self {
             scrapes,
             scrape_duration,
@@ -109,6 +119,7 @@ impl LiveMetrics {
             config_mismatch,
             deprecated_names,
             pods,
+            restarts,
         })
     }
 
@@ -141,5 +152,6 @@ impl LiveMetrics {
         for name in deprecated {
             let _ = self.deprecated_names.remove_label_values(&[instance, name]);
         }
+        let _ = self.restarts.remove_label_values(&[instance]);
     }
 }

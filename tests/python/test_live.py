@@ -463,6 +463,7 @@ def test_a_killed_pod_s_kv_stream_recovers_after_restart(fakes, serve, max_kv_ag
     # process, so the blocks it held are dropped at once, before it publishes anything.
     a.start()
     eventually(server, lambda i: not i[a.address].cached_block_hashes, "the dead process's blocks dropped")
+    assert metric(server, "ditto_live_pod_restarts_total", instance=a.address) == 1
     # The subscription follows the new publisher.
     deadline = time.monotonic() + BOUND_S
     while time.monotonic() < deadline:
