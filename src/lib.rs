@@ -8,6 +8,7 @@
 //! - [`fidelity`]: replaying measured vLLM runs, scoring predictions, fitting coefficients;
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
 //! - [`twin`]: the live mirror and the what-if questions answered by forking it;
+//! - [`live`]: the live mirror: pulls pod /metrics and KV events into the twin;
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
 //! - [`telemetry`]: Prometheus metrics;
 //! - [`bench`]: benchmark cases shared by `ditto bench` and the criterion benches.
@@ -21,6 +22,7 @@ pub mod catalog;
 pub mod cli;
 pub mod cluster;
 pub mod fidelity;
+pub mod live;
 pub mod server;
 pub mod sim;
 pub mod telemetry;

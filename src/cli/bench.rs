@@ -9,6 +9,8 @@
 //!    repeatedly on one snapshot, once after each push of one instance, and once on a fresh
 //!    snapshot) and through the gRPC server on loopback.
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
+//! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`): CPU
+//!    per pod per second, freshness lag, memory at the start and the end.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -40,6 +42,9 @@ pub struct BenchArgs {
     /// Offline run sizes, comma-separated (default 10000,100000,1000000).
     #[arg(long, value_delimiter = ',')]
     pub offline_requests: Vec<u64>,
+    /// Seconds the live-mirror case runs (default 10; 2 with --quick).
+    #[arg(long)]
+    pub live_seconds: Option<u64>,
 }
 
 /// Runs every case and returns the report.
@@ -220,6 +225,27 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         engine.kv().total_blocks(),
         engine.kv().used_blocks()
     );
+
+    let seconds = args
+        .live_seconds
+        .unwrap_or(if args.quick { 2 } else { 10 })
+        .max(1);
+    let _ = writeln!(
+        out,
+        "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (CPU includes serving the fake pods)"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let live = runtime
+        .block_on(crate::live::bench::scrape_bench(
+            100,
+            Duration::from_millis(50),
+            Duration::from_secs(seconds),
+        ))
+        .map_err(|err| CliError::flag("bench", err))?;
+    let _ = writeln!(out, "{}", live.row());
     Ok(out)
 }
 

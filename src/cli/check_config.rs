@@ -19,8 +19,10 @@ pub const EXIT_INVALID: u8 = 2;
 /// What a config that passed the check holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CheckedConfig {
-    /// Instances in the cluster.
+    /// Instances in the cluster file.
     pub instances: usize,
+    /// Live-mirror pod sources (0: the instance set is the file's, fed by pushes).
+    pub live_sources: usize,
 }
 
 /// Resolves `args` with `--config` replaced by `file` and syncs the result into a fresh
@@ -31,17 +33,27 @@ pub fn check(args: &ServeArgs, file: &Path) -> Result<CheckedConfig, ServeComman
     args.check_config = None;
     let options = options(&args)?;
     let store = MirrorStore::new(options.store);
+    // With live sources the pods make the instance set at run time; the file's pools (the
+    // sources' engine settings) are still checked by syncing them once.
+    let live_sources = options.live.as_ref().map_or(0, |live| live.sources.len());
+    let initial = match options.initial_config {
+        Some(initial) => Some((initial.cluster, initial.settings)),
+        None => options.live.map(|live| (live.cluster, live.settings)),
+    };
     let mut instances = 0;
-    if let Some(initial) = options.initial_config {
-        instances = initial.cluster.instances.len();
+    if let Some((cluster, settings)) = initial {
+        instances = cluster.instances.len();
         store
-            .sync_config(initial.cluster, initial.settings, Vec::new())
+            .sync_config(cluster, settings, Vec::new())
             .map_err(|err| ServeCommandError::BadConfig {
                 path: file.to_path_buf(),
                 reason: err.to_string(),
             })?;
     }
-    Ok(CheckedConfig { instances })
+    Ok(CheckedConfig {
+        instances,
+        live_sources,
+    })
 }
 
 /// Runs the check and returns the exit code: 0 (a line on stdout) or 2 (the error on
@@ -49,9 +61,13 @@ pub fn check(args: &ServeArgs, file: &Path) -> Result<CheckedConfig, ServeComman
 pub fn main(args: &ServeArgs, file: &Path) -> ExitCode {
     match check(args, file) {
         Ok(checked) => {
+            let live = match checked.live_sources {
+                0 => String::new(),
+                n => format!("; live mirror: {n} pod source(s), instances from the pods"),
+            };
             let _ = writeln!(
                 std::io::stdout(),
-                "{}: ok ({} instances)",
+                "{}: ok ({} instances{live})",
                 file.display(),
                 checked.instances
             );

@@ -17,6 +17,7 @@ pub mod predict;
 pub mod report;
 pub mod run;
 pub mod serve;
+pub mod serve_live;
 pub mod validate;
 
 pub use args::{Cli, Command, RunArgs};

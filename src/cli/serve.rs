@@ -88,6 +88,9 @@ pub struct ServeArgs {
     /// The optional forecast loop exporting ditto_desired_replicas.
     #[command(flatten)]
     pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
+    /// The live mirror: pods to pull state from (see docs/live.md).
+    #[command(flatten)]
+    pub live: crate::cli::serve_live::LiveArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -101,6 +104,14 @@ pub enum ServeCommandError {
     BadFlag {
         /// The flag.
         flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A live-mirror flag has an unusable value.
+    #[error("--{flag}: {reason}")]
+    BadLiveFlag {
+        /// The flag.
+        flag: String,
         /// What is wrong.
         reason: String,
     },
@@ -122,6 +133,7 @@ impl ServeCommandError {
     pub fn exit_code(&self) -> u8 {
         match self {
             ServeCommandError::BadFlag { .. }
+            | ServeCommandError::BadLiveFlag { .. }
             | ServeCommandError::BadConfig { .. }
             | ServeCommandError::Serve(ServeError::Config(_)) => 64,
             ServeCommandError::Serve(_) => 1,
@@ -141,6 +153,7 @@ fn positive<T: PartialEq + Default>(value: T, flag: &'static str) -> Result<T, S
 
 /// Resolves the flags into server options (reads and validates the cluster file).
 pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
+    let mut yaml = None;
     let cluster = match &args.config {
         None => default_cluster(),
         Some(path) => {
@@ -149,9 +162,23 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
                 reason,
             };
             let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
-            parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?
+            let cluster = parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?;
+            yaml = Some(text);
+            cluster
         }
     };
+    let live = crate::cli::serve_live::live_config(&args.live, &cluster, yaml.as_deref()).map_err(
+        |(field, reason)| match &args.config {
+            Some(path) if field.starts_with("sources") => ServeCommandError::BadConfig {
+                path: path.clone(),
+                reason: format!("{field}: {reason}"),
+            },
+            _ => ServeCommandError::BadLiveFlag {
+                flag: field,
+                reason,
+            },
+        },
+    )?;
     let mut options = ServerOptions::new(args.grpc_addr, args.http_addr);
     options.service.twin = Limits {
         max_candidates: positive(args.max_candidates, "max-candidates")?,
@@ -182,10 +209,12 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
-    options.initial_config = Some(InitialConfig {
+    // With live sources the instance set comes from them (synced when the server starts).
+    options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),
     });
+    options.live = live;
     Ok(options)
 }
 

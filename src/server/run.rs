@@ -68,6 +68,8 @@ pub struct ServerOptions {
     pub drain: Duration,
     /// Config synced at startup (then the server is ready at once).
     pub initial_config: Option<InitialConfig>,
+    /// The live mirror (pod sources to pull from), if any; it owns the instance set.
+    pub live: Option<crate::live::LiveConfig>,
     /// The forecast loop exporting desired replicas (None: off).
     pub forecast_loop: Option<ForecastLoopOptions>,
 }
@@ -89,6 +91,7 @@ impl ServerOptions {
             max_message_bytes: 16 * 1024 * 1024,
             drain: DEFAULT_MAX_CALL + DRAIN_MARGIN,
             initial_config: None,
+            live: None,
             forecast_loop: None,
         }
     }
@@ -105,6 +108,8 @@ pub struct RunningServer {
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<std::io::Result<()>>,
     drain: Duration,
+    /// The live mirror's tasks (stopped when the server is dropped).
+    _live: Option<crate::live::LiveHandle>,
     lifecycle: Arc<Lifecycle>,
     background: Vec<JoinHandle<()>>,
 }
@@ -148,6 +153,10 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
         .await;
+    let live = match options.live {
+        Some(config) => Some(start_live(config, &shared)?),
+        None => None,
+    };
     shared.report_serving().await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
@@ -202,9 +211,32 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         grpc,
         http,
         drain: options.drain,
+        _live: live,
         lifecycle,
         background,
     })
+}
+
+/// Starts the live mirror and reports SERVING after each instance set it syncs.
+fn start_live(
+    config: crate::live::LiveConfig,
+    shared: &Arc<Shared>,
+) -> Result<crate::live::LiveHandle, ServeError> {
+    let live =
+        crate::live::start(config, Arc::clone(&shared.store), &shared.metrics).map_err(|err| {
+            match err {
+                crate::live::LiveError::Config(err) => ServeError::Config(err),
+                crate::live::LiveError::Metrics(err) => ServeError::Metrics(err),
+            }
+        })?;
+    let mut synced = live.synced.clone();
+    let watcher = Arc::clone(shared);
+    tokio::spawn(async move {
+        while synced.changed().await.is_ok() {
+            watcher.report_serving().await;
+        }
+    });
+    Ok(live)
 }
 
 impl RunningServer {

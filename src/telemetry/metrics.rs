@@ -179,7 +179,9 @@ impl Metrics {
                 };
                 self.signal_age.with_label_values(&[signal, id]).set(age);
             }
-            if state.observed_at_us == 0 || now_us.saturating_sub(state.observed_at_us) > max_age_us
+            if state.observed_at_us == 0
+                || now_us.saturating_sub(state.observed_at_us) > max_age_us
+                || state.stale_reason.is_some()
             {
                 stale += 1;
             }
@@ -191,6 +193,11 @@ impl Metrics {
                 .set(saturating_i64(state.running.len() as u64));
         }
         self.stale_instances.set(stale);
+    }
+
+    /// The registry, for families registered elsewhere (the live mirror's).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The registry in the Prometheus text format.

@@ -3,6 +3,7 @@
 //!
 //! Knows the domain's snapshot (to export signal ages) but nothing about gRPC.
 
+pub mod live;
 pub mod metrics;
 
 pub use metrics::Metrics;

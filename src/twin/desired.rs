@@ -83,6 +83,11 @@ pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Varia
     let mut out: Vec<Variant> = Vec::new();
     for instance in &snapshot.config.instances {
         let (namespace, name) = variant_of(&instance.id);
+        let name = snapshot
+            .settings
+            .variants
+            .get(&instance.id)
+            .map_or(name, String::as_str);
         let namespace = namespace.unwrap_or(default_namespace);
         match out
             .iter_mut()
@@ -247,6 +252,7 @@ mod tests {
             desired_replicas: vec![("vllm-0".to_owned(), 3)],
             generation: 1,
             seed: 0,
+            state_age_us: 0,
         };
         let met = desired(&variant(), Some(&answer));
         assert_eq!((met.desired, met.attainment), (3, 0.97));

@@ -93,11 +93,23 @@ pub fn forecast_capacity(
         })
         .map(|c| c.replicas.clone())
         .unwrap_or_default();
+    // How old the state the forecast forked from is: its oldest instance's request state
+    // (none when it starts from idle instances).
+    let state_age_us = match question.start {
+        ForecastStart::Empty => 0,
+        ForecastStart::Snapshot => snapshot
+            .instances
+            .iter()
+            .map(|state| question.now_us.saturating_sub(state.observed_at_us))
+            .max()
+            .unwrap_or(0),
+    };
     Ok(ForecastAnswer {
         candidates: evaluated,
         desired_replicas: desired,
         generation: snapshot.generation,
         seed: question.seed,
+        state_age_us,
     })
 }
 

@@ -257,9 +257,10 @@ fn validate(
 }
 
 fn treatment(snapshot: &MirrorSnapshot, question: &RoutingQuestion, index: usize) -> Treatment {
-    let age = question.now_us - snapshot.instances[index].observed_at_us;
+    let state = &snapshot.instances[index];
+    let age = question.now_us - state.observed_at_us;
     let limit = question.options.max_signal_age_us;
-    if age <= limit {
+    if age <= limit && state.stale_reason.is_none() {
         return Treatment::RollForward;
     }
     match question

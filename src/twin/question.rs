@@ -244,4 +244,6 @@ pub struct ForecastAnswer {
     pub generation: u64,
     /// Seed used.
     pub seed: u64,
+    /// Age of the oldest instance state the forecast forked from (µs; 0 from idle).
+    pub state_age_us: u64,
 }

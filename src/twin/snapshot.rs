@@ -80,6 +80,10 @@ pub struct InstanceState {
     pub kv_event_seq: u64,
     /// KV event sequence gaps detected so far (missed batches).
     pub kv_event_gaps: u64,
+    /// Why the edge that feeds this instance (the live mirror) holds it stale, e.g. "metrics:
+    /// GET /metrics timed out"; `None` when healthy or fed by pushes only. A stale instance
+    /// is treated by the stale policy whatever its ages.
+    pub stale_reason: Option<String>,
 }
 
 /// Traffic the mirror has observed, for background arrivals and output-length sampling.
@@ -102,6 +106,10 @@ pub struct TwinSettings {
     /// are sampled from it conditioned on the tokens already generated), used until enough
     /// finished requests have been observed.
     pub output_tokens: LengthDist,
+    /// Variant (pool) of the instances whose id does not say it: the live mirror names pods
+    /// `host:port` and records their source's pool here, so the forecast loop groups a
+    /// pool's pods into one variant. Empty when fed by pushes.
+    pub variants: std::collections::BTreeMap<String, String>,
 }
 
 impl TwinSettings {
@@ -112,6 +120,7 @@ impl TwinSettings {
             default_stale_policy: StalePolicy::RollForward,
             max_signal_age_us: 200_000,
             output_tokens: LengthDist::gaussian(256.0, 128.0, 1, 4096),
+            variants: std::collections::BTreeMap::new(),
         }
     }
 }

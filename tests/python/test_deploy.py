@@ -35,16 +35,10 @@ DEPLOY = os.path.join(ROOT, "deploy")
 RELEASE, NAMESPACE = "ditto", "llm-d"
 
 
-def serve_supports(flag):
-    """Whether this build of `ditto serve` has `flag` (the live mirror's flags come later)."""
-    text = subprocess.run([BINARY, "serve", "--help"], capture_output=True, text=True, check=True).stdout
-    return flag in text
-
-
 def all_toggles_on():
     return {
         "replicaCount": 2,
-        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local"},
+        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5558},
         "monitoring": {
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -309,7 +303,9 @@ def test_toggles_wire_what_they_name():
     assert not any("token" in arg for arg in ditto["args"]), "a token never shows in ps"
     # kubelet's gRPC probe cannot speak TLS: with TLS the probes are HTTPS.
     assert ditto["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
-    assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local" in ditto["args"]
+    assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local:8000" in ditto["args"]
+    assert "--kv-events=tcp://{ip}:5557" in ditto["args"] and "--kv-replay=tcp://{ip}:5558" in ditto["args"]
+    assert "--stale-policy=treat-saturated" in ditto["args"]
     assert "--stream-in-flight=16" in ditto["args"]
     assert "--forecast-interval=15" in ditto["args"] and "--forecast-target-attainment=0.9" in ditto["args"]
     monitor = objects[("ServiceMonitor", RELEASE)]
@@ -337,18 +333,19 @@ def test_bad_values_are_refused_naming_the_value():
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_rendered_flags_and_configmap_pass_check_config(scenario, tmp_path):
     values = SCENARIOS[scenario]()
-    # TLS and token files exist only in a pod; the live mirror's flags only in builds with it.
+    # TLS and token files exist only in a pod.
     values.pop("tls", None)
     values.pop("auth", None)
-    if not serve_supports("--pods-dns"):
-        values.pop("mirror", None)
     objects = render(values)
     pod = deployment(objects)["spec"]["template"]["spec"]
     (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
     cluster_yaml = objects[("ConfigMap", volume["configMap"]["name"])]["data"]["cluster.yaml"]
     code, stdout, stderr = check_config(container(pod), cluster_yaml, tmp_path)
     assert code == 0, stderr
-    assert "ok (4 instances)" in stdout
+    assert "ok (4 instances" in stdout
+    # With the mirror on, its flags (DNS name, KV-event templates, policy) were checked too.
+    mirrored = values.get("mirror", {}).get("enabled", False)
+    assert ("live mirror: 1 pod source" in stdout) == mirrored, stdout
 
 
 def test_a_bad_cluster_value_fails_check_config_naming_the_field(tmp_path):

@@ -60,6 +60,10 @@ struct ClusterFile {
     admission: Option<AdmissionSpec>,
     #[serde(default)]
     staleness: Option<StalenessSpec>,
+    /// Live-mirror pod sources, read by `live::config` (not part of the simulated cluster).
+    #[serde(default)]
+    #[allow(dead_code)]
+    sources: Option<serde::de::IgnoredAny>,
 }
 
 /// A pool of identical instances.

@@ -207,5 +207,6 @@ pub fn forecast_answer_to_proto(answer: &ForecastAnswer) -> proto::ForecastCapac
         desired_replicas: replicas_to(&answer.desired_replicas),
         snapshot_generation: answer.generation,
         seed: answer.seed,
+        state_age_ms: answer.state_age_us as f64 / 1e3,
     }
 }

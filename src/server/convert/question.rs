@@ -464,6 +464,11 @@ pub fn routing_answer_to_proto(
         seed: answer.seed,
         simulation_events: answer.events,
         request_id: request_id.to_owned(),
+        state_age_ms: answer
+            .candidates
+            .iter()
+            .map(|c| c.input_age_ms)
+            .fold(0.0, f64::max),
     }
 }
 

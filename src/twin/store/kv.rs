@@ -102,14 +102,15 @@ pub(super) fn check_kv_batch(
     let expected = old.kv_event_seq.saturating_add(1);
     if batch.seq == expected {
         Ok(None)
+    } else if matches!(batch.events.first(), Some(KvEvent::AllCleared)) {
+        // A clear first (a publisher restart): whatever was missed before it is gone anyway.
+        Ok(None)
     } else if batch.seq > expected {
         Ok(Some(KvGap {
             instance_id: batch.instance_id.clone(),
             expected_seq: expected,
             received_seq: batch.seq,
         }))
-    } else if matches!(batch.events.first(), Some(KvEvent::AllCleared)) {
-        Ok(None)
     } else {
         Err(TwinError::invalid(
             "seq",

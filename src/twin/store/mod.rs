@@ -446,6 +446,36 @@ impl MirrorStore {
         Ok(KvApplied { generation, gap })
     }
 
+    /// Sets (or clears, with `None`) why the feeding edge holds `instance_id` stale; a new
+    /// generation only when the reason changes. Returns the generation in force.
+    pub fn set_stale_reason(
+        &self,
+        instance_id: &str,
+        reason: Option<String>,
+    ) -> Result<u64, TwinError> {
+        let mut writer = lock(&self.writer);
+        let latest = writer.latest.clone().ok_or_else(no_config)?;
+        let snapshot = &latest.snapshot;
+        let index = instance_index(&writer, instance_id)?;
+        let old = &snapshot.instances[index];
+        if old.stale_reason == reason {
+            return Ok(snapshot.generation);
+        }
+        let mut state = (**old).clone();
+        state.stale_reason = reason;
+        let mut instances = snapshot.instances.clone();
+        instances[index] = Arc::new(state);
+        let mut next = MirrorSnapshot {
+            generation: writer.generation + 1,
+            instances,
+            ..(**snapshot).clone()
+        };
+        next.inherit_memo(snapshot);
+        let generation = next.generation;
+        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
+        Ok(generation)
+    }
+
     fn publish(&self, writer: &mut Writer, snapshot: MirrorSnapshot, addresses: Arc<[String]>) {
         writer.generation = snapshot.generation;
         let stored = StoredSnapshot {

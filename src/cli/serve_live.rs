@@ -1,0 +1,195 @@
+//! The live-mirror flags of `ditto serve` (`--pods`, `--pods-dns`, `--kv-events`, ...) and
+//! their resolution, with the cluster file's `sources:`, into a [`LiveConfig`]. Flags name
+//! the first pool of the cluster file (or of the embedded default) for engine settings.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::cluster::config::ClusterConfig;
+use crate::live::config::{
+    check_endpoint, parse_dns, parse_pods, pool_template, sources_from_yaml,
+};
+use crate::live::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
+use crate::twin::question::StalePolicy;
+use crate::twin::snapshot::TwinSettings;
+
+/// How stale instances are treated in live mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StalePolicyArg {
+    /// Fail closed, as the EPP's flow control: never recommended (the default).
+    TreatSaturated,
+    /// Left out of the candidates.
+    Exclude,
+    /// Rolled forward by their age inside the simulation.
+    RollForward,
+    /// Used as if current.
+    UseLast,
+}
+
+/// Live-mirror flags.
+#[derive(Clone, Debug, Args)]
+pub struct LiveArgs {
+    /// Pull from these pods (`host:port[,host:port...]`, their vLLM HTTP port): the mirror
+    /// keeps itself current from their /metrics (and KV events with --kv-events).
+    #[arg(long, env = "DITTO_PODS")]
+    pub pods: Option<String>,
+    /// Pull from every A record of a headless Service (`NAME:PORT`), re-resolved periodically.
+    #[arg(long, env = "DITTO_PODS_DNS")]
+    pub pods_dns: Option<String>,
+    /// KV-event PUB endpoint template for --pods/--pods-dns, e.g. `tcp://{ip}:5557`.
+    #[arg(long, env = "DITTO_KV_EVENTS")]
+    pub kv_events: Option<String>,
+    /// KV-event replay ROUTER endpoint template, e.g. `tcp://{ip}:5558`.
+    #[arg(long, env = "DITTO_KV_REPLAY")]
+    pub kv_replay: Option<String>,
+    /// KV-event topic filter.
+    #[arg(long, env = "DITTO_KV_TOPIC", default_value = "kv@")]
+    pub kv_topic: String,
+    /// Scrape period, ms (the EPP's base tick).
+    #[arg(long, env = "DITTO_SCRAPE_INTERVAL_MS", default_value_t = 50)]
+    pub scrape_interval_ms: u64,
+    /// Longest one scrape may take, ms.
+    #[arg(long, env = "DITTO_SCRAPE_TIMEOUT_MS", default_value_t = 1000)]
+    pub scrape_timeout_ms: u64,
+    /// DNS re-resolution period for --pods-dns, ms.
+    #[arg(long, env = "DITTO_DNS_INTERVAL_MS", default_value_t = 5000)]
+    pub dns_interval_ms: u64,
+    /// A vanished DNS address is retired after this long, ms.
+    #[arg(long, env = "DITTO_RETIRE_AFTER_MS", default_value_t = 30_000)]
+    pub retire_after_ms: u64,
+    /// Scraped state older than this marks an instance stale, ms.
+    #[arg(long, env = "DITTO_MAX_METRICS_AGE_MS", default_value_t = 1000)]
+    pub max_metrics_age_ms: u64,
+    /// No KV-event batch for this long marks an instance stale, ms (0: no limit; an idle
+    /// pod publishes none).
+    #[arg(long, env = "DITTO_MAX_KV_AGE_MS", default_value_t = 0)]
+    pub max_kv_age_ms: u64,
+    /// How stale instances are treated by predictions in live mode.
+    #[arg(
+        long,
+        env = "DITTO_STALE_POLICY",
+        value_enum,
+        default_value = "treat-saturated"
+    )]
+    pub stale_policy: StalePolicyArg,
+}
+
+/// A bad live flag or `sources:` entry: (flag or field, reason).
+pub type LiveArgError = (String, String);
+
+fn positive(value: u64, flag: &str) -> Result<Duration, LiveArgError> {
+    if value == 0 {
+        return Err((flag.to_owned(), "must be at least 1".to_owned()));
+    }
+    Ok(Duration::from_millis(value))
+}
+
+/// The live config from the flags and the cluster file (`yaml`: its text, if one was
+/// given); `None` when no source is configured.
+pub fn live_config(
+    args: &LiveArgs,
+    cluster: &ClusterConfig,
+    yaml: Option<&str>,
+) -> Result<Option<LiveConfig>, LiveArgError> {
+    let mut sources = match yaml {
+        Some(text) => sources_from_yaml(text, cluster).map_err(|err| (err.field, err.reason))?,
+        None => Vec::new(),
+    };
+    let first_pool = cluster
+        .instances
+        .first()
+        .and_then(|instance| {
+            instance
+                .id
+                .rsplit_once('-')
+                .map(|(pool, _)| pool.to_owned())
+        })
+        .and_then(|pool| pool_template(cluster, &pool).map(|template| (pool, template)));
+    let kv = match &args.kv_events {
+        None => None,
+        Some(events) => {
+            check_endpoint(events, "kv-events").map_err(|err| (err.field, err.reason))?;
+            if let Some(replay) = &args.kv_replay {
+                check_endpoint(replay, "kv-replay").map_err(|err| (err.field, err.reason))?;
+            }
+            Some(KvEndpoints {
+                events: events.clone(),
+                replay: args.kv_replay.clone(),
+                topic: args.kv_topic.clone(),
+            })
+        }
+    };
+    let mut flag_sources = Vec::new();
+    if let Some(pods) = &args.pods {
+        flag_sources.push(Discovery::Static(
+            parse_pods(pods, "pods").map_err(|err| (err.field, err.reason))?,
+        ));
+    }
+    if let Some(dns) = &args.pods_dns {
+        flag_sources.push(parse_dns(dns, "pods-dns").map_err(|err| (err.field, err.reason))?);
+    }
+    if !flag_sources.is_empty() {
+        let (pool, template) = first_pool.ok_or_else(|| {
+            (
+                "pods".to_owned(),
+                "the cluster file has no pool to take engine settings from".to_owned(),
+            )
+        })?;
+        for discovery in flag_sources {
+            sources.push(LiveSource {
+                name: pool.clone(),
+                discovery,
+                template: template.clone(),
+                kv: kv.clone(),
+                scrape_interval: None,
+            });
+        }
+    } else if kv.is_some() {
+        return Err((
+            "kv-events".to_owned(),
+            "needs --pods or --pods-dns".to_owned(),
+        ));
+    }
+    if sources.is_empty() {
+        return Ok(None);
+    }
+    let mut statics: Vec<&String> = sources
+        .iter()
+        .filter_map(|s| match &s.discovery {
+            Discovery::Static(pods) => Some(pods),
+            Discovery::Dns { .. } => None,
+        })
+        .flatten()
+        .collect();
+    let count = statics.len();
+    statics.sort();
+    statics.dedup();
+    if statics.len() != count {
+        return Err((
+            "pods".to_owned(),
+            "a pod is listed by two sources".to_owned(),
+        ));
+    }
+    let max_metrics_age = positive(args.max_metrics_age_ms, "max-metrics-age-ms")?;
+    let settings = TwinSettings {
+        default_stale_policy: match args.stale_policy {
+            StalePolicyArg::TreatSaturated => StalePolicy::TreatSaturated,
+            StalePolicyArg::Exclude => StalePolicy::Exclude,
+            StalePolicyArg::RollForward => StalePolicy::RollForward,
+            StalePolicyArg::UseLast => StalePolicy::UseLast,
+        },
+        max_signal_age_us: u64::try_from(max_metrics_age.as_micros()).unwrap_or(u64::MAX),
+        ..TwinSettings::defaults()
+    };
+    let mut config = LiveConfig::new(sources, cluster.clone(), settings);
+    config.scrape_interval = positive(args.scrape_interval_ms, "scrape-interval-ms")?;
+    config.scrape_timeout = positive(args.scrape_timeout_ms, "scrape-timeout-ms")?;
+    config.dns_interval = positive(args.dns_interval_ms, "dns-interval-ms")?;
+    config.retire_after = Duration::from_millis(args.retire_after_ms);
+    config.max_age = MaxAges {
+        metrics: max_metrics_age,
+        kv_events: (args.max_kv_age_ms > 0).then(|| Duration::from_millis(args.max_kv_age_ms)),
+    };
+    Ok(Some(config))
+}

@@ -1,0 +1,338 @@
+//! What the live mirror attaches to: pod sources (static lists, DNS names), the engine
+//! settings of each source's pool (vLLM does not publish its scheduler limits), KV-event
+//! endpoints, scrape intervals and the per-signal age limits. Built from `ditto serve` flags
+//! or from the `sources:` section of the cluster YAML (field-path errors).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::cluster::config::{ClusterConfig, InstanceConfig};
+use crate::twin::snapshot::TwinSettings;
+
+/// A bad live-mirror setting.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("{field}: {reason}")]
+pub struct LiveConfigError {
+    /// The field or flag.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> LiveConfigError {
+    LiveConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// How a source finds its pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Discovery {
+    /// A fixed list of `host:port`.
+    Static(Vec<String>),
+    /// A headless Service: every A record of `name`, on `port`, re-resolved periodically.
+    Dns {
+        /// The DNS name.
+        name: String,
+        /// The metrics port.
+        port: u16,
+    },
+}
+
+/// Where a pod's KV events come from; `{ip}`/`{host}` in the templates is the pod's host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEndpoints {
+    /// The PUB endpoint template, e.g. `tcp://{ip}:5557`.
+    pub events: String,
+    /// The replay ROUTER endpoint template, if the publisher has one.
+    pub replay: Option<String>,
+    /// The subscription topic prefix (vLLM/llm-d: `kv@`).
+    pub topic: String,
+}
+
+impl KvEndpoints {
+    /// The endpoint for a pod on `host`.
+    pub fn resolve(template: &str, host: &str) -> String {
+        template.replace("{ip}", host).replace("{host}", host)
+    }
+}
+
+/// One source of pods and the engine settings its pods run with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveSource {
+    /// Source (pool) name, for reporting.
+    pub name: String,
+    /// How pods are found.
+    pub discovery: Discovery,
+    /// The instance config every pod of the source starts from (id replaced by the pod's
+    /// `host:port`; `block_size`/`num_gpu_blocks` replaced by what the pod publishes).
+    pub template: InstanceConfig,
+    /// KV events, if subscribed.
+    pub kv: Option<KvEndpoints>,
+    /// This source's own `/metrics` period (`None`: the base tick, `--scrape-interval-ms`);
+    /// rounded up to a whole number of base ticks, as the EPP does with a per-source interval.
+    pub scrape_interval: Option<Duration>,
+}
+
+impl LiveSource {
+    /// The period this source's pods are scraped at, given the base tick: its own interval
+    /// rounded up to a multiple of the tick (at least one tick), or the tick.
+    pub fn scrape_period(&self, tick: Duration) -> Duration {
+        match self.scrape_interval {
+            None => tick,
+            Some(own) if tick.is_zero() => own,
+            Some(own) => {
+                let ticks = own.as_nanos().div_ceil(tick.as_nanos()).max(1);
+                tick.saturating_mul(u32::try_from(ticks).unwrap_or(u32::MAX))
+            }
+        }
+    }
+}
+
+/// Age limits per signal: older marks the instance stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxAges {
+    /// Scraped gauges (and the state rebuilt from them).
+    pub metrics: Duration,
+    /// KV events (`None`: no limit, an idle pod publishes none).
+    pub kv_events: Option<Duration>,
+}
+
+/// Everything the live mirror needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveConfig {
+    /// The sources.
+    pub sources: Vec<LiveSource>,
+    /// Router, admission and staleness settings of the mirrored cluster (its instances are
+    /// ignored: they come from the sources).
+    pub cluster: ClusterConfig,
+    /// Twin settings synced with every discovered instance set.
+    pub settings: TwinSettings,
+    /// Scrape period (the EPP's base tick: 50 ms).
+    pub scrape_interval: Duration,
+    /// Longest one scrape may take.
+    pub scrape_timeout: Duration,
+    /// The metrics path.
+    pub metrics_path: String,
+    /// DNS re-resolution period.
+    pub dns_interval: Duration,
+    /// How long a vanished address is kept before its instance is retired.
+    pub retire_after: Duration,
+    /// Per-signal age limits.
+    pub max_age: MaxAges,
+    /// Longest a KV replay may take.
+    pub replay_timeout: Duration,
+}
+
+impl LiveConfig {
+    /// Defaults around `sources` and `cluster`: 50 ms scrapes with a 1 s timeout, DNS every
+    /// 5 s, retire after 30 s, metrics stale after 1 s, no KV age limit, 2 s replays.
+    pub fn new(sources: Vec<LiveSource>, cluster: ClusterConfig, settings: TwinSettings) -> Self {
+        Self {
+            sources,
+            cluster,
+            settings,
+            scrape_interval: Duration::from_millis(50),
+            scrape_timeout: Duration::from_millis(1000),
+            metrics_path: "/metrics".to_owned(),
+            dns_interval: Duration::from_secs(5),
+            retire_after: Duration::from_secs(30),
+            max_age: MaxAges {
+                metrics: Duration::from_millis(1000),
+                kv_events: None,
+            },
+            replay_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Parses `--pods a:1,b:2` (or a YAML list entry) into addresses.
+pub fn parse_pods(list: &str, field: &str) -> Result<Vec<String>, LiveConfigError> {
+    let pods: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|pod| !pod.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if pods.is_empty() {
+        return Err(invalid(field, "needs at least one host:port"));
+    }
+    for (index, pod) in pods.iter().enumerate() {
+        check_host_port(pod, &format!("{field}[{index}]"))?;
+    }
+    let mut sorted = pods.clone();
+    sorted.sort();
+    sorted.dedup();
+    if sorted.len() != pods.len() {
+        return Err(invalid(field, "lists a pod twice"));
+    }
+    Ok(pods)
+}
+
+fn check_host_port(value: &str, field: &str) -> Result<(String, u16), LiveConfigError> {
+    let (host, port) = value
+        .rsplit_once(':')
+        .ok_or_else(|| invalid(field, format!("{value:?} is not host:port")))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|port| *port > 0)
+        .ok_or_else(|| invalid(field, format!("{value:?}: port must be in 1..=65535")))?;
+    if host.is_empty() {
+        return Err(invalid(field, format!("{value:?}: empty host")));
+    }
+    Ok((host.to_owned(), port))
+}
+
+/// Parses `--pods-dns NAME:PORT`.
+pub fn parse_dns(value: &str, field: &str) -> Result<Discovery, LiveConfigError> {
+    let (name, port) = check_host_port(value.trim(), field)?;
+    Ok(Discovery::Dns { name, port })
+}
+
+/// Checks a KV endpoint template.
+pub fn check_endpoint(template: &str, field: &str) -> Result<(), LiveConfigError> {
+    if !template.starts_with("tcp://") {
+        return Err(invalid(
+            field,
+            format!("{template:?}: only tcp:// endpoints are supported"),
+        ));
+    }
+    Ok(())
+}
+
+/// One entry of the cluster YAML's `sources:` list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSpec {
+    /// The pool (in `pools:`) whose model, GPU, TP and engine settings the pods run with.
+    pub pool: String,
+    /// Static `host:port` list.
+    #[serde(default)]
+    pub pods: Vec<String>,
+    /// Headless Service `NAME:PORT`.
+    #[serde(default)]
+    pub dns: Option<String>,
+    /// KV-event PUB endpoint template (`tcp://{ip}:5557`).
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// KV-event replay ROUTER endpoint template.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
+    /// Subscription topic prefix (default `kv@`).
+    #[serde(default)]
+    pub kv_topic: Option<String>,
+    /// This source's `/metrics` period, ms (default: `--scrape-interval-ms`), rounded up to a
+    /// multiple of that base tick.
+    #[serde(default)]
+    pub scrape_interval_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SourcesFile {
+    #[serde(default)]
+    sources: Vec<SourceSpec>,
+}
+
+/// The `sources:` of a cluster YAML resolved against its pools (`cluster` is the same file
+/// already parsed by `cluster::spec`); empty when the file has none.
+pub fn sources_from_yaml(
+    text: &str,
+    cluster: &ClusterConfig,
+) -> Result<Vec<LiveSource>, LiveConfigError> {
+    let file: SourcesFile =
+        serde_saphyr::from_str(text).map_err(|err| invalid("sources", err.to_string()))?;
+    file.sources
+        .iter()
+        .enumerate()
+        .map(|(index, spec)| {
+            let path = format!("sources[{index}]");
+            let template = pool_template(cluster, &spec.pool).ok_or_else(|| {
+                invalid(format!("{path}.pool"), format!("no pool {:?}", spec.pool))
+            })?;
+            let discovery = match (&spec.dns, spec.pods.is_empty()) {
+                (Some(dns), true) => parse_dns(dns, &format!("{path}.dns"))?,
+                (None, false) => {
+                    Discovery::Static(parse_pods(&spec.pods.join(","), &format!("{path}.pods"))?)
+                }
+                _ => {
+                    return Err(invalid(path, "needs exactly one of pods and dns"));
+                }
+            };
+            let kv = match &spec.kv_events {
+                None => None,
+                Some(events) => {
+                    check_endpoint(events, &format!("{path}.kv_events"))?;
+                    if let Some(replay) = &spec.kv_replay {
+                        check_endpoint(replay, &format!("{path}.kv_replay"))?;
+                    }
+                    Some(KvEndpoints {
+                        events: events.clone(),
+                        replay: spec.kv_replay.clone(),
+                        topic: spec.kv_topic.clone().unwrap_or_else(|| "kv@".to_owned()),
+                    })
+                }
+            };
+            let scrape_interval = match spec.scrape_interval_ms {
+                None => None,
+                Some(0) => {
+                    return Err(invalid(
+                        format!("{path}.scrape_interval_ms"),
+                        "must be at least 1",
+                    ));
+                }
+                Some(ms) => Some(Duration::from_millis(ms)),
+            };
+            Ok(LiveSource {
+                name: spec.pool.clone(),
+                discovery,
+                template,
+                kv,
+                scrape_interval,
+            })
+        })
+        .collect()
+}
+
+/// The instance config of pool `name` (its first replica), if the cluster has that pool.
+pub fn pool_template(cluster: &ClusterConfig, name: &str) -> Option<InstanceConfig> {
+    cluster
+        .instances
+        .iter()
+        .find(|instance| instance.id == format!("{name}-0"))
+        .cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(own: Option<u64>) -> LiveSource {
+        LiveSource {
+            name: "vllm".to_owned(),
+            discovery: Discovery::Static(vec!["10.0.0.1:8000".to_owned()]),
+            template: crate::cluster::spec::default_cluster().instances[0].clone(),
+            kv: None,
+            scrape_interval: own.map(Duration::from_millis),
+        }
+    }
+
+    #[test]
+    fn a_source_interval_is_a_whole_number_of_base_ticks() {
+        let tick = Duration::from_millis(50);
+        assert_eq!(source(None).scrape_period(tick), tick);
+        assert_eq!(source(Some(10)).scrape_period(tick), tick);
+        assert_eq!(source(Some(50)).scrape_period(tick), tick);
+        assert_eq!(
+            source(Some(120)).scrape_period(tick),
+            Duration::from_millis(150)
+        );
+        assert_eq!(
+            source(Some(1000)).scrape_period(tick),
+            Duration::from_secs(1)
+        );
+    }
+}

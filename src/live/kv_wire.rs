@@ -1,0 +1,314 @@
+//! vLLM's KV-event wire format → the store's [`KvEvent`]s.
+//!
+//! A ZMQ message is 3 frames: topic, an 8-byte big-endian sequence number, and a msgpack
+//! `EventBatch[ts, events, data_parallel_rank]` (msgspec, `array_like`). Events are tagged
+//! structs, decoded in both encodings: positional (`["BlockStored", block_hashes,
+//! parent_block_hash, token_ids, block_size, lora_id, medium, ...]`) and map (`{"type":
+//! "BlockStored", "block_hashes": ..., ...}`). Block hashes are ints (any sign: kept as their
+//! 64 bits) or bytes (folded to 64 bits with FNV-1a). Events on a `medium` other than GPU
+//! (the CPU offload tier) are skipped. Token ids are not kept: the mirror keys blocks by hash.
+
+use rmpv::Value;
+use thiserror::Error;
+
+use crate::twin::store::KvEvent;
+
+/// A message that is not a vLLM KV-event batch.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[error("KV event message: {0}")]
+pub struct KvWireError(pub String);
+
+fn bad(reason: impl Into<String>) -> KvWireError {
+    KvWireError(reason.into())
+}
+
+/// One decoded batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WireBatch {
+    /// Sequence number (frame 2).
+    pub seq: u64,
+    /// Emission time, seconds since the epoch.
+    pub ts_s: f64,
+    /// The GPU-tier events.
+    pub events: Vec<KvEvent>,
+    /// The data-parallel rank, if sent.
+    pub dp_rank: Option<i64>,
+}
+
+/// Decodes the 8-byte big-endian sequence frame (−1 ends a replay: `None`).
+pub fn decode_seq(frame: &[u8]) -> Result<Option<u64>, KvWireError> {
+    let bytes: [u8; 8] = frame
+        .try_into()
+        .map_err(|_| bad(format!("sequence frame has {} bytes, not 8", frame.len())))?;
+    let seq = i64::from_be_bytes(bytes);
+    Ok(u64::try_from(seq).ok())
+}
+
+/// Decodes a msgpack `EventBatch` payload with sequence `seq`.
+pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> {
+    let mut reader = payload;
+    let value =
+        rmpv::decode::read_value(&mut reader).map_err(|err| bad(format!("msgpack: {err}")))?;
+    if !reader.is_empty() {
+        return Err(bad(format!(
+            "msgpack: {} trailing bytes after the batch",
+            reader.len()
+        )));
+    }
+    let (ts, events, rank) = match &value {
+        Value::Array(items) if items.len() >= 2 => (&items[0], &items[1], items.get(2)),
+        Value::Map(_) => (
+            field(&value, "ts").ok_or_else(|| bad("batch map has no ts"))?,
+            field(&value, "events").ok_or_else(|| bad("batch map has no events"))?,
+            field(&value, "data_parallel_rank"),
+        ),
+        other => {
+            return Err(bad(format!(
+                "batch is {}, not [ts, events, rank]",
+                kind(other)
+            )));
+        }
+    };
+    let ts_s = ts
+        .as_f64()
+        .or_else(|| ts.as_i64().map(|v| v as f64))
+        .or_else(|| ts.as_u64().map(|v| v as f64))
+        .filter(|ts| ts.is_finite() && *ts >= 0.0)
+        .ok_or_else(|| bad(format!("ts is {}, not a time", kind(ts))))?;
+    let Value::Array(list) = events else {
+        return Err(bad(format!("events is {}, not a list", kind(events))));
+    };
+    let mut decoded = Vec::with_capacity(list.len());
+    for (index, event) in list.iter().enumerate() {
+        if let Some(event) =
+            decode_event(event).map_err(|err| bad(format!("events[{index}]: {}", err.0)))?
+        {
+            decoded.push(event);
+        }
+    }
+    Ok(WireBatch {
+        seq,
+        ts_s,
+        events: decoded,
+        dp_rank: rank.and_then(Value::as_i64),
+    })
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Nil => "nil",
+        Value::Boolean(_) => "a boolean",
+        Value::Integer(_) => "an integer",
+        Value::F32(_) | Value::F64(_) => "a float",
+        Value::String(_) => "a string",
+        Value::Binary(_) => "bytes",
+        Value::Array(_) => "a list",
+        Value::Map(_) => "a map",
+        Value::Ext(..) => "an extension",
+    }
+}
+
+fn field<'a>(map: &'a Value, name: &str) -> Option<&'a Value> {
+    match map {
+        Value::Map(entries) => entries
+            .iter()
+            .find(|(key, _)| key.as_str() == Some(name))
+            .map(|(_, value)| value),
+        _ => None,
+    }
+}
+
+/// (tag, positional fields after the tag) or the map; field `i` by position or by name.
+struct Fields<'a> {
+    positional: Option<&'a [Value]>,
+    map: Option<&'a Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, position: usize, name: &str) -> Option<&'a Value> {
+        match (self.positional, self.map) {
+            (Some(items), _) => items.get(position),
+            (None, Some(map)) => field(map, name),
+            _ => None,
+        }
+        .filter(|value| !value.is_nil())
+    }
+}
+
+fn decode_event(event: &Value) -> Result<Option<KvEvent>, KvWireError> {
+    let (tag, fields) = match event {
+        Value::Array(items) => {
+            let tag = items
+                .first()
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("event list has no tag"))?;
+            (
+                tag,
+                Fields {
+                    positional: Some(&items[1..]),
+                    map: None,
+                },
+            )
+        }
+        Value::Map(_) => {
+            let tag = field(event, "type")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("event map has no type"))?;
+            (
+                tag,
+                Fields {
+                    positional: None,
+                    map: Some(event),
+                },
+            )
+        }
+        other => return Err(bad(format!("event is {}", kind(other)))),
+    };
+    let on_gpu = |position: usize| {
+        fields
+            .get(position, "medium")
+            .and_then(Value::as_str)
+            .is_none_or(|medium| medium.eq_ignore_ascii_case("gpu"))
+    };
+    match tag {
+        "BlockStored" => {
+            let block_hashes = hashes(fields.get(0, "block_hashes"), "block_hashes")?;
+            if block_hashes.is_empty() {
+                return Err(bad("block_hashes: empty"));
+            }
+            let parent_block_hash = fields.get(1, "parent_block_hash").map(hash).transpose()?;
+            if !on_gpu(5) {
+                return Ok(None);
+            }
+            Ok(Some(KvEvent::Stored {
+                block_hashes,
+                parent_block_hash,
+                token_ids: Vec::new(),
+                block_size: 0,
+            }))
+        }
+        "BlockRemoved" => {
+            let block_hashes = hashes(fields.get(0, "block_hashes"), "block_hashes")?;
+            if !on_gpu(1) {
+                return Ok(None);
+            }
+            Ok(Some(KvEvent::Removed { block_hashes }))
+        }
+        "AllBlocksCleared" => Ok(Some(KvEvent::AllCleared)),
+        other => Err(bad(format!("unknown event type {other:?}"))),
+    }
+}
+
+fn hashes(value: Option<&Value>, name: &str) -> Result<Vec<u64>, KvWireError> {
+    match value {
+        Some(Value::Array(items)) => items.iter().map(hash).collect(),
+        Some(other) => Err(bad(format!("{name} is {}, not a list", kind(other)))),
+        None => Err(bad(format!("{name} missing"))),
+    }
+}
+
+fn hash(value: &Value) -> Result<u64, KvWireError> {
+    match value {
+        Value::Integer(int) => int
+            .as_u64()
+            .or_else(|| int.as_i64().map(|v| v as u64))
+            .ok_or_else(|| bad("hash out of range")),
+        Value::Binary(bytes) => {
+            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+            for &byte in bytes {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+            Ok(hash)
+        }
+        other => Err(bad(format!("a block hash is {}", kind(other)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encode(value: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, value).expect("in-memory write");
+        out
+    }
+
+    fn s(text: &str) -> Value {
+        Value::from(text)
+    }
+
+    #[test]
+    fn positional_and_map_forms_decode_alike() {
+        let positional = Value::Array(vec![
+            Value::F64(1.5),
+            Value::Array(vec![
+                Value::Array(vec![
+                    s("BlockStored"),
+                    Value::Array(vec![Value::from(7), Value::from(-1)]),
+                    Value::Nil,
+                    Value::Array(vec![]),
+                    Value::from(16),
+                    Value::Nil,
+                    s("GPU"),
+                ]),
+                Value::Array(vec![
+                    s("BlockRemoved"),
+                    Value::Array(vec![Value::from(7)]),
+                    s("CPU"),
+                ]),
+                Value::Array(vec![s("AllBlocksCleared")]),
+            ]),
+            Value::from(0),
+        ]);
+        let map = Value::Array(vec![
+            Value::F64(1.5),
+            Value::Array(vec![
+                Value::Map(vec![
+                    (s("type"), s("BlockStored")),
+                    (
+                        s("block_hashes"),
+                        Value::Array(vec![Value::from(7), Value::from(-1)]),
+                    ),
+                    (s("parent_block_hash"), Value::Nil),
+                    (s("medium"), s("GPU")),
+                ]),
+                Value::Map(vec![
+                    (s("type"), s("BlockRemoved")),
+                    (s("block_hashes"), Value::Array(vec![Value::from(7)])),
+                    (s("medium"), s("CPU")),
+                ]),
+                Value::Map(vec![(s("type"), s("AllBlocksCleared"))]),
+            ]),
+            Value::from(0),
+        ]);
+        let a = decode_batch(3, &encode(&positional)).expect("positional");
+        let b = decode_batch(3, &encode(&map)).expect("map");
+        assert_eq!(a, b);
+        assert_eq!(a.events.len(), 2, "the CPU-tier removal is skipped");
+        assert_eq!(
+            a.events[0],
+            KvEvent::Stored {
+                block_hashes: vec![7, u64::MAX],
+                parent_block_hash: None,
+                token_ids: vec![],
+                block_size: 0
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_payloads_are_errors() {
+        assert!(decode_batch(0, b"\xc1garbage").is_err());
+        assert!(decode_batch(0, &encode(&Value::from(3))).is_err());
+        let unknown = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![Value::Array(vec![s("Nope")])]),
+        ]);
+        assert!(decode_batch(0, &encode(&unknown)).is_err());
+        assert_eq!(decode_seq(&(-1i64).to_be_bytes()), Ok(None));
+        assert_eq!(decode_seq(&5i64.to_be_bytes()), Ok(Some(5)));
+        assert!(decode_seq(b"123").is_err());
+    }
+}

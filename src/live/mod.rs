@@ -1,0 +1,394 @@
+//! The live mirror: ditto keeps its mirror current from a running llm-d cluster by pulling
+//! what every vLLM pod already exposes, the way the EPP does (docs/live.md).
+//!
+//! Pods come from sources (a static `host:port` list, or a headless Service's A records,
+//! re-resolved every few seconds; vanished addresses are retired after a grace period). Each
+//! pod becomes an instance (id = its `host:port`) built from its source's pool settings, with
+//! `block_size`/`num_gpu_blocks` taken from `vllm:cache_config_info`. Per pod, one task
+//! scrapes `/metrics` (`pod`), one follows the ZMQ KV-event stream (`kv`). Everything is
+//! written to the mirror store through the entry points the push RPCs use, so push and pull
+//! can feed one mirror. This is an edge module: it knows tokio, the wall clock and the
+//! network; `text`, `rebuild` and `kv_wire` are pure.
+
+pub mod bench;
+pub mod config;
+pub mod kv;
+pub mod kv_wire;
+pub mod pod;
+pub mod rebuild;
+pub mod scrape;
+pub mod text;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use thiserror::Error;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::cluster::config::{ClusterConfig, InstanceConfig};
+use crate::telemetry::Metrics;
+use crate::telemetry::live::LiveMetrics;
+use crate::twin::TwinError;
+use crate::twin::store::MirrorStore;
+
+pub use config::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
+use pod::{Health, Pod, PodNews};
+
+/// Why the live mirror could not start.
+#[derive(Debug, Error)]
+pub enum LiveError {
+    /// Its metrics could not be registered.
+    #[error("live mirror metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The initial instance set was rejected by the mirror.
+    #[error("live mirror config: {0}")]
+    Config(#[source] TwinError),
+}
+
+/// The running live mirror; dropping it stops every task.
+#[derive(Debug)]
+pub struct LiveHandle {
+    coordinator: JoinHandle<()>,
+    /// Changes after every config sync the live mirror makes (value: the generation).
+    pub synced: watch::Receiver<u64>,
+}
+
+impl Drop for LiveHandle {
+    fn drop(&mut self) {
+        self.coordinator.abort();
+    }
+}
+
+/// One discovered pod and its tasks.
+#[derive(Debug)]
+struct Entry {
+    pod: Arc<Pod>,
+    tasks: Vec<JoinHandle<()>>,
+    cache: (Option<u32>, Option<u32>),
+    vanished_since: Option<Instant>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+struct Coordinator {
+    config: Arc<LiveConfig>,
+    store: Arc<MirrorStore>,
+    metrics: LiveMetrics,
+    pods: BTreeMap<String, Entry>,
+    news: mpsc::Sender<PodNews>,
+    synced: watch::Sender<u64>,
+}
+
+/// Starts the live mirror on the current tokio runtime: static pods are synced into `store`
+/// before this returns (so the server is ready at once); DNS sources follow.
+pub fn start(
+    config: LiveConfig,
+    store: Arc<MirrorStore>,
+    metrics: &Metrics,
+) -> Result<LiveHandle, LiveError> {
+    let live_metrics = LiveMetrics::register(metrics.registry())?;
+    let (news, mut news_rx) = mpsc::channel(256);
+    let (synced, synced_rx) = watch::channel(0);
+    let mut coordinator = Coordinator {
+        config: Arc::new(config),
+        store,
+        metrics: live_metrics,
+        pods: BTreeMap::new(),
+        news,
+        synced,
+    };
+    let mut statics = Vec::new();
+    for (index, source) in coordinator.config.sources.iter().enumerate() {
+        if let Discovery::Static(pods) = &source.discovery {
+            statics.extend(pods.iter().map(|pod| (index, pod.clone())));
+        }
+    }
+    for (source, id) in statics {
+        coordinator.add(source, id);
+    }
+    if !coordinator.pods.is_empty() {
+        coordinator.sync().map_err(LiveError::Config)?;
+    }
+    let has_dns = coordinator
+        .config
+        .sources
+        .iter()
+        .any(|source| matches!(source.discovery, Discovery::Dns { .. }));
+    let task = tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(coordinator.config.dns_interval);
+        loop {
+            tokio::select! {
+                _ = ticker.tick(), if has_dns => coordinator.resolve().await,
+                Some(news) = news_rx.recv() => coordinator.on_news(news),
+            }
+        }
+    });
+    Ok(LiveHandle {
+        coordinator: task,
+        synced: synced_rx,
+    })
+}
+
+/// Of one source's known pods (id, when it was first found missing), the ids to retire now:
+/// a pod missing from `found` is remembered as vanished at `now`, and retired once it has been
+/// missing for `grace`; a pod found again is forgotten as vanished.
+fn to_retire(
+    known: Vec<(&String, &mut Option<Instant>)>,
+    found: &[String],
+    now: Instant,
+    grace: std::time::Duration,
+) -> Vec<String> {
+    let mut retired = Vec::new();
+    for (id, vanished_since) in known {
+        if found.contains(id) {
+            *vanished_since = None;
+            continue;
+        }
+        let since = *vanished_since.get_or_insert(now);
+        if now.duration_since(since) >= grace {
+            retired.push(id.clone());
+        }
+    }
+    retired
+}
+
+impl Coordinator {
+    /// Starts mirroring pod `id` of source `source`.
+    fn add(&mut self, source: usize, id: String) {
+        let host = id
+            .rsplit_once(':')
+            .map_or(id.as_str(), |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let pod = Arc::new(Pod {
+            id: id.clone(),
+            host,
+            source,
+            store: Arc::clone(&self.store),
+            metrics: self.metrics.clone(),
+            config: Arc::clone(&self.config),
+            health: Mutex::new(Health::default()),
+            last_rebuild_us: AtomicU64::new(0),
+            deprecated: Mutex::new(Vec::new()),
+            restarts: AtomicU64::new(0),
+            restarted: tokio::sync::Notify::new(),
+        });
+        let mut tasks = vec![tokio::spawn(pod::scrape_loop(
+            Arc::clone(&pod),
+            self.news.clone(),
+        ))];
+        if let Some(endpoints) = &self.config.sources[source].kv {
+            tasks.push(tokio::spawn(kv::kv_loop(
+                Arc::clone(&pod),
+                endpoints.clone(),
+            )));
+        }
+        tracing::info!(pod = %id, source = %self.config.sources[source].name, "live mirror: pod added");
+        self.pods.insert(
+            id,
+            Entry {
+                pod,
+                tasks,
+                cache: (None, None),
+                vanished_since: None,
+            },
+        );
+        self.metrics.pods.set(self.pods.len() as i64);
+    }
+
+    /// The instance config of one pod: its source's template with the cache settings it
+    /// publishes; a published value that differs from the configured one is reported.
+    fn instance(&self, entry: &Entry) -> InstanceConfig {
+        let source = &self.config.sources[entry.pod.source];
+        let mut instance = source.template.clone();
+        instance.id = entry.pod.id.clone();
+        let mut mismatches = Vec::new();
+        for (field, published, configured) in [
+            ("block_size", entry.cache.0, &mut instance.engine.block_size),
+            (
+                "num_gpu_blocks",
+                entry.cache.1,
+                &mut instance.engine.num_gpu_blocks,
+            ),
+        ] {
+            let differs = published.is_some_and(|value| value != *configured);
+            self.metrics
+                .config_mismatch
+                .with_label_values(&[entry.pod.id.as_str(), field])
+                .set(i64::from(differs));
+            if let Some(value) = published.filter(|_| differs) {
+                mismatches.push(format!("{field} {value} (configured {configured})"));
+                *configured = value;
+            }
+        }
+        if !mismatches.is_empty() {
+            tracing::warn!(
+                pod = %entry.pod.id,
+                published = %mismatches.join(", "),
+                "live mirror: the pod's cache config differs from its pool's; using the pod's"
+            );
+        }
+        if instance.engine.validate().is_err() {
+            // The published values do not make a valid engine: keep the pool's.
+            let mut fallback = source.template.clone();
+            fallback.id = entry.pod.id.clone();
+            return fallback;
+        }
+        instance
+    }
+
+    /// Syncs the current pod set into the store.
+    fn sync(&mut self) -> Result<(), TwinError> {
+        let instances: Vec<InstanceConfig> = self
+            .pods
+            .values()
+            .map(|entry| self.instance(entry))
+            .collect();
+        let addresses: Vec<String> = self.pods.keys().cloned().collect();
+        if instances.is_empty() {
+            return Ok(());
+        }
+        let cluster = ClusterConfig {
+            instances,
+            ..self.config.cluster.clone()
+        };
+        // The forecast loop groups pods by their source's pool (their ids are addresses).
+        let mut settings = self.config.settings.clone();
+        settings.variants = self
+            .pods
+            .iter()
+            .map(|(id, entry)| {
+                (
+                    id.clone(),
+                    self.config.sources[entry.pod.source].name.clone(),
+                )
+            })
+            .collect();
+        let outcome = self.store.sync_config(cluster, settings, addresses)?;
+        for entry in self.pods.values() {
+            entry.pod.republish_health();
+        }
+        self.synced.send_replace(outcome.generation);
+        Ok(())
+    }
+
+    fn resync(&mut self) {
+        if let Err(err) = self.sync() {
+            tracing::error!(%err, "live mirror: config sync rejected");
+        }
+    }
+
+    fn on_news(&mut self, news: PodNews) {
+        match news {
+            PodNews::CacheInfo {
+                id,
+                block_size,
+                num_gpu_blocks,
+            } => {
+                if let Some(entry) = self.pods.get_mut(&id)
+                    && entry.cache != (block_size, num_gpu_blocks)
+                {
+                    entry.cache = (block_size, num_gpu_blocks);
+                    self.resync();
+                }
+            }
+        }
+    }
+
+    /// Re-resolves every DNS source; adds new addresses, retires long-vanished ones.
+    async fn resolve(&mut self) {
+        let mut changed = false;
+        let now = Instant::now();
+        for index in 0..self.config.sources.len() {
+            let Discovery::Dns { name, port } = &self.config.sources[index].discovery else {
+                continue;
+            };
+            let found: Vec<String> = match tokio::net::lookup_host((name.as_str(), *port)).await {
+                Ok(addresses) => {
+                    let mut found: Vec<String> = addresses.map(|a| a.to_string()).collect();
+                    found.sort();
+                    found.dedup();
+                    found
+                }
+                Err(err) => {
+                    // Keep what we have: a DNS outage must not empty the mirror.
+                    tracing::warn!(%name, %err, "live mirror: DNS resolution failed");
+                    continue;
+                }
+            };
+            for id in &found {
+                if !self.pods.contains_key(id) {
+                    self.add(index, id.clone());
+                    changed = true;
+                }
+            }
+            let vanished: Vec<(&String, &mut Option<Instant>)> = self
+                .pods
+                .iter_mut()
+                .filter(|(_, entry)| entry.pod.source == index)
+                .map(|(id, entry)| (id, &mut entry.vanished_since))
+                .collect();
+            let retired = to_retire(vanished, &found, now, self.config.retire_after);
+            for id in retired {
+                if let Some(entry) = self.pods.remove(&id) {
+                    let deprecated = entry
+                        .pod
+                        .deprecated
+                        .lock()
+                        .map(|names| names.clone())
+                        .unwrap_or_default();
+                    self.metrics.forget(&id, &deprecated);
+                    tracing::info!(pod = %id, "live mirror: pod retired");
+                    changed = true;
+                }
+            }
+        }
+        self.metrics.pods.set(self.pods.len() as i64);
+        if changed {
+            self.resync();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn vanished_pods_are_retired_after_the_grace_period_only() {
+        let (a, b) = ("10.0.0.1:8000".to_owned(), "10.0.0.2:8000".to_owned());
+        let (mut va, mut vb) = (None, None);
+        let start = Instant::now();
+        let grace = Duration::from_secs(30);
+        // b vanishes: remembered, not retired.
+        let found = vec![a.clone()];
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, start, grace).is_empty());
+        assert_eq!((va, vb), (None, Some(start)));
+        // Still gone within the grace period: kept.
+        let later = start + Duration::from_secs(10);
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, later, grace).is_empty());
+        // Back again: forgotten as vanished; gone again later: the clock restarts.
+        let back = vec![a.clone(), b.clone()];
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &back, later, grace).is_empty());
+        assert_eq!(vb, None);
+        let again = start + Duration::from_secs(20);
+        assert!(to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, again, grace).is_empty());
+        let past = again + grace;
+        assert_eq!(
+            to_retire(vec![(&a, &mut va), (&b, &mut vb)], &found, past, grace),
+            vec![b.clone()]
+        );
+    }
+}

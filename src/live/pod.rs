@@ -1,0 +1,329 @@
+//! One mirrored pod: its scrape loop (gauges, cache info, state rebuilt when nobody pushes
+//! per-request state) and its health (why each signal holds it stale), written to the store
+//! through the same entry points the push RPCs use (`MirrorStore::apply_state`,
+//! `apply_kv_events`) plus `set_stale_reason`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
+
+use super::config::LiveConfig;
+use super::rebuild::rebuild;
+use super::scrape::{ScrapeError, Scraper};
+use super::text::{RestartMarks, parse_metrics};
+use crate::telemetry::live::LiveMetrics;
+use crate::twin::snapshot::Gauges;
+use crate::twin::store::{InstanceUpdate, MirrorStore};
+
+/// The wall clock in µs since the Unix epoch (the mirror's client clock in live mode).
+pub fn wall_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// What a pod tells the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodNews {
+    /// The pod publishes these cache settings (`vllm:cache_config_info`).
+    CacheInfo {
+        /// The pod.
+        id: String,
+        /// `block_size`.
+        block_size: Option<u32>,
+        /// `num_gpu_blocks`.
+        num_gpu_blocks: Option<u32>,
+    },
+}
+
+/// Why each signal holds a pod stale (`None`: fresh).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    /// The scrape path.
+    pub metrics: Option<String>,
+    /// The KV-event stream.
+    pub kv_events: Option<String>,
+    /// A mismatch between the pod and its config.
+    pub config: Option<String>,
+}
+
+impl Health {
+    /// All reasons, `; `-joined (`None` when healthy).
+    pub fn reason(&self) -> Option<String> {
+        let parts: Vec<&str> = [&self.metrics, &self.kv_events, &self.config]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+/// State shared by a pod's tasks.
+#[derive(Debug)]
+pub struct Pod {
+    /// Instance id and metrics address (`host:port`).
+    pub id: String,
+    /// The host part.
+    pub host: String,
+    /// Index of its source in the config.
+    pub source: usize,
+    /// The mirror.
+    pub store: Arc<MirrorStore>,
+    /// Live metrics.
+    pub metrics: LiveMetrics,
+    /// The settings.
+    pub config: Arc<LiveConfig>,
+    /// Health per signal.
+    pub health: Mutex<Health>,
+    /// Observation time of the last rebuilt state written (µs; 0: none).
+    pub last_rebuild_us: AtomicU64,
+    /// Deprecated names this pod has used (to drop their series at retirement).
+    pub deprecated: Mutex<Vec<&'static str>>,
+    /// Process restarts seen on its `/metrics` (another start time, a counter reset).
+    pub restarts: AtomicU64,
+    /// Woken at each restart: the KV loop clears the pod's blocks (its cache died with it).
+    pub restarted: tokio::sync::Notify,
+}
+
+impl Pod {
+    /// Updates one signal's reason and publishes the combined reason (no-op if unchanged).
+    pub fn set_health(&self, update: impl FnOnce(&mut Health)) {
+        let (reason, health) = {
+            let mut health = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = health.clone();
+            update(&mut health);
+            if *health == before {
+                return;
+            }
+            (health.reason(), health.clone())
+        };
+        for (signal, value) in [
+            ("metrics", &health.metrics),
+            ("kv_events", &health.kv_events),
+            ("config", &health.config),
+        ] {
+            self.metrics
+                .stale
+                .with_label_values(&[self.id.as_str(), signal])
+                .set(i64::from(value.is_some()));
+        }
+        if let Some(reason) = &reason {
+            tracing::warn!(pod = %self.id, %reason, "live mirror: pod stale");
+        } else {
+            tracing::info!(pod = %self.id, "live mirror: pod fresh");
+        }
+        // Before the pod's first config sync the store does not know it: the reason is
+        // published again with the next change.
+        let _ = self.store.set_stale_reason(&self.id, reason);
+    }
+
+    /// Re-publishes the current reason (after a config sync created the instance).
+    pub fn republish_health(&self) {
+        let reason = self
+            .health
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .reason();
+        let _ = self.store.set_stale_reason(&self.id, reason);
+    }
+}
+
+fn scrape_result(err: &ScrapeError) -> &'static str {
+    match err {
+        ScrapeError::Timeout(_) => "timeout",
+        ScrapeError::Connection(_) => "connection",
+        ScrapeError::Status(_) => "status",
+        ScrapeError::Body(_) => "body",
+    }
+}
+
+/// What a pod's scrape loop remembers from earlier pages.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The cache settings last reported to the coordinator.
+    cache: Option<(Option<u32>, Option<u32>)>,
+    /// The last page's process-run marks.
+    marks: Option<RestartMarks>,
+}
+
+/// The scrape loop: one scrape in flight, every `scrape_interval` (a late scrape delays the
+/// next tick instead of bursting).
+pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
+    let config = Arc::clone(&pod.config);
+    let mut scraper = Scraper::new(
+        pod.id.clone(),
+        config.metrics_path.clone(),
+        config.scrape_timeout,
+    );
+    let period = config
+        .sources
+        .get(pod.source)
+        .map_or(config.scrape_interval, |source| {
+            source.scrape_period(config.scrape_interval)
+        });
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut seen = Seen::default();
+    let mut last_at_us = 0;
+    loop {
+        ticker.tick().await;
+        let started = Instant::now();
+        let outcome = scrape_once(&pod, &mut scraper, last_at_us, &mut seen, &news).await;
+        pod.metrics
+            .scrape_duration
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            Ok(at_us) => {
+                last_at_us = at_us;
+                pod.metrics
+                    .scrapes
+                    .with_label_values(&[pod.id.as_str(), "ok"])
+                    .inc();
+                pod.metrics
+                    .publish_lag
+                    .observe(started.elapsed().as_secs_f64());
+                pod.set_health(|h| h.metrics = None);
+            }
+            Err((result, reason)) => {
+                pod.metrics
+                    .scrapes
+                    .with_label_values(&[pod.id.as_str(), result])
+                    .inc();
+                pod.set_health(|h| h.metrics = Some(format!("metrics: {reason}")));
+            }
+        }
+    }
+}
+
+async fn scrape_once(
+    pod: &Arc<Pod>,
+    scraper: &mut Scraper,
+    last_at_us: u64,
+    seen: &mut Seen,
+    news: &mpsc::Sender<PodNews>,
+) -> Result<u64, (&'static str, String)> {
+    let text = scraper
+        .scrape()
+        .await
+        .map_err(|err| (scrape_result(&err), err.to_string()))?;
+    let metrics = parse_metrics(&text).map_err(|err| ("parse", err.to_string()))?;
+    let marks = metrics.restart_marks();
+    if seen
+        .marks
+        .is_some_and(|before| marks.restarted_since(&before))
+    {
+        tracing::info!(pod = %pod.id, "live mirror: the pod's process restarted");
+        pod.restarts.fetch_add(1, Ordering::Relaxed);
+        pod.metrics
+            .restarts
+            .with_label_values(&[pod.id.as_str()])
+            .inc();
+        pod.restarted.notify_one();
+    }
+    seen.marks = Some(marks);
+    {
+        let mut known = pod
+            .deprecated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for &name in &metrics.deprecated {
+            if !known.contains(&name) {
+                known.push(name);
+                pod.metrics
+                    .deprecated_names
+                    .with_label_values(&[pod.id.as_str(), name])
+                    .set(1);
+            }
+        }
+    }
+    let cache = (metrics.block_size, metrics.num_gpu_blocks);
+    if seen.cache != Some(cache) {
+        seen.cache = Some(cache);
+        let _ = news
+            .send(PodNews::CacheInfo {
+                id: pod.id.clone(),
+                block_size: cache.0,
+                num_gpu_blocks: cache.1,
+            })
+            .await;
+    }
+    // Observed now, after the page arrived: as close as possible to what it describes.
+    let at_us = wall_now_us().max(last_at_us + 1);
+    let Some(stored) = pod.store.latest() else {
+        return Err(("pending", "the mirror has no config yet".to_owned()));
+    };
+    let snapshot = &stored.snapshot;
+    let Some(index) = snapshot
+        .config
+        .instances
+        .iter()
+        .position(|instance| instance.id == pod.id)
+    else {
+        return Err((
+            "pending",
+            "the pod is not in the synced config yet".to_owned(),
+        ));
+    };
+    let engine = &snapshot.config.instances[index].engine;
+    let state = &snapshot.instances[index];
+    if metrics.running > engine.max_num_seqs {
+        pod.metrics
+            .config_mismatch
+            .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
+            .set(1);
+    }
+    // Pushed per-request state is preferred while it is fresh.
+    let last_rebuild = pod.last_rebuild_us.load(Ordering::Relaxed);
+    let max_age_us = u64::try_from(pod.config.max_age.metrics.as_micros()).unwrap_or(u64::MAX);
+    let pushed = state.observed_at_us != 0
+        && state.observed_at_us != last_rebuild
+        && at_us.saturating_sub(state.observed_at_us) <= max_age_us;
+    let requests = (!pushed).then(|| rebuild(&pod.id, &metrics, engine, at_us));
+    let rebuilt = requests.is_some();
+    let update = InstanceUpdate {
+        instance_id: pod.id.clone(),
+        observed_at_us: at_us,
+        requests,
+        gauges: Some(Gauges {
+            running: metrics.running,
+            waiting: metrics.waiting,
+            kv_usage: metrics.kv_usage,
+        }),
+        events: Vec::new(),
+    };
+    // A small update (one instance's gauges and a rebuilt list): applied inline, the store
+    // holds its lock for microseconds.
+    let with_requests = update.requests.is_some();
+    let applied = match pod.store.apply_state(update.clone()) {
+        Ok(_) => Ok(with_requests),
+        // A push newer than this scrape won the race: keep it, take the gauges only.
+        Err(_) if with_requests => pod
+            .store
+            .apply_state(InstanceUpdate {
+                requests: None,
+                ..update
+            })
+            .map(|_| false),
+        Err(err) => Err(err),
+    };
+    match applied {
+        Ok(true) if rebuilt => pod.last_rebuild_us.store(at_us, Ordering::Relaxed),
+        Ok(_) => {}
+        Err(err) => {
+            return Err((
+                "rejected",
+                format!("the mirror rejected the scraped state: {err}"),
+            ));
+        }
+    }
+    Ok(at_us)
+}
+
+/// Sleeps `duration` (a named helper so loops read as prose).
+pub async fn pause(duration: Duration) {
+    tokio::time::sleep(duration).await;
+}

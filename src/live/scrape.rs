@@ -1,0 +1,117 @@
+//! One pod's `/metrics` over HTTP/1.1: a kept-alive hyper connection per pod (reopened after
+//! any failure), a whole-scrape timeout and a body size limit. Knows nothing of the page's
+//! content (see `text`).
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use thiserror::Error;
+use tokio::net::TcpStream;
+
+/// Largest `/metrics` body read (a vLLM page is tens of kB).
+pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Why a scrape failed.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ScrapeError {
+    /// No answer within the timeout.
+    #[error("GET /metrics timed out after {0} ms")]
+    Timeout(u128),
+    /// The connection could not be opened or broke.
+    #[error("GET /metrics: {0}")]
+    Connection(String),
+    /// The pod answered with an error status.
+    #[error("GET /metrics answered HTTP {0}")]
+    Status(u16),
+    /// The body is too large, truncated or not UTF-8.
+    #[error("GET /metrics body: {0}")]
+    Body(String),
+}
+
+/// A scraper for one pod (one scrape in flight: `scrape` takes `&mut self`).
+#[derive(Debug)]
+pub struct Scraper {
+    address: String,
+    path: String,
+    timeout: Duration,
+    connection: Option<SendRequest<Empty<Bytes>>>,
+}
+
+impl Scraper {
+    /// A scraper of `http://{address}{path}`.
+    pub fn new(address: String, path: String, timeout: Duration) -> Self {
+        Self {
+            address,
+            path,
+            timeout,
+            connection: None,
+        }
+    }
+
+    /// Fetches the page; on any failure the connection is dropped and reopened next time.
+    pub async fn scrape(&mut self) -> Result<String, ScrapeError> {
+        let result = match tokio::time::timeout(self.timeout, self.fetch()).await {
+            Ok(result) => result,
+            Err(_) => Err(ScrapeError::Timeout(self.timeout.as_millis())),
+        };
+        if result.is_err() {
+            self.connection = None;
+        }
+        result
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Empty<Bytes>>, ScrapeError> {
+        let stream = TcpStream::connect(&self.address)
+            .await
+            .map_err(|err| ScrapeError::Connection(err.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|err| ScrapeError::Connection(err.to_string()))?;
+        // The connection task ends when the sender is dropped or the peer closes.
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    async fn fetch(&mut self) -> Result<String, ScrapeError> {
+        let reusable = self
+            .connection
+            .as_ref()
+            .is_some_and(|sender| !sender.is_closed());
+        if !reusable {
+            self.connection = Some(self.connect().await?);
+        }
+        let sender = self
+            .connection
+            .as_mut()
+            .expect("a connection was just opened");
+        sender
+            .ready()
+            .await
+            .map_err(|err| ScrapeError::Connection(err.to_string()))?;
+        let request = hyper::Request::get(self.path.as_str())
+            .header(hyper::header::HOST, self.address.as_str())
+            .header(hyper::header::ACCEPT, "text/plain;version=0.0.4")
+            .body(Empty::<Bytes>::new())
+            .map_err(|err| ScrapeError::Connection(err.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|err| ScrapeError::Connection(err.to_string()))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map_err(|err| ScrapeError::Body(err.to_string()))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(ScrapeError::Status(status.as_u16()));
+        }
+        String::from_utf8(body.to_vec()).map_err(|err| ScrapeError::Body(err.to_string()))
+    }
+}

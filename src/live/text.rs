@@ -1,0 +1,524 @@
+//! A pod's `/metrics` page → the numbers the mirror needs ([`PodMetrics`]).
+//!
+//! The Prometheus text format is parsed by `prometheus-parse`; this module only picks the
+//! engine's series. That crate's metric-name pattern (`\w+`) lacks the `:` every vLLM and
+//! SGLang name has, so names are escaped (`:` → [`COLON`]) before parsing and read back after. It accepts vLLM's current and deprecated names
+//! (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
+//! `vllm:inter_token_latency_seconds` / `vllm:time_per_output_token_seconds`,
+//! `vllm:prefix_cache_*` / `vllm:gpu_prefix_cache_*`), counters with or without `_total`,
+//! any `model_name`/`engine` labels (series are summed; usage is averaged), and the SGLang
+//! names of the model-server protocol (`sglang:num_queue_reqs`, `sglang:num_running_reqs`,
+//! `sglang:token_usage`, cache info `page_size`/`num_pages`). A page without the three
+//! required gauges is an error that names what is missing: the parser skips lines it cannot
+//! read, so garbage or truncated text shows up here.
+
+use prometheus_parse::{Sample, Scrape, Value};
+use thiserror::Error;
+
+/// Why a page could not be used.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TextError {
+    /// The body is not text the parser can read.
+    #[error("metrics text: {0}")]
+    Unreadable(String),
+    /// A required gauge is absent (garbage, truncated text, or not a model server).
+    #[error("metrics text: no {0} (nor its deprecated or SGLang names)")]
+    Missing(&'static str),
+    /// A value is out of its range.
+    #[error("metrics text: {name} = {value} is out of range")]
+    OutOfRange {
+        /// The series.
+        name: &'static str,
+        /// The value read.
+        value: String,
+    },
+}
+
+/// A cumulative histogram: (upper bound, cumulative count), ascending; the last bound may be
+/// +Inf.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Histogram {
+    /// Buckets, ascending by bound, counts cumulative.
+    pub buckets: Vec<(f64, f64)>,
+    /// The sum of the observations (`_sum`), if published.
+    pub sum: Option<f64>,
+}
+
+impl Histogram {
+    /// Observations counted.
+    pub fn count(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |&(_, count)| count)
+    }
+}
+
+/// What one scrape of one pod says.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PodMetrics {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Requests running.
+    pub running: u32,
+    /// KV-cache usage in [0, 1].
+    pub kv_usage: f64,
+    /// `block_size` (or SGLang `page_size`) from the cache-config info gauge.
+    pub block_size: Option<u32>,
+    /// `num_gpu_blocks` (or SGLang `num_pages`) from the cache-config info gauge.
+    pub num_gpu_blocks: Option<u32>,
+    /// Prompt lengths of finished requests (`vllm:request_prompt_tokens`).
+    pub prompt_tokens: Option<Histogram>,
+    /// Output lengths of finished requests (`vllm:request_generation_tokens`).
+    pub generation_tokens: Option<Histogram>,
+    /// Prefix-cache queries, tokens (counter).
+    pub prefix_queries: Option<f64>,
+    /// Prefix-cache hits, tokens (counter).
+    pub prefix_hits: Option<f64>,
+    /// Inter-token latency observations (current or deprecated name), for reporting.
+    pub itl_count: Option<f64>,
+    /// When the pod's process started (`process_start_time_seconds`), if exported.
+    pub process_start: Option<f64>,
+    /// Deprecated names this page used (reported on /metrics).
+    pub deprecated: Vec<&'static str>,
+}
+
+/// What tells one run of a pod's process from the next: its start time and its counters
+/// (a counter that goes back means the process restarted, as Prometheus reads a reset).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct RestartMarks {
+    /// `process_start_time_seconds`.
+    pub start: Option<f64>,
+    /// Prefix-cache queries, prompt- and generation-length counts, ITL count.
+    pub counters: [Option<f64>; 4],
+}
+
+impl RestartMarks {
+    /// True when `self` (a later page) shows a process other than `before`'s: another start
+    /// time, or a counter below its earlier value.
+    pub fn restarted_since(&self, before: &RestartMarks) -> bool {
+        let other_start =
+            matches!((self.start, before.start), (Some(now), Some(then)) if now != then);
+        let reset = self
+            .counters
+            .iter()
+            .zip(before.counters.iter())
+            .any(|pair| matches!(pair, (Some(now), Some(then)) if now < then));
+        other_start || reset
+    }
+}
+
+impl PodMetrics {
+    /// The marks of this page's process run.
+    pub fn restart_marks(&self) -> RestartMarks {
+        RestartMarks {
+            start: self.process_start,
+            counters: [
+                self.prefix_queries,
+                self.prompt_tokens.as_ref().map(Histogram::count),
+                self.generation_tokens.as_ref().map(Histogram::count),
+                self.itl_count,
+            ],
+        }
+    }
+
+    /// Cumulative prefix-cache hit rate in [0, 1], if the counters are present.
+    pub fn prefix_hit_rate(&self) -> Option<f64> {
+        match (self.prefix_queries, self.prefix_hits) {
+            (Some(queries), Some(hits)) if queries > 0.0 => Some((hits / queries).clamp(0.0, 1.0)),
+            _ => None,
+        }
+    }
+}
+
+/// Series names, current first, then deprecated (marked), then SGLang.
+const WAITING: &[(&str, bool)] = &[
+    ("vllm:num_requests_waiting", false),
+    ("sglang:num_queue_reqs", false),
+];
+const RUNNING: &[(&str, bool)] = &[
+    ("vllm:num_requests_running", false),
+    ("sglang:num_running_reqs", false),
+];
+const KV_USAGE: &[(&str, bool)] = &[
+    ("vllm:kv_cache_usage_perc", false),
+    ("vllm:gpu_cache_usage_perc", true),
+    ("sglang:token_usage", false),
+];
+const CACHE_INFO: &[(&str, bool)] = &[
+    ("vllm:cache_config_info", false),
+    ("sglang:cache_config_info", false),
+];
+const PROMPT: &[(&str, bool)] = &[
+    ("vllm:request_prompt_tokens", false),
+    ("sglang:prompt_tokens_histogram", false),
+];
+const GENERATION: &[(&str, bool)] = &[
+    ("vllm:request_generation_tokens", false),
+    ("sglang:generation_tokens_histogram", false),
+];
+const PREFIX_QUERIES: &[(&str, bool)] = &[
+    ("vllm:prefix_cache_queries", false),
+    ("vllm:gpu_prefix_cache_queries", true),
+];
+const PREFIX_HITS: &[(&str, bool)] = &[
+    ("vllm:prefix_cache_hits", false),
+    ("vllm:gpu_prefix_cache_hits", true),
+];
+const ITL: &[(&str, bool)] = &[
+    ("vllm:inter_token_latency_seconds", false),
+    ("vllm:time_per_output_token_seconds", true),
+];
+/// prometheus-client's process collector (vLLM's API server exports it).
+const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
+
+/// What `:` in a metric name becomes for the parser (word characters only).
+pub const COLON: &str = "__COLON__";
+
+/// Every family this module reads.
+const WANTED: [&[(&str, bool)]; 10] = [
+    WAITING,
+    RUNNING,
+    KV_USAGE,
+    CACHE_INFO,
+    PROMPT,
+    GENERATION,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    ITL,
+    PROCESS_START,
+];
+
+/// The metric name of a sample, `# HELP` or `# TYPE` line (`None` for other lines).
+fn line_name(line: &str) -> Option<&str> {
+    let trimmed = line.trim_start();
+    let rest = match trimmed.strip_prefix('#') {
+        Some(comment) => {
+            let comment = comment.trim_start();
+            comment
+                .strip_prefix("HELP ")
+                .or_else(|| comment.strip_prefix("TYPE "))?
+                .trim_start()
+        }
+        None => trimmed,
+    };
+    let end = rest
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// True for lines of the families this module reads (the rest is not parsed: a vLLM page
+/// is mostly latency histograms).
+fn wanted(line: &str) -> bool {
+    let Some(name) = line_name(line) else {
+        return false;
+    };
+    let base = ["_bucket", "_sum", "_count", "_total", "_created"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name);
+    WANTED
+        .iter()
+        .flat_map(|names| names.iter())
+        .any(|(wanted, _)| *wanted == base || *wanted == name)
+}
+
+/// `line` with the `:` of its metric name escaped (sample, `# HELP` and `# TYPE` lines).
+fn escape_name(line: &str) -> String {
+    let trimmed = line.trim_start();
+    let (prefix, rest) = match trimmed.strip_prefix('#') {
+        Some(comment) => {
+            let comment = comment.trim_start();
+            match comment
+                .strip_prefix("HELP ")
+                .map(|r| ("# HELP ", r))
+                .or_else(|| comment.strip_prefix("TYPE ").map(|r| ("# TYPE ", r)))
+            {
+                Some((keyword, rest)) => (keyword, rest.trim_start()),
+                None => return line.to_owned(),
+            }
+        }
+        None => ("", trimmed),
+    };
+    let end = rest
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    let (name, tail) = rest.split_at(end);
+    format!("{prefix}{}{tail}", name.replace(':', COLON))
+}
+
+/// Parses one `/metrics` page.
+pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
+    let lines = text.lines().filter(|line| wanted(line));
+    let mut scrape = Scrape::parse(lines.map(|line| Ok(escape_name(line))))
+        .map_err(|err| TextError::Unreadable(err.to_string()))?;
+    for sample in &mut scrape.samples {
+        if sample.metric.contains(COLON) {
+            sample.metric = sample.metric.replace(COLON, ":");
+        }
+    }
+    let samples = &scrape.samples;
+    let mut metrics = PodMetrics::default();
+    let mut note = |names: &[(&'static str, bool)], used: &str| {
+        if let Some(&(name, true)) = names.iter().find(|(name, _)| *name == used) {
+            metrics.deprecated.push(name);
+        }
+    };
+    let (name, waiting) =
+        scalar(samples, WAITING, Combine::Sum).ok_or(TextError::Missing(WAITING[0].0))?;
+    note(WAITING, name);
+    let (name, running) =
+        scalar(samples, RUNNING, Combine::Sum).ok_or(TextError::Missing(RUNNING[0].0))?;
+    note(RUNNING, name);
+    let (name, kv_usage) =
+        scalar(samples, KV_USAGE, Combine::Mean).ok_or(TextError::Missing(KV_USAGE[0].0))?;
+    note(KV_USAGE, name);
+    let count = |name: &'static str, value: f64| {
+        if value.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&value) {
+            Ok(value.round() as u32)
+        } else {
+            Err(TextError::OutOfRange {
+                name,
+                value: value.to_string(),
+            })
+        }
+    };
+    let waiting = count(WAITING[0].0, waiting)?;
+    let running = count(RUNNING[0].0, running)?;
+    // vLLM reports a fraction; some SGLang versions a percentage.
+    let kv_usage = if kv_usage > 1.0 && kv_usage <= 100.0 {
+        kv_usage / 100.0
+    } else {
+        kv_usage
+    };
+    if !(0.0..=1.0).contains(&kv_usage) {
+        return Err(TextError::OutOfRange {
+            name: KV_USAGE[0].0,
+            value: kv_usage.to_string(),
+        });
+    }
+    let mut metrics = PodMetrics {
+        waiting,
+        running,
+        kv_usage,
+        deprecated: std::mem::take(&mut metrics.deprecated),
+        ..PodMetrics::default()
+    };
+    if let Some(info) = samples
+        .iter()
+        .find(|s| CACHE_INFO.iter().any(|(name, _)| s.metric == *name))
+    {
+        let label = |names: [&str; 2]| {
+            names
+                .iter()
+                .find_map(|name| info.labels.get(name))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+                .filter(|value| value.is_finite() && *value >= 1.0 && *value <= f64::from(u32::MAX))
+                .map(|value| value as u32)
+        };
+        metrics.block_size = label(["block_size", "page_size"]);
+        metrics.num_gpu_blocks = label(["num_gpu_blocks", "num_pages"]);
+    }
+    let mut histogram_of = |names: &[(&'static str, bool)]| {
+        let (name, mut histogram) = histogram(samples, names)?;
+        let sum_name = format!("{name}_sum");
+        let sums: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.metric == sum_name)
+            .filter_map(|s| plain_value(&s.value))
+            .collect();
+        histogram.sum = (!sums.is_empty()).then(|| sums.iter().sum());
+        if let Some(&(name, true)) = names.iter().find(|(n, _)| *n == name) {
+            metrics.deprecated.push(name);
+        }
+        Some(histogram)
+    };
+    let prompt_tokens = histogram_of(PROMPT);
+    let generation_tokens = histogram_of(GENERATION);
+    let itl_count = histogram_of(ITL).map(|h| h.count());
+    metrics.prompt_tokens = prompt_tokens;
+    metrics.generation_tokens = generation_tokens;
+    metrics.itl_count = itl_count;
+    for (names, slot) in [
+        (PREFIX_QUERIES, &mut metrics.prefix_queries),
+        (PREFIX_HITS, &mut metrics.prefix_hits),
+    ] {
+        if let Some((name, value)) = counter(samples, names) {
+            *slot = Some(value);
+            if let Some(&(name, true)) = names.iter().find(|(n, _)| *n == name) {
+                metrics.deprecated.push(name);
+            }
+        }
+    }
+    metrics.process_start = scalar(samples, PROCESS_START, Combine::Mean).map(|(_, start)| start);
+    metrics.deprecated.sort_unstable();
+    metrics.deprecated.dedup();
+    Ok(metrics)
+}
+
+#[derive(Clone, Copy)]
+enum Combine {
+    Sum,
+    Mean,
+}
+
+fn plain_value(value: &Value) -> Option<f64> {
+    match value {
+        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(*v),
+        _ => None,
+    }
+}
+
+/// The first name in `names` with samples, and their sum or mean over label sets.
+fn scalar(
+    samples: &[Sample],
+    names: &[(&'static str, bool)],
+    combine: Combine,
+) -> Option<(&'static str, f64)> {
+    names.iter().find_map(|&(name, _)| {
+        let values: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter_map(|s| plain_value(&s.value))
+            .collect();
+        if values.is_empty() {
+            return None;
+        }
+        let sum: f64 = values.iter().sum();
+        Some(match combine {
+            Combine::Sum => (name, sum),
+            Combine::Mean => (name, sum / values.len() as f64),
+        })
+    })
+}
+
+/// A counter by its name or its name with `_total`, summed over label sets.
+fn counter(samples: &[Sample], names: &[(&'static str, bool)]) -> Option<(&'static str, f64)> {
+    names.iter().find_map(|&(name, _)| {
+        let total = format!("{name}_total");
+        let values: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.metric == name || s.metric == total)
+            .filter_map(|s| plain_value(&s.value))
+            .collect();
+        (!values.is_empty()).then(|| (name, values.iter().sum()))
+    })
+}
+
+/// A histogram by name, buckets summed over label sets.
+fn histogram(
+    samples: &[Sample],
+    names: &[(&'static str, bool)],
+) -> Option<(&'static str, Histogram)> {
+    names.iter().find_map(|&(name, _)| {
+        let mut merged: Vec<(f64, f64)> = Vec::new();
+        let mut found = false;
+        for sample in samples.iter().filter(|s| s.metric == name) {
+            if let Value::Histogram(counts) = &sample.value {
+                found = true;
+                for bucket in counts {
+                    match merged.iter_mut().find(|(le, _)| *le == bucket.less_than) {
+                        Some(slot) => slot.1 += bucket.count,
+                        None => merged.push((bucket.less_than, bucket.count)),
+                    }
+                }
+            }
+        }
+        if !found {
+            return None;
+        }
+        merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
+        merged.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Some((
+            name,
+            Histogram {
+                buckets: merged,
+                sum: None,
+            },
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = "\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"2048\",engine=\"0\"} 1.0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 250.0
+# TYPE vllm:request_prompt_tokens histogram
+vllm:request_prompt_tokens_bucket{engine=\"0\",le=\"100.0\",model_name=\"m\"} 4.0
+vllm:request_prompt_tokens_bucket{engine=\"0\",le=\"1000.0\",model_name=\"m\"} 10.0
+vllm:request_prompt_tokens_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 10.0
+vllm:request_prompt_tokens_count{engine=\"0\",model_name=\"m\"} 10.0
+vllm:request_prompt_tokens_sum{engine=\"0\",model_name=\"m\"} 3000.0
+";
+
+    #[test]
+    fn reads_vllm_names_deprecated_names_and_labels() {
+        let metrics = parse_metrics(PAGE).expect("valid page");
+        assert_eq!((metrics.running, metrics.waiting), (3, 2));
+        assert!((metrics.kv_usage - 0.25).abs() < 1e-12);
+        assert_eq!(metrics.block_size, Some(16));
+        assert_eq!(metrics.num_gpu_blocks, Some(2048));
+        assert_eq!(metrics.prefix_hit_rate(), Some(0.25));
+        assert_eq!(metrics.deprecated, vec!["vllm:gpu_cache_usage_perc"]);
+        let prompt = metrics.prompt_tokens.expect("histogram");
+        assert_eq!(prompt.count(), 10.0);
+        assert_eq!(prompt.buckets[0], (100.0, 4.0));
+        assert_eq!(prompt.sum, Some(3000.0));
+    }
+
+    #[test]
+    fn garbage_and_truncation_name_what_is_missing() {
+        assert_eq!(
+            parse_metrics("<html>nope</html>\x00\u{fffd}"),
+            Err(TextError::Missing("vllm:num_requests_waiting"))
+        );
+        let truncated = &PAGE[..PAGE.find("vllm:gpu_cache").expect("in page")];
+        assert_eq!(
+            parse_metrics(truncated),
+            Err(TextError::Missing("vllm:kv_cache_usage_perc"))
+        );
+    }
+
+    #[test]
+    fn sglang_names_are_read() {
+        let page = "sglang:num_queue_reqs 4\nsglang:num_running_reqs 1\nsglang:token_usage 0.5\n";
+        let metrics = parse_metrics(page).expect("valid page");
+        assert_eq!((metrics.waiting, metrics.running), (4, 1));
+        assert!(metrics.deprecated.is_empty());
+    }
+
+    #[test]
+    fn a_new_start_time_or_a_counter_going_back_is_a_restart() {
+        let page = |start: Option<f64>, queries: f64| RestartMarks {
+            start,
+            counters: [Some(queries), Some(10.0), None, Some(3.0)],
+        };
+        let before = page(Some(100.0), 500.0);
+        assert!(!page(Some(100.0), 600.0).restarted_since(&before));
+        assert!(page(Some(160.0), 600.0).restarted_since(&before));
+        assert!(page(Some(100.0), 20.0).restarted_since(&before));
+        assert!(page(None, 20.0).restarted_since(&page(None, 500.0)));
+        assert!(!page(None, 500.0).restarted_since(&page(None, 500.0)));
+        // A counter that appears or disappears says nothing.
+        let mut gone = page(Some(100.0), 600.0);
+        gone.counters[0] = None;
+        assert!(!gone.restarted_since(&before));
+        // Read from a page: the process collector's start time.
+        let text = "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\n\
+                    vllm:kv_cache_usage_perc 0\nprocess_start_time_seconds 1.7e9\n";
+        let metrics = parse_metrics(text).expect("a minimal page");
+        assert_eq!(metrics.restart_marks().start, Some(1.7e9));
+    }
+}

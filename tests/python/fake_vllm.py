@@ -1,0 +1,267 @@
+"""A fake vLLM pod for the live-mirror tests, speaking the real wire formats on loopback.
+
+- HTTP `GET /metrics`: a prometheus-client registry with vLLM v1's metric names and label
+  sets (`model_name`, `engine`): the scheduler gauges, `vllm:cache_config_info`, the
+  prefix-cache counters (`_total` on the wire), the token-count and latency histograms.
+  With `deprecated` set it exports the pre-0.9.2/0.11 names instead
+  (`vllm:gpu_cache_usage_perc`, `vllm:gpu_prefix_cache_*`, `vllm:time_per_output_token_seconds`).
+- ZMQ KV events as vLLM's ZmqEventPublisher sends them: a PUB socket, 3 frames per message
+  (topic, 8-byte big-endian sequence, msgpack `EventBatch[ts, events, data_parallel_rank]`),
+  events as tagged msgspec structs in the positional (array) or map encoding, and a ROUTER
+  replay socket that answers a start sequence with every buffered batch from it, then
+  sequence -1 with an empty payload.
+- `POST /control` (JSON) drives it: set gauges, publish KV events (optionally held back from
+  the PUB socket to make a gap), send malformed msgpack, switch faults on the /metrics path
+  (`timeout`, `500`, `garbage`, `binary`, `truncated`). `hold_after: N` with `gauges` makes the
+  request that follows the N-th page with the new gauges wait until `release` (so a test can
+  look at the mirror knowing how many such pages its scraper has had); `status` reports it.
+
+Run: python fake_vllm.py --host 127.0.0.2 --http-port P --pub-port Q [--replay-port R]
+"""
+
+import argparse
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import msgpack
+import zmq
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
+LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
+
+
+class Metrics:
+    """vLLM v1's exported series (vllm/v1/metrics/loggers.py), in a private registry."""
+
+    def __init__(self, deprecated, block_size, num_gpu_blocks):
+        self.registry = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.values = [MODEL, "0"]
+        kv_name = "vllm:gpu_cache_usage_perc" if deprecated else "vllm:kv_cache_usage_perc"
+        prefix = "vllm:gpu_prefix_cache" if deprecated else "vllm:prefix_cache"
+        itl = "vllm:time_per_output_token_seconds" if deprecated else "vllm:inter_token_latency_seconds"
+        r = self.registry
+        # vLLM's API server serves prometheus-client's default registry, which holds the
+        # process collector (process_start_time_seconds, ...).
+        ProcessCollector(registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests in execution batches.", labels, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting.", labels, registry=r)
+        self.kv = Gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)
+        info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching", "engine"],
+            registry=r,
+        )
+        info.labels(str(block_size), str(num_gpu_blocks), "auto", "True", "0").set(1)
+        self.queries = Counter(f"{prefix}_queries", "Prefix-cache queries, tokens.", labels, registry=r)
+        self.hits = Counter(f"{prefix}_hits", "Prefix-cache hits, tokens.", labels, registry=r)
+        self.prompt = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens.", labels, buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.generation = Histogram(
+            "vllm:request_generation_tokens", "Generation tokens.", labels, buckets=TOKEN_BUCKETS, registry=r
+        )
+        self.itl = Histogram(itl, "Inter-token latency.", labels, buckets=LATENCY_BUCKETS, registry=r)
+        Counter("vllm:num_preemptions", "Preemptions.", labels, registry=r).labels(*self.values)
+        for prompt, output in [(800, 150), (1200, 300), (400, 90), (2000, 500)]:
+            self.prompt.labels(*self.values).observe(prompt)
+            self.generation.labels(*self.values).observe(output)
+            self.itl.labels(*self.values).observe(0.02)
+        self.queries.labels(*self.values).inc(4400)
+        self.hits.labels(*self.values).inc(1100)
+
+    def set(self, running=None, waiting=None, kv=None):
+        if running is not None:
+            self.running.labels(*self.values).set(running)
+        if waiting is not None:
+            self.waiting.labels(*self.values).set(waiting)
+        if kv is not None:
+            self.kv.labels(*self.values).set(kv)
+
+
+def encode_event(event, encoding):
+    """One event as msgspec encodes vLLM's tagged structs (array_like or as a map)."""
+    kind = event["type"]
+    if kind == "BlockStored":
+        fields = [
+            ("block_hashes", event["block_hashes"]),
+            ("parent_block_hash", event.get("parent_block_hash")),
+            ("token_ids", event.get("token_ids", [])),
+            ("block_size", event.get("block_size", 16)),
+            ("lora_id", None),
+            ("medium", event.get("medium", "GPU")),
+            ("lora_name", None),
+        ]
+    elif kind == "BlockRemoved":
+        fields = [("block_hashes", event["block_hashes"]), ("medium", event.get("medium", "GPU"))]
+    elif kind == "AllBlocksCleared":
+        fields = []
+    else:
+        raise ValueError(kind)
+    if encoding == "map":
+        return {"type": kind, **dict(fields)}
+    return [kind, *[value for _, value in fields]]
+
+
+class Publisher:
+    """vLLM's ZmqEventPublisher: PUB + replay ROUTER + a buffer of (seq, payload)."""
+
+    END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+    def __init__(self, host, pub_port, replay_port):
+        self.context = zmq.Context()
+        self.pub = self.context.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.bind(f"tcp://{host}:{pub_port}")
+        self.topic = f"kv@{host}@{MODEL}".encode()
+        self.seq = 0
+        self.buffer = []
+        self.lock = threading.Lock()
+        self.replay = None
+        if replay_port:
+            self.replay = self.context.socket(zmq.ROUTER)
+            self.replay.setsockopt(zmq.LINGER, 0)
+            self.replay.bind(f"tcp://{host}:{replay_port}")
+            threading.Thread(target=self.serve_replay, daemon=True).start()
+
+    def serve_replay(self):
+        while True:
+            try:
+                frames = self.replay.recv_multipart()
+            except zmq.ZMQError:
+                return
+            if len(frames) != 3:
+                continue
+            client, _, start = frames
+            start = int.from_bytes(start, "big")
+            with self.lock:
+                batches = [(seq, payload) for seq, payload in self.buffer if seq >= start]
+            for seq, payload in batches:
+                self.replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+            self.replay.send_multipart((client, b"", self.END_SEQ, b""))
+
+    def publish(self, events, encoding="array", hold=False, raw=None):
+        """Publishes one batch (or `raw` payload bytes); `hold` buffers it without sending."""
+        payload = raw if raw is not None else msgpack.packb(
+            [time.time(), [encode_event(e, encoding) for e in events], 0], use_bin_type=True
+        )
+        with self.lock:
+            seq = self.seq
+            self.seq += 1
+            self.buffer.append((seq, payload))
+        if not hold:
+            self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
+        return seq
+
+
+class State:
+    def __init__(self, args):
+        self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks)
+        self.metrics.set(0, 0, 0.0)
+        self.fault = None
+        # Pages served since the last gauge change, and the scrape hold (see the docstring).
+        self.lock = threading.Lock()
+        self.served_since_change = 0
+        self.hold_after = None
+        self.holding = False
+        self.release = threading.Event()
+        self.publisher = Publisher(args.host, args.pub_port, args.replay_port) if args.pub_port else None
+
+
+def handler(state):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def reply(self, code, body, content_type="text/plain; version=0.0.4; charset=utf-8"):
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            if self.path != "/metrics":
+                return self.reply(404, b"not found\n")
+            fault = state.fault
+            if fault == "timeout":
+                time.sleep(5)
+            if fault == "500":
+                return self.reply(500, b"internal error\n")
+            if fault == "garbage":
+                return self.reply(200, b"<html><body>502 Bad Gateway</body></html>\n{{{ not: prometheus\n")
+            if fault == "binary":
+                return self.reply(200, b"\x00\xff\xfe\x80binary")
+            with state.lock:
+                hold = state.hold_after is not None and state.served_since_change >= state.hold_after
+                if hold:
+                    state.holding = True
+            if hold:
+                state.release.wait(30)
+            with state.lock:
+                page = generate_latest(state.metrics.registry)
+                state.served_since_change += 1
+            if fault == "truncated":
+                # Cut mid-line inside the KV-usage family: the gauges before it survive.
+                cut = page.index(b"# HELP vllm:kv_cache_usage_perc") + 12
+                page = page[:cut]
+            self.reply(200, page)
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length", "0"))
+            command = json.loads(self.rfile.read(length) or b"{}")
+            result = {}
+            if "gauges" in command:
+                with state.lock:
+                    state.metrics.set(**command["gauges"])
+                    state.served_since_change = 0
+                    state.hold_after = command.get("hold_after")
+                    state.holding = False
+                    state.release.clear()
+            if command.get("release"):
+                with state.lock:
+                    state.hold_after = None
+                    state.holding = False
+                state.release.set()
+            if command.get("status"):
+                with state.lock:
+                    result.update(holding=state.holding, served_since_change=state.served_since_change)
+            if "fault" in command:
+                state.fault = command["fault"]
+            if "kv" in command:
+                kv = command["kv"]
+                result["seq"] = state.publisher.publish(
+                    kv.get("events", []), kv.get("encoding", "array"), kv.get("hold", False)
+                )
+            if command.get("malformed_kv"):
+                result["seq"] = state.publisher.publish([], raw=b"\xc1\x93not msgpack")
+            self.reply(200, json.dumps(result).encode(), "application/json")
+
+    return Handler
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--pub-port", type=int, default=0)
+    parser.add_argument("--replay-port", type=int, default=0)
+    parser.add_argument("--deprecated", action="store_true")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-gpu-blocks", type=int, default=4096)
+    args = parser.parse_args()
+    state = State(args)
+    server = ThreadingHTTPServer((args.host, args.http_port), handler(state))
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
