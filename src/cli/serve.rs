@@ -88,6 +88,9 @@ pub struct ServeArgs {
     /// The optional forecast loop exporting ditto_desired_replicas.
     #[command(flatten)]
     pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
+    /// The latency predictor HTTP API (llm-d's prediction and training servers).
+    #[command(flatten)]
+    pub predictor: crate::cli::predictor_args::PredictorArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -182,6 +185,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
+    options.predictor = args.predictor.options()?;
     options.initial_config = Some(InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),

@@ -70,6 +70,8 @@ pub struct ServerOptions {
     pub initial_config: Option<InitialConfig>,
     /// The forecast loop exporting desired replicas (None: off).
     pub forecast_loop: Option<ForecastLoopOptions>,
+    /// The latency predictor HTTP API (`server::predictor`).
+    pub predictor: super::predictor::PredictorOptions,
 }
 
 impl ServerOptions {
@@ -90,6 +92,7 @@ impl ServerOptions {
             drain: DEFAULT_MAX_CALL + DRAIN_MARGIN,
             initial_config: None,
             forecast_loop: None,
+            predictor: super::predictor::PredictorOptions::default(),
         }
     }
 }
@@ -187,7 +190,11 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
-    let router = http::router(Arc::clone(&shared));
+    let predictor = Arc::new(super::predictor::Predictor::new(
+        Arc::clone(&shared),
+        options.predictor.clone(),
+    )?);
+    let router = http::router(Arc::clone(&shared), predictor);
     let http = tokio::spawn(async move {
         axum::serve(http_listener, router)
             .with_graceful_shutdown(stopped(stop_rx))

@@ -156,7 +156,7 @@ impl Shared {
     }
 
     /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
-    async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
+    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce() -> Result<T, TwinError> + Send + 'static,
