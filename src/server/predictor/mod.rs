@@ -17,6 +17,7 @@
 
 pub mod calibration;
 pub mod handlers;
+pub mod loadgen;
 pub mod matching;
 pub mod schema;
 
