@@ -5,23 +5,23 @@
 //! The aggregates are turned into a plausible per-request state of one instance of the
 //! template pool ([`instance_from_aggregates`]): R running requests holding the resident KV
 //! blocks between them, W waiting requests, and the cached part of the new prompt as cached
-//! blocks. That state is forked and simulated like any mirrored instance
-//! ([`super::predict::predict_routing`]); the replications give the mean or a quantile and
-//! the spread. When the mirror knows the pod, callers predict on the mirrored state instead
+//! blocks. That state is forked and simulated with the new request like any mirrored
+//! instance (PredictRouting's fork, without the second fork that measures the others); the
+//! replications give the mean or a quantile and the spread. When the mirror knows the pod, callers predict on the mirrored state instead
 //! ([`predict_on_mirrored`]).
 
 use std::sync::Arc;
 
 use crate::cluster::config::{ClusterConfig, InstanceConfig};
-use crate::sim::SloClass;
+use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
 
+use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::predict::predict_routing;
-use super::question::{
-    Background, CandidatePrediction, CandidateRequest, OutputLength, PredictOptions,
-    RoutingQuestion, SloTargets, StalePolicy,
-};
+use super::question::{CandidatePrediction, CandidateRequest, OutputLength, SloTargets};
+use super::run::{EventBudget, run_fork, run_until_done};
+use super::sampling::{output_draw, stream};
+use super::stats::distribution;
 use super::snapshot::{
     Gauges, InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
 };
@@ -299,6 +299,12 @@ pub fn predict_aggregates(
 
 /// Predicts `request` on instance `index` of `snapshot` at `now_us` (the mirrored state of a
 /// pod an entry was matched to, or a synthesized one).
+///
+/// Each replication restores the instance (unknown output lengths drawn from the
+/// replication's stream), rolls it forward to `now_us`, submits the request and runs to its
+/// end (closed form once only time changes the batch). This is PredictRouting's fork with
+/// the request, without the fork that measures the impact on the others: the predictor API
+/// asks only about the new request.
 pub fn predict_on_mirrored(
     snapshot: &MirrorSnapshot,
     index: usize,
@@ -307,40 +313,89 @@ pub fn predict_on_mirrored(
     options: &AggregateOptions,
     limits: &Limits,
 ) -> Result<AggregatePrediction, TwinError> {
-    let instance_id = snapshot
+    let instance = snapshot
         .config
         .instances
         .get(index)
-        .map(|instance| instance.id.clone())
         .ok_or_else(|| TwinError::invalid("instance", format!("no instance at {index}")))?;
+    let state = &snapshot.instances[index];
+    if state.observed_at_us > now_us {
+        return Err(TwinError::invalid(
+            "now_us",
+            format!("{now_us} precedes the observation at {}", state.observed_at_us),
+        ));
+    }
+    if options.replications == 0 || options.replications > limits.max_replications {
+        return Err(TwinError::invalid(
+            "replications",
+            format!("must be in 1..={}", limits.max_replications),
+        ));
+    }
+    let outputs = output_draw(snapshot)?;
+    let base = restore_base(instance, state, index, "instance")?;
+    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let horizon_end = now_us.saturating_add(options.horizon_us.min(limits.max_horizon_us));
+    let output = match request.output {
+        OutputLength::Point(tokens) => tokens.max(1),
+        OutputLength::Histogram(_) => options.output_tokens.max(1),
+    };
+    let spec = RequestSpec {
+        id: RequestId(QUESTION_REQUEST_ID),
+        arrival_us: now_us,
+        input_tokens: request.prompt_tokens,
+        output_tokens: output,
+        max_tokens: request.max_tokens.max(output),
+        slo_class: request.slo_class,
+        priority: request.priority,
+        deadline_us: None,
+        content: prompt_content(&request.block_hashes, request.token_ids.as_ref()),
+    };
+    let mut ttft = Vec::with_capacity(options.replications as usize);
+    let mut tpot = Vec::with_capacity(options.replications as usize);
+    let mut events = 0;
+    let mut dropped = 0;
+    for replication in 0..options.replications {
+        let mut engine = base.clone();
+        let mut rng = stream(options.seed, replication, "twin/aggregate-lengths");
+        draw_lengths(&mut engine, state, index, &outputs, &mut rng, "instance")?;
+        events += run_until_done(&mut engine, now_us, &budget)?;
+        engine.run_until(now_us);
+        engine
+            .submit(spec.clone())
+            .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+        let run = run_fork(&mut engine, spec.id, horizon_end, &budget)?;
+        events += run.events;
+        let ms = |us: u64| us as f64 / 1000.0;
+        let record = engine
+            .metrics()
+            .records
+            .iter()
+            .find(|r| r.id == spec.id)
+            .or(run.question.as_ref());
+        match record {
+            Some(record) if record.outcome == Outcome::Completed => {
+                ttft.push(record.ttft_us().map_or(0.0, ms));
+                tpot.push(record.tpot_us().unwrap_or(0.0) / 1000.0);
+            }
+            Some(record) if record.outcome == Outcome::Dropped => dropped += 1,
+            _ => {
+                // Not finished within the horizon: censored there.
+                let censored = ms(horizon_end - now_us);
+                let first = engine.live_first_token_us(spec.id);
+                ttft.push(first.map_or(censored, |t| ms(t - now_us)));
+                tpot.push(censored);
+            }
+        }
+    }
     let mut quantiles = SPREAD_QUANTILES.to_vec();
     if let Objective::Quantile(alpha) = options.objective {
         quantiles.push(alpha);
     }
-    let question = RoutingQuestion {
-        request,
-        candidates: vec![instance_id],
-        options: PredictOptions {
-            replications: options.replications,
-            quantiles,
-            horizon_us: options.horizon_us,
-            background: Background::None,
-            stale_policy: Some(StalePolicy::UseLast),
-            max_signal_age_us: u64::MAX,
-            seed: options.seed,
-        },
-        now_us,
-    };
-    let answer = predict_routing(snapshot, &question, limits)?;
-    let candidate = answer
-        .candidates
-        .first()
-        .ok_or_else(|| TwinError::invalid("candidates", "no prediction"))?;
     Ok(AggregatePrediction {
-        ttft: estimate(&candidate.ttft_ms, options.objective),
-        tpot: estimate(&candidate.tpot_ms, options.objective),
-        valid: candidate.valid,
-        events: answer.events,
+        ttft: estimate(&distribution(&ttft, &quantiles), options.objective),
+        tpot: estimate(&distribution(&tpot, &quantiles), options.objective),
+        valid: dropped == 0,
+        events,
     })
 }
 
