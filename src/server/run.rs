@@ -194,6 +194,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         Arc::clone(&shared),
         options.predictor.clone(),
     )?);
+    let _ = shared.predictor.set(Arc::downgrade(&predictor));
     let router = http::router(Arc::clone(&shared), predictor);
     let http = tokio::spawn(async move {
         axum::serve(http_listener, router)

@@ -21,10 +21,10 @@ use super::limits::Limits;
 use super::question::{CandidatePrediction, CandidateRequest, OutputLength, SloTargets};
 use super::run::{EventBudget, run_fork, run_until_done};
 use super::sampling::{output_draw, stream};
-use super::stats::distribution;
 use super::snapshot::{
     Gauges, InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
 };
+use super::stats::distribution;
 
 /// The observation time of a synthesized instance (any fixed value: the state has no past).
 pub const SYNTHETIC_NOW_US: u64 = 1_000_000;
@@ -322,7 +322,10 @@ pub fn predict_on_mirrored(
     if state.observed_at_us > now_us {
         return Err(TwinError::invalid(
             "now_us",
-            format!("{now_us} precedes the observation at {}", state.observed_at_us),
+            format!(
+                "{now_us} precedes the observation at {}",
+                state.observed_at_us
+            ),
         ));
     }
     if options.replications == 0 || options.replications > limits.max_replications {

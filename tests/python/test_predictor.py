@@ -412,3 +412,50 @@ def test_a_corrupt_calibration_file_is_refused_at_start():
         server.channel.close()
         os.unlink(server.log.name)
         os.unlink(handle.name)
+
+
+def test_grpc_training_samples_calibrate_grpc_answers_too():
+    """AddTrainingSamples is the gRPC twin of /add_training_data_bulk, and PredictRouting's
+    TTFT/TPOT pass through the same calibration."""
+    import grpc
+    from ditto.v1 import twin_pb2 as pb
+
+    server = start("--latency-objective-type", "mean", "--predictor-replications", "4")
+    try:
+        question = pb.PredictRoutingRequest(
+            request=pb.CandidateRequest(prompt_tokens=2000, output_tokens=128), request_id="q")
+        question.options.replications = 1
+        before = server.twin.PredictRouting(question, timeout=60).candidates[0]
+
+        batch = entries(random.Random(5), 40)
+        simulated = predict_all(server, batch)
+        samples = [
+            pb.TrainingSample(**entry, actual_ttft_ms=300.0 + 1.2 * s["ttft_ms"], actual_tpot_ms=1.2 * s["tpot_ms"])
+            for entry, s in zip(batch, simulated)
+        ]
+        reply = server.twin.AddTrainingSamples(pb.AddTrainingSamplesRequest(samples=samples), timeout=60)
+        assert reply.samples_absorbed == 80 and reply.samples_rejected == 0
+
+        bad = pb.TrainingSample(**batch[0], actual_ttft_ms=float("nan"), actual_tpot_ms=-2.0)
+        reply = server.twin.AddTrainingSamples(pb.AddTrainingSamplesRequest(samples=[bad]), timeout=60)
+        assert reply.samples_absorbed == 0 and reply.samples_rejected == 2
+        assert metric(server, "ditto_calibration_rejected_samples_total", {"phase": "ttft", "reason": "not_finite"}) == 1
+
+        for message, field in (
+            (pb.AddTrainingSamplesRequest(), "samples"),
+            (pb.AddTrainingSamplesRequest(samples=[pb.TrainingSample(**dict(batch[0], kv_cache_percentage=1.5))]),
+             "samples[0].kv_cache_percentage"),
+            (pb.AddTrainingSamplesRequest(samples=[pb.TrainingSample(**dict(batch[0], pod_type="gpu"))]),
+             "samples[0].pod_type"),
+        ):
+            with pytest.raises(grpc.RpcError) as caught:
+                server.twin.AddTrainingSamples(message, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith(field), caught.value.details()
+
+        after = server.twin.PredictRouting(question, timeout=60).candidates[0]
+        expected_ttft = 300.0 + 1.2 * before.ttft_ms.mean
+        assert abs(after.ttft_ms.mean - expected_ttft) < 0.05 * expected_ttft, (before.ttft_ms.mean, after.ttft_ms.mean)
+        assert abs(after.tpot_ms.mean - 1.2 * before.tpot_ms.mean) < 0.05 * 1.2 * before.tpot_ms.mean
+    finally:
+        stop(server)

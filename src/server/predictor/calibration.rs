@@ -17,6 +17,7 @@ use crate::sim::latency::online::{
     CalibrationState, OnlineCalibration, Phase, PhaseState, Rejection,
 };
 use crate::telemetry::Metrics;
+use crate::twin::question::{Distribution, RoutingAnswer};
 
 /// Forgetting factor: a sample's weight halves after about 700 newer ones.
 pub const LAMBDA: f64 = 0.999;
@@ -260,6 +261,24 @@ impl Calibrator {
             self.persist(&state);
         }
         absorbed
+    }
+
+    /// Maps a routing answer's TTFT and TPOT distributions (means and quantiles) through the
+    /// calibration, as the predictor's own answers are. SLO probabilities and E2E stay the
+    /// simulation's.
+    pub fn calibrate_routing(&self, answer: &mut RoutingAnswer) {
+        let [ttft, tpot] = self.coefficients();
+        let map = |distribution: &mut Distribution, (overhead, scale): (f64, f64)| {
+            let apply = |v: f64| (overhead + scale * v).max(0.0);
+            distribution.mean = apply(distribution.mean);
+            for (_, value) in &mut distribution.quantiles {
+                *value = apply(*value);
+            }
+        };
+        for candidate in answer.candidates.iter_mut().filter(|c| c.valid) {
+            map(&mut candidate.ttft_ms, ttft);
+            map(&mut candidate.tpot_ms, tpot);
+        }
     }
 
     /// Counts a rejected sample that never reached the calibration (a malformed entry).

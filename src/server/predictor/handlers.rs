@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::calibration::Absorbed;
 use super::schema::{self, FieldError, TrainingEntry, iso8601};
 use super::{Predictor, Source, calibrated};
 use crate::server::deadline::wall_now_us;
@@ -104,14 +105,15 @@ fn status_error(status: &tonic::Status) -> Response {
 type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
 
 /// Simulates `entries` on the latest snapshot on the simulation pool; the snapshot is
-/// returned for naming mirrored sources. 503 before a config is synced.
-async fn simulate(
+/// returned for naming mirrored sources. UNAVAILABLE ("Models not ready") before a config is
+/// synced.
+pub(crate) async fn simulate_entries(
     predictor: &Arc<Predictor>,
     entries: Vec<PodAggregates>,
     objective: Objective,
-) -> Result<(Arc<MirrorSnapshot>, Simulated), Response> {
+) -> Result<(Arc<MirrorSnapshot>, Simulated), tonic::Status> {
     let Some(stored) = predictor.shared.store.latest() else {
-        return Err(detail(StatusCode::SERVICE_UNAVAILABLE, "Models not ready"));
+        return Err(tonic::Status::unavailable("Models not ready"));
     };
     let snapshot = Arc::clone(&stored.snapshot);
     let deadline = Instant::now() + predictor.shared.limits.max_call;
@@ -123,8 +125,7 @@ async fn simulate(
         .simulate(deadline, move || {
             Ok(worker.simulate_entries(&view, &entries, objective, now_us))
         })
-        .await
-        .map_err(|status| status_error(&status))?;
+        .await?;
     let events: u64 = results
         .iter()
         .filter_map(|r| r.as_ref().ok())
@@ -132,6 +133,46 @@ async fn simulate(
         .sum();
     predictor.shared.metrics.simulation_events.inc_by(events);
     Ok((snapshot, results))
+}
+
+async fn simulate(
+    predictor: &Arc<Predictor>,
+    entries: Vec<PodAggregates>,
+    objective: Objective,
+) -> Result<(Arc<MirrorSnapshot>, Simulated), Response> {
+    simulate_entries(predictor, entries, objective)
+        .await
+        .map_err(|status| status_error(&status))
+}
+
+/// Simulates training entries (means) and absorbs their measured latencies in order:
+/// TTFT from monolithic and prefill pods, TPOT from monolithic and decode pods. Returns what
+/// was absorbed; entries the pool cannot simulate count as rejected.
+pub(crate) async fn train_entries(
+    predictor: &Arc<Predictor>,
+    entries: &[TrainingEntry],
+) -> Result<Absorbed, tonic::Status> {
+    let aggregates = entries.iter().map(|e| e.aggregates).collect();
+    let (_, results) = simulate_entries(predictor, aggregates, Objective::Mean).await?;
+    let mut samples = Vec::with_capacity(entries.len() * 2);
+    let mut unsimulated = 0;
+    for (entry, result) in entries.iter().zip(results) {
+        match result {
+            Ok((prediction, _)) if prediction.valid => {
+                if entry.aggregates.pod_type.carries_ttft() {
+                    samples.push((Phase::Ttft, prediction.ttft.value, entry.actual_ttft_ms));
+                }
+                if entry.aggregates.pod_type.carries_tpot() {
+                    samples.push((Phase::Tpot, prediction.tpot.value, entry.actual_tpot_ms));
+                }
+            }
+            _ => unsimulated += 1,
+        }
+    }
+    predictor.calibrator.count_malformed(unsimulated);
+    let mut absorbed = predictor.calibrator.absorb(&samples);
+    absorbed.rejected += unsimulated;
+    Ok(absorbed)
 }
 
 impl Predictor {
@@ -446,35 +487,17 @@ async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         );
     }
     let entries: Vec<TrainingEntry> = parsed.into_iter().filter_map(Result::ok).collect();
-    let aggregates = entries.iter().map(|e| e.aggregates).collect();
-    let (_, results) = match simulate(predictor, aggregates, Objective::Mean).await {
-        Ok(done) => done,
-        Err(response) => return response,
+    let absorbed = match train_entries(predictor, &entries).await {
+        Ok(absorbed) => absorbed,
+        Err(status) => return status_error(&status),
     };
-    let mut samples = Vec::with_capacity(entries.len() * 2);
-    let mut unsimulated = 0;
-    for (entry, result) in entries.iter().zip(results) {
-        match result {
-            Ok((prediction, _)) if prediction.valid => {
-                if entry.aggregates.pod_type.carries_ttft() {
-                    samples.push((Phase::Ttft, prediction.ttft.value, entry.actual_ttft_ms));
-                }
-                if entry.aggregates.pod_type.carries_tpot() {
-                    samples.push((Phase::Tpot, prediction.tpot.value, entry.actual_tpot_ms));
-                }
-            }
-            _ => unsimulated += 1,
-        }
-    }
-    predictor.calibrator.count_malformed(unsimulated);
-    let absorbed = predictor.calibrator.absorb(&samples);
     json_response(
         StatusCode::ACCEPTED,
         &json!({
             "message": format!("Accepted {} training samples.", entries.len()),
             "entries": entries.len(),
             "samples_absorbed": absorbed.accepted,
-            "samples_rejected": absorbed.rejected + unsimulated,
+            "samples_rejected": absorbed.rejected,
         }),
     )
 }

@@ -16,6 +16,7 @@
 //! entries are simulated in parallel on the simulation pool.
 
 pub mod calibration;
+pub mod grpc;
 pub mod handlers;
 pub mod loadgen;
 pub mod matching;
