@@ -23,6 +23,10 @@ pub struct PredictorArgs {
     /// Simulations per predictor entry (their spread gives the uncertainty and bounds).
     #[arg(long, env = "DITTO_PREDICTOR_REPLICATIONS", default_value_t = 8)]
     pub predictor_replications: u32,
+    /// Most simulations per predictor call: a bulk call of n entries simulates each
+    /// clamp(this / n, 2, --predictor-replications) times.
+    #[arg(long, env = "DITTO_PREDICTOR_FORKS_PER_CALL", default_value_t = 256)]
+    pub predictor_forks_per_call: usize,
     /// Expected output length of the request being routed, tokens.
     #[arg(long, env = "DITTO_PREDICTOR_OUTPUT_TOKENS", default_value_t = 256)]
     pub predictor_output_tokens: u32,
@@ -65,6 +69,9 @@ impl PredictorArgs {
         if self.predictor_replications == 0 {
             return Err(bad("predictor-replications", "must be at least 1"));
         }
+        if self.predictor_forks_per_call == 0 {
+            return Err(bad("predictor-forks-per-call", "must be at least 1"));
+        }
         if self.predictor_output_tokens == 0 {
             return Err(bad("predictor-output-tokens", "must be at least 1"));
         }
@@ -79,6 +86,7 @@ impl PredictorArgs {
             objective,
             quantile: alpha,
             replications: self.predictor_replications,
+            forks_per_call: self.predictor_forks_per_call,
             output_tokens: self.predictor_output_tokens,
             max_bulk_entries: self.predictor_max_bulk,
             calibration_file: self.calibration_file.clone(),

@@ -357,8 +357,16 @@ pub fn predict_on_mirrored(
     let mut tpot = Vec::with_capacity(options.replications as usize);
     let mut events = 0;
     let mut dropped = 0;
+    let mut base = Some(base);
     for replication in 0..options.replications {
-        let mut engine = base.clone();
+        // The last replication takes the restored engine itself (a clone is most of a fork's
+        // cost).
+        let mut engine = if replication + 1 == options.replications {
+            base.take()
+        } else {
+            base.clone()
+        }
+        .ok_or_else(|| TwinError::invalid("replications", "no engine left to fork"))?;
         let mut rng = stream(options.seed, replication, "twin/aggregate-lengths");
         draw_lengths(&mut engine, state, index, &outputs, &mut rng, "instance")?;
         events += run_until_done(&mut engine, now_us, &budget)?;

@@ -51,8 +51,11 @@ pub struct PredictorOptions {
     pub objective: Objective,
     /// The quantile reported in answers (`LATENCY_QUANTILE_ALPHA`, also in mean mode).
     pub quantile: f64,
-    /// Simulations per entry.
+    /// Simulations per entry (at most).
     pub replications: u32,
+    /// Simulations per call: a bulk call of n entries simulates each
+    /// `clamp(forks_per_call / n, 2, replications)` times.
+    pub forks_per_call: usize,
     /// Expected output length of the new request, tokens.
     pub output_tokens: u32,
     /// Most entries in one bulk call (more: 413).
@@ -66,13 +69,14 @@ pub struct PredictorOptions {
 }
 
 impl Default for PredictorOptions {
-    /// The peer's code defaults: quantile 0.9; 8 replications; 256-token outputs; 10 000
-    /// entries per bulk call (the peer's `max_length`).
+    /// The peer's code defaults: quantile 0.9; 8 replications (at most 256 forks per call);
+    /// 256-token outputs; 10 000 entries per bulk call (the peer's `max_length`).
     fn default() -> Self {
         Self {
             objective: Objective::Quantile(0.9),
             quantile: 0.9,
             replications: 8,
+            forks_per_call: 256,
             output_tokens: 256,
             max_bulk_entries: 10_000,
             calibration_file: None,
@@ -173,8 +177,13 @@ impl Predictor {
             Ok(template) => template,
             Err(err) => return entries.iter().map(|_| Err(err.clone())).collect(),
         };
+        // A call's forks are bounded: big bulk calls get fewer replications per entry (at
+        // least 2, for a spread).
+        let per_entry = (self.options.forks_per_call / entries.len().max(1)) as u32;
         let options = AggregateOptions {
-            replications: self.options.replications,
+            replications: per_entry
+                .clamp(2, self.options.replications.max(2))
+                .min(self.options.replications),
             seed: self.options.seed,
             horizon_us: self.shared.limits.twin.max_horizon_us,
             output_tokens: self.options.output_tokens,
