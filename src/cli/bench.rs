@@ -202,15 +202,19 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         latency_row("gRPC loopback, 1 replication (known), repeated", &mut grpc)
     );
     // The latency predictor API (llm-d's predicted-latency routing): one strict bulk call
-    // per routed request, one entry per candidate pod, 8 replications each.
+    // per routed request, one entry per candidate pod, with the default replications.
+    let defaults = crate::server::predictor::PredictorOptions::default();
     for entries in [4, 100] {
+        let replications = (defaults.forks_per_call / entries)
+            .clamp(2, defaults.replications as usize)
+            .min(defaults.replications as usize);
         let mut http = crate::server::predictor::loadgen::http_bulk_latencies(entries, calls)
             .map_err(|err| CliError::flag("bench", err.to_string()))?;
         let _ = writeln!(
             out,
             "{}",
             latency_row(
-                &format!("HTTP /predict/bulk/strict, {entries} pods x 8 replications"),
+                &format!("HTTP /predict/bulk/strict, {entries} pods x {replications} replications"),
                 &mut http
             )
         );
