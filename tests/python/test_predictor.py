@@ -459,3 +459,40 @@ def test_grpc_training_samples_calibrate_grpc_answers_too():
         assert abs(after.tpot_ms.mean - 1.2 * before.tpot_ms.mean) < 0.05 * 1.2 * before.tpot_ms.mean
     finally:
         stop(server)
+
+
+def test_an_entry_matching_one_mirrored_pod_is_simulated_on_its_mirrored_state(predictor):
+    """The documented matching: exactly one fresh mirrored instance with the entry's waiting
+    and running counts and KV usage (within 0.02) -> its mirrored state is simulated."""
+    import time
+
+    from ditto.v1 import twin_pb2 as pb
+
+    # A long signal age limit, so freshness does not depend on how fast this test runs.
+    config = predictor.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).config
+    config.twin.max_signal_age_ms = 3_600_000
+    predictor.twin.SyncClusterConfig(config, timeout=10)
+    now_us = int(time.time() * 1e6)
+    running = [
+        pb.RequestState(request_id=f"r{i}", arrival_us=now_us - 5_000_000, prompt_tokens=3000,
+                        computed_tokens=3000, output_tokens=10, max_tokens=2000, known_output_tokens=1500)
+        for i in range(6)
+    ]
+    waiting = [pb.RequestState(request_id=f"w{i}", arrival_us=now_us - 1_000, prompt_tokens=6000, max_tokens=500)
+               for i in range(3)]
+    update = pb.InstanceStateUpdate(
+        instance_id="vllm-2", observed_at_us=now_us,
+        requests=pb.RequestLists(waiting=waiting, running=running),
+        gauges=pb.Gauges(running=6, waiting=3, kv_usage=0.05),
+    )
+    assert predictor.twin.PushInstanceState(iter([update]), timeout=10).accepted == 1
+
+    entry = dict(ENTRY, num_request_waiting=3, num_request_running=6, kv_cache_percentage=0.06,
+                 prefill_tokens_in_flight=0)
+    mirrored = post(predictor, "/predict", entry).json()
+    assert mirrored["source"] == "mirrored:vllm-2", mirrored
+    # The mirrored queue holds 18,000 prompt tokens; the aggregates alone would assume three
+    # prompts as long as the new one (800): the mirrored answer waits longer.
+    unmatched = post(predictor, "/predict", dict(entry, kv_cache_percentage=0.3)).json()
+    assert unmatched["source"] == "aggregates"
+    assert mirrored["ttft_ms"] > unmatched["ttft_ms"]
