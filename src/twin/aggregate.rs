@@ -18,7 +18,7 @@ use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
 use super::error::TwinError;
 use super::limits::Limits;
-use super::question::{CandidatePrediction, CandidateRequest, OutputLength, SloTargets};
+use super::question::{CandidateRequest, OutputLength, SloTargets};
 use super::run::{EventBudget, run_fork, run_until_done};
 use super::sampling::{output_draw, stream};
 use super::snapshot::{
@@ -408,15 +408,6 @@ pub fn predict_on_mirrored(
         valid: dropped == 0,
         events,
     })
-}
-
-/// The new request's prediction on a candidate of a routing answer, summarised like an
-/// aggregate prediction (for the ranking comparison and the mirrored path).
-pub fn estimate_of(candidate: &CandidatePrediction, objective: Objective) -> (Estimate, Estimate) {
-    (
-        estimate(&candidate.ttft_ms, objective),
-        estimate(&candidate.tpot_ms, objective),
-    )
 }
 
 fn estimate(distribution: &super::question::Distribution, objective: Objective) -> Estimate {
