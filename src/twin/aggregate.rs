@@ -208,7 +208,8 @@ pub fn instance_from_aggregates(
         .map(|index| synthetic_request(format!("waiting-{index}"), waiting_prompt, 0, 0, max_len))
         .collect();
     let prompt_tokens = aggregates.input_token_length.max(1);
-    let full_blocks = u64::from(prompt_tokens) / block;
+    // A prompt longer than the pod holds is refused before simulation: no more keys.
+    let full_blocks = u64::from(prompt_tokens).min(max_len) / block;
     let block_hashes: Vec<u64> = (0..full_blocks).map(|i| PROMPT_KEY_BASE + i).collect();
     let free_blocks = total_blocks.saturating_sub(resident_blocks);
     let hit_blocks = ((aggregates.prefix_cache_score.clamp(0.0, 1.0) * full_blocks as f64).floor()
@@ -334,14 +335,19 @@ pub fn predict_on_mirrored(
             format!("must be in 1..={}", limits.max_replications),
         ));
     }
-    let outputs = output_draw(snapshot)?;
-    let base = restore_base(instance, state, index, "instance")?;
-    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
-    let horizon_end = now_us.saturating_add(options.horizon_us.min(limits.max_horizon_us));
     let output = match request.output {
         OutputLength::Point(tokens) => tokens.max(1),
         OutputLength::Histogram(_) => options.output_tokens.max(1),
     };
+    let needed = u64::from(request.prompt_tokens) + u64::from(request.max_tokens.max(output));
+    if needed > u64::from(instance.engine.effective_max_model_len()) {
+        // vLLM would refuse it at arrival: nothing to simulate.
+        return Ok(AggregatePrediction::default());
+    }
+    let outputs = output_draw(snapshot)?;
+    let base = restore_base(instance, state, index, "instance")?;
+    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let horizon_end = now_us.saturating_add(options.horizon_us.min(limits.max_horizon_us));
     let spec = RequestSpec {
         id: RequestId(QUESTION_REQUEST_ID),
         arrival_us: now_us,

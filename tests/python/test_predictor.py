@@ -217,6 +217,17 @@ def test_bad_input_gets_a_fastapi_422_and_the_server_keeps_serving(predictor, pa
     assert response.status_code == 200, response.text
 
 
+def test_a_prompt_the_pod_cannot_hold_is_a_422_not_a_crash(predictor):
+    for path, body in (("/predict", dict(ENTRY, input_token_length=4_000_000_000)),
+                       ("/predict/bulk/strict", {"requests": [ENTRY, dict(ENTRY, num_tokens_generated=4_000_000_000)]})):
+        detail = check_detail(post(predictor, path, body), 422)
+        assert detail[0]["type"] == "value_error" and detail[0]["loc"][-1] == "input_token_length", detail
+    lenient = post(predictor, "/predict/bulk", {"requests": [ENTRY, dict(ENTRY, input_token_length=4_000_000_000)]})
+    assert lenient.status_code == 200
+    assert lenient.json()["failed_predictions"] == 1 and lenient.json()["errors"][0]["index"] == 1
+    assert post(predictor, "/predict", ENTRY).status_code == 200
+
+
 def test_bulk_over_the_entry_limit_is_413(predictor):
     for path, field in (("/predict/bulk/strict", "requests"), ("/predict/bulk", "requests"),
                         ("/add_training_data_bulk", "entries")):
