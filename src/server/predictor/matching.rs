@@ -78,3 +78,97 @@ pub fn predict_mirrored(
     let now = now_us.max(mirrored.observed_at_us);
     predict_on_mirrored(&view, 0, request, now, options, limits)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::spec::default_cluster;
+    use crate::twin::aggregate::PodType;
+    use crate::twin::snapshot::{Gauges, InstanceState, ObservedRequest, TwinSettings};
+
+    const NOW: u64 = 10_000_000;
+
+    fn state(id: &str, running: usize, kv: f64, observed_at_us: u64) -> Arc<InstanceState> {
+        let request = ObservedRequest {
+            request_id: "r".to_owned(),
+            arrival_us: 0,
+            prompt_tokens: 100,
+            computed_tokens: 100,
+            cached_tokens: 0,
+            output_tokens: 1,
+            max_tokens: 100,
+            known_output_tokens: None,
+            priority: 0,
+            slo_class: crate::sim::SloClass::Standard,
+            scheduled_tokens: 0,
+            block_hashes: Vec::new(),
+            token_ids: None,
+        };
+        Arc::new(InstanceState {
+            instance_id: id.to_owned(),
+            observed_at_us,
+            running: vec![request; running],
+            gauges: Some(Gauges {
+                running: running as u32,
+                waiting: 0,
+                kv_usage: kv,
+            }),
+            ..InstanceState::default()
+        })
+    }
+
+    fn snapshot(states: Vec<Arc<InstanceState>>) -> MirrorSnapshot {
+        MirrorSnapshot {
+            generation: 1,
+            config_generation: 1,
+            config: Arc::new(default_cluster()),
+            settings: Arc::new(TwinSettings::defaults()),
+            instances: states,
+            traffic: Arc::new(TrafficStats::default()),
+            memo: Default::default(),
+        }
+    }
+
+    fn entry(running: u32, kv: f64) -> PodAggregates {
+        PodAggregates {
+            kv_cache_percentage: kv,
+            input_token_length: 100,
+            num_request_waiting: 0,
+            num_request_running: running,
+            num_tokens_generated: 0,
+            prefix_cache_score: 0.0,
+            pod_type: PodType::Monolithic,
+            prefill_tokens_in_flight: 0,
+            decode_tokens_in_flight: 0,
+            encoder_input_size: 0,
+            encoder_matched_size: 0,
+        }
+    }
+
+    #[test]
+    fn only_a_unique_fresh_match_counts() {
+        let snap = snapshot(vec![
+            state("a", 3, 0.10, NOW),
+            state("b", 5, 0.30, NOW),
+            state("c", 5, 0.31, NOW),
+            state("d", 7, 0.50, NOW - 1_000_000),
+        ]);
+        assert_eq!(mirrored_match(&snap, &entry(3, 0.11), NOW), Some(0));
+        assert_eq!(
+            mirrored_match(&snap, &entry(3, 0.20), NOW),
+            None,
+            "KV too far"
+        );
+        assert_eq!(
+            mirrored_match(&snap, &entry(5, 0.30), NOW),
+            None,
+            "ambiguous"
+        );
+        assert_eq!(mirrored_match(&snap, &entry(7, 0.50), NOW), None, "stale");
+        assert_eq!(
+            mirrored_match(&snap, &entry(4, 0.10), NOW),
+            None,
+            "counts differ"
+        );
+    }
+}
