@@ -236,6 +236,8 @@ def test_bulk_over_the_entry_limit_is_413(predictor):
     response = post(predictor, "/predict/bulk/strict", {"requests": [ENTRY] * MAX_BULK})
     assert response.status_code == 200, response.text
     assert response.json()["total_requests"] == MAX_BULK
+    # Identical entries get identical answers (simulated once).
+    assert len({(p["ttft_ms"], p["tpot_ms"]) for p in response.json()["predictions"]}) == 1
 
 
 def test_service_endpoints(predictor):

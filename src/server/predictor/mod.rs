@@ -22,6 +22,7 @@ pub mod loadgen;
 pub mod matching;
 pub mod schema;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +33,8 @@ use axum::routing::{get, post};
 use crate::cluster::config::ClusterConfig;
 use crate::sim::latency::online::CalibrationState;
 use crate::twin::aggregate::{
-    AggregateOptions, AggregatePrediction, Estimate, Objective, PodAggregates, predict_aggregates,
-    single_instance_config,
+    AggregateOptions, AggregatePrediction, Estimate, Objective, PodAggregates, PodType,
+    predict_aggregates, single_instance_config,
 };
 use crate::twin::snapshot::{MirrorSnapshot, TwinSettings};
 use crate::twin::{Limits, TwinError};
@@ -193,7 +194,20 @@ impl Predictor {
             deadline: Some(std::time::Instant::now() + self.shared.limits.max_call),
             ..self.shared.limits.twin
         };
-        crate::twin::parallel::map(entries, |aggregates| {
+        // Identical entries (idle pods often are) are simulated once: answers are
+        // deterministic in the entry.
+        let mut first_of: HashMap<[u64; 11], usize> = HashMap::with_capacity(entries.len());
+        let mut distinct: Vec<PodAggregates> = Vec::with_capacity(entries.len());
+        let slots: Vec<usize> = entries
+            .iter()
+            .map(|entry| {
+                *first_of.entry(entry_key(entry)).or_insert_with(|| {
+                    distinct.push(*entry);
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        let results = crate::twin::parallel::map(&distinct, |aggregates| {
             match matching::mirrored_match(snapshot, aggregates, now_us) {
                 Some(index) => matching::predict_mirrored(
                     snapshot, index, aggregates, &options, &limits, now_us,
@@ -208,8 +222,34 @@ impl Predictor {
                 )
                 .map(|p| (p, Source::Aggregates)),
             }
-        })
+        });
+        slots
+            .into_iter()
+            .map(|slot| results[slot].clone())
+            .collect()
     }
+}
+
+/// Every field of an entry, exactly (floats by their bits).
+fn entry_key(entry: &PodAggregates) -> [u64; 11] {
+    let pod_type = match entry.pod_type {
+        PodType::Monolithic => 0,
+        PodType::Prefill => 1,
+        PodType::Decode => 2,
+    };
+    [
+        entry.kv_cache_percentage.to_bits(),
+        u64::from(entry.input_token_length),
+        u64::from(entry.num_request_waiting),
+        u64::from(entry.num_request_running),
+        u64::from(entry.num_tokens_generated),
+        entry.prefix_cache_score.to_bits(),
+        pod_type,
+        entry.prefill_tokens_in_flight,
+        entry.decode_tokens_in_flight,
+        entry.encoder_input_size,
+        entry.encoder_matched_size,
+    ]
 }
 
 /// A simulated estimate passed through a phase's calibration `(overhead ms, scale)`: the
