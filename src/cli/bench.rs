@@ -7,7 +7,8 @@
 //!    2,000-token prompt with 256 output tokens over all 4 candidates: latency p50/p99 with 1
 //!    replication (known lengths) and 16 replications (sampled lengths), in-process (asked
 //!    repeatedly on one snapshot, once after each push of one instance, and once on a fresh
-//!    snapshot) and through the gRPC server on loopback.
+//!    snapshot) and through the gRPC server on loopback; the latency predictor API's strict
+//!    bulk call over loopback HTTP with 4 and 100 candidate pods.
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
 //! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`): CPU
 //!    per pod per second, freshness lag, memory at the start and the end.
@@ -205,6 +206,24 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         "{}",
         latency_row("gRPC loopback, 1 replication (known), repeated", &mut grpc)
     );
+    // The latency predictor API (llm-d's predicted-latency routing): one strict bulk call
+    // per routed request, one entry per candidate pod, with the default replications.
+    let defaults = crate::server::predictor::PredictorOptions::default();
+    for entries in [4, 100] {
+        let replications = (defaults.forks_per_call / entries)
+            .clamp(2, defaults.replications as usize)
+            .min(defaults.replications as usize);
+        let mut http = crate::server::predictor::loadgen::http_bulk_latencies(entries, calls)
+            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        let _ = writeln!(
+            out,
+            "{}",
+            latency_row(
+                &format!("HTTP /predict/bulk/strict, {entries} pods x {replications} replications"),
+                &mut http
+            )
+        );
+    }
 
     let _ = writeln!(
         out,

@@ -14,6 +14,7 @@ pub mod error;
 pub mod forecast_loop;
 pub mod latency;
 pub mod predict;
+pub mod predictor_args;
 pub mod report;
 pub mod run;
 pub mod serve;

@@ -91,6 +91,9 @@ pub struct ServeArgs {
     /// The live mirror: pods to pull state from (see docs/live.md).
     #[command(flatten)]
     pub live: crate::cli::serve_live::LiveArgs,
+    /// The latency predictor HTTP API (llm-d's prediction and training servers).
+    #[command(flatten)]
+    pub predictor: crate::cli::predictor_args::PredictorArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -209,6 +212,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
+    options.predictor = args.predictor.options()?;
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,

@@ -12,13 +12,15 @@ use axum::routing::get;
 use super::deadline::wall_now_us;
 use super::service::Shared;
 
-/// The HTTP routes over the server's shared state.
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The HTTP routes over the server's shared state, with the latency predictor API
+/// (`server::predictor`) merged in.
+pub fn router(shared: Arc<Shared>, predictor: Arc<super::predictor::Predictor>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(shared)
+        .merge(super::predictor::router(predictor))
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {

@@ -14,6 +14,7 @@ pub mod forecast_loop;
 pub mod http;
 pub mod lifecycle;
 pub mod loadgen;
+pub mod predictor;
 pub mod run;
 pub mod service;
 

@@ -72,6 +72,8 @@ pub struct ServerOptions {
     pub live: Option<crate::live::LiveConfig>,
     /// The forecast loop exporting desired replicas (None: off).
     pub forecast_loop: Option<ForecastLoopOptions>,
+    /// The latency predictor HTTP API (`server::predictor`).
+    pub predictor: super::predictor::PredictorOptions,
 }
 
 impl ServerOptions {
@@ -93,6 +95,7 @@ impl ServerOptions {
             initial_config: None,
             live: None,
             forecast_loop: None,
+            predictor: super::predictor::PredictorOptions::default(),
         }
     }
 }
@@ -196,7 +199,12 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
-    let router = http::router(Arc::clone(&shared));
+    let predictor = Arc::new(super::predictor::Predictor::new(
+        Arc::clone(&shared),
+        options.predictor.clone(),
+    )?);
+    let _ = shared.predictor.set(Arc::downgrade(&predictor));
+    let router = http::router(Arc::clone(&shared), predictor);
     let http = tokio::spawn(async move {
         axum::serve(http_listener, router)
             .with_graceful_shutdown(stopped(stop_rx))

@@ -62,6 +62,9 @@ pub struct Shared {
     pub limits: ServiceLimits,
     simulations: Arc<Semaphore>,
     shutting_down: AtomicBool,
+    /// The latency predictor API (`server::predictor`), set once at startup: its online
+    /// calibration applies to gRPC answers too, and `AddTrainingSamples` feeds it.
+    pub predictor: std::sync::OnceLock<std::sync::Weak<super::predictor::Predictor>>,
 }
 
 impl Shared {
@@ -79,6 +82,7 @@ impl Shared {
             simulations: Arc::new(Semaphore::new(limits.max_concurrent_simulations.max(1))),
             limits,
             shutting_down: AtomicBool::new(false),
+            predictor: std::sync::OnceLock::new(),
         }
     }
 
@@ -156,7 +160,7 @@ impl Shared {
     }
 
     /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
-    async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
+    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce() -> Result<T, TwinError> + Send + 'static,
@@ -201,6 +205,10 @@ impl Shared {
             )
             .await?;
         self.metrics.simulation_events.inc_by(answer.events);
+        let mut answer = answer;
+        if let Some(predictor) = self.predictor.get().and_then(std::sync::Weak::upgrade) {
+            predictor.calibrator().calibrate_routing(&mut answer);
+        }
         Ok(routing_answer_to_proto(&answer, &request_id))
     }
 
@@ -468,6 +476,25 @@ impl Twin for TwinService {
         })()
         .map_err(|err| status_from(&err));
         self.shared.finish("GetSnapshot", started, result)
+    }
+
+    async fn add_training_samples(
+        &self,
+        request: Request<proto::AddTrainingSamplesRequest>,
+    ) -> Result<Response<proto::AddTrainingSamplesResponse>, Status> {
+        let started = Instant::now();
+        let result = match self
+            .shared
+            .predictor
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+        {
+            Some(predictor) => {
+                super::predictor::grpc::add_training_samples(&predictor, request.get_ref()).await
+            }
+            None => Err(Status::unavailable("the latency predictor is not running")),
+        };
+        self.shared.finish("AddTrainingSamples", started, result)
     }
 
     async fn predict_routing(

@@ -5,6 +5,7 @@
 //! build simulations from a snapshot, fork them per candidate and replication, and never
 //! touch the mirror itself. Knows nothing about gRPC or tokio: `server` adapts it.
 
+pub mod aggregate;
 pub mod build;
 pub mod desired;
 pub mod error;

@@ -19,6 +19,7 @@ pub mod arch;
 pub mod blackbox;
 pub mod calibrated;
 pub mod fit;
+pub mod online;
 pub mod physics;
 pub mod roofline;
 mod validate;

@@ -1,0 +1,542 @@
+//! The predictor's HTTP handlers: decode and validate (`schema`), simulate on the
+//! simulation pool (`Predictor::simulate_entries`), calibrate, encode. Every error is JSON
+//! with a `detail`, as FastAPI answers: 422 for validation, 413 over the bulk entry limit,
+//! 503 before a config is synced or when the pool is saturated, 504 past the deadline.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::calibration::Absorbed;
+use super::schema::{self, FieldError, TrainingEntry, iso8601};
+use super::{Predictor, Source, calibrated};
+use crate::server::deadline::wall_now_us;
+use crate::sim::latency::online::Phase;
+use crate::twin::aggregate::{AggregatePrediction, Objective, PodAggregates};
+use crate::twin::{MirrorSnapshot, TwinError};
+
+/// `model_type` in every answer: predictions come from simulation, not a regressor.
+pub const MODEL_TYPE: &str = "ditto-simulation";
+
+#[derive(Serialize)]
+struct PredictionOut {
+    ttft_ms: f64,
+    tpot_ms: f64,
+    ttft_uncertainty: f64,
+    tpot_uncertainty: f64,
+    ttft_prediction_bounds: [f64; 2],
+    tpot_prediction_bounds: [f64; 2],
+    predicted_at: String,
+    model_type: &'static str,
+    objective_type: &'static str,
+    quantile: f64,
+    last_model_load: String,
+    /// Where the state came from (`mirrored:<instance id>` or `aggregates`): ditto's own
+    /// field, ignored by the peer's clients.
+    source: String,
+}
+
+#[derive(Serialize)]
+struct BulkError {
+    index: usize,
+    error: String,
+    request: Value,
+}
+
+/// A JSON response (axum's `Json` needs a feature the server does not otherwise use).
+fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
+    }
+}
+
+fn ok_json(body: impl Serialize) -> Response {
+    json_response(StatusCode::OK, &body)
+}
+
+fn detail(status: StatusCode, detail: impl Into<String>) -> Response {
+    json_response(status, &json!({ "detail": detail.into() }))
+}
+
+fn unprocessable(errors: Vec<FieldError>) -> Response {
+    json_response(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        &json!({ "detail": errors }),
+    )
+}
+
+fn objective_type(objective: Objective) -> &'static str {
+    match objective {
+        Objective::Mean => "mean",
+        Objective::Quantile(_) => "quantile",
+    }
+}
+
+fn twin_error(err: &TwinError) -> Response {
+    match err {
+        TwinError::InvalidArgument { .. } => {
+            detail(StatusCode::UNPROCESSABLE_ENTITY, err.to_string())
+        }
+        TwinError::ResourceExhausted(_) => detail(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
+        TwinError::DeadlineExceeded { .. } => detail(StatusCode::GATEWAY_TIMEOUT, err.to_string()),
+        _ => detail(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    }
+}
+
+fn status_error(status: &tonic::Status) -> Response {
+    let code = match status.code() {
+        tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        tonic::Code::ResourceExhausted | tonic::Code::Unavailable => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    detail(code, status.message().to_owned())
+}
+
+type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
+
+/// Simulates `entries` on the latest snapshot on the simulation pool; the snapshot is
+/// returned for naming mirrored sources. UNAVAILABLE ("Models not ready") before a config is
+/// synced.
+pub(crate) async fn simulate_entries(
+    predictor: &Arc<Predictor>,
+    entries: Vec<PodAggregates>,
+    objective: Objective,
+) -> Result<(Arc<MirrorSnapshot>, Simulated), tonic::Status> {
+    let Some(stored) = predictor.shared.store.latest() else {
+        return Err(tonic::Status::unavailable("Models not ready"));
+    };
+    let snapshot = Arc::clone(&stored.snapshot);
+    let deadline = Instant::now() + predictor.shared.limits.max_call;
+    let worker = Arc::clone(predictor);
+    let view = Arc::clone(&snapshot);
+    let now_us = wall_now_us();
+    let results = predictor
+        .shared
+        .simulate(deadline, move || {
+            Ok(worker.simulate_entries(&view, &entries, objective, now_us))
+        })
+        .await?;
+    let events: u64 = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|(p, _)| p.events)
+        .sum();
+    predictor.shared.metrics.simulation_events.inc_by(events);
+    Ok((snapshot, results))
+}
+
+async fn simulate(
+    predictor: &Arc<Predictor>,
+    entries: Vec<PodAggregates>,
+    objective: Objective,
+) -> Result<(Arc<MirrorSnapshot>, Simulated), Response> {
+    simulate_entries(predictor, entries, objective)
+        .await
+        .map_err(|status| status_error(&status))
+}
+
+/// Simulates training entries (means) and absorbs their measured latencies in order:
+/// TTFT from monolithic and prefill pods, TPOT from monolithic and decode pods. Returns what
+/// was absorbed; entries the pool cannot simulate count as rejected.
+pub(crate) async fn train_entries(
+    predictor: &Arc<Predictor>,
+    entries: &[TrainingEntry],
+) -> Result<Absorbed, tonic::Status> {
+    let aggregates = entries.iter().map(|e| e.aggregates).collect();
+    let (_, results) = simulate_entries(predictor, aggregates, Objective::Mean).await?;
+    let mut samples = Vec::with_capacity(entries.len() * 2);
+    let mut unsimulated = 0;
+    for (entry, result) in entries.iter().zip(results) {
+        match result {
+            Ok((prediction, _)) if prediction.valid => {
+                if entry.aggregates.pod_type.carries_ttft() {
+                    samples.push((Phase::Ttft, prediction.ttft.value, entry.actual_ttft_ms));
+                }
+                if entry.aggregates.pod_type.carries_tpot() {
+                    samples.push((Phase::Tpot, prediction.tpot.value, entry.actual_tpot_ms));
+                }
+            }
+            _ => unsimulated += 1,
+        }
+    }
+    predictor.calibrator.count_malformed(unsimulated);
+    let mut absorbed = predictor.calibrator.absorb(&samples);
+    absorbed.rejected += unsimulated;
+    Ok(absorbed)
+}
+
+impl Predictor {
+    fn out(
+        &self,
+        snapshot: &MirrorSnapshot,
+        prediction: &AggregatePrediction,
+        source: Source,
+    ) -> PredictionOut {
+        let [ttft_c, tpot_c] = self.calibrator.coefficients();
+        let ttft = calibrated(prediction.ttft, ttft_c);
+        let tpot = calibrated(prediction.tpot, tpot_c);
+        PredictionOut {
+            ttft_ms: ttft.value,
+            tpot_ms: tpot.value,
+            ttft_uncertainty: ttft.uncertainty,
+            tpot_uncertainty: tpot.uncertainty,
+            ttft_prediction_bounds: [ttft.bounds.0, ttft.bounds.1],
+            tpot_prediction_bounds: [tpot.bounds.0, tpot.bounds.1],
+            predicted_at: iso8601(wall_now_us()),
+            model_type: MODEL_TYPE,
+            objective_type: objective_type(self.options.objective),
+            quantile: self.options.quantile,
+            last_model_load: iso8601(self.started_at_us),
+            source: match source {
+                Source::Mirrored(index) => format!(
+                    "mirrored:{}",
+                    snapshot
+                        .config
+                        .instances
+                        .get(index)
+                        .map_or("", |i| i.id.as_str())
+                ),
+                Source::Aggregates => "aggregates".to_owned(),
+            },
+        }
+    }
+
+    fn observe(&self, route: &str, started: Instant, status: StatusCode) {
+        self.shared
+            .metrics
+            .observe_rpc(route, status.as_str(), started.elapsed().as_secs_f64());
+    }
+}
+
+const UNSERVABLE: &str =
+    "the pod cannot hold this request: prompt plus output exceeds its model length or KV cache";
+
+/// `POST /predict`: one entry.
+pub async fn predict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let response = predict_one(&predictor, &body).await;
+    predictor.observe("http:/predict", started, response.status());
+    response
+}
+
+async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
+    let value = match schema::parse_body(body) {
+        Ok(value) => value,
+        Err(errors) => return unprocessable(errors),
+    };
+    let entry = match schema::aggregates(&value, &[Value::from("body")]) {
+        Ok(entry) => entry,
+        Err(errors) => return unprocessable(errors),
+    };
+    let (snapshot, mut results) =
+        match simulate(predictor, vec![entry], predictor.options.objective).await {
+            Ok(done) => done,
+            Err(response) => return response,
+        };
+    match results.pop() {
+        Some(Ok((prediction, source))) if prediction.valid => {
+            ok_json(predictor.out(&snapshot, &prediction, source))
+        }
+        Some(Ok(_)) => unprocessable(vec![unservable(vec![
+            Value::from("body"),
+            Value::from("input_token_length"),
+        ])]),
+        Some(Err(err)) => twin_error(&err),
+        None => detail(StatusCode::INTERNAL_SERVER_ERROR, "no prediction"),
+    }
+}
+
+fn unservable(loc: Vec<Value>) -> FieldError {
+    FieldError {
+        kind: "value_error",
+        loc,
+        msg: UNSERVABLE.to_owned(),
+        input: Value::Null,
+        ctx: None,
+    }
+}
+
+/// `POST /predict/bulk`: per-entry errors reported beside the predictions.
+pub async fn predict_bulk(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let response = bulk(&predictor, &body, false).await;
+    predictor.observe("http:/predict/bulk", started, response.status());
+    response
+}
+
+/// `POST /predict/bulk/strict`: one invalid entry fails the whole batch (the EPP's call).
+pub async fn predict_bulk_strict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    let response = bulk(&predictor, &body, true).await;
+    predictor.observe("http:/predict/bulk/strict", started, response.status());
+    response
+}
+
+/// The entries of a bulk body under `field`, validated; 413 over the limit.
+// The error is the finished response, built once per failed call: its size is no cost.
+#[allow(clippy::type_complexity, clippy::result_large_err)]
+fn bulk_entries<T>(
+    predictor: &Predictor,
+    body: &[u8],
+    field: &str,
+    parse: fn(&Value, &[Value]) -> Result<T, Vec<FieldError>>,
+) -> Result<(Vec<Value>, Vec<Result<T, Vec<FieldError>>>), Response> {
+    let value = schema::parse_body(body).map_err(unprocessable)?;
+    let object = schema::object(&value, &[Value::from("body")]).map_err(unprocessable)?;
+    let items = schema::list(object, field).map_err(unprocessable)?;
+    let limit = predictor.options.max_bulk_entries;
+    if items.len() > limit {
+        return Err(detail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{field}: {} entries exceed the limit of {limit}",
+                items.len()
+            ),
+        ));
+    }
+    let parsed = items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            parse(
+                item,
+                &[Value::from("body"), Value::from(field), Value::from(index)],
+            )
+        })
+        .collect();
+    Ok((items.clone(), parsed))
+}
+
+async fn bulk(predictor: &Arc<Predictor>, body: &[u8], strict: bool) -> Response {
+    let started = Instant::now();
+    let (items, parsed) = match bulk_entries(predictor, body, "requests", schema::aggregates) {
+        Ok(done) => done,
+        Err(response) => return response,
+    };
+    if strict && parsed.iter().any(Result::is_err) {
+        let errors = parsed
+            .into_iter()
+            .filter_map(Result::err)
+            .flatten()
+            .collect();
+        return unprocessable(errors);
+    }
+    let total = parsed.len();
+    let mut errors: Vec<BulkError> = Vec::new();
+    let mut valid_indices = Vec::with_capacity(total);
+    let mut entries = Vec::with_capacity(total);
+    for (index, result) in parsed.into_iter().enumerate() {
+        match result {
+            Ok(entry) => {
+                valid_indices.push(index);
+                entries.push(entry);
+            }
+            Err(field_errors) => errors.push(BulkError {
+                index,
+                error: field_errors
+                    .iter()
+                    .map(FieldError::line)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                request: items[index].clone(),
+            }),
+        }
+    }
+    let mut predictions: Vec<Option<PredictionOut>> = (0..total).map(|_| None).collect();
+    if !entries.is_empty() {
+        let (snapshot, results) =
+            match simulate(predictor, entries, predictor.options.objective).await {
+                Ok(done) => done,
+                Err(response) => return response,
+            };
+        let mut strict_errors = Vec::new();
+        for (index, result) in valid_indices.into_iter().zip(results) {
+            match result {
+                Ok((prediction, source)) if prediction.valid => {
+                    predictions[index] = Some(predictor.out(&snapshot, &prediction, source));
+                }
+                Ok(_) => {
+                    let loc = vec![
+                        Value::from("body"),
+                        Value::from("requests"),
+                        Value::from(index),
+                        Value::from("input_token_length"),
+                    ];
+                    if strict {
+                        strict_errors.push(unservable(loc));
+                    } else {
+                        errors.push(BulkError {
+                            index,
+                            error: unservable(loc).line(),
+                            request: items[index].clone(),
+                        });
+                    }
+                }
+                Err(err) if strict => return twin_error(&err),
+                Err(err) => errors.push(BulkError {
+                    index,
+                    error: err.to_string(),
+                    request: items[index].clone(),
+                }),
+            }
+        }
+        if !strict_errors.is_empty() {
+            return unprocessable(strict_errors);
+        }
+    }
+    errors.sort_by_key(|e| e.index);
+    let failed = errors.len();
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if strict {
+        ok_json(json!({
+            "predictions": predictions,
+            "total_requests": total,
+            "successful_predictions": total,
+            "failed_predictions": 0,
+            "processing_time_ms": elapsed_ms,
+        }))
+    } else {
+        ok_json(json!({
+            "predictions": predictions,
+            "errors": errors,
+            "total_requests": total,
+            "successful_predictions": total - failed,
+            "failed_predictions": failed,
+            "processing_time_ms": elapsed_ms,
+        }))
+    }
+}
+
+/// `GET /status`.
+pub async fn status(State(predictor): State<Arc<Predictor>>) -> Response {
+    let options = &predictor.options;
+    ok_json(json!({
+        "is_ready": predictor.shared.is_ready(),
+        "model_type": MODEL_TYPE,
+        "objective_type": objective_type(options.objective),
+        "quantile": options.quantile,
+        "last_model_load": iso8601(predictor.started_at_us),
+        "training_server_url": "",
+        "models_exist": {},
+        "ensemble_active": false,
+        "replications": options.replications,
+        "calibration": predictor.calibrator.summary(),
+    }))
+}
+
+/// `POST /reload`: re-reads the calibration file (there is no model to sync).
+pub async fn reload(State(predictor): State<Arc<Predictor>>) -> Response {
+    match predictor.calibrator.reload() {
+        Ok(loaded) => ok_json(json!({
+            "synced": false,
+            "loaded": loaded,
+            "is_ready": predictor.shared.is_ready(),
+            "model_type": MODEL_TYPE,
+            "objective_type": objective_type(predictor.options.objective),
+            "quantile": predictor.options.quantile,
+            "last_load_time": iso8601(predictor.started_at_us),
+        })),
+        Err(err) => detail(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Error reloading models: {err}"),
+        ),
+    }
+}
+
+/// `POST /add_training_data_bulk`: measured latencies calibrate the simulation. Malformed
+/// entries fail the call (422, as the peer); bad measurements are rejected and counted.
+pub async fn add_training_data_bulk(
+    State(predictor): State<Arc<Predictor>>,
+    body: Bytes,
+) -> Response {
+    let started = Instant::now();
+    let response = train(&predictor, &body).await;
+    predictor.observe("http:/add_training_data_bulk", started, response.status());
+    response
+}
+
+async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
+    let (_, parsed) = match bulk_entries(predictor, body, "entries", schema::training_entry) {
+        Ok(done) => done,
+        Err(response) => {
+            if response.status() == StatusCode::UNPROCESSABLE_ENTITY {
+                predictor.calibrator.count_malformed(1);
+            }
+            return response;
+        }
+    };
+    if parsed.iter().any(Result::is_err) {
+        let bad = parsed.iter().filter(|r| r.is_err()).count() as u64;
+        predictor.calibrator.count_malformed(bad);
+        return unprocessable(
+            parsed
+                .into_iter()
+                .filter_map(Result::err)
+                .flatten()
+                .collect(),
+        );
+    }
+    let entries: Vec<TrainingEntry> = parsed.into_iter().filter_map(Result::ok).collect();
+    let absorbed = match train_entries(predictor, &entries).await {
+        Ok(absorbed) => absorbed,
+        Err(status) => return status_error(&status),
+    };
+    json_response(
+        StatusCode::ACCEPTED,
+        &json!({
+            "message": format!("Accepted {} training samples.", entries.len()),
+            "entries": entries.len(),
+            "samples_absorbed": absorbed.accepted,
+            "samples_rejected": absorbed.rejected,
+        }),
+    )
+}
+
+/// `GET /data/status`: what the calibration has learnt.
+pub async fn data_status(State(predictor): State<Arc<Predictor>>) -> Response {
+    ok_json(json!({
+        "model_type": MODEL_TYPE,
+        "calibration": predictor.calibrator.summary(),
+    }))
+}
+
+/// `POST /flush`: forgets the calibration (back to the uncalibrated simulation).
+pub async fn flush(State(predictor): State<Arc<Predictor>>) -> Response {
+    let dropped = predictor.calibrator.reset();
+    ok_json(json!({
+        "success": true,
+        "message": "Calibration reset to the uncalibrated simulation",
+        "samples_flushed": dropped,
+    }))
+}
+
+/// `GET /model/download/info`: ditto has no tree model to download.
+pub async fn download_info(State(predictor): State<Arc<Predictor>>) -> Response {
+    ok_json(json!({
+        "model_type": MODEL_TYPE,
+        "downloadable": false,
+        "available_endpoints": {},
+        "message": "ditto predicts by simulating the pod, not with a regressor: there is no \
+                    XGBoost model to download; keep LATENCY_USE_NATIVE_XGBOOST=false and call \
+                    /predict/bulk/strict",
+        "calibration": predictor.calibrator.summary(),
+    }))
+}
+
+/// `GET /model/{name}/xgb/json`: 404, there are no trees.
+pub async fn no_trees(Path(name): Path<String>) -> Response {
+    detail(
+        StatusCode::NOT_FOUND,
+        format!("no {name} tree model: ditto predicts by simulation"),
+    )
+}

@@ -1,0 +1,350 @@
+//! Online calibration of simulated latencies against measured ones: per phase (TTFT, TPOT)
+//! an additive overhead and a scale, `measured ≈ overhead + scale · simulated`, learnt one
+//! sample at a time by recursive least squares with forgetting (`fit::RecursiveLeastSquares`)
+//! in constant memory.
+//!
+//! Why both terms: the TTFT a router measures includes its own path (tokenization, gateway,
+//! streaming), a fixed cost the engine never sees, while a slower or faster GPU than the
+//! model's scales every step. Bad samples (non-finite, negative, absurdly large, or absurdly
+//! far from the prediction once the fit has settled) are rejected and counted, never
+//! absorbed. A bounded window of absolute percentage errors (each measured before the sample
+//! is absorbed, so it is an honest out-of-sample error) says how well the calibration does.
+//!
+//! Pure: no I/O, no clock; callers persist [`CalibrationState`].
+
+use std::collections::VecDeque;
+
+use super::fit::RecursiveLeastSquares;
+
+/// Which latency a sample measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Time to first token (prefill).
+    Ttft,
+    /// Time per output token (decode).
+    Tpot,
+}
+
+impl Phase {
+    /// Lower-case name (`ttft`, `tpot`), for labels and files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Ttft => "ttft",
+            Phase::Tpot => "tpot",
+        }
+    }
+
+    /// The largest plausible measurement, ms: anything above is a broken sample.
+    fn ceiling_ms(self) -> f64 {
+        match self {
+            Phase::Ttft => 600_000.0,
+            Phase::Tpot => 60_000.0,
+        }
+    }
+}
+
+/// Why a sample was not absorbed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rejection {
+    /// NaN or infinite (measured or simulated).
+    NotFinite,
+    /// Below zero.
+    Negative,
+    /// Zero: nothing was measured (e.g. TPOT when the router does not stream).
+    Missing,
+    /// Above the phase's ceiling, or more than [`OUTLIER_RATIO`] times off the settled fit.
+    Absurd,
+}
+
+impl Rejection {
+    /// Lower-case name, for metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::NotFinite => "not_finite",
+            Rejection::Negative => "negative",
+            Rejection::Missing => "missing",
+            Rejection::Absurd => "absurd",
+        }
+    }
+}
+
+/// Once this many samples are absorbed, a sample whose ratio to the prediction exceeds
+/// this factor (either way) is an outlier.
+pub const OUTLIER_RATIO: f64 = 20.0;
+const SETTLED_AFTER: u64 = 20;
+/// The smallest scale applied: a fit must never invert the order of two predictions.
+const MIN_SCALE: f64 = 0.05;
+const PRIOR_VARIANCE: f64 = 1e6;
+
+/// The persisted part of one phase's calibration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PhaseState {
+    /// Additive overhead, ms.
+    pub overhead_ms: f64,
+    /// Multiplicative scale.
+    pub scale: f64,
+    /// Samples absorbed.
+    pub samples: u64,
+}
+
+/// The persisted part of a calibration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CalibrationState {
+    /// TTFT.
+    pub ttft: PhaseState,
+    /// TPOT.
+    pub tpot: PhaseState,
+}
+
+/// One phase's fit, counters and error window.
+#[derive(Clone, Debug)]
+pub struct PhaseCalibration {
+    phase: Phase,
+    rls: RecursiveLeastSquares,
+    lambda: f64,
+    samples: u64,
+    rejected: u64,
+    errors: VecDeque<f64>,
+    window: usize,
+}
+
+impl PhaseCalibration {
+    fn new(phase: Phase, state: PhaseState, lambda: f64, window: usize) -> Self {
+        // A restored fit is as confident as the samples behind it (at most as a thousand).
+        let variance = PRIOR_VARIANCE / (1.0 + state.samples.min(1_000) as f64);
+        Self {
+            phase,
+            rls: RecursiveLeastSquares::new(&[state.overhead_ms, state.scale], variance, lambda),
+            lambda,
+            samples: state.samples,
+            rejected: 0,
+            errors: VecDeque::with_capacity(window),
+            window: window.max(1),
+        }
+    }
+
+    /// The calibrated latency for a simulated one, ms (never negative).
+    pub fn apply(&self, simulated_ms: f64) -> f64 {
+        let (overhead, scale) = self.coefficients();
+        (overhead + scale * simulated_ms).max(0.0)
+    }
+
+    /// The scale applied to spreads (uncertainties, bound widths).
+    pub fn scale(&self) -> f64 {
+        self.coefficients().1
+    }
+
+    /// (overhead ms, scale) as applied.
+    pub fn coefficients(&self) -> (f64, f64) {
+        let theta = self.rls.theta();
+        (theta[0], theta[1].max(MIN_SCALE))
+    }
+
+    /// Absorbs one measured latency for the latency simulated on the same inputs, or says
+    /// why not.
+    pub fn observe(&mut self, simulated_ms: f64, measured_ms: f64) -> Result<(), Rejection> {
+        let verdict = self.check(simulated_ms, measured_ms);
+        if verdict.is_err() {
+            self.rejected += 1;
+            return verdict;
+        }
+        let predicted = self.apply(simulated_ms);
+        if self.errors.len() == self.window {
+            self.errors.pop_front();
+        }
+        self.errors
+            .push_back((predicted - measured_ms).abs() / measured_ms);
+        if !self.rls.update(&[1.0, simulated_ms], measured_ms, 1.0) {
+            self.rejected += 1;
+            return Err(Rejection::NotFinite);
+        }
+        self.samples += 1;
+        Ok(())
+    }
+
+    fn check(&self, simulated_ms: f64, measured_ms: f64) -> Result<(), Rejection> {
+        if !measured_ms.is_finite() || !simulated_ms.is_finite() {
+            return Err(Rejection::NotFinite);
+        }
+        if measured_ms < 0.0 || simulated_ms < 0.0 {
+            return Err(Rejection::Negative);
+        }
+        if measured_ms == 0.0 {
+            return Err(Rejection::Missing);
+        }
+        if measured_ms > self.phase.ceiling_ms() {
+            return Err(Rejection::Absurd);
+        }
+        if self.samples >= SETTLED_AFTER {
+            let predicted = self.apply(simulated_ms).max(1e-3);
+            let ratio = measured_ms / predicted;
+            if !(1.0 / OUTLIER_RATIO..=OUTLIER_RATIO).contains(&ratio) {
+                return Err(Rejection::Absurd);
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples absorbed (including those behind a restored state).
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Samples rejected since start.
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    /// Mean absolute percentage error over the recent window (as a fraction), `None` before
+    /// the first sample.
+    pub fn rolling_ape(&self) -> Option<f64> {
+        if self.errors.is_empty() {
+            None
+        } else {
+            Some(self.errors.iter().sum::<f64>() / self.errors.len() as f64)
+        }
+    }
+
+    fn state(&self) -> PhaseState {
+        let theta = self.rls.theta();
+        PhaseState {
+            overhead_ms: theta[0],
+            scale: theta[1],
+            samples: self.samples,
+        }
+    }
+
+    /// Forgets everything learnt (back to the identity).
+    fn reset(&mut self) {
+        *self = PhaseCalibration::new(self.phase, IDENTITY, self.lambda, self.window);
+    }
+}
+
+const IDENTITY: PhaseState = PhaseState {
+    overhead_ms: 0.0,
+    scale: 1.0,
+    samples: 0,
+};
+
+/// Both phases' calibrations.
+#[derive(Clone, Debug)]
+pub struct OnlineCalibration {
+    ttft: PhaseCalibration,
+    tpot: PhaseCalibration,
+}
+
+impl OnlineCalibration {
+    /// The identity calibration (overhead 0, scale 1), forgetting factor `lambda` in (0, 1]
+    /// and an error window of `window` samples.
+    pub fn new(lambda: f64, window: usize) -> Self {
+        Self::restore(
+            CalibrationState {
+                ttft: IDENTITY,
+                tpot: IDENTITY,
+            },
+            lambda,
+            window,
+        )
+    }
+
+    /// A calibration continuing from `state` (as [`OnlineCalibration::state`] gave it).
+    pub fn restore(state: CalibrationState, lambda: f64, window: usize) -> Self {
+        Self {
+            ttft: PhaseCalibration::new(Phase::Ttft, state.ttft, lambda, window),
+            tpot: PhaseCalibration::new(Phase::Tpot, state.tpot, lambda, window),
+        }
+    }
+
+    /// The phase's calibration.
+    pub fn phase(&self, phase: Phase) -> &PhaseCalibration {
+        match phase {
+            Phase::Ttft => &self.ttft,
+            Phase::Tpot => &self.tpot,
+        }
+    }
+
+    /// Absorbs a sample of `phase`, or says why not (and counts it).
+    pub fn observe(
+        &mut self,
+        phase: Phase,
+        simulated_ms: f64,
+        measured_ms: f64,
+    ) -> Result<(), Rejection> {
+        let calibration = match phase {
+            Phase::Ttft => &mut self.ttft,
+            Phase::Tpot => &mut self.tpot,
+        };
+        calibration.observe(simulated_ms, measured_ms)
+    }
+
+    /// What to persist.
+    pub fn state(&self) -> CalibrationState {
+        CalibrationState {
+            ttft: self.ttft.state(),
+            tpot: self.tpot.state(),
+        }
+    }
+
+    /// Forgets everything learnt.
+    pub fn reset(&mut self) {
+        self.ttft.reset();
+        self.tpot.reset();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_overhead_and_scale_and_rejects_garbage() {
+        let mut calibration = OnlineCalibration::new(0.999, 100);
+        for i in 0..300 {
+            let simulated = 20.0 + f64::from(i % 37) * 9.0;
+            calibration
+                .observe(Phase::Ttft, simulated, 250.0 + 1.3 * simulated)
+                .unwrap();
+        }
+        let (overhead, scale) = calibration.phase(Phase::Ttft).coefficients();
+        assert!(
+            (overhead - 250.0).abs() < 1.0 && (scale - 1.3).abs() < 0.01,
+            "{overhead} {scale}"
+        );
+        let before = calibration.state();
+        for (measured, why) in [
+            (f64::NAN, Rejection::NotFinite),
+            (-5.0, Rejection::Negative),
+            (0.0, Rejection::Missing),
+            (1e9, Rejection::Absurd),
+            (1e5, Rejection::Absurd),
+        ] {
+            assert_eq!(calibration.observe(Phase::Ttft, 100.0, measured), Err(why));
+        }
+        assert_eq!(
+            calibration.state(),
+            before,
+            "a rejected sample moves nothing"
+        );
+        assert_eq!(calibration.phase(Phase::Ttft).rejected(), 5);
+        assert!(calibration.phase(Phase::Ttft).rolling_ape().unwrap() < 0.01);
+        // TPOT untouched.
+        assert_eq!(calibration.phase(Phase::Tpot).samples(), 0);
+        assert_eq!(calibration.phase(Phase::Tpot).apply(7.0), 7.0);
+    }
+
+    #[test]
+    fn a_restored_calibration_predicts_the_same() {
+        let mut calibration = OnlineCalibration::new(1.0, 10);
+        for i in 0..50 {
+            let simulated = 3.0 + f64::from(i % 5);
+            calibration
+                .observe(Phase::Tpot, simulated, 1.0 + 2.0 * simulated)
+                .unwrap();
+        }
+        let restored = OnlineCalibration::restore(calibration.state(), 1.0, 10);
+        let a = calibration.phase(Phase::Tpot).apply(4.5);
+        let b = restored.phase(Phase::Tpot).apply(4.5);
+        assert!((a - b).abs() < 1e-9, "{a} {b}");
+        assert_eq!(restored.phase(Phase::Tpot).samples(), 50);
+    }
+}
