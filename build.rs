@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Undecodable bytes are INVALID_ARGUMENT, not prost's INTERNAL (src/server/codec.rs).
+        .codec_path("crate::server::codec::TwinCodec")
         .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

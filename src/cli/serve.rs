@@ -160,6 +160,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         max_events_per_call: positive(args.max_events_per_call, "max-events-per-call")?,
         max_forecast_candidates: positive(args.max_forecast_candidates, "max-forecast-candidates")?,
         deadline: None,
+        cancel: None,
     };
     options.service.max_call = Duration::from_millis(positive(args.max_call_ms, "max-call-ms")?);
     if args.max_concurrent_simulations > 0 {

@@ -7,6 +7,7 @@
 //! in `run`; `client` is the small client `ditto predict` uses.
 
 pub mod client;
+pub mod codec;
 pub mod convert;
 pub mod deadline;
 pub mod error;

@@ -138,7 +138,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         background.push(forecast_loop::spawn(
             forecast,
             Arc::clone(&store),
-            options.service.twin,
+            options.service.twin.clone(),
             options.service.max_call,
             &metrics,
             lifecycle.draining(),

@@ -28,7 +28,7 @@ use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::limits::Limits;
+use crate::twin::limits::{CancelFlag, Limits};
 use crate::twin::store::{KvEvent, MirrorStore, StoredSnapshot};
 use crate::twin::{TwinError, forecast, predict};
 
@@ -36,7 +36,7 @@ use crate::twin::{TwinError, forecast, predict};
 pub const ACK_GAPS_MAX: usize = 1024;
 
 /// How the service bounds its work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceLimits {
     /// Per-call simulation limits (the deadline is set per call).
     pub twin: Limits,
@@ -156,10 +156,13 @@ impl Shared {
     }
 
     /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
+    /// `work` gets the call's cancellation flag, raised as soon as this call ends for any
+    /// reason (answered, past its deadline, or dropped because the client went away), so a
+    /// simulation nobody waits for stops at its next budget check and frees its slot.
     async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
-        F: FnOnce() -> Result<T, TwinError> + Send + 'static,
+        F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
         let deadline = tokio::time::Instant::from_std(deadline);
         let semaphore = Arc::clone(&self.simulations);
@@ -167,13 +170,15 @@ impl Shared {
             .await
             .map_err(|_| deadline_status("while waiting for a simulation slot"))?
             .map_err(|_| internal_status("the simulation pool is closed"))?;
+        let cancel = CancelFlag::new();
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
         let (done, task) = tokio::sync::oneshot::channel();
         // On the simulation pool itself (rayon's), so the forks a question fans out start on
         // this thread without another hand-off.
         rayon::spawn(move || {
             // The permit is released only when the simulation really stops.
             let _permit = permit;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cancel)));
             let _ = done.send(result);
         });
         match tokio::time::timeout_at(deadline, task).await {
@@ -189,7 +194,7 @@ impl Shared {
         message: proto::PredictRoutingRequest,
         deadline: Instant,
     ) -> Result<proto::PredictRoutingResponse, Status> {
-        let limits = self.limits.twin;
+        let limits = self.limits.twin.clone();
         let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let request_id = decoded.request_id.clone();
         let answer = self
@@ -209,7 +214,7 @@ impl Shared {
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
     ) -> Result<proto::ForecastCapacityResponse, Status> {
-        let limits = self.limits.twin;
+        let limits = self.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let answer = self
             .answer_on_snapshot(
@@ -243,13 +248,17 @@ impl Shared {
             .snapshot(generation)
             .map_err(|err| status_from(&err))?;
         let question = resolve(&stored).map_err(|err| status_from(&err))?;
-        let limits = Limits {
-            deadline: Some(deadline),
-            ..self.limits.twin
-        };
+        let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
-        self.simulate(deadline, move || work(&snapshot, &question, &limits))
-            .await
+        self.simulate(deadline, move |cancel| {
+            let limits = Limits {
+                deadline: Some(deadline),
+                cancel: Some(cancel),
+                ..twin
+            };
+            work(&snapshot, &question, &limits)
+        })
+        .await
     }
 
     /// Reads the next message of a client stream within the client's deadline, if any.
@@ -351,6 +360,15 @@ impl Shared {
                 .inc();
         }
         Ok(ack)
+    }
+}
+
+/// Raises a call's cancellation flag when the call's future ends or is dropped.
+struct CancelOnDrop(CancelFlag);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
 
