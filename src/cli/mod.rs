@@ -14,6 +14,7 @@ pub mod forecast_loop;
 pub mod predict;
 pub mod report;
 pub mod run;
+pub mod security;
 pub mod serve;
 
 pub use args::{Cli, Command, RunArgs};

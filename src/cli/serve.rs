@@ -88,6 +88,9 @@ pub struct ServeArgs {
     /// The optional forecast loop exporting ditto_desired_replicas.
     #[command(flatten)]
     pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
+    /// Authentication (and transport security) flags.
+    #[command(flatten)]
+    pub security: crate::cli::security::SecurityArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -183,6 +186,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
+    options.auth = args.security.auth()?;
     options.initial_config = Some(InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),

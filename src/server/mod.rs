@@ -6,6 +6,7 @@
 //! pool, encode; errors map to gRPC codes in one place (`error`). Startup and shutdown live
 //! in `run`; `client` is the small client `ditto predict` uses.
 
+pub mod auth;
 pub mod client;
 pub mod codec;
 pub mod convert;

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
 use super::FILE_DESCRIPTOR_SET;
+use super::auth::{AuthGate, AuthPolicy};
 use super::error::ServeError;
 use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
@@ -70,6 +71,8 @@ pub struct ServerOptions {
     pub initial_config: Option<InitialConfig>,
     /// The forecast loop exporting desired replicas (None: off).
     pub forecast_loop: Option<ForecastLoopOptions>,
+    /// Bearer-token authentication (default: off).
+    pub auth: AuthPolicy,
 }
 
 impl ServerOptions {
@@ -90,6 +93,7 @@ impl ServerOptions {
             drain: DEFAULT_MAX_CALL + DRAIN_MARGIN,
             initial_config: None,
             forecast_loop: None,
+            auth: AuthPolicy::default(),
         }
     }
 }
@@ -125,6 +129,14 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let metrics = Arc::new(Metrics::new()?);
     let in_flight = Lifecycle::in_flight_gauge()?;
     metrics.register(Box::new(in_flight.clone()))?;
+    let rejections = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "ditto_auth_rejections_total",
+            "Calls refused for a missing or wrong bearer token, by gRPC method or HTTP path.",
+        ),
+        &["method"],
+    )?;
+    metrics.register(Box::new(rejections.clone()))?;
     let lifecycle = Arc::new(Lifecycle::new(in_flight));
     let store = Arc::new(MirrorStore::new(options.store));
     if let Some(initial) = options.initial_config {
@@ -160,6 +172,13 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
         .max_decoding_message_size(options.max_message_bytes)
         .max_encoding_message_size(options.max_message_bytes);
+    let auth_mode = match (&options.auth.token, options.auth.reads) {
+        (None, _) => "off",
+        (Some(_), false) => "bearer token on writes",
+        (Some(_), true) => "bearer token on writes and reads",
+    };
+    let auth = Arc::new(options.auth);
+    let twin = AuthGate::new(twin, Arc::clone(&auth), rejections.clone());
     let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
@@ -187,13 +206,13 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             stopped(stop_rx.clone()),
         );
     let grpc = tokio::spawn(grpc);
-    let router = http::router(Arc::clone(&shared));
+    let router = http::router(Arc::clone(&shared), auth, rejections);
     let http = tokio::spawn(async move {
         axum::serve(http_listener, router)
             .with_graceful_shutdown(stopped(stop_rx))
             .await
     });
-    tracing::info!(%grpc_addr, %http_addr, "ditto serving");
+    tracing::info!(%grpc_addr, %http_addr, auth = auth_mode, "ditto serving");
     Ok(RunningServer {
         grpc_addr,
         http_addr,
