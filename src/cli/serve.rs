@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// Simulations running at once (0: one per CPU).
     #[arg(long, env = "DITTO_MAX_CONCURRENT_SIMULATIONS", default_value_t = 0)]
     pub max_concurrent_simulations: usize,
+    /// Calls waiting for a simulation slot at once; beyond, RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "DITTO_MAX_QUEUED_SIMULATIONS", default_value_t = crate::server::run::DEFAULT_MAX_QUEUED_SIMULATIONS)]
+    pub max_queued_simulations: usize,
+    /// Most instances in a synced config.
+    #[arg(long, env = "DITTO_MAX_INSTANCES", default_value_t = StoreLimits::DEFAULT.max_instances)]
+    pub max_instances: usize,
     /// Questions of one PredictRoutingStream answered at once.
     #[arg(long, env = "DITTO_STREAM_IN_FLIGHT", default_value_t = 8)]
     pub stream_in_flight: usize,
@@ -170,8 +176,10 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         options.service.max_concurrent_simulations = args.max_concurrent_simulations;
     }
     options.service.stream_in_flight = positive(args.stream_in_flight, "stream-in-flight")?;
+    options.service.max_queued_simulations = args.max_queued_simulations;
     options.store = StoreLimits {
         history_len: positive(args.snapshot_history, "snapshot-history")?,
+        max_instances: positive(args.max_instances, "max-instances")?,
         max_requests_per_instance: positive(
             args.max_requests_per_instance,
             "max-requests-per-instance",

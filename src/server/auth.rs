@@ -182,7 +182,8 @@ pub fn is_write_path(path: &str) -> bool {
 }
 
 /// The authentication gate around the Twin service: refuses calls the policy does not allow
-/// with UNAUTHENTICATED (counted in `rejections` by method) before they reach it.
+/// with UNAUTHENTICATED (counted in `rejections` by method) before they reach it. On the way
+/// out it also gives an oversized request message RESOURCE_EXHAUSTED (see `codec`).
 #[derive(Clone, Debug)]
 pub struct AuthGate<S> {
     inner: S,
@@ -235,7 +236,11 @@ where
         }
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move { inner.call(request).await })
+        Box::pin(async move {
+            let mut response = inner.call(request).await?;
+            super::codec::message_too_large_is_resource_exhausted(&mut response);
+            Ok(response)
+        })
     }
 }
 

@@ -1,6 +1,7 @@
 //! The protobuf codec of `ditto.v1.Twin`: prost's, except that bytes which do not decode as
 //! the expected message are the client's fault, INVALID_ARGUMENT (tonic's prost codec says
-//! INTERNAL, which blames the server and invites retries).
+//! INTERNAL, which blames the server and invites retries). Also: a message over the size
+//! limit is RESOURCE_EXHAUSTED (as in gRPC's other servers), not tonic's OUT_OF_RANGE.
 
 use std::marker::PhantomData;
 
@@ -65,3 +66,35 @@ impl<U: prost::Message + Default> Decoder for InvalidArgumentDecoder<U> {
         self.0.buffer_settings()
     }
 }
+
+/// Rewrites tonic's OUT_OF_RANGE for a request message over the size limit (a trailers-only
+/// response, before any handler output) into RESOURCE_EXHAUSTED, the code gRPC's other
+/// implementations use for it.
+pub fn message_too_large_is_resource_exhausted<B>(response: &mut http::Response<B>) {
+    let headers = response.headers_mut();
+    let out_of_range = headers
+        .get("grpc-status")
+        .is_some_and(|code| code.as_bytes() == b"11");
+    let too_large = headers.get("grpc-message").is_some_and(|message| {
+        let message = message.as_bytes();
+        TOO_LARGE.iter().any(|needle| {
+            message
+                .windows(needle.len())
+                .any(|window| window == *needle)
+        })
+    });
+    if out_of_range && too_large {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from_static(RESOURCE_EXHAUSTED),
+        );
+    }
+}
+
+/// What tonic's size-limit message says, percent-encoded or not.
+const TOO_LARGE: [&[u8]; 2] = [
+    b"message%20length%20too%20large",
+    b"message length too large",
+];
+/// The numeric code of RESOURCE_EXHAUSTED.
+const RESOURCE_EXHAUSTED: &str = "8";

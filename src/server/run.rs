@@ -37,6 +37,8 @@ pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:9010";
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9011";
 /// Default longest call (a prediction or forecast without a shorter grpc-timeout).
 pub const DEFAULT_MAX_CALL: Duration = Duration::from_secs(30);
+/// Default bound on the calls waiting for a simulation slot (beyond: RESOURCE_EXHAUSTED).
+pub const DEFAULT_MAX_QUEUED_SIMULATIONS: usize = 64;
 /// What the default drain adds to the longest call: encoding and sending the last reply.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Longest the listeners wait for connections to close once no call is in flight (idle
@@ -63,7 +65,8 @@ pub struct ServerOptions {
     pub service: ServiceLimits,
     /// Bounds of the mirror.
     pub store: StoreLimits,
-    /// Largest gRPC message accepted or sent, bytes.
+    /// Largest gRPC request message accepted, bytes (replies are the server's own and are
+    /// bounded by the other limits; clients set their own receive limit).
     pub max_message_bytes: usize,
     /// Longest the shutdown waits for in-flight calls.
     pub drain: Duration,
@@ -86,6 +89,7 @@ impl ServerOptions {
                 max_call: DEFAULT_MAX_CALL,
                 max_concurrent_simulations: std::thread::available_parallelism()
                     .map_or(2, |n| n.get()),
+                max_queued_simulations: DEFAULT_MAX_QUEUED_SIMULATIONS,
                 stream_in_flight: 8,
             },
             store: StoreLimits::DEFAULT,
@@ -170,8 +174,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(options.max_message_bytes)
-        .max_encoding_message_size(options.max_message_bytes);
+        .max_decoding_message_size(options.max_message_bytes);
     let auth_mode = match (&options.auth.token, options.auth.reads) {
         (None, _) => "off",
         (Some(_), false) => "bearer token on writes",

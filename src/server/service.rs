@@ -9,7 +9,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, mpsc};
@@ -45,6 +45,9 @@ pub struct ServiceLimits {
     pub max_call: Duration,
     /// Simulations running at once (others wait, within their deadline).
     pub max_concurrent_simulations: usize,
+    /// Calls waiting for a simulation slot at once; one more is RESOURCE_EXHAUSTED at once
+    /// (a bounded queue, not one that grows with the load).
+    pub max_queued_simulations: usize,
     /// Questions of one prediction stream being answered at once.
     pub stream_in_flight: usize,
 }
@@ -61,6 +64,7 @@ pub struct Shared {
     /// Work bounds.
     pub limits: ServiceLimits,
     simulations: Arc<Semaphore>,
+    waiting: AtomicUsize,
     shutting_down: AtomicBool,
 }
 
@@ -78,6 +82,7 @@ impl Shared {
             health,
             simulations: Arc::new(Semaphore::new(limits.max_concurrent_simulations.max(1))),
             limits,
+            waiting: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -165,11 +170,8 @@ impl Shared {
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
         let deadline = tokio::time::Instant::from_std(deadline);
-        let semaphore = Arc::clone(&self.simulations);
-        let permit = tokio::time::timeout_at(deadline, semaphore.acquire_owned())
-            .await
-            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
-            .map_err(|_| internal_status("the simulation pool is closed"))?;
+        let permit = self.simulation_slot(deadline).await?;
+        let running = RunningGauge::start(&self.metrics.simulations_running);
         let cancel = CancelFlag::new();
         let _cancel_on_drop = CancelOnDrop(cancel.clone());
         let (done, task) = tokio::sync::oneshot::channel();
@@ -178,6 +180,7 @@ impl Shared {
         rayon::spawn(move || {
             // The permit is released only when the simulation really stops.
             let _permit = permit;
+            let _running = running;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cancel)));
             let _ = done.send(result);
         });
@@ -186,6 +189,32 @@ impl Shared {
             Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
             Ok(Ok(Ok(result))) => result.map_err(|err| status_from(&err)),
         }
+    }
+
+    /// A simulation slot: at once if one is free, else after waiting within `deadline` if
+    /// fewer than `max_queued_simulations` calls wait already, else RESOURCE_EXHAUSTED.
+    async fn simulation_slot(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        let semaphore = Arc::clone(&self.simulations);
+        if let Ok(permit) = Arc::clone(&semaphore).try_acquire_owned() {
+            return Ok(permit);
+        }
+        let limit = self.limits.max_queued_simulations;
+        // Counted until this future ends or is dropped (a call cut while it waits).
+        let _waiting = WaitingGuard::enter(&self.waiting, &self.metrics.simulations_waiting);
+        if self.waiting.load(Ordering::SeqCst) > limit {
+            return Err(Status::resource_exhausted(format!(
+                "all {} simulation slots are busy and {limit} calls already wait for one; \
+                 retry later or add replicas",
+                self.limits.max_concurrent_simulations.max(1)
+            )));
+        }
+        tokio::time::timeout_at(deadline, semaphore.acquire_owned())
+            .await
+            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
+            .map_err(|_| internal_status("the simulation pool is closed"))
     }
 
     /// Answers one routing question within `deadline`.
@@ -360,6 +389,44 @@ impl Shared {
                 .inc();
         }
         Ok(ack)
+    }
+}
+
+/// Counts one running simulation in a gauge until dropped.
+struct RunningGauge(prometheus::IntGauge);
+
+impl RunningGauge {
+    fn start(gauge: &prometheus::IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for RunningGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Counts one call waiting for a simulation slot (in the queue bound and the gauge) until
+/// dropped, so a call cut while it waits leaves neither count behind.
+struct WaitingGuard<'a> {
+    waiting: &'a AtomicUsize,
+    gauge: &'a prometheus::IntGauge,
+}
+
+impl<'a> WaitingGuard<'a> {
+    fn enter(waiting: &'a AtomicUsize, gauge: &'a prometheus::IntGauge) -> Self {
+        waiting.fetch_add(1, Ordering::SeqCst);
+        gauge.inc();
+        Self { waiting, gauge }
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.gauge.dec();
     }
 }
 

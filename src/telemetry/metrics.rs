@@ -42,6 +42,10 @@ pub struct Metrics {
     pub mirrored_requests: IntGaugeVec,
     /// Build information (always 1).
     pub info: IntGaugeVec,
+    /// Simulations running now (each holds a slot).
+    pub simulations_running: IntGauge,
+    /// Calls waiting for a simulation slot now.
+    pub simulations_waiting: IntGauge,
 }
 
 impl Metrics {
@@ -118,6 +122,16 @@ impl Metrics {
         registry.register(Box::new(stale_instances.clone()))?;
         registry.register(Box::new(mirrored_requests.clone()))?;
         registry.register(Box::new(info.clone()))?;
+        let simulations_running = IntGauge::new(
+            "ditto_simulations_running",
+            "Simulations running now (each holds one of the simulation slots).",
+        )?;
+        let simulations_waiting = IntGauge::new(
+            "ditto_simulations_waiting",
+            "Calls waiting for a simulation slot now (bounded; beyond, RESOURCE_EXHAUSTED).",
+        )?;
+        registry.register(Box::new(simulations_running.clone()))?;
+        registry.register(Box::new(simulations_waiting.clone()))?;
         info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         Ok(Self {
             registry,
@@ -134,6 +148,8 @@ impl Metrics {
             stale_instances,
             mirrored_requests,
             info,
+            simulations_running,
+            simulations_waiting,
         })
     }
 
