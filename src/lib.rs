@@ -5,6 +5,7 @@
 //! - [`cluster`]: many engines behind an llm-d-style router with admission and stale signals;
 //! - [`workload`]: workload specs, generators and trace replay that feed it;
 //! - [`catalog`]: embedded data (model configs, GPU specs, coefficients) and their parsing;
+//! - [`fidelity`]: replaying measured vLLM runs, scoring predictions, fitting coefficients;
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
 //! - [`twin`]: the live mirror and the what-if questions answered by forking it;
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
@@ -19,6 +20,7 @@ pub mod bench;
 pub mod catalog;
 pub mod cli;
 pub mod cluster;
+pub mod fidelity;
 pub mod server;
 pub mod sim;
 pub mod telemetry;

@@ -25,6 +25,12 @@ fn main() -> ExitCode {
         Command::Bench(args) => ditto::cli::bench::execute(&args).map(|report| {
             let _ = std::io::stdout().lock().write_all(report.as_bytes());
         }),
+        Command::Validate(args) => ditto::cli::validate::execute(&args).map(|report| {
+            let _ = std::io::stdout().lock().write_all(report.as_bytes());
+        }),
+        Command::Calibrate(args) => ditto::cli::calibrate::execute(&args).map(|report| {
+            let _ = std::io::stdout().lock().write_all(report.as_bytes());
+        }),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -80,6 +80,11 @@ pub(crate) static BLACKBOX_YAML: &str =
 pub(crate) static PHYSICS_YAML: &str =
     include_str!("../../data/coefficients/blis-trained-physics.yaml");
 
+/// ditto's calibrated step-time coefficients (fitted by `ditto calibrate`, see
+/// docs/fidelity.md and data/PROVENANCE.md).
+pub(crate) static CALIBRATED_YAML: &str =
+    include_str!("../../data/coefficients/ditto-calibrated.yaml");
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,6 +7,7 @@
 //! [`parse_model_config`]. Parsed tables are cached once per process (`OnceLock`), so lookups
 //! are cheap and deterministic. Knows nothing about the engine, workloads or the CLI.
 
+pub mod calibrated;
 mod coefficients;
 mod embedded;
 mod gpus;
@@ -15,8 +16,8 @@ mod hf_config;
 use std::sync::OnceLock;
 
 use crate::sim::latency::{
-    BlackboxCoefficients, GpuSpec, LatencyError, LatencyKind, LatencyModel, ModelArch,
-    PhysicsCoefficients, PhysicsModel, RooflineModel,
+    BlackboxCoefficients, CalibratedCoefficients, CalibratedModel, GpuSpec, LatencyError,
+    LatencyKind, LatencyModel, ModelArch, PhysicsCoefficients, PhysicsModel, RooflineModel,
 };
 
 /// Why a catalog lookup or parse failed. Messages name the thing asked for and, for unknown
@@ -257,8 +258,43 @@ pub fn latency_model(
         LatencyKind::Physics => {
             LatencyModel::Physics(PhysicsModel::new(arch, gpu, tp, physics_coefficients())?)
         }
+        LatencyKind::Calibrated => calibrated_model(arch, gpu, tp, calibrated_coefficients()?)?,
     };
     Ok(model)
+}
+
+/// ditto's embedded calibrated coefficients (`data/coefficients/ditto-calibrated.yaml`).
+pub fn calibrated_coefficients() -> Result<CalibratedCoefficients, CatalogError> {
+    static COEFFICIENTS: OnceLock<Result<CalibratedCoefficients, String>> = OnceLock::new();
+    COEFFICIENTS
+        .get_or_init(|| calibrated::parse(embedded::CALIBRATED_YAML).map_err(|err| err.to_string()))
+        .clone()
+        .map_err(|message| CatalogError::EmbeddedData {
+            what: "calibrated coefficients",
+            message,
+        })
+}
+
+/// Parses a calibrated coefficients file (as written by `ditto calibrate`).
+pub fn parse_calibrated(
+    text: &str,
+) -> Result<CalibratedCoefficients, calibrated::CalibratedFileError> {
+    calibrated::parse(text)
+}
+
+/// Builds the calibrated latency model with `coefficients`.
+pub fn calibrated_model(
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    coefficients: CalibratedCoefficients,
+) -> Result<LatencyModel, CatalogError> {
+    Ok(LatencyModel::Calibrated(CalibratedModel::new(
+        arch,
+        gpu,
+        tp,
+        &coefficients,
+    )?))
 }
 
 #[cfg(test)]

@@ -26,6 +26,10 @@ pub enum Command {
     Predict(Box<crate::cli::predict::PredictArgs>),
     /// Measure every performance case (offline runs, what-if latency, memory) and print them.
     Bench(Box<crate::cli::bench::BenchArgs>),
+    /// Replay measured vLLM runs and print ditto's errors against them.
+    Validate(Box<crate::cli::validate::ValidateArgs>),
+    /// Fit the calibrated step-time model to measured runs and write its coefficients.
+    Calibrate(Box<crate::cli::calibrate::CalibrateArgs>),
 }
 
 /// Flags of `ditto run`.

@@ -7,15 +7,18 @@
 
 pub mod args;
 pub mod bench;
+pub mod calibrate;
 pub mod check_config;
 pub mod cluster_run;
 pub mod error;
 pub mod forecast_loop;
+pub mod latency;
 pub mod predict;
 pub mod report;
 pub mod run;
 pub mod security;
 pub mod serve;
+pub mod validate;
 
 pub use args::{Cli, Command, RunArgs};
 pub use error::CliError;

@@ -134,15 +134,24 @@ impl RequestState {
     }
 
     /// Emits one output token at the end of the step ending at `now`, seen by the client
-    /// `token_us` later: the first token sets the time to first token, a later one adds an
-    /// inter-token gap (kept in the list too if `record_gaps`). Returns that gap, if any.
-    pub fn emit_token(&mut self, now: u64, token_us: u64, record_gaps: bool) -> Option<u64> {
+    /// `token_us` later (the first token `first_delay_us` later still: the serving front
+    /// end's delivery delay, which every later token inherits): the first token sets the
+    /// time to first token, a later one adds an inter-token gap (kept in the list too if
+    /// `record_gaps`). Returns that gap, if any.
+    pub fn emit_token(
+        &mut self,
+        now: u64,
+        token_us: u64,
+        first_delay_us: u64,
+        record_gaps: bool,
+    ) -> Option<u64> {
         self.generated += 1;
         let timeline = &mut self.timeline;
         let gap = match timeline.first_token_us {
             None => {
-                timeline.first_token_us = Some(now.saturating_add(token_us));
-                timeline.last_token_us = now.saturating_add(token_us);
+                let seen = now.saturating_add(token_us).saturating_add(first_delay_us);
+                timeline.first_token_us = Some(seen);
+                timeline.last_token_us = seen;
                 None
             }
             Some(_) => {

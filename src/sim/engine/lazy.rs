@@ -281,6 +281,9 @@ impl Engine {
         // The explicit requests' chunks: tokens emitted, members joining.
         let entries = std::mem::take(&mut self.in_flight);
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
+        // The step's sequences: every member (finished ones included) plus the explicit.
+        let batch = window.members + entries.len() as u64;
+        let first_delay_us = self.latency.first_token_delay_us(batch);
         let mut still_explicit = 0;
         for (index, entry) in entries.iter().enumerate() {
             let (position, slot) = window.explicit[index];
@@ -294,7 +297,7 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            if let Some(gap) = state.emit_token(now, token_us, false) {
+            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, false) {
                 *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
             }
             if state.generated >= state.target_tokens() {

@@ -152,6 +152,7 @@ impl Engine {
         let mut run_gap = u64::MAX;
         let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
+        let first_delay_us = self.latency.first_token_delay_us(in_flight.len() as u64);
         for entry in &in_flight {
             let Some(state) = self
                 .slots
@@ -170,7 +171,7 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            if let Some(gap) = state.emit_token(now, token_us, record_gaps) {
+            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, record_gaps) {
                 if self.reference {
                     *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
                 } else if gap != run_gap {

@@ -17,12 +17,15 @@
 
 pub mod arch;
 pub mod blackbox;
+pub mod calibrated;
+pub mod fit;
 pub mod physics;
 pub mod roofline;
 mod validate;
 
 pub use arch::{GpuSpec, MOE_MIN_EXPERTS, ModelArch};
 pub use blackbox::BlackboxCoefficients;
+pub use calibrated::{CalibratedCoefficients, CalibratedModel};
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
 
@@ -124,11 +127,14 @@ pub enum LatencyKind {
     Roofline,
     /// BLIS's "trained physics" basis with global coefficients.
     Physics,
+    /// ditto's roofline basis with learned hardware-generic corrections (the default).
+    Calibrated,
 }
 
 impl LatencyKind {
     /// Every kind, in the order the CLI lists them.
-    pub const ALL: [LatencyKind; 3] = [
+    pub const ALL: [LatencyKind; 4] = [
+        LatencyKind::Calibrated,
         LatencyKind::Roofline,
         LatencyKind::Blackbox,
         LatencyKind::Physics,
@@ -140,15 +146,18 @@ impl LatencyKind {
             LatencyKind::Blackbox => "blackbox",
             LatencyKind::Roofline => "roofline",
             LatencyKind::Physics => "physics",
+            LatencyKind::Calibrated => "calibrated",
         }
     }
 
-    /// Parses a model name (`roofline`, `blackbox`, `physics`; `trained-physics` is accepted).
+    /// Parses a model name (`calibrated`, `roofline`, `blackbox`, `physics`;
+    /// `trained-physics` is accepted).
     pub fn parse(name: &str) -> Option<LatencyKind> {
         match name.trim().to_ascii_lowercase().as_str() {
             "blackbox" => Some(LatencyKind::Blackbox),
             "roofline" => Some(LatencyKind::Roofline),
             "physics" | "trained-physics" => Some(LatencyKind::Physics),
+            "calibrated" => Some(LatencyKind::Calibrated),
             _ => None,
         }
     }
@@ -163,6 +172,8 @@ pub enum LatencyModel {
     Roofline(RooflineModel),
     /// Weighted roofline-style basis terms plus overheads.
     Physics(PhysicsModel),
+    /// Roofline basis terms with learned corrections (see [`calibrated`]).
+    Calibrated(CalibratedModel),
 }
 
 impl LatencyModel {
@@ -172,6 +183,7 @@ impl LatencyModel {
             LatencyModel::Blackbox(_) => LatencyKind::Blackbox,
             LatencyModel::Roofline(_) => LatencyKind::Roofline,
             LatencyModel::Physics(_) => LatencyKind::Physics,
+            LatencyModel::Calibrated(_) => LatencyKind::Calibrated,
         }
     }
 
@@ -182,6 +194,7 @@ impl LatencyModel {
             LatencyModel::Blackbox(model) => model.step_us(batch),
             LatencyModel::Roofline(model) => model.step_us(batch),
             LatencyModel::Physics(model) => model.step_us(batch),
+            LatencyModel::Calibrated(model) => model.step_us(batch),
         };
         step.max(1)
     }
@@ -199,6 +212,7 @@ impl LatencyModel {
         let step = match self {
             LatencyModel::Blackbox(model) => model.step_with_decodes_us(batch, decodes),
             LatencyModel::Roofline(model) => model.step_with_decodes_us(batch, decodes, context),
+            LatencyModel::Calibrated(model) => model.step_with_decodes_us(batch, decodes, context),
             LatencyModel::Physics(_) => return None,
         };
         Some(step.max(1))
@@ -210,6 +224,7 @@ impl LatencyModel {
             LatencyModel::Blackbox(model) => model.queueing_us(input_tokens),
             LatencyModel::Roofline(_) => 0,
             LatencyModel::Physics(model) => model.queueing_us(input_tokens),
+            LatencyModel::Calibrated(model) => model.queueing_us(input_tokens),
         }
     }
 
@@ -219,6 +234,18 @@ impl LatencyModel {
             LatencyModel::Blackbox(model) => model.output_token_us(),
             LatencyModel::Roofline(_) => 0,
             LatencyModel::Physics(model) => model.output_token_us(),
+            LatencyModel::Calibrated(model) => model.output_token_us(),
+        }
+    }
+
+    /// Extra time before the client sees a request's first token when the step that made it
+    /// ran `batch` sequences (the serving front end streams every sequence's token; a new
+    /// stream's first token waits behind them). Later tokens inherit it. 0 except for the
+    /// calibrated model.
+    pub fn first_token_delay_us(&self, batch: u64) -> u64 {
+        match self {
+            LatencyModel::Calibrated(model) => model.first_token_delay_us(batch),
+            _ => 0,
         }
     }
 
@@ -227,6 +254,7 @@ impl LatencyModel {
         match self {
             LatencyModel::Blackbox(_) | LatencyModel::Roofline(_) => 0,
             LatencyModel::Physics(model) => model.post_decode_us(),
+            LatencyModel::Calibrated(model) => model.post_decode_us(),
         }
     }
 }

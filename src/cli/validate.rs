@@ -1,0 +1,304 @@
+//! `ditto validate DIR...`: replays measured vLLM runs and prints how far ditto's
+//! predictions are from the measurements, per run, per stage and as medians across runs.
+//!
+//! Reads each run directory's files (see `fidelity::measured`), resolves the latency model
+//! (a name or a coefficients file, see [`crate::cli::latency`]), replays, scores, and prints
+//! a table or, with `--json`, one JSON document. Bad directories or flags exit with code 2.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::{Value, json};
+
+use crate::cli::CliError;
+use crate::cli::latency::resolve_latency;
+use crate::fidelity::replay::{self, OutputLength, ReplayOptions};
+use crate::fidelity::score::{self, Metrics, RunScore};
+use crate::fidelity::{MeasuredRun, RunFiles};
+
+/// Flags of `ditto validate`.
+#[derive(Clone, Debug, Args)]
+pub struct ValidateArgs {
+    /// Measured run directories (the format of the published inference-sim ground truth).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Step-time model: a name (calibrated, physics, roofline, blackbox) or a coefficients
+    /// file written by `ditto calibrate`.
+    #[arg(long, default_value = "calibrated")]
+    pub latency_model: String,
+    /// GPU of every run (default: recorded in the run, or its directory name's prefix).
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// Output length to simulate: auto (the configured length when the server ignored EOS,
+    /// else the client's recount), configured or recount.
+    #[arg(long, default_value = "auto")]
+    pub output_length: String,
+    /// Do not give requests their workload's shared system prompt.
+    #[arg(long)]
+    pub no_shared_prefix: bool,
+    /// Seed of summary-only runs' generated arrivals.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One validated run: its score and what was simulated.
+#[derive(Clone, Debug)]
+pub struct Validated {
+    /// The score.
+    pub score: RunScore,
+    /// GPU simulated.
+    pub gpu: String,
+    /// TP simulated.
+    pub tp: u32,
+    /// GPU blocks simulated.
+    pub num_gpu_blocks: u32,
+    /// Uniform output length simulated, if any.
+    pub output_len: Option<u32>,
+}
+
+/// Runs `ditto validate` and returns what to print.
+pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
+    let options = replay_options(&args.output_length, args.no_shared_prefix, args.seed)?;
+    let mut validated = Vec::new();
+    for dir in &args.runs {
+        let run = load_run(dir)?;
+        validated.push(validate_run(
+            &run,
+            dir,
+            &args.latency_model,
+            args.gpu.as_deref(),
+            options,
+        )?);
+    }
+    Ok(if args.json {
+        let mut text = serde_json::to_string_pretty(&report_json(&args.latency_model, &validated))
+            .unwrap_or_default();
+        text.push('\n');
+        text
+    } else {
+        report_table(&args.latency_model, &validated)
+    })
+}
+
+/// Replay options from the flags.
+pub fn replay_options(
+    output_length: &str,
+    no_shared_prefix: bool,
+    seed: u64,
+) -> Result<ReplayOptions, CliError> {
+    let output_length = match output_length {
+        "auto" => OutputLength::Auto,
+        "configured" => OutputLength::Configured,
+        "recount" => OutputLength::Recount,
+        other => {
+            return Err(CliError::flag(
+                "output-length",
+                format!("unknown {other:?}; expected auto, configured or recount"),
+            ));
+        }
+    };
+    Ok(ReplayOptions {
+        output_length,
+        shared_prefix: !no_shared_prefix,
+        seed,
+    })
+}
+
+/// Replays and scores one run.
+pub fn validate_run(
+    run: &MeasuredRun,
+    dir: &Path,
+    latency_model: &str,
+    gpu: Option<&str>,
+    options: ReplayOptions,
+) -> Result<Validated, CliError> {
+    let bad = |err: crate::fidelity::FidelityError| CliError::BadFile {
+        path: dir.to_path_buf(),
+        reason: err.to_string(),
+    };
+    let gpu = replay::resolve_gpu(run, gpu).map_err(bad)?;
+    let latency = resolve_latency(latency_model, &run.arch, &gpu, run.tp)?;
+    let config = replay::engine_config(run, &gpu).map_err(bad)?;
+    let replayed = replay::replay(run, &config, latency, options).map_err(bad)?;
+    Ok(Validated {
+        score: score::score(run, &replayed),
+        gpu: gpu.name.clone(),
+        tp: run.tp,
+        num_gpu_blocks: replayed.num_gpu_blocks,
+        output_len: replayed.output_len,
+    })
+}
+
+/// Reads a run directory's files.
+pub fn load_run(dir: &Path) -> Result<MeasuredRun, CliError> {
+    if !dir.is_dir() {
+        return Err(CliError::BadFile {
+            path: dir.to_path_buf(),
+            reason: "not a directory".into(),
+        });
+    }
+    let read = |name: &str| -> Result<Option<String>, CliError> {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        std::fs::read_to_string(&path)
+            .map(Some)
+            .map_err(|source| CliError::Io { path, source })
+    };
+    let workload = match first_matching(dir, "workload_", ".json") {
+        Some(name) => read(&name)?,
+        None => None,
+    };
+    let files = RunFiles {
+        name: dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("run")
+            .to_string(),
+        model_config: read("model_config.json")?,
+        exp_config: read("exp-config.yaml")?,
+        replay_requests: read("replay_requests.json")?,
+        ground_truth: read("replay_ground_truth.json")?,
+        profile: match read("results/config.yaml")? {
+            Some(text) => Some(text),
+            None => read("profile.yaml")?,
+        },
+        workload,
+        s2r_records: read("s2r_error_records.csv")?,
+    };
+    MeasuredRun::parse(&files).map_err(|err| CliError::BadFile {
+        path: dir.to_path_buf(),
+        reason: err.to_string(),
+    })
+}
+
+/// The first file in `dir` named `prefix*suffix`, sorted by name.
+fn first_matching(dir: &Path, prefix: &str, suffix: &str) -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with(prefix) && name.ends_with(suffix))
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+fn metrics_json(m: &Metrics) -> Value {
+    let mut map = serde_json::Map::new();
+    for (name, value) in m.named() {
+        map.insert(name.into(), finite(value));
+    }
+    Value::Object(map)
+}
+
+fn finite(value: f64) -> Value {
+    if value.is_finite() {
+        json!((value * 1e4).round() / 1e4)
+    } else {
+        Value::Null
+    }
+}
+
+/// The JSON report.
+pub fn report_json(latency_model: &str, validated: &[Validated]) -> Value {
+    let runs: Vec<Value> = validated
+        .iter()
+        .map(|v| {
+            let stages: Vec<Value> = v
+                .score
+                .stages
+                .iter()
+                .map(|s| {
+                    json!({
+                        "stage": s.stage,
+                        "count": s.count,
+                        "predicted_ms": metrics_json(&s.predicted),
+                        "measured_ms": metrics_json(&s.measured),
+                        "ape_percent": metrics_json(&s.ape),
+                        "ks_ttft": s.ks_ttft.map(finite),
+                        "ks_e2e": s.ks_e2e.map(finite),
+                    })
+                })
+                .collect();
+            json!({
+                "name": v.score.name,
+                "gpu": v.gpu,
+                "tp": v.tp,
+                "num_gpu_blocks": v.num_gpu_blocks,
+                "output_len_simulated": v.output_len,
+                "unfinished_requests": v.score.unfinished,
+                "stages": stages,
+            })
+        })
+        .collect();
+    let scores: Vec<RunScore> = validated.iter().map(|v| v.score.clone()).collect();
+    json!({
+        "latency_model": latency_model,
+        "runs": runs,
+        "median_ape_percent": metrics_json(&score::median_ape(&scores)),
+    })
+}
+
+/// The human-readable table.
+pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "latency model: {latency_model}");
+    let _ = writeln!(
+        out,
+        "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5}",
+        "run",
+        "stage",
+        "n",
+        "E2E mean ms (err)",
+        "E2E p90 ms (err)",
+        "TTFT mean ms (err)",
+        "TTFT p90 ms (err)",
+        "TPOT ms (err)",
+        "KS-T",
+        "KS-E"
+    );
+    let cell = |p: f64, m: f64, e: f64| format!("{p:.1}/{m:.1} ({e:.1}%)");
+    for v in validated {
+        for s in &v.score.stages {
+            let stage = if s.stage < 0 {
+                "all".to_string()
+            } else {
+                s.stage.to_string()
+            };
+            let ks = |k: Option<f64>| k.map_or("-".to_string(), |k| format!("{k:.3}"));
+            let (p, m, e) = (&s.predicted, &s.measured, &s.ape);
+            let _ = writeln!(
+                out,
+                "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5}",
+                v.score.name,
+                stage,
+                s.count,
+                cell(p.e2e_mean, m.e2e_mean, e.e2e_mean),
+                cell(p.e2e_p90, m.e2e_p90, e.e2e_p90),
+                cell(p.ttft_mean, m.ttft_mean, e.ttft_mean),
+                cell(p.ttft_p90, m.ttft_p90, e.ttft_p90),
+                cell(p.tpot_mean, m.tpot_mean, e.tpot_mean),
+                ks(s.ks_ttft),
+                ks(s.ks_e2e),
+            );
+        }
+    }
+    let scores: Vec<RunScore> = validated.iter().map(|v| v.score.clone()).collect();
+    let med = score::median_ape(&scores);
+    let _ = writeln!(
+        out,
+        "median abs % error over {} runs: E2E mean {:.1}%, E2E p90 {:.1}%, TTFT mean {:.1}%, TTFT p90 {:.1}%, TPOT {:.1}%",
+        scores.len(),
+        med.e2e_mean,
+        med.e2e_p90,
+        med.ttft_mean,
+        med.ttft_p90,
+        med.tpot_mean
+    );
+    out
+}

@@ -1,0 +1,505 @@
+//! A measured run's files → [`MeasuredRun`]: what the server was, what was sent, what was
+//! measured.
+//!
+//! Which file says what (each optional unless stated):
+//! - `model_config.json` (required): the model's HF config;
+//! - `exp-config.yaml`: TP, `max_model_len`, `max_num_batched_tokens`, `max_num_seqs`;
+//! - `replay_requests.json`: the measured arrivals and token counts, and `config` (TP, limits,
+//!   `kv_blocks_total_gpu`, block size);
+//! - `replay_ground_truth.json`: per request `ttft_s`, `e2e_s`, `has_error` (same `index`);
+//! - `results/config.yaml` (what ran) or else `profile.yaml` (what was asked): the
+//!   inference-perf workload: shared-prefix shape, configured `output_len`, `ignore_eos`,
+//!   rate stages;
+//! - `workload_*.json`: the workload of a summary-only run (no replay files);
+//! - `s2r_error_records.csv`: the run's hardware, `gpu_mem_util`, summary actuals per stage,
+//!   and the published simulators' predictions and errors.
+//!
+//! Text in, no I/O. Errors name the file and the field.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::catalog;
+use crate::sim::latency::ModelArch;
+use crate::workload::TraceFormat;
+
+use super::FidelityError;
+
+/// The text of a run directory's files (the caller reads them).
+#[derive(Clone, Debug, Default)]
+pub struct RunFiles {
+    /// The run's name (its directory name).
+    pub name: String,
+    /// `model_config.json`.
+    pub model_config: Option<String>,
+    /// `exp-config.yaml`.
+    pub exp_config: Option<String>,
+    /// `replay_requests.json`.
+    pub replay_requests: Option<String>,
+    /// `replay_ground_truth.json`.
+    pub ground_truth: Option<String>,
+    /// `results/config.yaml`, or else `profile.yaml`.
+    pub profile: Option<String>,
+    /// `workload_*.json` (summary-only runs).
+    pub workload: Option<String>,
+    /// `s2r_error_records.csv`.
+    pub s2r_records: Option<String>,
+}
+
+/// One constant-rate stage of the load.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stage {
+    /// Requests per second.
+    pub rate: f64,
+    /// Start, in µs from the first arrival.
+    pub start_us: u64,
+    /// Length in µs.
+    pub duration_us: u64,
+}
+
+/// The shared-prefix ("general" chat) workload shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SharedPrefix {
+    /// Distinct system prompts.
+    pub groups: u32,
+    /// Users per system prompt.
+    pub users_per_group: u32,
+    /// System-prompt length in tokens (the shared part).
+    pub system_prompt_len: u32,
+    /// Question length in tokens.
+    pub question_len: u32,
+}
+
+/// One measured request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasuredRequest {
+    /// The replay `index`.
+    pub id: u64,
+    /// Arrival in µs from the first.
+    pub arrival_us: u64,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// The client's recount of the output text's tokens.
+    pub output_recount: u32,
+    /// Measured TTFT in µs.
+    pub ttft_us: f64,
+    /// Measured E2E in µs.
+    pub e2e_us: f64,
+}
+
+/// A published simulator's prediction of one summary metric.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Published {
+    /// Simulator name (`blis-trained-physics`, ...).
+    pub simulator: String,
+    /// Stage index, -1 for the whole run.
+    pub stage: i32,
+    /// Metric (`e2e_mean`, `ttft_p90`, `itl_mean`, ...).
+    pub metric: String,
+    /// Predicted value (ms).
+    pub predicted: f64,
+    /// Its absolute % error.
+    pub ape: f64,
+}
+
+/// Everything known about a measured run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MeasuredRun {
+    /// Name (directory name).
+    pub name: String,
+    /// The model.
+    pub arch: ModelArch,
+    /// GPU name as recorded (`H100`, `A100-80GB`), if recorded.
+    pub gpu: Option<String>,
+    /// Tensor parallelism.
+    pub tp: u32,
+    /// vLLM `max_num_seqs`.
+    pub max_num_seqs: u32,
+    /// vLLM `max_num_batched_tokens`.
+    pub max_num_batched_tokens: u32,
+    /// vLLM `max_model_len`, if recorded.
+    pub max_model_len: Option<u32>,
+    /// KV block size.
+    pub block_size: u32,
+    /// GPU KV blocks the server reported, if recorded.
+    pub num_gpu_blocks: Option<u32>,
+    /// vLLM `gpu_memory_utilization` (to derive blocks when not recorded).
+    pub gpu_memory_utilization: f64,
+    /// The configured output length (`output_len`), if recorded.
+    pub configured_output_len: Option<u32>,
+    /// Whether the server ignored EOS (then it generated exactly the configured length).
+    pub ignore_eos: bool,
+    /// The shared-prefix shape, if the workload had one.
+    pub shared_prefix: Option<SharedPrefix>,
+    /// Rate stages in order.
+    pub stages: Vec<Stage>,
+    /// Measured requests (empty for a summary-only run), in arrival order.
+    pub requests: Vec<MeasuredRequest>,
+    /// Requests to generate for a summary-only run.
+    pub num_requests: Option<u64>,
+    /// Summary actuals from `s2r_error_records.csv`: (stage, metric) → value in ms.
+    pub actuals: BTreeMap<(i32, String), f64>,
+    /// The published simulators' predictions.
+    pub published: Vec<Published>,
+}
+
+impl MeasuredRun {
+    /// Parses a run from its files.
+    pub fn parse(files: &RunFiles) -> Result<MeasuredRun, FidelityError> {
+        let model_text = files
+            .model_config
+            .as_deref()
+            .ok_or_else(|| missing_file("model_config.json", "the model's HF config is needed"))?;
+        let arch = catalog::parse_model_config(&files.name, model_text).map_err(|err| {
+            FidelityError::BadFile {
+                file: "model_config.json".into(),
+                reason: err.to_string(),
+            }
+        })?;
+        let exp = match &files.exp_config {
+            Some(text) => yaml_value("exp-config.yaml", text)?,
+            None => Value::Null,
+        };
+        let profile = match (&files.profile, &files.workload) {
+            (Some(text), _) => Some(("profile.yaml", yaml_value("profile.yaml", text)?)),
+            (None, Some(text)) => Some(("workload json", json_value("workload json", text)?)),
+            (None, None) => None,
+        };
+        let s2r = match &files.s2r_records {
+            Some(text) => parse_s2r(text)?,
+            None => S2r::default(),
+        };
+        let mut run = MeasuredRun {
+            name: files.name.clone(),
+            arch,
+            gpu: s2r.hardware.clone(),
+            tp: u32_at(&exp, "tensor_parallelism").unwrap_or(1),
+            max_num_seqs: u32_at(&exp, "max_num_seqs").unwrap_or(256),
+            max_num_batched_tokens: u32_at(&exp, "max_num_batched_tokens").unwrap_or(2048),
+            max_model_len: u32_at(&exp, "max_model_len"),
+            block_size: 16,
+            num_gpu_blocks: None,
+            gpu_memory_utilization: s2r.gpu_memory_utilization.unwrap_or(0.9),
+            configured_output_len: None,
+            ignore_eos: false,
+            shared_prefix: None,
+            stages: Vec::new(),
+            requests: Vec::new(),
+            num_requests: None,
+            actuals: s2r.actuals,
+            published: s2r.published,
+        };
+        if let Some(tp) = s2r.tp.filter(|_| exp.is_null()) {
+            run.tp = tp;
+        }
+        if let Some((file, profile)) = &profile {
+            apply_profile(&mut run, file, profile)?;
+        }
+        if let Some(text) = &files.replay_requests {
+            apply_replay(&mut run, text, files.ground_truth.as_deref())?;
+        }
+        if run.stages.is_empty() {
+            return Err(FidelityError::Missing {
+                what: "rate stages",
+                reason: "neither profile.yaml nor a workload json gives `load.stages`".into(),
+            });
+        }
+        if run.requests.is_empty() && run.actuals.is_empty() {
+            return Err(FidelityError::Missing {
+                what: "measurements",
+                reason: "need replay_ground_truth.json or s2r_error_records.csv actuals".into(),
+            });
+        }
+        Ok(run)
+    }
+
+    /// The stage a request arriving at `arrival_us` belongs to (the last one past its end).
+    pub fn stage_of(&self, arrival_us: u64) -> usize {
+        self.stages
+            .iter()
+            .rposition(|stage| arrival_us >= stage.start_us)
+            .unwrap_or(0)
+    }
+
+    /// The run cut after stage `last`: later stages, their requests and their summary
+    /// actuals (and the whole-run ones, which include them) removed. Warm calibration fits
+    /// on such a cut.
+    pub fn through_stage(&self, last: usize) -> MeasuredRun {
+        let mut run = self.clone();
+        run.stages.truncate(last + 1);
+        if let Some(stage) = run.stages.last() {
+            let end_us = stage.start_us + stage.duration_us;
+            run.requests.retain(|r| r.arrival_us < end_us);
+        }
+        run.actuals
+            .retain(|(stage, _), _| *stage >= 0 && *stage as usize <= last);
+        run
+    }
+
+    /// True when per-request measurements exist (else only summary actuals).
+    pub fn has_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+}
+
+fn missing_file(file: &str, reason: &str) -> FidelityError {
+    FidelityError::BadFile {
+        file: file.into(),
+        reason: format!("missing: {reason}"),
+    }
+}
+
+fn bad(file: &str, reason: impl Into<String>) -> FidelityError {
+    FidelityError::BadFile {
+        file: file.into(),
+        reason: reason.into(),
+    }
+}
+
+fn yaml_value(file: &str, text: &str) -> Result<Value, FidelityError> {
+    serde_saphyr::from_str::<Value>(text).map_err(|err| bad(file, err.to_string()))
+}
+
+fn json_value(file: &str, text: &str) -> Result<Value, FidelityError> {
+    serde_json::from_str::<Value>(text).map_err(|err| bad(file, err.to_string()))
+}
+
+fn u32_at(value: &Value, key: &str) -> Option<u32> {
+    value
+        .get(key)
+        .and_then(Value::as_f64)
+        .filter(|v| v.is_finite() && *v >= 0.0 && *v <= f64::from(u32::MAX))
+        .map(|v| v as u32)
+}
+
+/// Reads the workload shape, output length, EOS handling and stages from an inference-perf
+/// profile (`data.shared_prefix`, `server.ignore_eos`, `load.stages`) or a workload json
+/// (`shared_prefix`, `api.ignore_eos`, `stages`, `num_requests`).
+fn apply_profile(run: &mut MeasuredRun, file: &str, profile: &Value) -> Result<(), FidelityError> {
+    let shared = profile
+        .pointer("/data/shared_prefix")
+        .or_else(|| profile.get("shared_prefix"))
+        .filter(|v| v.is_object());
+    if let Some(shared) = shared {
+        let groups = u32_at(shared, "num_groups").or(u32_at(shared, "num_unique_system_prompts"));
+        let users = u32_at(shared, "num_prompts_per_group")
+            .or(u32_at(shared, "num_users_per_system_prompt"));
+        let system = u32_at(shared, "system_prompt_len");
+        if let (Some(groups), Some(users), Some(system)) = (groups, users, system) {
+            run.shared_prefix = Some(SharedPrefix {
+                groups: groups.max(1),
+                users_per_group: users.max(1),
+                system_prompt_len: system,
+                question_len: u32_at(shared, "question_len").unwrap_or(0),
+            });
+        }
+        run.configured_output_len = u32_at(shared, "output_len").filter(|&n| n > 0);
+    }
+    run.ignore_eos = profile
+        .pointer("/server/ignore_eos")
+        .or_else(|| profile.pointer("/api/ignore_eos"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let stages = profile
+        .pointer("/load/stages")
+        .or_else(|| profile.get("stages"))
+        .and_then(Value::as_array);
+    if let Some(stages) = stages {
+        let mut start_us = 0u64;
+        for (i, stage) in stages.iter().enumerate() {
+            let rate = stage.get("rate").and_then(Value::as_f64);
+            let duration = stage.get("duration").and_then(Value::as_f64);
+            let (Some(rate), Some(duration)) = (rate, duration) else {
+                return Err(bad(
+                    file,
+                    format!("stages[{i}]: needs `rate` and `duration`"),
+                ));
+            };
+            if !(rate > 0.0 && rate.is_finite() && duration > 0.0 && duration < 1e7) {
+                return Err(bad(
+                    file,
+                    format!("stages[{i}]: rate and duration must be > 0"),
+                ));
+            }
+            let duration_us = (duration * 1e6).round() as u64;
+            run.stages.push(Stage {
+                rate,
+                start_us,
+                duration_us,
+            });
+            start_us += duration_us;
+        }
+    }
+    run.num_requests = profile
+        .get("num_requests")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0 && n <= 10_000_000);
+    Ok(())
+}
+
+/// Applies `replay_requests.json` (requests and server config) and, when given, the per
+/// request ground truth. Requests the run marked `has_error` are left out.
+fn apply_replay(
+    run: &mut MeasuredRun,
+    text: &str,
+    ground_truth: Option<&str>,
+) -> Result<(), FidelityError> {
+    let trace = TraceFormat::ReplayJson
+        .parse(text)
+        .map_err(|err| bad("replay_requests.json", err.to_string()))?;
+    if let Some(config) = trace.replay_config {
+        run.tp = config.tensor_parallelism.max(1);
+        run.max_num_seqs = config.max_num_seqs;
+        run.max_num_batched_tokens = config.max_num_batched_tokens;
+        run.block_size = config.block_size.max(1);
+        run.num_gpu_blocks = u32::try_from(config.kv_blocks_total_gpu)
+            .ok()
+            .filter(|&b| b > 0);
+    }
+    let Some(truth) = ground_truth else {
+        return Err(missing_file(
+            "replay_ground_truth.json",
+            "replay_requests.json needs its ground truth",
+        ));
+    };
+    let truth = parse_ground_truth(truth)?;
+    let errored: std::collections::BTreeSet<u64> = trace.errored.iter().map(|id| id.0).collect();
+    for request in &trace.requests {
+        let id = request.id.0;
+        let Some(&(ttft_s, e2e_s, has_error)) = truth.get(&id) else {
+            continue;
+        };
+        if has_error || errored.contains(&id) {
+            continue;
+        }
+        run.requests.push(MeasuredRequest {
+            id,
+            arrival_us: request.arrival_us,
+            input_tokens: request.input_tokens,
+            output_recount: request.output_tokens,
+            ttft_us: ttft_s * 1e6,
+            e2e_us: e2e_s * 1e6,
+        });
+    }
+    if run.requests.is_empty() {
+        return Err(bad(
+            "replay_ground_truth.json",
+            "no request has a usable measurement",
+        ));
+    }
+    Ok(())
+}
+
+/// `index` → (`ttft_s`, `e2e_s`, `has_error`).
+fn parse_ground_truth(text: &str) -> Result<BTreeMap<u64, (f64, f64, bool)>, FidelityError> {
+    const FILE: &str = "replay_ground_truth.json";
+    let value = json_value(FILE, text)?;
+    let rows = value
+        .as_array()
+        .or_else(|| value.get("requests").and_then(Value::as_array))
+        .ok_or_else(|| bad(FILE, "expected an array of {index, ttft_s, e2e_s}"))?;
+    let mut truth = BTreeMap::new();
+    for (i, row) in rows.iter().enumerate() {
+        let index = row
+            .get("index")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| bad(FILE, format!("[{i}].index: missing or not an integer")))?;
+        let has_error = row
+            .get("has_error")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let ttft = row.get("ttft_s").and_then(Value::as_f64);
+        let e2e = row.get("e2e_s").and_then(Value::as_f64);
+        match (ttft, e2e) {
+            (Some(ttft), Some(e2e)) if ttft >= 0.0 && e2e >= ttft && e2e.is_finite() => {
+                truth.insert(index, (ttft, e2e, has_error));
+            }
+            _ if has_error => {}
+            _ => {
+                return Err(bad(
+                    FILE,
+                    format!("[{i}]: ttft_s and e2e_s must be numbers with 0 <= ttft_s <= e2e_s"),
+                ));
+            }
+        }
+    }
+    Ok(truth)
+}
+
+/// What `s2r_error_records.csv` says about the run.
+#[derive(Debug, Default)]
+struct S2r {
+    hardware: Option<String>,
+    gpu_memory_utilization: Option<f64>,
+    tp: Option<u32>,
+    actuals: BTreeMap<(i32, String), f64>,
+    published: Vec<Published>,
+}
+
+/// Parses the published error records (plain CSV with a header; no quoted fields).
+fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
+    const FILE: &str = "s2r_error_records.csv";
+    let mut lines = text.lines().filter(|line| !line.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or_else(|| bad(FILE, "empty"))?
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(sim), Some(stage), Some(metric), Some(predicted), Some(actual)) = (
+        column("simulator"),
+        column("stage_index"),
+        column("metric_name"),
+        column("predicted"),
+        column("actual"),
+    ) else {
+        return Err(bad(
+            FILE,
+            "header needs simulator, stage_index, metric_name, predicted, actual",
+        ));
+    };
+    let mape = column("mape");
+    let mut s2r = S2r::default();
+    for (n, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let cell = |i: usize| cells.get(i).copied().unwrap_or("");
+        let number = |i: usize| cell(i).parse::<f64>().ok().filter(|v| v.is_finite());
+        let (Ok(stage_index), Some(actual_value)) = (cell(stage).parse::<i32>(), number(actual))
+        else {
+            return Err(bad(
+                FILE,
+                format!("line {}: bad stage_index or actual", n + 2),
+            ));
+        };
+        let metric_name = cell(metric).to_string();
+        s2r.actuals
+            .insert((stage_index, metric_name.clone()), actual_value);
+        if let Some(predicted_value) = number(predicted) {
+            s2r.published.push(Published {
+                simulator: cell(sim).to_string(),
+                stage: stage_index,
+                metric: metric_name,
+                predicted: predicted_value,
+                ape: mape.and_then(number).unwrap_or(f64::NAN),
+            });
+        }
+        if s2r.hardware.is_none() {
+            s2r.hardware = column("hardware")
+                .map(cell)
+                .filter(|h| !h.is_empty())
+                .map(String::from);
+        }
+        if s2r.gpu_memory_utilization.is_none() {
+            s2r.gpu_memory_utilization = column("gpu_mem_util").and_then(number);
+        }
+        if s2r.tp.is_none() {
+            s2r.tp = column("tp")
+                .and_then(number)
+                .map(|v| v as u32)
+                .filter(|&t| t > 0);
+        }
+    }
+    Ok(s2r)
+}

@@ -1,0 +1,58 @@
+//! Fidelity: replaying measured vLLM runs and scoring ditto's predictions against them.
+//!
+//! A measured run is a directory in the format of the published inference-sim ground truth
+//! (`replay_requests.json`, `replay_ground_truth.json`, `exp-config.yaml`, `profile.yaml`,
+//! `model_config.json`, `s2r_error_records.csv`; or, for summary-only runs, a workload
+//! description `workload_*.json` plus the summary actuals in `s2r_error_records.csv`).
+//!
+//! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`]: engine limits, model,
+//!   GPU, requests with their measured TTFT and E2E, rate stages, summary actuals;
+//! - [`replay`]: a run plus a latency model → simulated per-request TTFT and E2E;
+//! - [`score`]: predicted vs. measured → the field's metrics (E2E/TTFT mean and p90, TPOT
+//!   mean), per stage and overall, absolute % errors, KS distances, medians across runs;
+//! - [`calibrate`]: fits the calibrated step-time model's coefficients to runs by replaying
+//!   them (simulation in the loop), and the warm per-run calibration.
+//!
+//! Pure like the engine: callers (the CLI) read the files and pass their text.
+
+pub mod calibrate;
+pub mod measured;
+pub mod replay;
+pub mod score;
+
+pub use measured::{MeasuredRun, RunFiles, Stage};
+pub use replay::{Replayed, replay};
+pub use score::{RunScore, StageScore};
+
+/// Why a measured run could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FidelityError {
+    /// A file of the run is missing or malformed.
+    #[error("{file}: {reason}")]
+    BadFile {
+        /// Which file (name inside the run directory).
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The run needs a setting it does not record.
+    #[error("{what}: {reason}")]
+    Missing {
+        /// The setting.
+        what: &'static str,
+        /// Why it is needed and how to give it.
+        reason: String,
+    },
+    /// The model or GPU is unknown, or the latency model cannot be built.
+    #[error(transparent)]
+    Catalog(#[from] crate::catalog::CatalogError),
+    /// KV capacity cannot be derived.
+    #[error("KV capacity: {0}")]
+    Capacity(#[from] crate::sim::capacity::CapacityError),
+    /// The simulation refused the replay.
+    #[error("simulation: {0}")]
+    Sim(#[from] crate::sim::SimError),
+    /// The latency model cannot be built.
+    #[error("latency model: {0}")]
+    Latency(#[from] crate::sim::latency::LatencyError),
+}

@@ -1,0 +1,296 @@
+//! Replaying a measured run through the engine: same arrivals, token counts, vLLM limits and
+//! GPU blocks, and the latency model under test.
+//!
+//! Which output length is simulated: with `ignore_eos` and a configured `output_len` (the
+//! published runs: 248 or 247), the server generated exactly that many tokens for every
+//! request, so that is what the engine generates ([`OutputLength::Configured`]). The
+//! per-request `output_tokens` in `replay_requests.json` is the client's recount of the
+//! streamed text, which differs (on the Llama-2 run it averages 209 with some 0s, because
+//! the detokenized text re-tokenizes to fewer tokens); simulating it would shorten every
+//! request's decode by the recount error. [`OutputLength::Recount`] is there for runs
+//! without `ignore_eos`.
+//!
+//! Shared prefixes: the "general" workloads send one of G system prompts (100 tokens) ahead
+//! of each question; vLLM's prefix cache holds their full blocks. The replay files do not say
+//! which request used which prompt, so request `i` gets group `i mod G` (the generator's
+//! round-robin over users), which gives the same hit rate.
+//!
+//! Summary-only runs (no replay files) get seeded Poisson arrivals per stage, prompts of
+//! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length.
+
+use rand_core::Rng;
+
+use crate::catalog;
+use crate::sim::latency::{GpuSpec, LatencyModel};
+use crate::sim::rng::RngStreams;
+use crate::sim::{Engine, EngineConfig, RequestSpec, capacity};
+
+use super::FidelityError;
+use super::measured::MeasuredRun;
+
+/// Prompt tokens the chat template and BOS add to system prompt + question (measured on the
+/// H100 "general" runs: 575.5 mean prompt for 100 + 447 configured).
+pub const TEMPLATE_TOKENS: u32 = 28;
+
+/// Event budget of one replay (a 20k-request run needs about 10M).
+const REPLAY_EVENTS_MAX: u64 = 200_000_000;
+
+/// Which output length each replayed request generates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputLength {
+    /// The configured `output_len` when the server ignored EOS, else the recount.
+    Auto,
+    /// The configured `output_len` (requires one).
+    Configured,
+    /// The client's per-request recount.
+    Recount,
+}
+
+/// How to replay a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Output length choice.
+    pub output_length: OutputLength,
+    /// Give requests their shared system prompt (prefix caching hits).
+    pub shared_prefix: bool,
+    /// Seed for summary-only runs' generated arrivals and lengths.
+    pub seed: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            output_length: OutputLength::Auto,
+            shared_prefix: true,
+            seed: 42,
+        }
+    }
+}
+
+/// One request's prediction, beside its measurement when the run has one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ReplayedRequest {
+    /// Stage index.
+    pub stage: usize,
+    /// Predicted TTFT (µs).
+    pub ttft_us: f64,
+    /// Predicted E2E (µs).
+    pub e2e_us: f64,
+    /// Measured TTFT and E2E (µs), for per-request runs.
+    pub measured: Option<(f64, f64)>,
+    /// Tokens the client counted (the measured run's recount, or the simulated length).
+    pub output_recount: u32,
+}
+
+/// A replayed run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Replayed {
+    /// Requests that completed in the simulation, in arrival order.
+    pub requests: Vec<ReplayedRequest>,
+    /// Requests that did not complete (dropped, timed out).
+    pub unfinished: u64,
+    /// The GPU blocks simulated.
+    pub num_gpu_blocks: u32,
+    /// The output length simulated per request, when uniform.
+    pub output_len: Option<u32>,
+}
+
+/// Resolves the run's GPU: `override_name`, else the recorded hardware (`A100-80GB` is
+/// `A100-80`), else a catalog GPU named at the start of the run's name (`h100-...`).
+pub fn resolve_gpu(
+    run: &MeasuredRun,
+    override_name: Option<&str>,
+) -> Result<GpuSpec, FidelityError> {
+    let mut names: Vec<String> = Vec::new();
+    if let Some(name) = override_name {
+        return Ok(catalog::gpu(name)?);
+    }
+    if let Some(hardware) = &run.gpu {
+        names.push(hardware.clone());
+        names.push(
+            hardware
+                .trim_end_matches("GB")
+                .trim_end_matches('-')
+                .to_string(),
+        );
+    }
+    if let Some(prefix) = run.name.split(['-', '_']).next() {
+        names.push(prefix.to_string());
+    }
+    names
+        .iter()
+        .find_map(|name| catalog::gpu(name).ok())
+        .ok_or_else(|| FidelityError::Missing {
+            what: "GPU",
+            reason: format!(
+                "run `{}` records no known GPU ({:?}); pass --gpu",
+                run.name, run.gpu
+            ),
+        })
+}
+
+/// The engine configuration the measured server ran with.
+pub fn engine_config(run: &MeasuredRun, gpu: &GpuSpec) -> Result<EngineConfig, FidelityError> {
+    let num_gpu_blocks = match run.num_gpu_blocks {
+        Some(blocks) => blocks,
+        None => capacity::num_gpu_blocks(
+            &run.arch,
+            gpu,
+            run.tp,
+            run.gpu_memory_utilization,
+            run.block_size,
+        )?,
+    };
+    let max_model_len = run
+        .max_model_len
+        .unwrap_or(run.arch.max_position_embeddings);
+    let mut config = EngineConfig::vllm_defaults(num_gpu_blocks, max_model_len);
+    config.block_size = run.block_size;
+    config.max_num_seqs = run.max_num_seqs;
+    config.max_num_batched_tokens = run.max_num_batched_tokens;
+    config.kv_sample_interval_us = 0;
+    config.validate().map_err(|err| FidelityError::Missing {
+        what: "engine limits",
+        reason: format!("{}: {}", err.field, err.reason),
+    })?;
+    Ok(config)
+}
+
+/// Replays `run` with `latency` on an engine configured as the measured server.
+pub fn replay(
+    run: &MeasuredRun,
+    config: &EngineConfig,
+    latency: LatencyModel,
+    options: ReplayOptions,
+) -> Result<Replayed, FidelityError> {
+    let output_len = simulated_output_len(run, options.output_length)?;
+    let requests = requests(run, output_len, options);
+    let measured: Vec<Option<(f64, f64, u32)>> = if run.has_requests() {
+        run.requests
+            .iter()
+            .map(|r| Some((r.ttft_us, r.e2e_us, r.output_recount)))
+            .collect()
+    } else {
+        vec![None; requests.len()]
+    };
+    let arrivals: Vec<u64> = requests.iter().map(|r| r.arrival_us).collect();
+    let generated: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
+    let mut engine = Engine::new(config.clone(), latency)?;
+    engine.run(requests, REPLAY_EVENTS_MAX)?;
+    let mut by_id: Vec<Option<(f64, f64)>> = vec![None; arrivals.len()];
+    for record in &engine.metrics().records {
+        let (Some(ttft), Some(e2e)) = (record.ttft_us(), record.e2e_us()) else {
+            continue;
+        };
+        if let Some(slot) = usize::try_from(record.id.0)
+            .ok()
+            .and_then(|i| by_id.get_mut(i))
+        {
+            *slot = Some((ttft as f64, e2e as f64));
+        }
+    }
+    let mut replayed = Replayed {
+        requests: Vec::with_capacity(arrivals.len()),
+        unfinished: 0,
+        num_gpu_blocks: config.num_gpu_blocks,
+        output_len,
+    };
+    for (i, predicted) in by_id.into_iter().enumerate() {
+        let Some((ttft_us, e2e_us)) = predicted else {
+            replayed.unfinished += 1;
+            continue;
+        };
+        let truth = measured[i];
+        replayed.requests.push(ReplayedRequest {
+            stage: run.stage_of(arrivals[i]),
+            ttft_us,
+            e2e_us,
+            measured: truth.map(|(t, e, _)| (t, e)),
+            output_recount: truth.map_or(generated[i], |(_, _, n)| n),
+        });
+    }
+    Ok(replayed)
+}
+
+/// The uniform output length to simulate, or `None` for the per-request recount.
+fn simulated_output_len(
+    run: &MeasuredRun,
+    choice: OutputLength,
+) -> Result<Option<u32>, FidelityError> {
+    match choice {
+        OutputLength::Recount if run.has_requests() => Ok(None),
+        OutputLength::Auto if run.has_requests() && !run.ignore_eos => Ok(None),
+        _ => run
+            .configured_output_len
+            .map(Some)
+            .ok_or_else(|| FidelityError::Missing {
+                what: "output length",
+                reason: format!(
+                    "run `{}` records no configured output_len (summary-only runs need one)",
+                    run.name
+                ),
+            }),
+    }
+}
+
+/// The requests to simulate, ids = position (0-based) in arrival order.
+fn requests(
+    run: &MeasuredRun,
+    output_len: Option<u32>,
+    options: ReplayOptions,
+) -> Vec<RequestSpec> {
+    let prefix = run.shared_prefix.filter(|_| options.shared_prefix);
+    let with_prefix = |spec: RequestSpec, i: usize| match prefix {
+        Some(shape) if shape.system_prompt_len < spec.input_tokens => {
+            let group = i as u64 % u64::from(shape.groups);
+            spec.with_prefix(group, shape.system_prompt_len)
+        }
+        _ => spec,
+    };
+    if run.has_requests() {
+        return run
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let out = output_len.unwrap_or(r.output_recount).max(1);
+                with_prefix(
+                    RequestSpec::synthetic(i as u64, r.arrival_us, r.input_tokens, out),
+                    i,
+                )
+            })
+            .collect();
+    }
+    let out = output_len.unwrap_or(1).max(1);
+    let shape = run.shared_prefix;
+    let base = shape.map_or(512, |s| {
+        s.system_prompt_len + s.question_len + TEMPLATE_TOKENS
+    });
+    let mut rng = RngStreams::new(options.seed).stream("fidelity-arrivals");
+    let mut specs = Vec::new();
+    let limit = run.num_requests.unwrap_or(u64::MAX);
+    for stage in &run.stages {
+        let mut t = stage.start_us as f64;
+        let end = (stage.start_us + stage.duration_us) as f64;
+        loop {
+            let u = unit(&mut rng);
+            t += -(1.0 - u).ln() / stage.rate * 1e6;
+            if t >= end || specs.len() as u64 >= limit {
+                break;
+            }
+            let jitter = (rng.next_u64() % 33) as u32;
+            let input = (base + jitter).saturating_sub(16).max(1);
+            let i = specs.len();
+            specs.push(with_prefix(
+                RequestSpec::synthetic(i as u64, t as u64, input, out),
+                i,
+            ));
+        }
+    }
+    specs
+}
+
+/// A uniform draw in [0, 1).
+fn unit(rng: &mut impl Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}

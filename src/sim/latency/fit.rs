@@ -1,0 +1,231 @@
+//! Calibration math, pure: a bounded Nelder-Mead minimiser (the offline fit, whose loss
+//! replays whole runs) and a recursive least-squares estimator (the online fit, one
+//! measurement at a time in O(k²) memory).
+//!
+//! Knows nothing about what the parameters mean or where the measurements come from.
+
+/// Options of [`nelder_mead`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NelderMeadOptions {
+    /// Most loss evaluations.
+    pub evaluations_max: usize,
+    /// Initial simplex step, relative to each start value (absolute when the value is 0).
+    pub step: f64,
+    /// Stop when the simplex's losses differ by less than this.
+    pub tolerance: f64,
+}
+
+impl Default for NelderMeadOptions {
+    fn default() -> Self {
+        Self {
+            evaluations_max: 400,
+            step: 0.25,
+            tolerance: 1e-7,
+        }
+    }
+}
+
+/// Minimises `loss` from `start` with the Nelder-Mead simplex method; returns the best
+/// point and its loss. Deterministic; never evaluates more than `evaluations_max` times.
+pub fn nelder_mead<F>(start: &[f64], options: NelderMeadOptions, mut loss: F) -> (Vec<f64>, f64)
+where
+    F: FnMut(&[f64]) -> f64,
+{
+    let n = start.len();
+    let mut evaluations = 0usize;
+    let mut eval = |x: &[f64], evaluations: &mut usize| {
+        *evaluations += 1;
+        let value = loss(x);
+        if value.is_nan() { f64::INFINITY } else { value }
+    };
+    let mut simplex: Vec<(Vec<f64>, f64)> = Vec::with_capacity(n + 1);
+    let first = eval(start, &mut evaluations);
+    simplex.push((start.to_vec(), first));
+    for i in 0..n {
+        let mut point = start.to_vec();
+        point[i] = if point[i] == 0.0 {
+            options.step
+        } else {
+            point[i] * (1.0 + options.step)
+        };
+        let value = eval(&point, &mut evaluations);
+        simplex.push((point, value));
+    }
+    while evaluations < options.evaluations_max {
+        simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let (best, worst) = (simplex[0].1, simplex[n].1);
+        if (worst - best).abs() <= options.tolerance * (1.0 + best.abs()) {
+            break;
+        }
+        let centroid: Vec<f64> = (0..n)
+            .map(|j| simplex[..n].iter().map(|p| p.0[j]).sum::<f64>() / n as f64)
+            .collect();
+        let toward = |t: f64| -> Vec<f64> {
+            (0..n)
+                .map(|j| centroid[j] + t * (simplex[n].0[j] - centroid[j]))
+                .collect()
+        };
+        let reflected = toward(-1.0);
+        let reflected_loss = eval(&reflected, &mut evaluations);
+        if reflected_loss < simplex[0].1 {
+            let expanded = toward(-2.0);
+            let expanded_loss = eval(&expanded, &mut evaluations);
+            simplex[n] = if expanded_loss < reflected_loss {
+                (expanded, expanded_loss)
+            } else {
+                (reflected, reflected_loss)
+            };
+        } else if reflected_loss < simplex[n - 1].1 {
+            simplex[n] = (reflected, reflected_loss);
+        } else {
+            let contracted = if reflected_loss < simplex[n].1 {
+                toward(-0.5)
+            } else {
+                toward(0.5)
+            };
+            let contracted_loss = eval(&contracted, &mut evaluations);
+            if contracted_loss < simplex[n].1.min(reflected_loss) {
+                simplex[n] = (contracted, contracted_loss);
+            } else {
+                let best_point = simplex[0].0.clone();
+                for point in simplex.iter_mut().skip(1) {
+                    for (x, best) in point.0.iter_mut().zip(&best_point) {
+                        *x = best + 0.5 * (*x - best);
+                    }
+                    point.1 = eval(&point.0, &mut evaluations);
+                }
+            }
+        }
+    }
+    simplex.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let (point, value) = simplex.swap_remove(0);
+    (point, value)
+}
+
+/// Recursive least squares with exponential forgetting: fits `y ≈ θ·x` one observation at
+/// a time, in O(k²) memory whatever the number of observations. With forgetting factor
+/// λ < 1 old observations weigh λ^age, so the fit follows a drifting system.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecursiveLeastSquares {
+    theta: Vec<f64>,
+    /// Inverse information matrix, row-major k×k.
+    p: Vec<f64>,
+    lambda: f64,
+    observations: u64,
+}
+
+impl RecursiveLeastSquares {
+    /// Starts at `prior` with confidence `1/prior_variance` in each parameter and forgetting
+    /// factor `lambda` in (0, 1].
+    pub fn new(prior: &[f64], prior_variance: f64, lambda: f64) -> Self {
+        let k = prior.len();
+        let mut p = vec![0.0; k * k];
+        for i in 0..k {
+            p[i * k + i] = prior_variance;
+        }
+        Self {
+            theta: prior.to_vec(),
+            p,
+            lambda: lambda.clamp(1e-6, 1.0),
+            observations: 0,
+        }
+    }
+
+    /// The current estimate.
+    pub fn theta(&self) -> &[f64] {
+        &self.theta
+    }
+
+    /// Observations absorbed so far.
+    pub fn observations(&self) -> u64 {
+        self.observations
+    }
+
+    /// The prediction `θ·x`.
+    pub fn predict(&self, x: &[f64]) -> f64 {
+        self.theta.iter().zip(x).map(|(t, v)| t * v).sum()
+    }
+
+    /// Absorbs one observation `y` at features `x` (same length as the prior), with weight
+    /// `weight` > 0. Non-finite inputs are ignored and reported as `false`.
+    pub fn update(&mut self, x: &[f64], y: f64, weight: f64) -> bool {
+        let k = self.theta.len();
+        if x.len() != k || !y.is_finite() || !(weight > 0.0 && weight.is_finite()) {
+            return false;
+        }
+        if x.iter().any(|v| !v.is_finite()) {
+            return false;
+        }
+        // g = P x / (λ/w + xᵀ P x); θ += g (y − θ·x); P = (P − g xᵀ P) / λ.
+        let px: Vec<f64> = (0..k)
+            .map(|i| (0..k).map(|j| self.p[i * k + j] * x[j]).sum())
+            .collect();
+        let denominator = self.lambda / weight + x.iter().zip(&px).map(|(a, b)| a * b).sum::<f64>();
+        if !(denominator > 0.0 && denominator.is_finite()) {
+            return false;
+        }
+        let gain: Vec<f64> = px.iter().map(|v| v / denominator).collect();
+        let error = y - self.predict(x);
+        for (t, g) in self.theta.iter_mut().zip(&gain) {
+            *t += g * error;
+        }
+        let mut next = vec![0.0; k * k];
+        for i in 0..k {
+            for j in 0..k {
+                next[i * k + j] = (self.p[i * k + j] - gain[i] * px[j]) / self.lambda;
+            }
+        }
+        self.p = next;
+        self.observations += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nelder_mead_finds_a_quadratic_minimum() {
+        let (x, value) = nelder_mead(&[0.0, 0.0], NelderMeadOptions::default(), |p| {
+            (p[0] - 3.0).powi(2) + 10.0 * (p[1] + 1.5).powi(2)
+        });
+        assert!(
+            (x[0] - 3.0).abs() < 1e-2 && (x[1] + 1.5).abs() < 1e-2,
+            "{x:?}"
+        );
+        assert!(value < 1e-3);
+    }
+
+    #[test]
+    fn nelder_mead_respects_its_budget() {
+        let mut calls = 0;
+        let options = NelderMeadOptions {
+            evaluations_max: 10,
+            ..NelderMeadOptions::default()
+        };
+        let _ = nelder_mead(&[1.0, 1.0, 1.0], options, |p| {
+            calls += 1;
+            p.iter().map(|v| v.sin()).sum()
+        });
+        // The last iteration may shrink the whole simplex (n more calls).
+        assert!(calls <= 10 + 3, "{calls}");
+    }
+
+    #[test]
+    fn rls_recovers_a_line_and_ignores_garbage() {
+        let mut rls = RecursiveLeastSquares::new(&[0.0, 1.0], 1e6, 1.0);
+        for i in 0..200 {
+            let x = f64::from(i) / 10.0;
+            assert!(rls.update(&[1.0, x], 5.0 + 1.3 * x, 1.0));
+        }
+        assert!(!rls.update(&[1.0, f64::NAN], 1.0, 1.0));
+        assert!(!rls.update(&[1.0, 2.0], f64::INFINITY, 1.0));
+        let theta = rls.theta();
+        assert!(
+            (theta[0] - 5.0).abs() < 1e-6 && (theta[1] - 1.3).abs() < 1e-6,
+            "{theta:?}"
+        );
+        assert_eq!(rls.observations(), 200);
+    }
+}
