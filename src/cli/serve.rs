@@ -132,7 +132,8 @@ impl ServeCommandError {
         match self {
             ServeCommandError::BadFlag { .. }
             | ServeCommandError::BadConfig { .. }
-            | ServeCommandError::Serve(ServeError::Config(_)) => 64,
+            | ServeCommandError::Serve(ServeError::Config(_))
+            | ServeCommandError::Serve(ServeError::Tls(_)) => 64,
             ServeCommandError::Serve(_) => 1,
         }
     }
@@ -195,6 +196,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     );
     options.forecast_loop = args.forecast_loop.options()?;
     options.auth = args.security.auth()?;
+    options.tls = args.security.tls()?;
     options.initial_config = Some(InitialConfig {
         cluster,
         settings: TwinSettings::defaults(),

@@ -87,6 +87,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
+    /// The TLS certificate, key or client CA could not be loaded.
+    #[error("TLS: {0}")]
+    Tls(#[from] super::tls::TlsError),
     /// Installing a signal handler failed.
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),

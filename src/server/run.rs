@@ -25,6 +25,7 @@ use super::http;
 use super::lifecycle::{DrainGate, Lifecycle};
 use super::proto::twin_server::TwinServer;
 use super::service::{ServiceLimits, Shared, TwinService};
+use super::tls::{self, TlsAcceptors, TlsFiles};
 use crate::cluster::config::ClusterConfig;
 use crate::telemetry::Metrics;
 use crate::twin::limits::Limits;
@@ -76,6 +77,8 @@ pub struct ServerOptions {
     pub forecast_loop: Option<ForecastLoopOptions>,
     /// Bearer-token authentication (default: off).
     pub auth: AuthPolicy,
+    /// TLS on both listeners (default: off, plain TCP).
+    pub tls: Option<TlsFiles>,
 }
 
 impl ServerOptions {
@@ -98,6 +101,7 @@ impl ServerOptions {
             initial_config: None,
             forecast_loop: None,
             auth: AuthPolicy::default(),
+            tls: None,
         }
     }
 }
@@ -130,6 +134,7 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 
 /// Syncs the initial config, binds both listeners and starts serving.
 pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> {
+    let tls = options.tls.as_ref().map(TlsAcceptors::load).transpose()?;
     let metrics = Arc::new(Metrics::new()?);
     let in_flight = Lifecycle::in_flight_gauge()?;
     metrics.register(Box::new(in_flight.clone()))?;
@@ -198,24 +203,44 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             source,
         })?;
     let (stop, stop_rx) = watch::channel(false);
-    let grpc = Server::builder()
+    let routes = Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(twin)
-        .serve_with_incoming_shutdown(
-            // TCP_NODELAY: without it small responses wait for delayed ACKs (~40 ms).
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            stopped(stop_rx.clone()),
-        );
-    let grpc = tokio::spawn(grpc);
+        .add_service(twin);
     let router = http::router(Arc::clone(&shared), auth, rejections);
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(stopped(stop_rx))
-            .await
-    });
-    tracing::info!(%grpc_addr, %http_addr, auth = auth_mode, "ditto serving");
+    let (grpc, http) = match &tls {
+        None => {
+            let grpc = routes.serve_with_incoming_shutdown(
+                // TCP_NODELAY: without it small responses wait for delayed ACKs (~40 ms).
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                stopped(stop_rx.clone()),
+            );
+            let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx));
+            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+        }
+        Some(acceptors) => {
+            let grpc = routes.serve_with_incoming_shutdown(
+                tls::grpc_incoming(grpc_listener, acceptors.grpc.clone()),
+                stopped(stop_rx.clone()),
+            );
+            let listener =
+                tls::TlsListener::new(http_listener, acceptors.http.clone()).map_err(|source| {
+                    ServeError::Bind {
+                        addr: options.http_addr,
+                        source,
+                    }
+                })?;
+            let http = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx));
+            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+        }
+    };
+    let transport = match (&options.tls, &tls) {
+        (Some(files), Some(_)) if files.client_ca.is_some() => "TLS, client certificates on gRPC",
+        (Some(_), Some(_)) => "TLS",
+        _ => "plain",
+    };
+    tracing::info!(%grpc_addr, %http_addr, auth = auth_mode, transport, "ditto serving");
     Ok(RunningServer {
         grpc_addr,
         http_addr,
