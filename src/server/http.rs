@@ -34,7 +34,34 @@ pub fn router(shared: Arc<Shared>, auth: Arc<AuthPolicy>, rejections: IntCounter
         )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            observe,
+        ))
         .with_state(shared)
+}
+
+/// Counts every HTTP request and its duration by route (the three paths, else `other`, so a
+/// scanner cannot grow the label set) and status code.
+async fn observe(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = match request.uri().path() {
+        "/metrics" => "/metrics",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        _ => "other",
+    };
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    shared.metrics.observe_http(
+        route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
 }
 
 /// 401 with the scheme to use.

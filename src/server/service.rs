@@ -147,6 +147,12 @@ impl Shared {
         };
         let elapsed = started.elapsed();
         self.metrics.observe_rpc(rpc, &code, elapsed.as_secs_f64());
+        if result.is_err() && WRITES.contains(&rpc) {
+            self.metrics
+                .write_rejections
+                .with_label_values(&[rpc, &code])
+                .inc();
+        }
         result.map(|message| {
             let mut response = Response::new(message);
             // Wall time stays out of the message so identical questions get identical bytes.
@@ -187,7 +193,12 @@ impl Shared {
         match tokio::time::timeout_at(deadline, task).await {
             Err(_) => Err(deadline_status("while simulating")),
             Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
-            Ok(Ok(Ok(result))) => result.map_err(|err| status_from(&err)),
+            Ok(Ok(Ok(result))) => result.map_err(|err| {
+                if is_budget_exhaustion(&err) {
+                    self.metrics.event_budget_exhaustions.inc();
+                }
+                status_from(&err)
+            }),
         }
     }
 
@@ -226,6 +237,7 @@ impl Shared {
         let limits = self.limits.twin.clone();
         let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let request_id = decoded.request_id.clone();
+        let replications = u64::from(decoded.question.options.replications);
         let answer = self
             .answer_on_snapshot(
                 deadline,
@@ -235,6 +247,11 @@ impl Shared {
             )
             .await?;
         self.metrics.simulation_events.inc_by(answer.events);
+        self.metrics.predictions.inc();
+        self.metrics
+            .forks
+            .with_label_values(&["PredictRouting"])
+            .inc_by(answer.candidates.len() as u64 * replications);
         Ok(routing_answer_to_proto(&answer, &request_id))
     }
 
@@ -245,6 +262,7 @@ impl Shared {
     ) -> Result<proto::ForecastCapacityResponse, Status> {
         let limits = self.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let replications = u64::from(decoded.question.replications);
         let answer = self
             .answer_on_snapshot(
                 deadline,
@@ -253,6 +271,11 @@ impl Shared {
                 forecast::forecast_capacity,
             )
             .await?;
+        self.metrics.forecasts.inc();
+        self.metrics
+            .forks
+            .with_label_values(&["ForecastCapacity"])
+            .inc_by(answer.candidates.len() as u64 * replications);
         Ok(forecast_answer_to_proto(&answer))
     }
 
@@ -390,6 +413,14 @@ impl Shared {
         }
         Ok(ack)
     }
+}
+
+/// The RPCs that write the mirror (their refusals count in `ditto_write_rejections_total`).
+const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEvents"];
+
+/// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
+fn is_budget_exhaustion(err: &TwinError) -> bool {
+    matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
 }
 
 /// Counts one running simulation in a gauge until dropped.
