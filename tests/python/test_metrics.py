@@ -5,6 +5,8 @@ the name (`_seconds`, `_bytes`, never ms/us/kb), `_total` on every counter and o
 else, help text on every family, bounded label sets.
 """
 
+import json
+import os
 import re
 import urllib.request
 
@@ -12,7 +14,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import Server
+from conftest import ROOT, Server
 from ditto.v1 import twin_pb2 as pb
 
 NOW_US = 2_000_000
@@ -185,3 +187,23 @@ def test_a_call_whose_event_budget_runs_out_is_counted():
         assert value(families, "ditto_rpc_errors", rpc="PredictRouting", code="ResourceExhausted") == 1
     finally:
         assert server.terminate() == 0, server.output()
+
+
+def test_the_grafana_dashboard_uses_only_exported_metrics(server):
+    """Every series the dashboard in deploy/grafana queries is one the server exports (or a
+    labelled family that appears on its first event)."""
+    traffic(server)
+    families = scrape(server)
+    samples = {sample.name for family in families.values() for sample in family.samples}
+    first_event_only = {"ditto_auth_rejections_total", "ditto_kv_events_total"}
+    with open(os.path.join(ROOT, "deploy", "grafana", "ditto-dashboard.json"), encoding="utf-8") as handle:
+        dashboard = json.load(handle)
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\b((?:ditto|process)_[a-z0-9_]+)", expr)}
+    assert len(used) >= 20, used
+    missing = sorted(used - samples - first_event_only)
+    assert not missing, f"the dashboard queries series /metrics does not have: {missing}"
+    # Panel ids are unique and every panel has a query.
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert all(panel["targets"] for panel in dashboard["panels"])
