@@ -215,11 +215,15 @@ pub fn main(args: &ServeArgs) -> ExitCode {
     if let Some(file) = &args.check_config {
         return crate::cli::check_config::main(args, file);
     }
-    if !crate::telemetry::init_tracing(&args.log) {
+    let tracing_setup = crate::telemetry::init_logs_and_traces(&args.log);
+    if !tracing_setup.logging {
         say(&format!(
             "warning: --log {:?} is not a valid filter; logging is off",
             args.log
         ));
+    }
+    if let Some(err) = &tracing_setup.traces_error {
+        say(&format!("warning: {err}; traces are off"));
     }
     let outcome = options(args).and_then(|options| {
         serve_until_signal(options, |grpc, http| {
@@ -229,6 +233,8 @@ pub fn main(args: &ServeArgs) -> ExitCode {
         })
         .map_err(ServeCommandError::from)
     });
+    // The server stopped: flush the last spans (blocks briefly, outside any runtime).
+    drop(tracing_setup);
     match outcome {
         Ok(()) => {
             say("ditto serve: stopped");

@@ -54,8 +54,13 @@ async fn observe(
         "/readyz" => "/readyz",
         _ => "other",
     };
+    let span = super::spans::http_request(request.method(), route, request.headers());
     let started = std::time::Instant::now();
-    let response = next.run(request).await;
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
     shared.metrics.observe_http(
         route,
         response.status().as_u16(),

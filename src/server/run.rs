@@ -204,6 +204,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         })?;
     let (stop, stop_rx) = watch::channel(false);
     let routes = Server::builder()
+        .trace_fn(super::spans::grpc_request)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

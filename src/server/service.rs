@@ -26,6 +26,7 @@ use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{deadline_status, internal_status, status_from, stream_status_from};
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
+use super::spans;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
 use crate::twin::limits::{CancelFlag, Limits};
@@ -238,14 +239,23 @@ impl Shared {
         let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let request_id = decoded.request_id.clone();
         let replications = u64::from(decoded.question.options.replications);
-        let answer = self
+        let shape = (
+            decoded.question.options.replications,
+            decoded.question.options.horizon_us,
+        );
+        let (answer, simulate_span) = self
             .answer_on_snapshot(
                 deadline,
                 decoded.generation,
                 |stored| decoded.resolve(stored, &limits, wall_now_us()),
                 predict::predict_routing,
+                shape,
             )
             .await?;
+        let candidates = answer.candidates.len() as u64;
+        simulate_span.record("ditto.candidates", spans::as_i64(candidates));
+        simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
+        simulate_span.record("ditto.events", spans::as_i64(answer.events));
         self.metrics.simulation_events.inc_by(answer.events);
         self.metrics.predictions.inc();
         self.metrics
@@ -263,14 +273,20 @@ impl Shared {
         let limits = self.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let replications = u64::from(decoded.question.replications);
-        let answer = self
+        let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
+        let shape = (decoded.question.replications, (horizon_s * 1e6) as u64);
+        let (answer, simulate_span) = self
             .answer_on_snapshot(
                 deadline,
                 decoded.generation,
                 |stored| decoded.resolve(stored, wall_now_us()),
                 forecast::forecast_capacity,
+                shape,
             )
             .await?;
+        let candidates = answer.candidates.len() as u64;
+        simulate_span.record("ditto.candidates", spans::as_i64(candidates));
+        simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
         self.metrics.forecasts.inc();
         self.metrics
             .forks
@@ -280,14 +296,17 @@ impl Shared {
     }
 
     /// The common path of a question: pick the snapshot of `generation`, resolve the question
-    /// against it, then run `work` on that one immutable snapshot within `deadline`.
+    /// against it, then run `work` on that one immutable snapshot within `deadline`. Returns
+    /// the answer and the simulation's span (given `replications` and `horizon_us`), for the
+    /// caller to record the answer's counts on.
     async fn answer_on_snapshot<Q, A>(
         &self,
         deadline: Instant,
         generation: u64,
         resolve: impl FnOnce(&StoredSnapshot) -> Result<Q, TwinError>,
         work: fn(&MirrorSnapshot, &Q, &Limits) -> Result<A, TwinError>,
-    ) -> Result<A, Status>
+        (replications, horizon_us): (u32, u64),
+    ) -> Result<(A, tracing::Span), Status>
     where
         Q: Send + 'static,
         A: Send + 'static,
@@ -295,22 +314,31 @@ impl Shared {
         if Instant::now() >= deadline {
             return Err(deadline_status("before the question was read"));
         }
-        let stored = self
-            .store
-            .snapshot(generation)
+        let snapshot_span = spans::snapshot(generation);
+        let stored = snapshot_span
+            .in_scope(|| self.store.snapshot(generation))
             .map_err(|err| status_from(&err))?;
-        let question = resolve(&stored).map_err(|err| status_from(&err))?;
+        snapshot_span.record(
+            "ditto.generation",
+            spans::as_i64(stored.snapshot.generation),
+        );
+        drop(snapshot_span);
+        let question = spans::resolve()
+            .in_scope(|| resolve(&stored))
+            .map_err(|err| status_from(&err))?;
         let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
-        self.simulate(deadline, move |cancel| {
+        let simulation = self.simulate(deadline, move |cancel| {
             let limits = Limits {
                 deadline: Some(deadline),
                 cancel: Some(cancel),
                 ..twin
             };
             work(&snapshot, &question, &limits)
-        })
-        .await
+        });
+        let span = spans::simulate(replications, horizon_us);
+        let answer = tracing::Instrument::instrument(simulation, span.clone()).await?;
+        Ok((answer, span))
     }
 
     /// Reads the next message of a client stream within the client's deadline, if any.
@@ -345,7 +373,8 @@ impl Shared {
         write: impl FnOnce(&MirrorStore) -> Result<T, TwinError> + Send + 'static,
     ) -> Result<T, Status> {
         let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || write(&store))
+        let applying = spans::apply();
+        tokio::task::spawn_blocking(move || applying.in_scope(|| write(&store)))
             .await
             .map_err(|_| internal_status("the store update task failed"))?
             .map_err(|err| stream_status_from(&err, accepted))
