@@ -90,16 +90,21 @@ pub fn start() -> Result<(OtelGuard, Tracer), OtelError> {
             .build()
             .map_err(|err| OtelError::Exporter(err.to_string()))?
     };
+    // The environment's resource (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES), with
+    // `service.name` "ditto" when it names none and the build's version.
+    let mut resource = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
+        "service.version",
+        env!("CARGO_PKG_VERSION"),
+    ));
+    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|name| !name.trim().is_empty())
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES")
+            .is_ok_and(|attributes| attributes.contains("service.name="));
+    if !named {
+        resource = resource.with_service_name("ditto");
+    }
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(
-            Resource::builder()
-                .with_attribute(opentelemetry::KeyValue::new(
-                    "service.version",
-                    env!("CARGO_PKG_VERSION"),
-                ))
-                .build(),
-        )
+        .with_resource(resource.build())
         .build();
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let tracer = provider.tracer("ditto");
