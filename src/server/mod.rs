@@ -15,6 +15,7 @@ pub mod error;
 pub mod forecast_loop;
 pub mod http;
 pub mod lifecycle;
+pub mod load;
 pub mod loadgen;
 pub mod run;
 pub mod service;
