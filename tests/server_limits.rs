@@ -353,3 +353,31 @@ async fn a_call_beyond_the_simulation_queue_is_resource_exhausted_at_once() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_horizon_one_millisecond_over_is_resource_exhausted() {
+    within(async {
+        let mut h = Harness::start(1, |o| o.service.twin.max_horizon_us = 2_000_000).await;
+        let with_horizon = |horizon_ms: f64| {
+            let mut message = question(1, 1);
+            message.options.as_mut().unwrap().horizon_ms = horizon_ms;
+            message
+        };
+        h.twin.predict_routing(with_horizon(2_000.0)).await.unwrap();
+        exhausted(
+            h.twin.predict_routing(with_horizon(2_001.0)).await,
+            "options.horizon_ms",
+        );
+        let staged = |duration_s: f64| {
+            let mut message = heavy_forecast();
+            message.stages = vec![proto::RateStage {
+                rate_rps: 1.0,
+                duration_s,
+            }];
+            message
+        };
+        h.twin.forecast_capacity(staged(2.0)).await.unwrap();
+        exhausted(h.twin.forecast_capacity(staged(2.001)).await, "stages");
+    })
+    .await;
+}
