@@ -24,6 +24,10 @@ pub struct PredictArgs {
     /// The server's gRPC address.
     #[arg(long, env = "DITTO_ADDR", default_value = "127.0.0.1:9010")]
     pub addr: String,
+    /// File holding the bearer token to send (a server started with --auth-reads needs it);
+    /// the token may instead come from DITTO_AUTH_TOKEN. Never a flag value.
+    #[arg(long, env = "DITTO_AUTH_TOKEN_FILE", value_name = "FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 2000)]
     pub prompt_tokens: u32,
@@ -221,8 +225,27 @@ pub fn main(args: &PredictArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let value = std::env::var(crate::server::auth::TOKEN_ENV)
+        .ok()
+        .filter(|value| !value.is_empty());
+    let token = match crate::server::auth::BearerToken::configured(
+        args.auth_token_file.as_deref(),
+        value.as_deref(),
+    ) {
+        Ok(token) => token,
+        Err(err) => {
+            eprintln!("error: --auth-token-file: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let timeout = Duration::from_millis(args.timeout_ms.max(1));
-    match predict_routing(&args.addr, &question, args.generation, timeout) {
+    match predict_routing(
+        &args.addr,
+        &question,
+        args.generation,
+        timeout,
+        token.as_ref(),
+    ) {
         Ok(answer) => {
             // A closed pipe (e.g. `| head`) is not an error worth a panic.
             let _ = std::io::stdout().write_all(render(&answer).as_bytes());

@@ -113,6 +113,18 @@ impl BearerToken {
         }
     }
 
+    /// The `authorization` metadata a client sends with this token, marked sensitive (never
+    /// indexed by HTTP/2 header compression, redacted in `Debug`).
+    pub fn client_metadata(&self) -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+        let mut text = String::with_capacity(self.0.len() + 7);
+        text.push_str("Bearer ");
+        text.extend(self.0.iter().map(|&byte| char::from(byte)));
+        let mut value = tonic::metadata::MetadataValue::try_from(text)
+            .expect("a token is printable ASCII without spaces (checked in BearerToken::new)");
+        value.set_sensitive(true);
+        value
+    }
+
     /// Whether `authorization` (a header value) is `Bearer <this token>`; constant time in
     /// the token's content.
     pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {

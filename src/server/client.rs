@@ -6,6 +6,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tonic::transport::Endpoint;
 
+use super::auth::BearerToken;
 use super::convert::question::{routing_answer_from_proto, routing_to_proto};
 use super::proto::twin_client::TwinClient;
 use crate::twin::question::{RoutingAnswer, RoutingQuestion};
@@ -51,12 +52,14 @@ fn endpoint_uri(addr: &str) -> String {
 }
 
 /// Asks the server at `addr` (`host:port` or a URI) one routing question on snapshot
-/// `generation` (0: latest), waiting at most `timeout` (sent as grpc-timeout too).
+/// `generation` (0: latest), waiting at most `timeout` (sent as grpc-timeout too), with the
+/// bearer `token` if given (a server requiring it on reads refuses the call without).
 pub fn predict_routing(
     addr: &str,
     question: &RoutingQuestion,
     generation: u64,
     timeout: Duration,
+    token: Option<&BearerToken>,
 ) -> Result<RoutingAnswer, ClientError> {
     let endpoint = Endpoint::from_shared(endpoint_uri(addr))
         .map_err(|err| ClientError::BadAddress {
@@ -81,6 +84,11 @@ pub fn predict_routing(
         let mut request =
             tonic::Request::new(routing_to_proto(question, generation, "ditto-predict"));
         request.set_timeout(timeout);
+        if let Some(token) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.client_metadata());
+        }
         let response =
             client
                 .predict_routing(request)

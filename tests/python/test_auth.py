@@ -150,6 +150,39 @@ def test_reads_need_the_token_when_asked(token_file):
     assert token not in output
 
 
+def test_the_predict_command_sends_the_token_from_a_file_or_the_environment(token_file):
+    import subprocess
+
+    token, path = token_file
+    server = start({"DITTO_AUTH_TOKEN": token}, extra_args=["--auth-reads"])
+    try:
+        base = [BINARY, "predict", "--addr", f"127.0.0.1:{server.grpc_port}", "--timeout-ms", "60000",
+                "--output-tokens", "16", "--replications", "1"]
+        env = dict(os.environ)
+        env.pop("DITTO_AUTH_TOKEN", None)
+        env.pop("DITTO_AUTH_TOKEN_FILE", None)
+
+        def predict(extra_env):
+            run_env = dict(env)
+            run_env.update(extra_env)
+            return subprocess.run(base, env=run_env, capture_output=True, text=True, timeout=120)
+
+        without = predict({})
+        assert without.returncode == 1 and "Unauthenticated" in without.stderr, without.stderr
+        from_file = predict({"DITTO_AUTH_TOKEN_FILE": path})
+        assert from_file.returncode == 0, from_file.stderr
+        assert "recommended:" in from_file.stdout
+        from_env = predict({"DITTO_AUTH_TOKEN": token})
+        assert from_env.returncode == 0, from_env.stderr
+        wrong = predict({"DITTO_AUTH_TOKEN": "wrong-wrong-wrong-wrong"})
+        assert wrong.returncode == 1 and "Unauthenticated" in wrong.stderr, wrong.stderr
+        both = predict({"DITTO_AUTH_TOKEN": token, "DITTO_AUTH_TOKEN_FILE": path})
+        assert both.returncode == 2, both.stderr
+    finally:
+        output = stop(server)
+    assert token not in output
+
+
 def test_a_bad_token_source_is_refused_before_binding(token_file):
     token, path = token_file
     import subprocess
