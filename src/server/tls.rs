@@ -154,6 +154,42 @@ fn config(
     Ok(config)
 }
 
+/// A client-side TLS connector (ALPN h2) trusting the CA certificates in `ca`, presenting
+/// the certificate chain and key of `identity` when given (mutual TLS).
+pub fn client_connector(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<tokio_rustls::TlsConnector, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in read_certs(ca)? {
+        roots.add(cert).map_err(|err| TlsError::File {
+            path: ca.to_owned(),
+            reason: format!("not a usable CA certificate: {err}"),
+        })?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|err| TlsError::Config(err.to_string()))?
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => {
+            let chain = read_certs(cert)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|err| TlsError::File {
+                path: key.to_owned(),
+                reason: format!("no usable private key: {err}"),
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|err| TlsError::Config(format!("client certificate and key: {err}")))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
 /// Accepts TCP connections on `listener` and completes their handshakes in their own tasks;
 /// the finished TLS streams come out of the returned channel. Stops when the receiver is
 /// dropped.

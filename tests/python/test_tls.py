@@ -299,3 +299,57 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
     alone = run_serve(["--tls-cert-file", pki["tls.crt"]], {})
     assert alone.returncode == 64, alone.stderr
     assert "tls-key-file" in alone.stderr
+
+
+def run_predict(server, *args):
+    return subprocess.run(
+        [BINARY, "predict", "--addr", f"127.0.0.1:{server.grpc_port}", "--timeout-ms", "60000",
+         "--output-tokens", "16", "--replications", "1", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_predict_command_speaks_tls_and_mutual_tls(pki):
+    server = start(
+        {
+            "DITTO_TLS_CERT_FILE": pki["tls.crt"],
+            "DITTO_TLS_KEY_FILE": pki["tls.key"],
+            "DITTO_TLS_CLIENT_CA_FILE": pki["ca.crt"],
+        }
+    )
+    try:
+        cert, key = pki["client"]
+        cert_path = os.path.join(pki["dir"], "client.crt")
+        key_path = os.path.join(pki["dir"], "client.key")
+        with open(cert_path, "wb") as handle:
+            handle.write(cert)
+        with open(key_path, "wb") as handle:
+            handle.write(key)
+        secure(
+            server,
+            grpc.ssl_channel_credentials(root_certificates=pki["ca_pem"], private_key=key, certificate_chain=cert),
+        )
+        server.wait_serving()
+        answered = run_predict(
+            server, "--tls-ca-file", pki["ca.crt"], "--tls-client-cert-file", cert_path,
+            "--tls-client-key-file", key_path,
+        )
+        assert answered.returncode == 0, answered.stderr
+        assert "recommended:" in answered.stdout
+        # Without the client certificate the server refuses the handshake.
+        refused = run_predict(server, "--tls-ca-file", pki["ca.crt"])
+        assert refused.returncode == 1, refused.stderr
+        # Plaintext to a TLS server fails rather than hangs.
+        plain = run_predict(server)
+        assert plain.returncode == 1, plain.stderr
+        # An unusable CA file is bad input, naming the file.
+        missing = os.path.join(pki["dir"], "absent.crt")
+        bad = run_predict(server, "--tls-ca-file", missing)
+        assert bad.returncode == 2 and missing in bad.stderr, bad.stderr
+        # A certificate without its key is a flag error.
+        alone = run_predict(server, "--tls-ca-file", pki["ca.crt"], "--tls-client-cert-file", cert_path)
+        assert alone.returncode == 2, alone.stderr
+    finally:
+        stop(server)
