@@ -19,6 +19,7 @@ pub mod load;
 pub mod loadgen;
 pub mod run;
 pub mod service;
+pub mod slots;
 pub mod spans;
 pub mod tls;
 

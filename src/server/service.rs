@@ -9,10 +9,10 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
@@ -26,6 +26,7 @@ use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{deadline_status, internal_status, status_from, stream_status_from};
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
+use super::slots::SimulationPool;
 use super::spans;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
@@ -64,8 +65,7 @@ pub struct Shared {
     pub health: HealthReporter,
     /// Work bounds.
     pub limits: ServiceLimits,
-    simulations: Arc<Semaphore>,
-    waiting: AtomicUsize,
+    pool: SimulationPool,
     shutting_down: AtomicBool,
 }
 
@@ -77,13 +77,18 @@ impl Shared {
         health: HealthReporter,
         limits: ServiceLimits,
     ) -> Self {
+        let pool = SimulationPool::new(
+            limits.max_concurrent_simulations,
+            limits.max_queued_simulations,
+            metrics.simulations_running.clone(),
+            metrics.simulations_waiting.clone(),
+        );
         Self {
             store,
             metrics,
             health,
-            simulations: Arc::new(Semaphore::new(limits.max_concurrent_simulations.max(1))),
+            pool,
             limits,
-            waiting: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -167,66 +172,20 @@ impl Shared {
         })
     }
 
-    /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
-    /// `work` gets the call's cancellation flag, raised as soon as this call ends for any
-    /// reason (answered, past its deadline, or dropped because the client went away), so a
-    /// simulation nobody waits for stops at its next budget check and frees its slot.
+    /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
+    /// event-budget exhaustions.
     async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
-        let deadline = tokio::time::Instant::from_std(deadline);
-        let permit = self.simulation_slot(deadline).await?;
-        let running = RunningGauge::start(&self.metrics.simulations_running);
-        let cancel = CancelFlag::new();
-        let _cancel_on_drop = CancelOnDrop(cancel.clone());
-        let (done, task) = tokio::sync::oneshot::channel();
-        // On the simulation pool itself (rayon's), so the forks a question fans out start on
-        // this thread without another hand-off.
-        rayon::spawn(move || {
-            // The permit is released only when the simulation really stops.
-            let _permit = permit;
-            let _running = running;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(cancel)));
-            let _ = done.send(result);
-        });
-        match tokio::time::timeout_at(deadline, task).await {
-            Err(_) => Err(deadline_status("while simulating")),
-            Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
-            Ok(Ok(Ok(result))) => result.map_err(|err| {
-                if is_budget_exhaustion(&err) {
+        self.pool
+            .run(deadline, work, |err| {
+                if is_budget_exhaustion(err) {
                     self.metrics.event_budget_exhaustions.inc();
                 }
-                status_from(&err)
-            }),
-        }
-    }
-
-    /// A simulation slot: at once if one is free, else after waiting within `deadline` if
-    /// fewer than `max_queued_simulations` calls wait already, else RESOURCE_EXHAUSTED.
-    async fn simulation_slot(
-        &self,
-        deadline: tokio::time::Instant,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
-        let semaphore = Arc::clone(&self.simulations);
-        if let Ok(permit) = Arc::clone(&semaphore).try_acquire_owned() {
-            return Ok(permit);
-        }
-        let limit = self.limits.max_queued_simulations;
-        // Counted until this future ends or is dropped (a call cut while it waits).
-        let _waiting = WaitingGuard::enter(&self.waiting, &self.metrics.simulations_waiting);
-        if self.waiting.load(Ordering::SeqCst) > limit {
-            return Err(Status::resource_exhausted(format!(
-                "all {} simulation slots are busy and {limit} calls already wait for one; \
-                 retry later or add replicas",
-                self.limits.max_concurrent_simulations.max(1)
-            )));
-        }
-        tokio::time::timeout_at(deadline, semaphore.acquire_owned())
+            })
             .await
-            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
-            .map_err(|_| internal_status("the simulation pool is closed"))
     }
 
     /// Answers one routing question within `deadline`.
@@ -450,53 +409,6 @@ const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEven
 /// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
 fn is_budget_exhaustion(err: &TwinError) -> bool {
     matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
-}
-
-/// Counts one running simulation in a gauge until dropped.
-struct RunningGauge(prometheus::IntGauge);
-
-impl RunningGauge {
-    fn start(gauge: &prometheus::IntGauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for RunningGauge {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// Counts one call waiting for a simulation slot (in the queue bound and the gauge) until
-/// dropped, so a call cut while it waits leaves neither count behind.
-struct WaitingGuard<'a> {
-    waiting: &'a AtomicUsize,
-    gauge: &'a prometheus::IntGauge,
-}
-
-impl<'a> WaitingGuard<'a> {
-    fn enter(waiting: &'a AtomicUsize, gauge: &'a prometheus::IntGauge) -> Self {
-        waiting.fetch_add(1, Ordering::SeqCst);
-        gauge.inc();
-        Self { waiting, gauge }
-    }
-}
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-        self.gauge.dec();
-    }
-}
-
-/// Raises a call's cancellation flag when the call's future ends or is dropped.
-struct CancelOnDrop(CancelFlag);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
 }
 
 fn count_kv_events(events: &[KvEvent]) -> [(&'static str, u64); 3] {
