@@ -12,6 +12,9 @@ ARG RUST_VERSION=1.95
 # --- build: a release binary from the locked dependency set ---------------------------------
 FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
 WORKDIR /src
+# The commit ditto_build_info{git_sha} reports (.git is not copied):
+#   docker build --build-arg DITTO_GIT_SHA=$(git rev-parse --short=12 HEAD) .
+ARG DITTO_GIT_SHA=unknown
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY benches ./benches
 COPY proto ./proto

@@ -25,6 +25,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Undecodable bytes are INVALID_ARGUMENT, not prost's INTERNAL (src/server/codec.rs).
+        .codec_path("crate::server::codec::TwinCodec")
         .compile_fds(compiler.file_descriptor_set())?;
+    git_sha();
     Ok(())
+}
+
+/// `DITTO_GIT_SHA` for `ditto_build_info`: from the environment (an image build passes it),
+/// else from git, else "unknown". Reruns when the checked-out commit moves.
+fn git_sha() {
+    println!("cargo:rerun-if-env-changed=DITTO_GIT_SHA");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .map(|text| text.trim().to_owned())
+            .filter(|text| !text.is_empty())
+    };
+    let sha = std::env::var("DITTO_GIT_SHA")
+        .ok()
+        .filter(|sha| !sha.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]))
+        .unwrap_or_else(|| "unknown".to_owned());
+    // Only existing files: a missing one would rerun this script on every build.
+    let mut watched = Vec::new();
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        watched.push(format!("{dir}/HEAD"));
+    }
+    if let (Some(common), Some(head)) = (
+        git(&["rev-parse", "--git-common-dir"]),
+        git(&["symbolic-ref", "-q", "HEAD"]),
+    ) {
+        watched.push(format!("{common}/{head}"));
+    }
+    for path in watched {
+        if std::path::Path::new(&path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let sha: String = sha
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(40)
+        .collect();
+    println!("cargo:rustc-env=DITTO_GIT_SHA={sha}");
 }

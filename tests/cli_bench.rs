@@ -7,7 +7,17 @@ use std::process::Command;
 #[test]
 fn bench_runs_every_case() {
     let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(["bench", "--offline-requests", "300,600", "--calls", "2"])
+        .args([
+            "bench",
+            "--offline-requests",
+            "300,600",
+            "--calls",
+            "2",
+            "--load-seconds",
+            "1",
+            "--load-clients",
+            "4",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -31,6 +41,8 @@ fn bench_runs_every_case() {
         "gRPC loopback, 1 replication (known), repeated",
         "engine state:",
         "(256 requests, 30000 blocks",
+        "== load: 4 clients on loopback for 1 s",
+        "errors 0,",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }

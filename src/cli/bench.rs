@@ -12,6 +12,8 @@
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
 //! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`): CPU
 //!    per pod per second, freshness lag, memory at the start and the end.
+//! 5. Load: many concurrent clients on loopback mixing PredictRouting, state pushes and
+//!    `/metrics` scrapes for a fixed time: operations/s, p50/p99, errors, RSS before/after.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -25,6 +27,7 @@ use crate::bench::{
     whatif_snapshot,
 };
 use crate::cluster::spec;
+use crate::server::load::{LoadOptions, run_load};
 use crate::server::loadgen::grpc_whatif_latencies;
 use crate::twin::build::restore_instance;
 use crate::twin::predict::predict_routing;
@@ -46,6 +49,12 @@ pub struct BenchArgs {
     /// Seconds the live-mirror case runs (default 10; 2 with --quick).
     #[arg(long)]
     pub live_seconds: Option<u64>,
+    /// Seconds of the loopback load case (default 10; 2 with --quick; 0 skips it).
+    #[arg(long)]
+    pub load_seconds: Option<u64>,
+    /// Concurrent clients of the load case.
+    #[arg(long, default_value_t = 32)]
+    pub load_clients: usize,
 }
 
 /// Runs every case and returns the report.
@@ -265,7 +274,47 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", live.row());
+
+    let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
+    if seconds > 0 {
+        load_case(&mut out, args.load_clients, seconds)?;
+    }
     Ok(out)
+}
+
+/// Case 4: the loopback load run (see `server::load`).
+fn load_case(out: &mut String, clients: usize, seconds: u64) -> Result<(), CliError> {
+    let _ = writeln!(
+        out,
+        "\n== load: {clients} clients on loopback for {seconds} s (after a 2 s warm-up), PredictRouting over 4 instances with every 10th operation a /metrics scrape, state pushes at 20/s"
+    );
+    let report = run_load(&LoadOptions {
+        clients,
+        warmup: Duration::from_secs(2),
+        duration: Duration::from_secs(seconds),
+        pushes_per_second: 20,
+        scrape_every: 10,
+    })
+    .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let mb =
+        |bytes: Option<u64>| bytes.map_or("n/a".to_owned(), |b| format!("{:.0}", b as f64 / 1e6));
+    let _ = writeln!(
+        out,
+        "operations/s {:.0} (predictions {}, pushes {}, scrapes {}), errors {}, prediction p50 {:.2} ms p99 {:.2} ms, RSS before {} MB after {} MB",
+        report.ops_per_second(),
+        report.predictions,
+        report.pushes,
+        report.scrapes,
+        report.errors,
+        report.latency(0.5).as_secs_f64() * 1e3,
+        report.latency(0.99).as_secs_f64() * 1e3,
+        mb(report.rss_before_bytes),
+        mb(report.rss_after_bytes),
+    );
+    if let Some(err) = &report.first_error {
+        let _ = writeln!(out, "first error: {err}");
+    }
+    Ok(())
 }
 
 /// How the what-if cases ask.

@@ -32,6 +32,10 @@ pub fn check(args: &ServeArgs, file: &Path) -> Result<CheckedConfig, ServeComman
     args.config = Some(file.to_path_buf());
     args.check_config = None;
     let options = options(&args)?;
+    // The TLS files as the server would load them (a bad key fails here, not at startup).
+    if let Some(files) = &options.tls {
+        crate::server::tls::TlsAcceptors::load(files).map_err(crate::server::ServeError::from)?;
+    }
     let store = MirrorStore::new(options.store);
     // With live sources the pods make the instance set at run time; the file's pools (the
     // sources' engine settings) are still checked by syncing them once.

@@ -17,6 +17,7 @@ pub mod predict;
 pub mod predictor_args;
 pub mod report;
 pub mod run;
+pub mod security;
 pub mod serve;
 pub mod serve_live;
 pub mod validate;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::server::client::predict_routing;
+use crate::server::client::{ClientTls, predict_routing};
 use crate::sim::SloClass;
 use crate::twin::question::{
     Background, CandidateRequest, Distribution, OutputLength, PredictOptions, RoutingAnswer,
@@ -24,6 +24,20 @@ pub struct PredictArgs {
     /// The server's gRPC address.
     #[arg(long, env = "DITTO_ADDR", default_value = "127.0.0.1:9010")]
     pub addr: String,
+    /// File holding the bearer token to send (a server started with --auth-reads needs it);
+    /// the token may instead come from DITTO_AUTH_TOKEN. Never a flag value.
+    #[arg(long, env = "DITTO_AUTH_TOKEN_FILE", value_name = "FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
+    /// Connect over TLS, trusting the CA certificates in this PEM file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain to present to a server requiring client certificates (needs
+    /// --tls-ca-file and --tls-client-key-file).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca_file", "tls_client_key_file"])]
+    pub tls_client_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-client-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_client_cert_file")]
+    pub tls_client_key_file: Option<std::path::PathBuf>,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 2000)]
     pub prompt_tokens: u32,
@@ -221,8 +235,35 @@ pub fn main(args: &PredictArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let value = std::env::var(crate::server::auth::TOKEN_ENV)
+        .ok()
+        .filter(|value| !value.is_empty());
+    let token = match crate::server::auth::BearerToken::configured(
+        args.auth_token_file.as_deref(),
+        value.as_deref(),
+    ) {
+        Ok(token) => token,
+        Err(err) => {
+            eprintln!("error: --auth-token-file: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let tls = args.tls_ca_file.as_ref().map(|ca| ClientTls {
+        ca: ca.clone(),
+        identity: args
+            .tls_client_cert_file
+            .clone()
+            .zip(args.tls_client_key_file.clone()),
+    });
     let timeout = Duration::from_millis(args.timeout_ms.max(1));
-    match predict_routing(&args.addr, &question, args.generation, timeout) {
+    match predict_routing(
+        &args.addr,
+        &question,
+        args.generation,
+        timeout,
+        token.as_ref(),
+        tls.as_ref(),
+    ) {
         Ok(answer) => {
             // A closed pipe (e.g. `| head`) is not an error worth a panic.
             let _ = std::io::stdout().write_all(render(&answer).as_bytes());
@@ -230,7 +271,9 @@ pub fn main(args: &PredictArgs) -> ExitCode {
         }
         Err(err) => {
             eprintln!("error: {err}");
-            ExitCode::from(1)
+            // Unusable TLS files are bad input (2); a failed call is 1.
+            let bad_input = matches!(err, crate::server::client::ClientError::Tls(_));
+            ExitCode::from(if bad_input { 2 } else { 1 })
         }
     }
 }

@@ -62,6 +62,12 @@ pub struct ServeArgs {
     /// Simulations running at once (0: one per CPU).
     #[arg(long, env = "DITTO_MAX_CONCURRENT_SIMULATIONS", default_value_t = 0)]
     pub max_concurrent_simulations: usize,
+    /// Calls waiting for a simulation slot at once; beyond, RESOURCE_EXHAUSTED at once.
+    #[arg(long, env = "DITTO_MAX_QUEUED_SIMULATIONS", default_value_t = crate::server::run::DEFAULT_MAX_QUEUED_SIMULATIONS)]
+    pub max_queued_simulations: usize,
+    /// Most instances in a synced config.
+    #[arg(long, env = "DITTO_MAX_INSTANCES", default_value_t = StoreLimits::DEFAULT.max_instances)]
+    pub max_instances: usize,
     /// Questions of one PredictRoutingStream answered at once.
     #[arg(long, env = "DITTO_STREAM_IN_FLIGHT", default_value_t = 8)]
     pub stream_in_flight: usize,
@@ -94,6 +100,9 @@ pub struct ServeArgs {
     /// The latency predictor HTTP API (llm-d's prediction and training servers).
     #[command(flatten)]
     pub predictor: crate::cli::predictor_args::PredictorArgs,
+    /// Authentication (and transport security) flags.
+    #[command(flatten)]
+    pub security: crate::cli::security::SecurityArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -138,7 +147,8 @@ impl ServeCommandError {
             ServeCommandError::BadFlag { .. }
             | ServeCommandError::BadLiveFlag { .. }
             | ServeCommandError::BadConfig { .. }
-            | ServeCommandError::Serve(ServeError::Config(_)) => 64,
+            | ServeCommandError::Serve(ServeError::Config(_))
+            | ServeCommandError::Serve(ServeError::Tls(_)) => 64,
             ServeCommandError::Serve(_) => 1,
         }
     }
@@ -190,14 +200,17 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         max_events_per_call: positive(args.max_events_per_call, "max-events-per-call")?,
         max_forecast_candidates: positive(args.max_forecast_candidates, "max-forecast-candidates")?,
         deadline: None,
+        cancel: None,
     };
     options.service.max_call = Duration::from_millis(positive(args.max_call_ms, "max-call-ms")?);
     if args.max_concurrent_simulations > 0 {
         options.service.max_concurrent_simulations = args.max_concurrent_simulations;
     }
     options.service.stream_in_flight = positive(args.stream_in_flight, "stream-in-flight")?;
+    options.service.max_queued_simulations = args.max_queued_simulations;
     options.store = StoreLimits {
         history_len: positive(args.snapshot_history, "snapshot-history")?,
+        max_instances: positive(args.max_instances, "max-instances")?,
         max_requests_per_instance: positive(
             args.max_requests_per_instance,
             "max-requests-per-instance",
@@ -212,6 +225,8 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
+    options.auth = args.security.auth()?;
+    options.tls = args.security.tls()?;
     options.predictor = args.predictor.options()?;
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
@@ -233,11 +248,15 @@ pub fn main(args: &ServeArgs) -> ExitCode {
     if let Some(file) = &args.check_config {
         return crate::cli::check_config::main(args, file);
     }
-    if !crate::telemetry::init_tracing(&args.log) {
+    let tracing_setup = crate::telemetry::init_logs_and_traces(&args.log);
+    if !tracing_setup.logging {
         say(&format!(
             "warning: --log {:?} is not a valid filter; logging is off",
             args.log
         ));
+    }
+    if let Some(err) = &tracing_setup.traces_error {
+        say(&format!("warning: {err}; traces are off"));
     }
     let outcome = options(args).and_then(|options| {
         serve_until_signal(options, |grpc, http| {
@@ -247,6 +266,8 @@ pub fn main(args: &ServeArgs) -> ExitCode {
         })
         .map_err(ServeCommandError::from)
     });
+    // The server stopped: flush the last spans (blocks briefly, outside any runtime).
+    drop(tracing_setup);
     match outcome {
         Ok(()) => {
             say("ditto serve: stopped");

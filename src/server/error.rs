@@ -3,7 +3,7 @@
 //!
 //! Mapping: `InvalidArgument` → INVALID_ARGUMENT (message `field.path: reason`), `NotFound`
 //! → NOT_FOUND, `FailedPrecondition` → FAILED_PRECONDITION, `ResourceExhausted` →
-//! RESOURCE_EXHAUSTED, `DeadlineExceeded` → DEADLINE_EXCEEDED. Anything else that goes wrong
+//! RESOURCE_EXHAUSTED, `DeadlineExceeded` → DEADLINE_EXCEEDED, `Cancelled` → CANCELLED. Anything else that goes wrong
 //! inside the server (a panicked simulation task) is INTERNAL.
 
 use std::net::SocketAddr;
@@ -13,7 +13,19 @@ use tonic::{Code, Status};
 
 use crate::twin::TwinError;
 
-/// The gRPC status of a twin error.
+/// Longest status message, in characters: an error echoes what the client sent (an id, a
+/// number), and a hostile value must not make a huge reply or log line.
+pub const MESSAGE_CHARS_MAX: usize = 256;
+
+/// `message` cut to [`MESSAGE_CHARS_MAX`] characters (an ellipsis marks the cut).
+pub fn shorten(message: &str) -> String {
+    match message.char_indices().nth(MESSAGE_CHARS_MAX) {
+        None => message.to_owned(),
+        Some((end, _)) => format!("{}…", &message[..end]),
+    }
+}
+
+/// The gRPC status of a twin error (its message cut to [`MESSAGE_CHARS_MAX`] characters).
 pub fn status_from(err: &TwinError) -> Status {
     let code = match err {
         TwinError::InvalidArgument { .. } => Code::InvalidArgument,
@@ -21,8 +33,9 @@ pub fn status_from(err: &TwinError) -> Status {
         TwinError::FailedPrecondition(_) => Code::FailedPrecondition,
         TwinError::ResourceExhausted(_) => Code::ResourceExhausted,
         TwinError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        TwinError::Cancelled { .. } => Code::Cancelled,
     };
-    Status::new(code, err.to_string())
+    Status::new(code, shorten(&err.to_string()))
 }
 
 /// The gRPC status of a twin error met while handling message `index` of a client stream:
@@ -74,6 +87,9 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
+    /// The TLS certificate, key or client CA could not be loaded.
+    #[error("TLS: {0}")]
+    Tls(#[from] super::tls::TlsError),
     /// Installing a signal handler failed.
     #[error("signal handler: {0}")]
     Signal(#[source] std::io::Error),
@@ -109,6 +125,7 @@ mod tests {
                 TwinError::DeadlineExceeded { events: 3 },
                 Code::DeadlineExceeded,
             ),
+            (TwinError::Cancelled { events: 3 }, Code::Cancelled),
         ];
         for (err, code) in cases {
             assert_eq!(status_from(&err).code(), code, "{err}");
@@ -117,5 +134,16 @@ mod tests {
         assert_eq!(status.message(), "instances[2].tp: bad");
         let status = stream_status_from(&TwinError::invalid("seq", "bad"), 4);
         assert_eq!(status.message(), "stream message 4: seq: bad");
+    }
+
+    #[test]
+    fn messages_are_cut_short() {
+        let long = TwinError::invalid("instances[0].id", "x".repeat(1_000_000));
+        let status = status_from(&long);
+        assert!(status.message().chars().count() <= MESSAGE_CHARS_MAX + 1);
+        assert!(status.message().starts_with("instances[0].id: xxx"));
+        assert!(status.message().ends_with('…'));
+        assert_eq!(shorten("é".repeat(300).as_str()).chars().count(), 257);
+        assert_eq!(shorten("short"), "short");
     }
 }

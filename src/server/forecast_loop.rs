@@ -152,7 +152,7 @@ pub fn spawn(
             let settings = options.settings.clone();
             let limits = Limits {
                 deadline: Some(Instant::now() + max_call),
-                ..limits
+                ..limits.clone()
             };
             let work = tokio::task::spawn_blocking(move || round(&store, &settings, &limits));
             let outcome = tokio::select! {

@@ -1,26 +1,119 @@
 //! The HTTP side of the server: `/metrics` (Prometheus text format), `/healthz` (the
 //! process is up) and `/readyz` (a config is synced and the server is not shutting down).
+//! With a bearer token required on reads, `/metrics` answers 401 without it; the probes
+//! never need it.
 
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
+use prometheus::IntCounterVec;
+
+use super::auth::AuthPolicy;
 use super::deadline::wall_now_us;
 use super::service::Shared;
 
 /// The HTTP routes over the server's shared state, with the latency predictor API
-/// (`server::predictor`) merged in.
-pub fn router(shared: Arc<Shared>, predictor: Arc<super::predictor::Predictor>) -> Router {
+/// (`server::predictor`) merged in; `auth` guards `/metrics` (a read), its refusals counted
+/// in `rejections`.
+pub fn router(
+    shared: Arc<Shared>,
+    predictor: Arc<super::predictor::Predictor>,
+    auth: Arc<AuthPolicy>,
+    rejections: IntCounterVec,
+) -> Router {
+    let auth_predictor = Arc::clone(&auth);
+    let rejections_predictor = rejections.clone();
     Router::new()
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(move |state, headers: HeaderMap| async move {
+                if auth.allows(false, &headers) {
+                    metrics(state).await
+                } else {
+                    rejections.with_label_values(&["/metrics"]).inc();
+                    unauthorized()
+                }
+            }),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(shared)
-        .merge(super::predictor::router(predictor))
+        .with_state(Arc::clone(&shared))
+        .merge(super::predictor::router(predictor).route_layer(
+            axum::middleware::from_fn_with_state(
+                (auth_predictor, rejections_predictor),
+                guard_predictor,
+            ),
+        ))
+        .layer(axum::middleware::from_fn_with_state(shared, observe))
+}
+
+/// The latency predictor API's paths that change state (training samples, flush, reload):
+/// writes, so they need the token whenever one is configured.
+const PREDICTOR_WRITES: [&str; 3] = ["/add_training_data_bulk", "/flush", "/reload"];
+
+/// Applies the bearer-token policy to the latency predictor API: writes always, reads
+/// (predictions, status) with `--auth-reads`. Runs on matched routes only, so the refusal
+/// label is one of the API's own paths.
+async fn guard_predictor(
+    State((auth, rejections)): State<(Arc<AuthPolicy>, IntCounterVec)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let path = request.uri().path().to_owned();
+    let write = PREDICTOR_WRITES.contains(&path.as_str());
+    if auth.allows(write, request.headers()) {
+        next.run(request).await
+    } else {
+        rejections.with_label_values(&[&path]).inc();
+        unauthorized()
+    }
+}
+
+/// Counts every HTTP request and its duration by route (the server's own paths, else
+/// `other`, so a scanner cannot grow the label set) and status code, in a span.
+async fn observe(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = match request.uri().path() {
+        "/metrics" => "/metrics",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        path => super::predictor::ROUTES
+            .iter()
+            .copied()
+            .find(|route| *route == path)
+            .unwrap_or("other"),
+    };
+    let span = super::spans::http_request(request.method(), route, request.headers());
+    let started = std::time::Instant::now();
+    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
+    span.record(
+        "http.response.status_code",
+        i64::from(response.status().as_u16()),
+    );
+    shared.metrics.observe_http(
+        route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// 401 with the scheme to use.
+fn unauthorized() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "missing or wrong bearer token\n",
+    )
+        .into_response()
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {

@@ -18,12 +18,14 @@ use tokio::task::JoinHandle;
 use tonic::transport::Server;
 
 use super::FILE_DESCRIPTOR_SET;
+use super::auth::{AuthGate, AuthPolicy};
 use super::error::ServeError;
 use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
 use super::lifecycle::{DrainGate, Lifecycle};
 use super::proto::twin_server::TwinServer;
 use super::service::{ServiceLimits, Shared, TwinService};
+use super::tls::{self, TlsAcceptors, TlsFiles};
 use crate::cluster::config::ClusterConfig;
 use crate::telemetry::Metrics;
 use crate::twin::limits::Limits;
@@ -36,6 +38,8 @@ pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:9010";
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9011";
 /// Default longest call (a prediction or forecast without a shorter grpc-timeout).
 pub const DEFAULT_MAX_CALL: Duration = Duration::from_secs(30);
+/// Default bound on the calls waiting for a simulation slot (beyond: RESOURCE_EXHAUSTED).
+pub const DEFAULT_MAX_QUEUED_SIMULATIONS: usize = 64;
 /// What the default drain adds to the longest call: encoding and sending the last reply.
 pub const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 /// Longest the listeners wait for connections to close once no call is in flight (idle
@@ -62,7 +66,8 @@ pub struct ServerOptions {
     pub service: ServiceLimits,
     /// Bounds of the mirror.
     pub store: StoreLimits,
-    /// Largest gRPC message accepted or sent, bytes.
+    /// Largest gRPC request message accepted, bytes (replies are the server's own and are
+    /// bounded by the other limits; clients set their own receive limit).
     pub max_message_bytes: usize,
     /// Longest the shutdown waits for in-flight calls.
     pub drain: Duration,
@@ -74,6 +79,10 @@ pub struct ServerOptions {
     pub forecast_loop: Option<ForecastLoopOptions>,
     /// The latency predictor HTTP API (`server::predictor`).
     pub predictor: super::predictor::PredictorOptions,
+    /// Bearer-token authentication (default: off).
+    pub auth: AuthPolicy,
+    /// TLS on both listeners (default: off, plain TCP).
+    pub tls: Option<TlsFiles>,
 }
 
 impl ServerOptions {
@@ -87,6 +96,7 @@ impl ServerOptions {
                 max_call: DEFAULT_MAX_CALL,
                 max_concurrent_simulations: std::thread::available_parallelism()
                     .map_or(2, |n| n.get()),
+                max_queued_simulations: DEFAULT_MAX_QUEUED_SIMULATIONS,
                 stream_in_flight: 8,
             },
             store: StoreLimits::DEFAULT,
@@ -96,6 +106,8 @@ impl ServerOptions {
             live: None,
             forecast_loop: None,
             predictor: super::predictor::PredictorOptions::default(),
+            auth: AuthPolicy::default(),
+            tls: None,
         }
     }
 }
@@ -130,9 +142,18 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 
 /// Syncs the initial config, binds both listeners and starts serving.
 pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> {
+    let tls = options.tls.as_ref().map(TlsAcceptors::load).transpose()?;
     let metrics = Arc::new(Metrics::new()?);
     let in_flight = Lifecycle::in_flight_gauge()?;
     metrics.register(Box::new(in_flight.clone()))?;
+    let rejections = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "ditto_auth_rejections_total",
+            "Calls refused for a missing or wrong bearer token, by gRPC method or HTTP path.",
+        ),
+        &["method"],
+    )?;
+    metrics.register(Box::new(rejections.clone()))?;
     let lifecycle = Arc::new(Lifecycle::new(in_flight));
     let store = Arc::new(MirrorStore::new(options.store));
     if let Some(initial) = options.initial_config {
@@ -146,7 +167,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         background.push(forecast_loop::spawn(
             forecast,
             Arc::clone(&store),
-            options.service.twin,
+            options.service.twin.clone(),
             options.service.max_call,
             &metrics,
             lifecycle.draining(),
@@ -170,8 +191,14 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(options.max_message_bytes)
-        .max_encoding_message_size(options.max_message_bytes);
+        .max_decoding_message_size(options.max_message_bytes);
+    let auth_mode = match (&options.auth.token, options.auth.reads) {
+        (None, _) => "off",
+        (Some(_), false) => "bearer token on writes",
+        (Some(_), true) => "bearer token on writes and reads",
+    };
+    let auth = Arc::new(options.auth);
+    let twin = AuthGate::new(twin, Arc::clone(&auth), rejections.clone());
     let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
@@ -188,29 +215,50 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             source,
         })?;
     let (stop, stop_rx) = watch::channel(false);
-    let grpc = Server::builder()
+    let routes = Server::builder()
+        .trace_fn(super::spans::grpc_request)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(twin)
-        .serve_with_incoming_shutdown(
-            // TCP_NODELAY: without it small responses wait for delayed ACKs (~40 ms).
-            tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-            stopped(stop_rx.clone()),
-        );
-    let grpc = tokio::spawn(grpc);
+        .add_service(twin);
     let predictor = Arc::new(super::predictor::Predictor::new(
         Arc::clone(&shared),
         options.predictor.clone(),
     )?);
     let _ = shared.predictor.set(Arc::downgrade(&predictor));
-    let router = http::router(Arc::clone(&shared), predictor);
-    let http = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(stopped(stop_rx))
-            .await
-    });
-    tracing::info!(%grpc_addr, %http_addr, "ditto serving");
+    let router = http::router(Arc::clone(&shared), predictor, auth, rejections);
+    let (grpc, http) = match &tls {
+        None => {
+            let grpc = routes.serve_with_incoming_shutdown(
+                // TCP_NODELAY: without it small responses wait for delayed ACKs (~40 ms).
+                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                stopped(stop_rx.clone()),
+            );
+            let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx));
+            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+        }
+        Some(acceptors) => {
+            let grpc = routes.serve_with_incoming_shutdown(
+                tls::grpc_incoming(grpc_listener, acceptors.grpc.clone()),
+                stopped(stop_rx.clone()),
+            );
+            let listener =
+                tls::TlsListener::new(http_listener, acceptors.http.clone()).map_err(|source| {
+                    ServeError::Bind {
+                        addr: options.http_addr,
+                        source,
+                    }
+                })?;
+            let http = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx));
+            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+        }
+    };
+    let transport = match (&options.tls, &tls) {
+        (Some(files), Some(_)) if files.client_ca.is_some() => "TLS, client certificates on gRPC",
+        (Some(_), Some(_)) => "TLS",
+        _ => "plain",
+    };
+    tracing::info!(%grpc_addr, %http_addr, auth = auth_mode, transport, "ditto serving");
     Ok(RunningServer {
         grpc_addr,
         http_addr,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
@@ -26,9 +26,11 @@ use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{deadline_status, internal_status, status_from, stream_status_from};
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
+use super::slots::SimulationPool;
+use super::spans;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::limits::Limits;
+use crate::twin::limits::{CancelFlag, Limits};
 use crate::twin::store::{KvEvent, MirrorStore, StoredSnapshot};
 use crate::twin::{TwinError, forecast, predict};
 
@@ -36,7 +38,7 @@ use crate::twin::{TwinError, forecast, predict};
 pub const ACK_GAPS_MAX: usize = 1024;
 
 /// How the service bounds its work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceLimits {
     /// Per-call simulation limits (the deadline is set per call).
     pub twin: Limits,
@@ -45,6 +47,9 @@ pub struct ServiceLimits {
     pub max_call: Duration,
     /// Simulations running at once (others wait, within their deadline).
     pub max_concurrent_simulations: usize,
+    /// Calls waiting for a simulation slot at once; one more is RESOURCE_EXHAUSTED at once
+    /// (a bounded queue, not one that grows with the load).
+    pub max_queued_simulations: usize,
     /// Questions of one prediction stream being answered at once.
     pub stream_in_flight: usize,
 }
@@ -60,7 +65,7 @@ pub struct Shared {
     pub health: HealthReporter,
     /// Work bounds.
     pub limits: ServiceLimits,
-    simulations: Arc<Semaphore>,
+    pool: SimulationPool,
     shutting_down: AtomicBool,
     /// The latency predictor API (`server::predictor`), set once at startup: its online
     /// calibration applies to gRPC answers too, and `AddTrainingSamples` feeds it.
@@ -75,11 +80,17 @@ impl Shared {
         health: HealthReporter,
         limits: ServiceLimits,
     ) -> Self {
+        let pool = SimulationPool::new(
+            limits.max_concurrent_simulations,
+            limits.max_queued_simulations,
+            metrics.simulations_running.clone(),
+            metrics.simulations_waiting.clone(),
+        );
         Self {
             store,
             metrics,
             health,
-            simulations: Arc::new(Semaphore::new(limits.max_concurrent_simulations.max(1))),
+            pool,
             limits,
             shutting_down: AtomicBool::new(false),
             predictor: std::sync::OnceLock::new(),
@@ -146,6 +157,12 @@ impl Shared {
         };
         let elapsed = started.elapsed();
         self.metrics.observe_rpc(rpc, &code, elapsed.as_secs_f64());
+        if result.is_err() && WRITES.contains(&rpc) {
+            self.metrics
+                .write_rejections
+                .with_label_values(&[rpc, &code])
+                .inc();
+        }
         result.map(|message| {
             let mut response = Response::new(message);
             // Wall time stays out of the message so identical questions get identical bytes.
@@ -159,32 +176,20 @@ impl Shared {
         })
     }
 
-    /// Runs `work` on the simulation pool under the simulation semaphore, within `deadline`.
+    /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
+    /// event-budget exhaustions.
     pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
     where
         T: Send + 'static,
-        F: FnOnce() -> Result<T, TwinError> + Send + 'static,
+        F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
-        let deadline = tokio::time::Instant::from_std(deadline);
-        let semaphore = Arc::clone(&self.simulations);
-        let permit = tokio::time::timeout_at(deadline, semaphore.acquire_owned())
+        self.pool
+            .run(deadline, work, |err| {
+                if is_budget_exhaustion(err) {
+                    self.metrics.event_budget_exhaustions.inc();
+                }
+            })
             .await
-            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
-            .map_err(|_| internal_status("the simulation pool is closed"))?;
-        let (done, task) = tokio::sync::oneshot::channel();
-        // On the simulation pool itself (rayon's), so the forks a question fans out start on
-        // this thread without another hand-off.
-        rayon::spawn(move || {
-            // The permit is released only when the simulation really stops.
-            let _permit = permit;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-            let _ = done.send(result);
-        });
-        match tokio::time::timeout_at(deadline, task).await {
-            Err(_) => Err(deadline_status("while simulating")),
-            Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
-            Ok(Ok(Ok(result))) => result.map_err(|err| status_from(&err)),
-        }
     }
 
     /// Answers one routing question within `deadline`.
@@ -193,18 +198,33 @@ impl Shared {
         message: proto::PredictRoutingRequest,
         deadline: Instant,
     ) -> Result<proto::PredictRoutingResponse, Status> {
-        let limits = self.limits.twin;
+        let limits = self.limits.twin.clone();
         let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
         let request_id = decoded.request_id.clone();
-        let answer = self
+        let replications = u64::from(decoded.question.options.replications);
+        let shape = (
+            decoded.question.options.replications,
+            decoded.question.options.horizon_us,
+        );
+        let (answer, simulate_span) = self
             .answer_on_snapshot(
                 deadline,
                 decoded.generation,
                 |stored| decoded.resolve(stored, &limits, wall_now_us()),
                 predict::predict_routing,
+                shape,
             )
             .await?;
+        let candidates = answer.candidates.len() as u64;
+        simulate_span.record("ditto.candidates", spans::as_i64(candidates));
+        simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
+        simulate_span.record("ditto.events", spans::as_i64(answer.events));
         self.metrics.simulation_events.inc_by(answer.events);
+        self.metrics.predictions.inc();
+        self.metrics
+            .forks
+            .with_label_values(&["PredictRouting"])
+            .inc_by(answer.candidates.len() as u64 * replications);
         let mut answer = answer;
         if let Some(predictor) = self.predictor.get().and_then(std::sync::Weak::upgrade) {
             predictor.calibrator().calibrate_routing(&mut answer);
@@ -217,28 +237,43 @@ impl Shared {
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
     ) -> Result<proto::ForecastCapacityResponse, Status> {
-        let limits = self.limits.twin;
+        let limits = self.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
-        let answer = self
+        let replications = u64::from(decoded.question.replications);
+        let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
+        let shape = (decoded.question.replications, (horizon_s * 1e6) as u64);
+        let (answer, simulate_span) = self
             .answer_on_snapshot(
                 deadline,
                 decoded.generation,
                 |stored| decoded.resolve(stored, wall_now_us()),
                 forecast::forecast_capacity,
+                shape,
             )
             .await?;
+        let candidates = answer.candidates.len() as u64;
+        simulate_span.record("ditto.candidates", spans::as_i64(candidates));
+        simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
+        self.metrics.forecasts.inc();
+        self.metrics
+            .forks
+            .with_label_values(&["ForecastCapacity"])
+            .inc_by(answer.candidates.len() as u64 * replications);
         Ok(forecast_answer_to_proto(&answer))
     }
 
     /// The common path of a question: pick the snapshot of `generation`, resolve the question
-    /// against it, then run `work` on that one immutable snapshot within `deadline`.
+    /// against it, then run `work` on that one immutable snapshot within `deadline`. Returns
+    /// the answer and the simulation's span (given `replications` and `horizon_us`), for the
+    /// caller to record the answer's counts on.
     async fn answer_on_snapshot<Q, A>(
         &self,
         deadline: Instant,
         generation: u64,
         resolve: impl FnOnce(&StoredSnapshot) -> Result<Q, TwinError>,
         work: fn(&MirrorSnapshot, &Q, &Limits) -> Result<A, TwinError>,
-    ) -> Result<A, Status>
+        (replications, horizon_us): (u32, u64),
+    ) -> Result<(A, tracing::Span), Status>
     where
         Q: Send + 'static,
         A: Send + 'static,
@@ -246,18 +281,31 @@ impl Shared {
         if Instant::now() >= deadline {
             return Err(deadline_status("before the question was read"));
         }
-        let stored = self
-            .store
-            .snapshot(generation)
+        let snapshot_span = spans::snapshot(generation);
+        let stored = snapshot_span
+            .in_scope(|| self.store.snapshot(generation))
             .map_err(|err| status_from(&err))?;
-        let question = resolve(&stored).map_err(|err| status_from(&err))?;
-        let limits = Limits {
-            deadline: Some(deadline),
-            ..self.limits.twin
-        };
+        snapshot_span.record(
+            "ditto.generation",
+            spans::as_i64(stored.snapshot.generation),
+        );
+        drop(snapshot_span);
+        let question = spans::resolve()
+            .in_scope(|| resolve(&stored))
+            .map_err(|err| status_from(&err))?;
+        let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
-        self.simulate(deadline, move || work(&snapshot, &question, &limits))
-            .await
+        let simulation = self.simulate(deadline, move |cancel| {
+            let limits = Limits {
+                deadline: Some(deadline),
+                cancel: Some(cancel),
+                ..twin
+            };
+            work(&snapshot, &question, &limits)
+        });
+        let span = spans::simulate(replications, horizon_us);
+        let answer = tracing::Instrument::instrument(simulation, span.clone()).await?;
+        Ok((answer, span))
     }
 
     /// Reads the next message of a client stream within the client's deadline, if any.
@@ -292,7 +340,8 @@ impl Shared {
         write: impl FnOnce(&MirrorStore) -> Result<T, TwinError> + Send + 'static,
     ) -> Result<T, Status> {
         let store = Arc::clone(&self.store);
-        tokio::task::spawn_blocking(move || write(&store))
+        let applying = spans::apply();
+        tokio::task::spawn_blocking(move || applying.in_scope(|| write(&store)))
             .await
             .map_err(|_| internal_status("the store update task failed"))?
             .map_err(|err| stream_status_from(&err, accepted))
@@ -360,6 +409,14 @@ impl Shared {
         }
         Ok(ack)
     }
+}
+
+/// The RPCs that write the mirror (their refusals count in `ditto_write_rejections_total`).
+const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEvents"];
+
+/// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
+fn is_budget_exhaustion(err: &TwinError) -> bool {
+    matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
 }
 
 fn count_kv_events(events: &[KvEvent]) -> [(&'static str, u64); 3] {

@@ -40,8 +40,30 @@ pub struct Metrics {
     pub stale_instances: IntGauge,
     /// Requests waiting + running in the mirror, per instance.
     pub mirrored_requests: IntGaugeVec,
-    /// Build information (always 1).
+    /// Build information (always 1): `ditto_build_info{version,git_sha}`.
     pub info: IntGaugeVec,
+    /// Failed RPCs by method and status code.
+    pub rpc_errors: IntCounterVec,
+    /// Routing questions answered.
+    pub predictions: IntCounter,
+    /// Capacity forecasts answered.
+    pub forecasts: IntCounter,
+    /// Snapshot forks simulated (candidates x replications of each answer), by RPC.
+    pub forks: IntCounterVec,
+    /// Calls stopped because their simulation event budget ran out.
+    pub event_budget_exhaustions: IntCounter,
+    /// Refused writes (config syncs and push-stream messages), by RPC and reason.
+    pub write_rejections: IntCounterVec,
+    /// Instances by freshness of their request state (`fresh`, `stale`, `never_observed`).
+    pub instances_by_freshness: IntGaugeVec,
+    /// Finished HTTP requests by route and status code.
+    pub http_requests: IntCounterVec,
+    /// HTTP request duration by route and status code, seconds.
+    pub http_duration: HistogramVec,
+    /// Simulations running now (each holds a slot).
+    pub simulations_running: IntGauge,
+    /// Calls waiting for a simulation slot now.
+    pub simulations_waiting: IntGauge,
 }
 
 impl Metrics {
@@ -56,9 +78,12 @@ impl Metrics {
             &["rpc", "code"],
         )?;
         let rpc_duration = HistogramVec::new(
-            HistogramOpts::new("ditto_rpc_duration_seconds", "RPC duration by method.")
-                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
-            &["rpc"],
+            HistogramOpts::new(
+                "ditto_rpc_duration_seconds",
+                "RPC duration by method and gRPC code.",
+            )
+            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
+            &["rpc", "code"],
         )?;
         let pushed_messages = IntCounterVec::new(
             Opts::new(
@@ -104,7 +129,10 @@ impl Metrics {
             ),
             &["instance", "state"],
         )?;
-        let info = IntGaugeVec::new(Opts::new("ditto_info", "Build information."), &["version"])?;
+        let info = IntGaugeVec::new(
+            Opts::new("ditto_build_info", "Build information (always 1)."),
+            &["version", "git_sha"],
+        )?;
         registry.register(Box::new(rpc_requests.clone()))?;
         registry.register(Box::new(rpc_duration.clone()))?;
         registry.register(Box::new(pushed_messages.clone()))?;
@@ -118,7 +146,24 @@ impl Metrics {
         registry.register(Box::new(stale_instances.clone()))?;
         registry.register(Box::new(mirrored_requests.clone()))?;
         registry.register(Box::new(info.clone()))?;
-        info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let simulations_running = IntGauge::new(
+            "ditto_simulations_running",
+            "Simulations running now (each holds one of the simulation slots).",
+        )?;
+        let simulations_waiting = IntGauge::new(
+            "ditto_simulations_waiting",
+            "Calls waiting for a simulation slot now (bounded; beyond, RESOURCE_EXHAUSTED).",
+        )?;
+        registry.register(Box::new(simulations_running.clone()))?;
+        registry.register(Box::new(simulations_waiting.clone()))?;
+        info.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("DITTO_GIT_SHA")])
+            .set(1);
+        let more = More::new()?;
+        more.register(&registry)?;
+        // CPU, RSS, virtual memory, open and max fds, start time (Linux; elsewhere nothing).
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         Ok(Self {
             registry,
             rpc_requests,
@@ -134,6 +179,17 @@ impl Metrics {
             stale_instances,
             mirrored_requests,
             info,
+            simulations_running,
+            simulations_waiting,
+            rpc_errors: more.rpc_errors,
+            predictions: more.predictions,
+            forecasts: more.forecasts,
+            forks: more.forks,
+            event_budget_exhaustions: more.event_budget_exhaustions,
+            write_rejections: more.write_rejections,
+            instances_by_freshness: more.instances_by_freshness,
+            http_requests: more.http_requests,
+            http_duration: more.http_duration,
         })
     }
 
@@ -146,10 +202,26 @@ impl Metrics {
         self.registry.register(collector)
     }
 
-    /// Records one finished RPC.
+    /// Records one finished RPC (`code` "Ok" or the gRPC code's name).
     pub fn observe_rpc(&self, rpc: &str, code: &str, seconds: f64) {
         self.rpc_requests.with_label_values(&[rpc, code]).inc();
-        self.rpc_duration.with_label_values(&[rpc]).observe(seconds);
+        self.rpc_duration
+            .with_label_values(&[rpc, code])
+            .observe(seconds);
+        if code != "Ok" {
+            self.rpc_errors.with_label_values(&[rpc, code]).inc();
+        }
+    }
+
+    /// Records one finished HTTP request on `route` (a fixed set of paths).
+    pub fn observe_http(&self, route: &str, status: u16, seconds: f64) {
+        let code = status.to_string();
+        self.http_requests
+            .with_label_values(&[route, code.as_str()])
+            .inc();
+        self.http_duration
+            .with_label_values(&[route, code.as_str()])
+            .observe(seconds);
     }
 
     /// Sets the snapshot-derived gauges from `snapshot`, ages measured from `now_us`.
@@ -164,6 +236,7 @@ impl Metrics {
         self.mirrored_requests.reset();
         let max_age_us = snapshot.settings.max_signal_age_us;
         let mut stale = 0;
+        let mut never = 0;
         for state in &snapshot.instances {
             let id = state.instance_id.as_str();
             let signals = [
@@ -179,8 +252,9 @@ impl Metrics {
                 };
                 self.signal_age.with_label_values(&[signal, id]).set(age);
             }
-            if state.observed_at_us == 0
-                || now_us.saturating_sub(state.observed_at_us) > max_age_us
+            if state.observed_at_us == 0 {
+                never += 1;
+            } else if now_us.saturating_sub(state.observed_at_us) > max_age_us
                 || state.stale_reason.is_some()
             {
                 stale += 1;
@@ -192,7 +266,17 @@ impl Metrics {
                 .with_label_values(&[id, "running"])
                 .set(saturating_i64(state.running.len() as u64));
         }
-        self.stale_instances.set(stale);
+        self.stale_instances.set(stale + never);
+        let fresh = saturating_i64(snapshot.instances.len() as u64) - stale - never;
+        for (freshness, count) in [
+            ("fresh", fresh),
+            ("stale", stale),
+            ("never_observed", never),
+        ] {
+            self.instances_by_freshness
+                .with_label_values(&[freshness])
+                .set(count);
+        }
     }
 
     /// The registry, for families registered elsewhere (the live mirror's).
@@ -205,6 +289,91 @@ impl Metrics {
         let mut buffer = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buffer)?;
         String::from_utf8(buffer).map_err(|err| prometheus::Error::Msg(err.to_string()))
+    }
+}
+
+/// The operator metrics added for issue 15, built and registered together.
+struct More {
+    rpc_errors: IntCounterVec,
+    predictions: IntCounter,
+    forecasts: IntCounter,
+    forks: IntCounterVec,
+    event_budget_exhaustions: IntCounter,
+    write_rejections: IntCounterVec,
+    instances_by_freshness: IntGaugeVec,
+    http_requests: IntCounterVec,
+    http_duration: HistogramVec,
+}
+
+impl More {
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            rpc_errors: IntCounterVec::new(
+                Opts::new(
+                    "ditto_rpc_errors_total",
+                    "Failed RPCs by method and gRPC code.",
+                ),
+                &["rpc", "code"],
+            )?,
+            predictions: IntCounter::new(
+                "ditto_predictions_total",
+                "Routing questions answered (unary and streamed).",
+            )?,
+            forecasts: IntCounter::new("ditto_forecasts_total", "Capacity forecasts answered.")?,
+            forks: IntCounterVec::new(
+                Opts::new(
+                    "ditto_forks_total",
+                    "Snapshot forks simulated: candidates x replications of each answer.",
+                ),
+                &["rpc"],
+            )?,
+            event_budget_exhaustions: IntCounter::new(
+                "ditto_event_budget_exhaustions_total",
+                "Calls stopped because their simulation event budget ran out.",
+            )?,
+            write_rejections: IntCounterVec::new(
+                Opts::new(
+                    "ditto_write_rejections_total",
+                    "Refused writes (config syncs, push streams) by method and reason (gRPC code).",
+                ),
+                &["rpc", "reason"],
+            )?,
+            instances_by_freshness: IntGaugeVec::new(
+                Opts::new(
+                    "ditto_instances_by_freshness",
+                    "Instances by the age of their request state: fresh, stale, never_observed.",
+                ),
+                &["freshness"],
+            )?,
+            http_requests: IntCounterVec::new(
+                Opts::new(
+                    "ditto_http_requests_total",
+                    "Finished HTTP requests by route and status code.",
+                ),
+                &["route", "code"],
+            )?,
+            http_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "ditto_http_request_duration_seconds",
+                    "HTTP request duration by route and status code.",
+                )
+                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
+                &["route", "code"],
+            )?,
+        })
+    }
+
+    fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.rpc_errors.clone()))?;
+        registry.register(Box::new(self.predictions.clone()))?;
+        registry.register(Box::new(self.forecasts.clone()))?;
+        registry.register(Box::new(self.forks.clone()))?;
+        registry.register(Box::new(self.event_budget_exhaustions.clone()))?;
+        registry.register(Box::new(self.write_rejections.clone()))?;
+        registry.register(Box::new(self.instances_by_freshness.clone()))?;
+        registry.register(Box::new(self.http_requests.clone()))?;
+        registry.register(Box::new(self.http_duration.clone()))?;
+        Ok(())
     }
 }
 

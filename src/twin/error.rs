@@ -33,6 +33,12 @@ pub enum TwinError {
         /// Events processed before giving up.
         events: u64,
     },
+    /// The caller cancelled the call (its client went away or its deadline passed).
+    #[error("cancelled after {events} simulation events")]
+    Cancelled {
+        /// Events processed before stopping.
+        events: u64,
+    },
 }
 
 impl TwinError {

@@ -49,7 +49,7 @@ pub fn forecast_capacity(
 ) -> Result<ForecastAnswer, TwinError> {
     let templates = validate(snapshot, question, limits)?;
     let candidates = candidate_counts(snapshot, question, &templates, limits)?;
-    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let budget = EventBudget::for_call(limits);
     let mut evaluated: Vec<ForecastCandidate> = Vec::new();
     let searching = question
         .variants
@@ -433,6 +433,11 @@ fn forecast_workload(
         .map_err(|err| TwinError::invalid("stages", err.to_string()))
 }
 
+/// Cluster events (or arrivals) between budget, deadline and cancellation checks: a cluster
+/// event can be slow under a deep queue, so the checks come often enough that a cancelled
+/// forecast stops within milliseconds.
+const CLUSTER_CHUNK_EVENTS: u64 = 512;
+
 /// Runs a cluster over `arrivals` until idle, within the call's budget and deadline.
 fn run_cluster(
     cluster: &mut Cluster,
@@ -441,10 +446,11 @@ fn run_cluster(
 ) -> Result<(), TwinError> {
     let mut arrivals = arrivals.peekable();
     let mut since_check = 0u64;
+    let mut submitted = 0u64;
     loop {
         if since_check == 0 {
-            budget.charge(4096, cluster.events_processed())?;
-            since_check = 4096;
+            budget.charge(CLUSTER_CHUNK_EVENTS, cluster.events_processed())?;
+            since_check = CLUSTER_CHUNK_EVENTS;
         }
         if let Some(spec) =
             arrivals.next_if(|s| cluster.next_event_us().is_none_or(|t| s.arrival_us <= t))
@@ -452,6 +458,12 @@ fn run_cluster(
             cluster
                 .submit(spec)
                 .map_err(|err| TwinError::invalid("workload", err.to_string()))?;
+            submitted += 1;
+            // Submitting is work too (routing, queueing): cancellation and the deadline are
+            // checked between bursts of arrivals as well.
+            if submitted.is_multiple_of(CLUSTER_CHUNK_EVENTS) {
+                budget.check(cluster.events_processed())?;
+            }
             continue;
         }
         if cluster.process_next_event().is_none() {

@@ -87,7 +87,7 @@ pub fn predict_routing_with(
         .iter()
         .flat_map(|&index| (0..replications).map(move |r| (index, r)))
         .collect();
-    let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
+    let budget = EventBudget::for_call(limits);
     let outputs = output_draw(snapshot)?;
     let treatments: Vec<Treatment> = candidates
         .iter()

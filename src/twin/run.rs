@@ -1,5 +1,5 @@
-//! Running a fork within the call's bounds: a share of the event budget per fork and the
-//! wall-clock deadline, checked between chunks of events.
+//! Running a fork within the call's bounds: a share of the event budget per fork, the
+//! wall-clock deadline and the call's cancellation flag, checked between chunks of events.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -10,16 +10,18 @@ use crate::sim::queue::QueueKey;
 use crate::sim::{Engine, Outcome, RequestId, SchedulingPolicy};
 
 use super::error::TwinError;
+use super::limits::{CancelFlag, Limits};
 use super::memo::Baseline;
 
 /// Events processed between deadline checks.
 const CHUNK_EVENTS: u64 = 2048;
 
-/// The events all forks of one call may use, and its deadline.
+/// The events all forks of one call may use, its deadline and its cancellation flag.
 #[derive(Debug)]
 pub struct EventBudget {
     remaining: AtomicU64,
     deadline: Option<Instant>,
+    cancel: Option<CancelFlag>,
 }
 
 impl EventBudget {
@@ -28,12 +30,22 @@ impl EventBudget {
         Self {
             remaining: AtomicU64::new(total),
             deadline,
+            cancel: None,
         }
     }
 
-    /// Charges `events` more events and checks the deadline; `done` is reported in errors.
+    /// The budget of a call under `limits`: its events, deadline and cancellation flag.
+    pub fn for_call(limits: &Limits) -> Self {
+        Self {
+            cancel: limits.cancel.clone(),
+            ..Self::new(limits.max_events_per_call, limits.deadline)
+        }
+    }
+
+    /// Charges `events` more events and checks the cancellation flag and the deadline; `done`
+    /// is reported in errors.
     pub fn charge(&self, events: u64, done: u64) -> Result<(), TwinError> {
-        self.check_deadline(done)?;
+        self.check(done)?;
         if self.take(events) {
             Ok(())
         } else {
@@ -50,6 +62,15 @@ impl EventBudget {
                 left.checked_sub(events)
             })
             .is_ok()
+    }
+
+    /// Checks the cancellation flag and the deadline without charging (for work that is not
+    /// an event, such as submitting arrivals); `done` is reported in errors.
+    pub fn check(&self, done: u64) -> Result<(), TwinError> {
+        if self.cancel.as_ref().is_some_and(CancelFlag::is_cancelled) {
+            return Err(TwinError::Cancelled { events: done });
+        }
+        self.check_deadline(done)
     }
 
     fn check_deadline(&self, events: u64) -> Result<(), TwinError> {
@@ -369,6 +390,37 @@ mod tests {
     /// A recording made for a request keeps the copy its late entry starts from (the busy
     /// what-if instance: the request waits behind 64 others), and that copy is the engine a
     /// replay to the same point gives: continued with the request put in, both end alike.
+    #[test]
+    fn a_cancelled_call_stops_at_its_next_check() {
+        let cancel = CancelFlag::new();
+        let limits = Limits {
+            cancel: Some(cancel.clone()),
+            ..Limits::DEFAULT
+        };
+        let budget = EventBudget::for_call(&limits);
+        assert!(budget.charge(10, 0).is_ok());
+        cancel.cancel();
+        assert_eq!(
+            budget.charge(10, 10),
+            Err(TwinError::Cancelled { events: 10 })
+        );
+        assert_eq!(budget.check(10), Err(TwinError::Cancelled { events: 10 }));
+        let snapshot = whatif_snapshot(true);
+        let mut engine = restore_instance(
+            &snapshot.config.instances[0],
+            &snapshot.instances[0],
+            0,
+            &output_draw(&snapshot).unwrap(),
+            &mut stream(1, 0, "test"),
+            "instances[0]",
+        )
+        .unwrap();
+        assert!(matches!(
+            run_until_done(&mut engine, u64::MAX, &budget),
+            Err(TwinError::Cancelled { .. })
+        ));
+    }
+
     #[test]
     fn a_recording_keeps_the_copy_a_late_entry_starts_from() {
         let snapshot = whatif_snapshot(true);

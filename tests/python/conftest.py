@@ -40,7 +40,7 @@ def free_port():
 class Server:
     """A running `ditto serve` and channels to it."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, extra_args=(), env=None):
         self.grpc_port = free_port()
         self.http_port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="ditto-serve-", suffix=".log", delete=False)
@@ -55,7 +55,7 @@ class Server:
             "2000",
             *extra_args,
         ]
-        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         # Short reconnect backoff: the first attempts may come before the server listens.
         options = [
             ("grpc.initial_reconnect_backoff_ms", 50),

@@ -92,6 +92,8 @@ fn instance_from_proto(
     if spec.id.trim().is_empty() {
         return Err(TwinError::invalid(join(path, "id"), "must not be empty"));
     }
+    super::id(&spec.id, &join(path, "id"))?;
+    super::id(&spec.address, &join(path, "address"))?;
     let role = match spec.role.trim().to_ascii_lowercase().as_str() {
         "" | "both" => InstanceRole::Both,
         "prefill" => InstanceRole::Prefill,
@@ -167,7 +169,10 @@ fn engine_from_proto(
                 let field = join(path, "gpu_memory_utilization");
                 match positive(u, &field) {
                     Ok(u) if u <= 1.0 => Ok(u),
-                    _ => Err(TwinError::invalid(field, format!("{u} must be in (0, 1]"))),
+                    _ => Err(TwinError::invalid(
+                        field,
+                        format!("{} must be in (0, 1]", super::num(u)),
+                    )),
                 }
             })
             .transpose()?,

@@ -43,7 +43,9 @@ fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64,
     let limit_s = limits.max_horizon_us as f64 / 1e6;
     if total_s > limit_s {
         return Err(TwinError::ResourceExhausted(format!(
-            "stages: {total_s} s in all exceed the horizon limit of {limit_s} s"
+            "stages: {} s in all exceed the horizon limit of {} s",
+            super::num(total_s),
+            super::num(limit_s)
         )));
     }
     Ok(out)
@@ -66,6 +68,10 @@ fn variants_from(
                 "required",
             ));
         }
+        super::id(
+            &variant.template_instance_id,
+            &join(&path, "template_instance_id"),
+        )?;
         if variants[..index]
             .iter()
             .any(|other| other.template_instance_id == variant.template_instance_id)
@@ -120,7 +126,7 @@ pub fn forecast_from_proto(
         t => {
             return Err(TwinError::invalid(
                 "target_attainment",
-                format!("{t} must be in [0, 1]"),
+                format!("{} must be in [0, 1]", super::num(t)),
             ));
         }
     };

@@ -21,6 +21,46 @@ use super::proto;
 /// Largest token count accepted anywhere (a sequence longer than this is absurd).
 pub const TOKENS_MAX: u32 = 16 * 1024 * 1024;
 
+/// Longest id or label accepted (instance ids, addresses, request ids), bytes: ids end up
+/// in snapshots, metrics labels and error messages, so they are bounded at the boundary.
+pub const ID_BYTES_MAX: usize = 256;
+
+/// Checks an id or label: at most [`ID_BYTES_MAX`] bytes of printable ASCII without spaces
+/// (letters, digits and punctuation such as `ns/vllm-0:8000` or `cmpl-1f2e-0`); empty is
+/// left to the caller (optional fields). The message does not echo the value.
+pub(crate) fn id(value: &str, path: &str) -> Result<(), TwinError> {
+    if value.len() > ID_BYTES_MAX {
+        return Err(TwinError::invalid(
+            path,
+            format!("{} bytes is too long (at most {ID_BYTES_MAX})", value.len()),
+        ));
+    }
+    if let Some(position) = value.bytes().position(|b| !b.is_ascii_graphic()) {
+        return Err(TwinError::invalid(
+            path,
+            format!(
+                "byte {position} is not printable ASCII (ids are letters, digits and punctuation, \
+                 no spaces)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A number as an error message shows it: plain when short, in scientific notation when
+/// plain would be long (`1e300` must not print 301 digits, nor `1e-300` 300 zeros).
+pub(crate) fn num(value: f64) -> String {
+    let magnitude = value.abs();
+    if value.is_finite() && magnitude != 0.0 && !(1e-6..1e15).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        format!("{value}")
+    }
+}
+
+/// Largest log-normal sigma accepted (the spread of the underlying normal, in nats).
+pub const LOGNORMAL_SIGMA_MAX: f64 = 8.0;
+
 /// Joins a field path and a child name (`""` + `x` = `x`).
 pub(crate) fn join(path: &str, field: &str) -> String {
     if path.is_empty() {
@@ -71,7 +111,7 @@ pub(crate) fn non_negative(value: f64, path: &str) -> Result<f64, TwinError> {
     } else {
         Err(TwinError::invalid(
             path,
-            format!("{value} must be a finite number >= 0"),
+            format!("{} must be a finite number >= 0", num(value)),
         ))
     }
 }
@@ -83,7 +123,7 @@ pub(crate) fn positive(value: f64, path: &str) -> Result<f64, TwinError> {
     } else {
         Err(TwinError::invalid(
             path,
-            format!("{value} must be a finite number > 0"),
+            format!("{} must be a finite number > 0", num(value)),
         ))
     }
 }
@@ -95,7 +135,7 @@ pub(crate) fn ms_to_us(ms: f64, path: &str) -> Result<u64, TwinError> {
     if ms > YEAR_MS {
         return Err(TwinError::invalid(
             path,
-            format!("{ms} ms is absurdly long"),
+            format!("{} ms is absurdly long", num(ms)),
         ));
     }
     Ok((ms * 1000.0).round() as u64)
@@ -146,6 +186,20 @@ pub(crate) fn length_dist_from(
         let value = tokens(value, &join(path, field))?;
         Ok((value > 0).then_some(value))
     };
+    // Continuous draws are clamped to TOKENS_MAX when no lower max is given, and their
+    // parameters must put the bulk of the mass below it: a request of billions of tokens
+    // would make one simulation step allocate gigabytes.
+    let bounded = |value: f64, low: f64, high: f64, field: &str| -> Result<f64, TwinError> {
+        if value.is_finite() && (low..=high).contains(&value) {
+            Ok(value)
+        } else {
+            Err(TwinError::invalid(
+                join(path, field),
+                format!("{} must be in [{}, {}]", num(value), num(low), num(high)),
+            ))
+        }
+    };
+    let tokens_max = f64::from(TOKENS_MAX);
     let dist = match dist {
         Dist::Constant(value) => LengthDist::constant(tokens(*value, &join(path, "constant"))?),
         Dist::Uniform(uniform) => LengthDist::uniform(
@@ -153,13 +207,34 @@ pub(crate) fn length_dist_from(
             tokens(uniform.max, &join(path, "uniform.max"))?,
         ),
         Dist::Gaussian(gaussian) => LengthDist::Gaussian {
-            mean: gaussian.mean,
-            stdev: gaussian.stdev,
+            mean: bounded(gaussian.mean, -tokens_max, tokens_max, "gaussian.mean")?,
+            stdev: bounded(gaussian.stdev, 0.0, tokens_max, "gaussian.stdev")?,
             min: clamp(gaussian.min, "gaussian.min")?,
-            max: clamp(gaussian.max, "gaussian.max")?,
+            max: clamp(gaussian.max, "gaussian.max")?.or(Some(TOKENS_MAX)),
         },
-        Dist::ExponentialMean(mean) => LengthDist::exponential(*mean),
-        Dist::Lognormal(lognormal) => LengthDist::lognormal(lognormal.mu, lognormal.sigma),
+        Dist::ExponentialMean(mean) => LengthDist::Exponential {
+            mean: bounded(*mean, 1e-3, tokens_max, "exponential_mean")?,
+            min: None,
+            max: Some(TOKENS_MAX),
+        },
+        Dist::Lognormal(lognormal) => LengthDist::Lognormal {
+            mu: Some(bounded(
+                lognormal.mu,
+                -tokens_max.ln(),
+                tokens_max.ln(),
+                "lognormal.mu",
+            )?),
+            sigma: Some(bounded(
+                lognormal.sigma,
+                0.0,
+                LOGNORMAL_SIGMA_MAX,
+                "lognormal.sigma",
+            )?),
+            mean: None,
+            stdev: None,
+            min: None,
+            max: Some(TOKENS_MAX),
+        },
         Dist::Empirical(empirical) => {
             let values = empirical
                 .values
@@ -229,6 +304,38 @@ mod tests {
     }
 
     #[test]
+    fn ids_are_bounded_printable_ascii() {
+        assert!(id("ns/vllm-0:8000", "x").is_ok());
+        assert!(id("cmpl-1f2e_3.4@5+6=7", "x").is_ok());
+        assert!(id(&"a".repeat(ID_BYTES_MAX), "x").is_ok());
+        let err = id(&"a".repeat(ID_BYTES_MAX + 1), "instances[0].id").unwrap_err();
+        assert!(
+            err.to_string().starts_with("instances[0].id: 257 bytes"),
+            "{err}"
+        );
+        for bad in ["a b", "a\nb", "é", "a\0"] {
+            let err = id(bad, "request_id").unwrap_err().to_string();
+            assert!(err.starts_with("request_id: byte "), "{err}");
+        }
+    }
+
+    #[test]
+    fn numbers_in_messages_stay_short() {
+        assert_eq!(num(1.5), "1.5");
+        assert_eq!(num(1e300), "1e300");
+        assert_eq!(num(-1e-300), "-1e-300");
+        assert_eq!(num(0.0), "0");
+        let err = ms_to_us(1e300, "options.horizon_ms")
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 80, "{err}");
+        let err = positive(-1e300, "stages[0].duration_s")
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 80, "{err}");
+    }
+
+    #[test]
     fn length_distributions_round_trip() {
         let dists = [
             LengthDist::constant(7),
@@ -239,6 +346,38 @@ mod tests {
         for dist in dists {
             let wire = length_dist_to(&dist);
             assert_eq!(length_dist_from(Some(&wire), "d").unwrap(), dist);
+        }
+        let wire = |dist| proto::LengthDistribution { dist: Some(dist) };
+        use proto::length_distribution::Dist;
+        let huge = [
+            (
+                Dist::Lognormal(proto::LognormalLength {
+                    mu: 1e6,
+                    sigma: 1.0,
+                }),
+                "input_tokens.lognormal.mu",
+            ),
+            (
+                Dist::Lognormal(proto::LognormalLength {
+                    mu: 5.0,
+                    sigma: 1e6,
+                }),
+                "input_tokens.lognormal.sigma",
+            ),
+            (Dist::ExponentialMean(1e9), "input_tokens.exponential_mean"),
+            (
+                Dist::Gaussian(proto::GaussianLength {
+                    mean: 1e12,
+                    ..Default::default()
+                }),
+                "input_tokens.gaussian.mean",
+            ),
+        ];
+        for (dist, field) in huge {
+            let err = length_dist_from(Some(&wire(dist)), "input_tokens").unwrap_err();
+            let text = err.to_string();
+            assert!(text.starts_with(&format!("{field}: ")), "{text}");
+            assert!(text.len() < 100, "{text}");
         }
         let err = length_dist_from(None, "twin.output_tokens").unwrap_err();
         assert_eq!(err.to_string(), "twin.output_tokens: required");

@@ -77,7 +77,7 @@ pub(super) fn quantiles_from(values: &[f64], path: &str) -> Result<Vec<f64>, Twi
         if !(q.is_finite() && q > 0.0 && q < 1.0) {
             return Err(TwinError::invalid(
                 format!("{path}[{index}]"),
-                format!("{q} must be in (0, 1)"),
+                format!("{} must be in (0, 1)", super::num(q)),
             ));
         }
     }
@@ -216,11 +216,13 @@ pub fn routing_from_proto(
     limits: &Limits,
 ) -> Result<DecodedRouting, TwinError> {
     let request = candidate_request_from(message.request.as_ref())?;
+    super::id(&message.request_id, "request_id")?;
     for (index, id) in message.candidate_instance_ids.iter().enumerate() {
         let path = format!("candidate_instance_ids[{index}]");
         if id.is_empty() {
             return Err(TwinError::invalid(path, "must not be empty"));
         }
+        super::id(id, &path)?;
         if message.candidate_instance_ids[..index].contains(id) {
             return Err(TwinError::invalid(
                 path,

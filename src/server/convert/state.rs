@@ -37,6 +37,7 @@ pub fn request_from_proto(
     path: &str,
 ) -> Result<ObservedRequest, TwinError> {
     let field = |name: &str| join(path, name);
+    super::id(&message.request_id, &field("request_id"))?;
     let slo_class = slo_class_from(&message.slo_class, &field("slo_class"))?;
     Ok(ObservedRequest {
         request_id: message.request_id.clone(),
@@ -99,6 +100,7 @@ pub fn update_from_proto(
     if message.instance_id.is_empty() {
         return Err(TwinError::invalid("instance_id", "required"));
     }
+    super::id(&message.instance_id, "instance_id")?;
     let requests = message
         .requests
         .as_ref()
@@ -151,16 +153,22 @@ fn event_from_proto(
                 .ok_or_else(|| TwinError::invalid(path.clone(), "required"))?;
             RequestEvent::Routed(request_from_proto(request, &path)?)
         }
-        Some(Event::FirstToken(first)) => RequestEvent::FirstToken {
-            request_id: first.request_id.clone(),
-        },
-        Some(Event::Finished(finished)) => RequestEvent::Finished {
-            request_id: finished.request_id.clone(),
-            output_tokens: tokens(
-                finished.output_tokens,
-                &join(path, "finished.output_tokens"),
-            )?,
-        },
+        Some(Event::FirstToken(first)) => {
+            super::id(&first.request_id, &join(path, "first_token.request_id"))?;
+            RequestEvent::FirstToken {
+                request_id: first.request_id.clone(),
+            }
+        }
+        Some(Event::Finished(finished)) => {
+            super::id(&finished.request_id, &join(path, "finished.request_id"))?;
+            RequestEvent::Finished {
+                request_id: finished.request_id.clone(),
+                output_tokens: tokens(
+                    finished.output_tokens,
+                    &join(path, "finished.output_tokens"),
+                )?,
+            }
+        }
         None => {
             return Err(TwinError::invalid(
                 join(path, "event"),
@@ -180,6 +188,7 @@ pub fn kv_batch_from_proto(message: &proto::KvEventBatch) -> Result<KvEventBatch
     if message.instance_id.is_empty() {
         return Err(TwinError::invalid("instance_id", "required"));
     }
+    super::id(&message.instance_id, "instance_id")?;
     let events = message
         .events
         .iter()

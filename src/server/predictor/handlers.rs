@@ -122,8 +122,8 @@ pub(crate) async fn simulate_entries(
     let now_us = wall_now_us();
     let results = predictor
         .shared
-        .simulate(deadline, move || {
-            Ok(worker.simulate_entries(&view, &entries, objective, now_us))
+        .simulate(deadline, move |cancel| {
+            Ok(worker.simulate_entries(&view, &entries, objective, now_us, cancel))
         })
         .await?;
     let events: u64 = results

@@ -36,6 +36,7 @@ use crate::twin::aggregate::{
     AggregateOptions, AggregatePrediction, Estimate, Objective, PodAggregates, PodType,
     predict_aggregates, single_instance_config,
 };
+use crate::twin::limits::CancelFlag;
 use crate::twin::snapshot::{MirrorSnapshot, TwinSettings};
 use crate::twin::{Limits, TwinError};
 
@@ -173,6 +174,7 @@ impl Predictor {
         entries: &[PodAggregates],
         objective: Objective,
         now_us: u64,
+        cancel: CancelFlag,
     ) -> Vec<Result<(AggregatePrediction, Source), TwinError>> {
         let template = match self.template(snapshot) {
             Ok(template) => template,
@@ -192,7 +194,8 @@ impl Predictor {
         };
         let limits = Limits {
             deadline: Some(std::time::Instant::now() + self.shared.limits.max_call),
-            ..self.shared.limits.twin
+            cancel: Some(cancel),
+            ..self.shared.limits.twin.clone()
         };
         // Identical entries (idle pods often are) are simulated once: answers are
         // deterministic in the entry.
@@ -263,6 +266,20 @@ pub fn calibrated(raw: Estimate, coefficients: (f64, f64)) -> Estimate {
         bounds: (apply(raw.bounds.0), apply(raw.bounds.1)),
     }
 }
+
+/// The predictor's fixed paths (the HTTP metrics' route label; `/model/{name}/xgb/json`
+/// counts as `other`).
+pub const ROUTES: [&str; 9] = [
+    "/predict",
+    "/predict/bulk",
+    "/predict/bulk/strict",
+    "/status",
+    "/reload",
+    "/add_training_data_bulk",
+    "/data/status",
+    "/flush",
+    "/model/download/info",
+];
 
 /// The predictor's routes (bodies up to 64 MiB: 10 000 entries fit).
 pub fn router(predictor: Arc<Predictor>) -> Router {

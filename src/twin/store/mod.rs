@@ -32,6 +32,8 @@ use update::{AppliedUpdate, build_state, check_state};
 pub struct StoreLimits {
     /// Snapshots kept for lookup by generation (at least 1).
     pub history_len: usize,
+    /// Most instances in a synced config.
+    pub max_instances: usize,
     /// Most requests (waiting + running) per instance.
     pub max_requests_per_instance: usize,
     /// Most lifecycle events in one state update.
@@ -50,6 +52,7 @@ impl StoreLimits {
     /// Defaults sized for a sidecar mirroring a few hundred instances.
     pub const DEFAULT: StoreLimits = StoreLimits {
         history_len: 16,
+        max_instances: 4096,
         max_requests_per_instance: 100_000,
         max_events_per_update: 100_000,
         max_kv_events_per_batch: 100_000,
@@ -285,6 +288,13 @@ impl MirrorStore {
         settings: TwinSettings,
         addresses: Vec<String>,
     ) -> Result<SyncOutcome, TwinError> {
+        if cluster.instances.len() > self.limits.max_instances {
+            return Err(TwinError::ResourceExhausted(format!(
+                "instances: {} instances exceed the limit of {}",
+                cluster.instances.len(),
+                self.limits.max_instances
+            )));
+        }
         validate_config(&cluster, &addresses)?;
         let addresses: Arc<[String]> = if addresses.is_empty() {
             vec![String::new(); cluster.instances.len()].into()

@@ -1,0 +1,319 @@
+//! Bearer-token authentication of the Twin API: writes (SyncClusterConfig, PushInstanceState,
+//! PushKvEvents, AddTrainingSamples) need `authorization: Bearer <token>` when a token is configured; reads
+//! (predictions, forecasts, snapshots, HTTP `/metrics`) need it only when asked to. Health,
+//! reflection, `/healthz` and `/readyz` never do (probes carry no secrets).
+//!
+//! The token comes from a file (`DITTO_AUTH_TOKEN_FILE`, e.g. a mounted Secret) or from the
+//! environment (`DITTO_AUTH_TOKEN`), never from a flag value that `ps` shows. It is compared
+//! in constant time and never printed: its `Debug` is redacted. A refused call gets
+//! UNAUTHENTICATED (gRPC) or 401 (HTTP) before any handler runs, so it changes nothing.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::HeaderMap;
+use prometheus::IntCounterVec;
+use thiserror::Error;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tower_service::Service;
+
+/// Environment variable holding the path of the token file.
+pub const TOKEN_FILE_ENV: &str = "DITTO_AUTH_TOKEN_FILE";
+/// Environment variable holding the token itself.
+pub const TOKEN_ENV: &str = "DITTO_AUTH_TOKEN";
+/// Shortest token accepted, bytes (a guessable token is no protection).
+pub const TOKEN_BYTES_MIN: usize = 16;
+/// Longest token accepted, bytes.
+pub const TOKEN_BYTES_MAX: usize = 4096;
+
+/// The Twin methods that change the mirror.
+pub const WRITE_METHODS: [&str; 4] = [
+    "SyncClusterConfig",
+    "PushInstanceState",
+    "PushKvEvents",
+    "AddTrainingSamples",
+];
+
+/// Why the token could not be loaded.
+#[derive(Debug, Error)]
+pub enum AuthError {
+    /// The token file could not be read.
+    #[error("{TOKEN_FILE_ENV} {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Both sources were set.
+    #[error("set one of {TOKEN_FILE_ENV} and {TOKEN_ENV}, not both")]
+    Both,
+    /// The token is unusable (the reason never includes the token).
+    #[error("{source_name}: {reason}")]
+    Bad {
+        /// Where it came from.
+        source_name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// A bearer token (redacted in `Debug`).
+#[derive(Clone)]
+pub struct BearerToken(Arc<[u8]>);
+
+impl std::fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+impl BearerToken {
+    /// A token from its text (surrounding whitespace, such as a file's final newline, is
+    /// dropped): printable ASCII without spaces, [`TOKEN_BYTES_MIN`]..=[`TOKEN_BYTES_MAX`]
+    /// bytes.
+    pub fn new(text: &str, source_name: &'static str) -> Result<Self, AuthError> {
+        let token = text.trim();
+        let bad = |reason: String| AuthError::Bad {
+            source_name,
+            reason,
+        };
+        if !(TOKEN_BYTES_MIN..=TOKEN_BYTES_MAX).contains(&token.len()) {
+            return Err(bad(format!(
+                "the token has {} bytes; it needs {TOKEN_BYTES_MIN} to {TOKEN_BYTES_MAX}",
+                token.len()
+            )));
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad(
+                "the token must be printable ASCII without spaces".to_owned()
+            ));
+        }
+        Ok(Self(Arc::from(token.as_bytes())))
+    }
+
+    /// Reads a token file.
+    pub fn from_file(path: &Path) -> Result<Self, AuthError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AuthError::File {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::new(&text, TOKEN_FILE_ENV)
+    }
+
+    /// The token configured by `file` (the path from `DITTO_AUTH_TOKEN_FILE`) or `value`
+    /// (`DITTO_AUTH_TOKEN`); None when neither is set.
+    pub fn configured(file: Option<&Path>, value: Option<&str>) -> Result<Option<Self>, AuthError> {
+        match (file, value) {
+            (Some(_), Some(_)) => Err(AuthError::Both),
+            (Some(path), None) => Self::from_file(path).map(Some),
+            (None, Some(value)) => Self::new(value, TOKEN_ENV).map(Some),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The `authorization` metadata a client sends with this token, marked sensitive (never
+    /// indexed by HTTP/2 header compression, redacted in `Debug`).
+    pub fn client_metadata(&self) -> tonic::metadata::MetadataValue<tonic::metadata::Ascii> {
+        let mut text = String::with_capacity(self.0.len() + 7);
+        text.push_str("Bearer ");
+        text.extend(self.0.iter().map(|&byte| char::from(byte)));
+        let mut value = tonic::metadata::MetadataValue::try_from(text)
+            .expect("a token is printable ASCII without spaces (checked in BearerToken::new)");
+        value.set_sensitive(true);
+        value
+    }
+
+    /// Whether `authorization` (a header value) is `Bearer <this token>`; constant time in
+    /// the token's content.
+    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(value) = authorization else {
+            return false;
+        };
+        let Some(presented) = strip_bearer(value) else {
+            return false;
+        };
+        constant_time_eq(presented, &self.0)
+    }
+}
+
+/// The credentials after `Bearer ` (the scheme is case-insensitive).
+fn strip_bearer(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer ";
+    if value.len() < SCHEME.len() || !value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    Some(value[SCHEME.len()..].trim_ascii())
+}
+
+/// Equality whose time depends only on the lengths, not on where the bytes differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// Who may call what.
+#[derive(Clone, Debug, Default)]
+pub struct AuthPolicy {
+    /// The token; None turns authentication off.
+    pub token: Option<BearerToken>,
+    /// Whether reads need the token too.
+    pub reads: bool,
+}
+
+impl AuthPolicy {
+    /// Whether a call with these headers may proceed; `write` says whether it changes the
+    /// mirror.
+    pub fn allows(&self, write: bool, headers: &HeaderMap) -> bool {
+        match &self.token {
+            None => true,
+            Some(_) if !write && !self.reads => true,
+            Some(token) => token.accepts(
+                headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|value| value.as_bytes()),
+            ),
+        }
+    }
+
+    /// Whether a token is configured.
+    pub fn enabled(&self) -> bool {
+        self.token.is_some()
+    }
+}
+
+/// Whether a gRPC path (`/ditto.v1.Twin/PushKvEvents`) names a write method.
+pub fn is_write_path(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|method| WRITE_METHODS.contains(&method))
+}
+
+/// The authentication gate around the Twin service: refuses calls the policy does not allow
+/// with UNAUTHENTICATED (counted in `rejections` by method) before they reach it. On the way
+/// out it also gives an oversized request message RESOURCE_EXHAUSTED (see `codec`).
+#[derive(Clone, Debug)]
+pub struct AuthGate<S> {
+    inner: S,
+    policy: Arc<AuthPolicy>,
+    rejections: IntCounterVec,
+}
+
+impl<S> AuthGate<S> {
+    /// Gates `inner` by `policy`; refusals are counted in `rejections` (label: method).
+    pub fn new(inner: S, policy: Arc<AuthPolicy>, rejections: IntCounterVec) -> Self {
+        Self {
+            inner,
+            policy,
+            rejections,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for AuthGate<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for AuthGate<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        if !self.policy.allows(is_write_path(path), request.headers()) {
+            let method = path.rsplit('/').next().unwrap_or("");
+            let method = if method.len() <= 64 { method } else { "other" };
+            self.rejections.with_label_values(&[method]).inc();
+            let status = Status::unauthenticated(
+                "missing or wrong bearer token (send `authorization: Bearer <token>`)",
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
+        }
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let mut response = inner.call(request).await?;
+            super::codec::message_too_large_is_resource_exhausted(&mut response);
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET: &str = "s3cr3t-t0ken-0123456789";
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, value.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn tokens_are_checked_and_redacted() {
+        let token = BearerToken::new(&format!("{SECRET}\n"), TOKEN_ENV).unwrap();
+        assert!(!format!("{token:?}").contains(SECRET));
+        assert!(token.accepts(Some(format!("Bearer {SECRET}").as_bytes())));
+        assert!(token.accepts(Some(format!("bearer {SECRET}").as_bytes())));
+        assert!(!token.accepts(Some(format!("Bearer {SECRET}x").as_bytes())));
+        assert!(!token.accepts(Some(SECRET.as_bytes())));
+        assert!(!token.accepts(Some(b"Bearer ")));
+        assert!(!token.accepts(None));
+        assert!(BearerToken::new("short", TOKEN_ENV).is_err());
+        let err = BearerToken::new("has a space in it!!", TOKEN_ENV).unwrap_err();
+        assert!(!err.to_string().contains("space in it"), "{err}");
+        assert!(matches!(
+            BearerToken::configured(Some(Path::new("/x")), Some(SECRET)),
+            Err(AuthError::Both)
+        ));
+        assert!(BearerToken::configured(None, None).unwrap().is_none());
+    }
+
+    #[test]
+    fn writes_need_the_token_and_reads_only_when_asked() {
+        let token = Some(BearerToken::new(SECRET, TOKEN_ENV).unwrap());
+        let good = headers(&format!("Bearer {SECRET}"));
+        let bad = headers("Bearer nope-nope-nope-nope");
+        let none = HeaderMap::new();
+        let writes_only = AuthPolicy {
+            token: token.clone(),
+            reads: false,
+        };
+        assert!(writes_only.allows(true, &good));
+        assert!(!writes_only.allows(true, &bad));
+        assert!(!writes_only.allows(true, &none));
+        assert!(writes_only.allows(false, &none));
+        let all = AuthPolicy { token, reads: true };
+        assert!(!all.allows(false, &none));
+        assert!(all.allows(false, &good));
+        assert!(AuthPolicy::default().allows(true, &none));
+        assert!(is_write_path("/ditto.v1.Twin/PushKvEvents"));
+        assert!(is_write_path("/ditto.v1.Twin/SyncClusterConfig"));
+        assert!(is_write_path("/ditto.v1.Twin/AddTrainingSamples"));
+        assert!(!is_write_path("/ditto.v1.Twin/PredictRouting"));
+    }
+}
