@@ -8,8 +8,9 @@
 //! For every input: no panic; bytes that do not decode are the client's fault
 //! (INVALID_ARGUMENT, `server::codec`); a decoded message that is refused gets a clear
 //! error (a client-fault code, a short non-empty message, the field named when invalid) and
-//! leaves the mirror exactly as it was (the same snapshot, no new generation). The HTTP side
-//! takes no request bodies (only `/metrics` and the probes), so it has no decoder to fuzz.
+//! leaves the mirror exactly as it was (the same snapshot, no new generation). The decoders
+//! of bytes from outside the gRPC API (vLLM's KV-event wire format, the latency predictor
+//! API's JSON) are fuzzed in `tests/fuzz_wire.rs`.
 
 use std::sync::Arc;
 

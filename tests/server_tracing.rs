@@ -3,7 +3,8 @@
 //! collector (a tonic `TraceService` server this test starts on loopback) with the right
 //! names, kinds and parent ids: a span per RPC and per HTTP request, children for the
 //! snapshot, the resolution and the simulation of a question, and a trace continued from an
-//! incoming W3C `traceparent` (gRPC metadata and HTTP header). Configured only by the
+//! incoming W3C `traceparent` (gRPC metadata and HTTP header), and a root span per live-mirror
+//! scrape. Configured only by the
 //! standard OTEL_* variables; `OTEL_TRACES_EXPORTER=none` exports nothing.
 
 use std::io::{BufRead, BufReader};
@@ -301,4 +302,84 @@ async fn traces_exporter_none_exports_nothing() {
         .unwrap();
     // The process has exited, so everything it would have sent has been sent.
     assert!(collector.spans.lock().unwrap().is_empty());
+}
+
+/// A stand-in vLLM pod: answers every `GET /metrics` on a kept-alive connection with the
+/// three gauges the live mirror requires, in vLLM's names.
+async fn start_fake_pod() -> SocketAddr {
+    const BODY: &str = "# TYPE vllm:num_requests_running gauge\n\
+vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 1.0\n\
+# TYPE vllm:num_requests_waiting gauge\n\
+vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 0.0\n\
+# TYPE vllm:kv_cache_usage_perc gauge\n\
+vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"0\"} 0.01\n";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    let Ok(n) = socket.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buffer.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buffer.drain(..end + 4);
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\n\r\n{BODY}",
+                            BODY.len()
+                        );
+                        if socket.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn live_scrapes_get_their_own_spans() {
+    // Goal: with pull mode on, each scrape of a pod is a span (a root: no request caused
+    // it) naming the pod and its result. Method: a stand-in pod, `ditto serve` pulling from
+    // it every 50 ms for a second, then the collector's spans.
+    let (collector, collector_addr) = start_collector().await;
+    let pod = start_fake_pod().await;
+    let (child, _, _) = start_ditto(&[
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://{collector_addr}"),
+        ),
+        ("OTEL_TRACES_SAMPLER", "always_on".to_owned()),
+        ("DITTO_PODS", pod.to_string()),
+    ]);
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::task::spawn_blocking(move || stop(child))
+        .await
+        .unwrap();
+    let spans = collector.spans.lock().unwrap().clone();
+    let scrapes: Vec<&Span> = spans.iter().filter(|s| s.name == "scrape").collect();
+    assert!(scrapes.len() >= 3, "{} scrape spans", scrapes.len());
+    for scrape in &scrapes {
+        assert!(scrape.parent_span_id.is_empty(), "a scrape is a root span");
+        assert_eq!(scrape.kind, 3, "SPAN_KIND_CLIENT");
+        match attribute(&scrape.attributes, "ditto.pod") {
+            Some(Value::StringValue(id)) => assert!(id.contains(&pod.port().to_string()), "{id}"),
+            other => panic!("ditto.pod: {other:?}"),
+        }
+    }
+    assert!(scrapes.iter().any(|s| matches!(
+        attribute(&s.attributes, "ditto.scrape.result"),
+        Some(Value::StringValue(result)) if result == "ok"
+    )));
 }

@@ -172,7 +172,19 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
     loop {
         ticker.tick().await;
         let started = Instant::now();
-        let outcome = scrape_once(&pod, &mut scraper, last_at_us, &mut seen, &news).await;
+        let span = scrape_span(&pod.id);
+        let outcome = tracing::Instrument::instrument(
+            scrape_once(&pod, &mut scraper, last_at_us, &mut seen, &news),
+            span.clone(),
+        )
+        .await;
+        span.record(
+            "ditto.scrape.result",
+            outcome
+                .as_ref()
+                .map_or_else(|(result, _)| *result, |_| "ok"),
+        );
+        drop(span);
         pod.metrics
             .scrape_duration
             .observe(started.elapsed().as_secs_f64());
@@ -197,6 +209,21 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
             }
         }
     }
+}
+
+/// The trace span of one scrape (a root: no request caused it), built only when trace export
+/// is on (`telemetry::otel::active`); its result (`ok`, or why not) is recorded at the end.
+fn scrape_span(pod: &str) -> tracing::Span {
+    if !crate::telemetry::otel::active() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        parent: None,
+        "scrape",
+        otel.kind = "client",
+        ditto.pod = %pod,
+        ditto.scrape.result = tracing::field::Empty,
+    )
 }
 
 async fn scrape_once(
