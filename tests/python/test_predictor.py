@@ -413,6 +413,57 @@ def test_calibration_learns_a_slower_pool_rejects_bad_samples_and_persists():
         stop(slow)
 
 
+def test_a_router_that_does_not_stream_gets_calibrated_e2e_as_ttft():
+    # llm-d's router with streamingMode: false records end-to-end latency as TTFT and trains
+    # no TPOT (0). Method: actuals from a 1.3x slower ditto, "TTFT" = its TTFT + 255 x TPOT
+    # (a 256-token answer, the predictor's assumed output length); the calibrated twin's
+    # ttft_ms must track that E2E within 5 %, and say it switched.
+    workdir = tempfile.mkdtemp(prefix="ditto-e2e-calibration-")
+    paths = {}
+    for name, scale in (("twin", 1.0), ("slow", 1.3)):
+        paths[name] = os.path.join(workdir, f"{name}.yaml")
+        with open(paths[name], "w", encoding="utf-8") as handle:
+            handle.write(cluster_yaml(scale))
+    common = ("--latency-objective-type", "mean", "--predictor-replications", "4")
+    slow = start("--config", paths["slow"], *common)
+    twin = start("--config", paths["twin"], *common)
+    rng = random.Random(29)
+    train, held_out = entries(rng, SAMPLES), entries(rng, 40)
+
+    def e2e(predictions):
+        return [{"ttft_ms": p["ttft_ms"] + 255 * p["tpot_ms"]} for p in predictions]
+
+    try:
+        truth = e2e(predict_all(slow, held_out))
+        before = predict_all(twin, held_out)
+        assert mape(before, truth, "ttft_ms") > 0.5, "uncalibrated TTFT is far from E2E"
+        actual = e2e(predict_all(slow, train))
+        for start_index in range(0, SAMPLES, 10):
+            batch = [
+                dict(entry, actual_ttft_ms=a["ttft_ms"], actual_tpot_ms=0.0)
+                for entry, a in zip(train[start_index:start_index + 10], actual[start_index:start_index + 10])
+            ]
+            response = post(twin, "/add_training_data_bulk", {"entries": batch})
+            assert response.status_code == 202, response.text
+        status = get(twin, "/data/status").json()["calibration"]
+        assert status["ttft_is_e2e"] is True
+        assert status["ttft"]["samples"] == SAMPLES and status["tpot"]["samples"] == 0
+        assert re.search(r"^ditto_calibration_ttft_is_e2e 1$", get(twin, "/metrics").text, re.M)
+        after = predict_all(twin, held_out)
+        error = mape(after, truth, "ttft_ms")
+        assert error < 0.05, f"E2E-as-TTFT error {error:.3f} after {SAMPLES} samples"
+        # A streaming router's samples switch it back (and the TTFT fit starts over).
+        streamed = predict_all(slow, train[:10])
+        batch = [dict(entry, actual_ttft_ms=a["ttft_ms"], actual_tpot_ms=a["tpot_ms"])
+                 for entry, a in zip(train[:10], streamed)]
+        assert post(twin, "/add_training_data_bulk", {"entries": batch}).status_code == 202
+        status = get(twin, "/data/status").json()["calibration"]
+        assert status["ttft_is_e2e"] is False and status["ttft"]["samples"] == 10
+    finally:
+        stop(twin)
+        stop(slow)
+
+
 def test_a_corrupt_calibration_file_is_refused_at_start():
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         handle.write("{not a calibration")

@@ -59,6 +59,9 @@ struct CalibrationFile {
     version: u32,
     ttft: PhaseFile,
     tpot: PhaseFile,
+    /// Whether the TTFT samples measured E2E (absent in older files: false).
+    #[serde(default)]
+    ttft_is_e2e: bool,
 }
 
 fn to_file(state: &CalibrationState) -> CalibrationFile {
@@ -71,6 +74,7 @@ fn to_file(state: &CalibrationState) -> CalibrationFile {
         version: 1,
         ttft: phase(&state.ttft),
         tpot: phase(&state.tpot),
+        ttft_is_e2e: state.ttft_is_e2e,
     }
 }
 
@@ -108,6 +112,7 @@ pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileErro
     Ok(Some(CalibrationState {
         ttft: phase("ttft", file.ttft)?,
         tpot: phase("tpot", file.tpot)?,
+        ttft_is_e2e: file.ttft_is_e2e,
     }))
 }
 
@@ -131,6 +136,7 @@ fn save(path: &Path, state: &CalibrationState) -> Result<(), CalibrationFileErro
 /// The calibration metrics.
 #[derive(Clone, Debug)]
 struct CalibrationMetrics {
+    ttft_is_e2e: prometheus::Gauge,
     samples: GaugeVec,
     rejected: IntCounterVec,
     coefficient: GaugeVec,
@@ -168,11 +174,18 @@ impl CalibrationMetrics {
             ),
             &["phase"],
         )?;
+        let ttft_is_e2e = prometheus::Gauge::new(
+            "ditto_calibration_ttft_is_e2e",
+            "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
+             no TPOT in its samples), so TTFT answers are calibrated E2E; else 0.",
+        )?;
+        metrics.register(Box::new(ttft_is_e2e.clone()))?;
         metrics.register(Box::new(samples.clone()))?;
         metrics.register(Box::new(rejected.clone()))?;
         metrics.register(Box::new(coefficient.clone()))?;
         metrics.register(Box::new(ape.clone()))?;
         Ok(Self {
+            ttft_is_e2e,
             samples,
             rejected,
             coefficient,
@@ -240,11 +253,21 @@ impl Calibrator {
         ]
     }
 
+    /// Whether TTFT samples (and answers) are end-to-end latency.
+    pub fn ttft_is_e2e(&self) -> bool {
+        self.lock().ttft_is_e2e()
+    }
+
     /// Absorbs samples in order: `(phase, simulated ms, measured ms)`; persists if changed.
-    pub fn absorb(&self, samples: &[(Phase, f64, f64)]) -> Absorbed {
+    /// `ttft_is_e2e` says what this call's TTFT samples measure (the router either streams
+    /// or not); a change of mode forgets the TTFT fit first.
+    pub fn absorb(&self, samples: &[(Phase, f64, f64)], ttft_is_e2e: bool) -> Absorbed {
         let mut absorbed = Absorbed::default();
         let state = {
             let mut calibration = self.lock();
+            if samples.iter().any(|(phase, ..)| *phase == Phase::Ttft) {
+                calibration.set_ttft_is_e2e(ttft_is_e2e);
+            }
             for &(phase, simulated, measured) in samples {
                 match calibration.observe(phase, simulated, measured) {
                     Ok(()) => absorbed.accepted += 1,
@@ -264,10 +287,12 @@ impl Calibrator {
     }
 
     /// Maps a routing answer's TTFT and TPOT distributions (means and quantiles) through the
-    /// calibration, as the predictor's own answers are. SLO probabilities and E2E stay the
-    /// simulation's.
+    /// calibration, as the predictor's own answers are (when the TTFT samples measured E2E,
+    /// the E2E distribution takes the TTFT map and TTFT stays the simulation's). SLO
+    /// probabilities stay the simulation's.
     pub fn calibrate_routing(&self, answer: &mut RoutingAnswer) {
         let [ttft, tpot] = self.coefficients();
+        let e2e = self.ttft_is_e2e();
         let map = |distribution: &mut Distribution, (overhead, scale): (f64, f64)| {
             let apply = |v: f64| (overhead + scale * v).max(0.0);
             distribution.mean = apply(distribution.mean);
@@ -276,7 +301,11 @@ impl Calibrator {
             }
         };
         for candidate in answer.candidates.iter_mut().filter(|c| c.valid) {
-            map(&mut candidate.ttft_ms, ttft);
+            if e2e {
+                map(&mut candidate.e2e_ms, ttft);
+            } else {
+                map(&mut candidate.ttft_ms, ttft);
+            }
             map(&mut candidate.tpot_ms, tpot);
         }
     }
@@ -341,11 +370,15 @@ impl Calibrator {
         serde_json::json!({
             "ttft": phase(Phase::Ttft),
             "tpot": phase(Phase::Tpot),
+            "ttft_is_e2e": calibration.ttft_is_e2e(),
             "file": self.path.as_ref().map(|p| p.display().to_string()),
         })
     }
 
     fn export(&self, calibration: &OnlineCalibration) {
+        self.metrics
+            .ttft_is_e2e
+            .set(if calibration.ttft_is_e2e() { 1.0 } else { 0.0 });
         for phase in [Phase::Ttft, Phase::Tpot] {
             let c = calibration.phase(phase);
             let name = phase.as_str();

@@ -18,7 +18,7 @@ use super::schema::{self, FieldError, TrainingEntry, iso8601};
 use super::{Predictor, Source, calibrated};
 use crate::server::deadline::wall_now_us;
 use crate::sim::latency::online::Phase;
-use crate::twin::aggregate::{AggregatePrediction, Objective, PodAggregates};
+use crate::twin::aggregate::{AggregatePrediction, Estimate, Objective, PodAggregates};
 use crate::twin::{MirrorSnapshot, TwinError};
 
 /// `model_type` in every answer: predictions come from simulation, not a regressor.
@@ -145,13 +145,51 @@ async fn simulate(
         .map_err(|status| status_error(&status))
 }
 
+/// Entries in one training call that must all lack a TPOT before the calibration takes the
+/// router for one that does not stream (a lone 1-token request must not flip the mode).
+const E2E_EVIDENCE: usize = 5;
+
+/// Whether a training call's TTFT samples measure end-to-end latency: a router with
+/// llm-d's `streamingMode: false` records E2E as TTFT and trains no TPOT, so every entry of
+/// a pod that decodes has `actual_tpot_ms` 0. Needs [`E2E_EVIDENCE`] such entries; fewer
+/// keep the current mode.
+fn ttft_measures_e2e(entries: &[TrainingEntry], current: bool) -> bool {
+    let both: Vec<&TrainingEntry> = entries
+        .iter()
+        .filter(|e| e.aggregates.pod_type.carries_ttft() && e.aggregates.pod_type.carries_tpot())
+        .collect();
+    if both.len() < E2E_EVIDENCE {
+        return current;
+    }
+    both.iter().all(|e| e.actual_tpot_ms == 0.0)
+}
+
+/// A prediction's end-to-end estimate for `output_tokens` tokens: TTFT plus the remaining
+/// tokens at the predicted TPOT (spreads and bounds added the same way).
+pub(crate) fn e2e_estimate(prediction: &AggregatePrediction, output_tokens: u32) -> Estimate {
+    let tokens = f64::from(output_tokens.saturating_sub(1));
+    let (ttft, tpot) = (prediction.ttft, prediction.tpot);
+    Estimate {
+        value: ttft.value + tpot.value * tokens,
+        uncertainty: ttft.uncertainty + tpot.uncertainty * tokens,
+        bounds: (
+            ttft.bounds.0 + tpot.bounds.0 * tokens,
+            ttft.bounds.1 + tpot.bounds.1 * tokens,
+        ),
+    }
+}
+
 /// Simulates training entries (means) and absorbs their measured latencies in order:
-/// TTFT from monolithic and prefill pods, TPOT from monolithic and decode pods. Returns what
-/// was absorbed; entries the pool cannot simulate count as rejected.
+/// TTFT from monolithic and prefill pods, TPOT from monolithic and decode pods. When the
+/// router does not stream ([`ttft_measures_e2e`]), its "TTFT" is matched against the
+/// simulated E2E. Returns what was absorbed; entries the pool cannot simulate count as
+/// rejected.
 pub(crate) async fn train_entries(
     predictor: &Arc<Predictor>,
     entries: &[TrainingEntry],
 ) -> Result<Absorbed, tonic::Status> {
+    let e2e = ttft_measures_e2e(entries, predictor.calibrator.ttft_is_e2e());
+    let output_tokens = predictor.options.output_tokens;
     let aggregates = entries.iter().map(|e| e.aggregates).collect();
     let (_, results) = simulate_entries(predictor, aggregates, Objective::Mean).await?;
     let mut samples = Vec::with_capacity(entries.len() * 2);
@@ -160,7 +198,12 @@ pub(crate) async fn train_entries(
         match result {
             Ok((prediction, _)) if prediction.valid => {
                 if entry.aggregates.pod_type.carries_ttft() {
-                    samples.push((Phase::Ttft, prediction.ttft.value, entry.actual_ttft_ms));
+                    let simulated = if e2e {
+                        e2e_estimate(&prediction, output_tokens).value
+                    } else {
+                        prediction.ttft.value
+                    };
+                    samples.push((Phase::Ttft, simulated, entry.actual_ttft_ms));
                 }
                 if entry.aggregates.pod_type.carries_tpot() {
                     samples.push((Phase::Tpot, prediction.tpot.value, entry.actual_tpot_ms));
@@ -170,7 +213,7 @@ pub(crate) async fn train_entries(
         }
     }
     predictor.calibrator.count_malformed(unsimulated);
-    let mut absorbed = predictor.calibrator.absorb(&samples);
+    let mut absorbed = predictor.calibrator.absorb(&samples, e2e);
     absorbed.rejected += unsimulated;
     Ok(absorbed)
 }
@@ -183,7 +226,13 @@ impl Predictor {
         source: Source,
     ) -> PredictionOut {
         let [ttft_c, tpot_c] = self.calibrator.coefficients();
-        let ttft = calibrated(prediction.ttft, ttft_c);
+        // A router that does not stream compares "TTFT" with end-to-end latency.
+        let ttft_raw = if self.calibrator.ttft_is_e2e() {
+            e2e_estimate(prediction, self.options.output_tokens)
+        } else {
+            prediction.ttft
+        };
+        let ttft = calibrated(ttft_raw, ttft_c);
         let tpot = calibrated(prediction.tpot, tpot_c);
         PredictionOut {
             ttft_ms: ttft.value,

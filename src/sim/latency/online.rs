@@ -10,6 +10,10 @@
 //! absorbed. A bounded window of absolute percentage errors (each measured before the sample
 //! is absorbed, so it is an honest out-of-sample error) says how well the calibration does.
 //!
+//! A router that does not stream (llm-d's `streamingMode: false`) records end-to-end latency
+//! as TTFT and trains no TPOT; [`OnlineCalibration::set_ttft_is_e2e`] switches the TTFT
+//! phase to map simulated E2E to measured E2E for such a router.
+//!
 //! Pure: no I/O, no clock; callers persist [`CalibrationState`].
 
 use std::collections::VecDeque;
@@ -94,6 +98,10 @@ pub struct CalibrationState {
     pub ttft: PhaseState,
     /// TPOT.
     pub tpot: PhaseState,
+    /// The TTFT samples measure end-to-end latency: a router that does not stream
+    /// (llm-d's `streamingMode: false`) records E2E as TTFT and trains no TPOT. The TTFT
+    /// phase then maps simulated E2E to measured E2E, and answers are E2E too.
+    pub ttft_is_e2e: bool,
 }
 
 /// One phase's fit, counters and error window.
@@ -231,6 +239,7 @@ const IDENTITY: PhaseState = PhaseState {
 pub struct OnlineCalibration {
     ttft: PhaseCalibration,
     tpot: PhaseCalibration,
+    ttft_is_e2e: bool,
 }
 
 impl OnlineCalibration {
@@ -241,6 +250,7 @@ impl OnlineCalibration {
             CalibrationState {
                 ttft: IDENTITY,
                 tpot: IDENTITY,
+                ttft_is_e2e: false,
             },
             lambda,
             window,
@@ -252,6 +262,21 @@ impl OnlineCalibration {
         Self {
             ttft: PhaseCalibration::new(Phase::Ttft, state.ttft, lambda, window),
             tpot: PhaseCalibration::new(Phase::Tpot, state.tpot, lambda, window),
+            ttft_is_e2e: state.ttft_is_e2e,
+        }
+    }
+
+    /// Whether the TTFT phase learns (and answers) end-to-end latency.
+    pub fn ttft_is_e2e(&self) -> bool {
+        self.ttft_is_e2e
+    }
+
+    /// Switches what the TTFT samples measure. A switch forgets the TTFT fit: a map learnt
+    /// from TTFTs says nothing about E2Es, and the reverse.
+    pub fn set_ttft_is_e2e(&mut self, e2e: bool) {
+        if e2e != self.ttft_is_e2e {
+            self.ttft_is_e2e = e2e;
+            self.ttft.reset();
         }
     }
 
@@ -282,13 +307,15 @@ impl OnlineCalibration {
         CalibrationState {
             ttft: self.ttft.state(),
             tpot: self.tpot.state(),
+            ttft_is_e2e: self.ttft_is_e2e,
         }
     }
 
-    /// Forgets everything learnt.
+    /// Forgets everything learnt (back to TTFT samples measuring TTFT).
     pub fn reset(&mut self) {
         self.ttft.reset();
         self.tpot.reset();
+        self.ttft_is_e2e = false;
     }
 }
 
@@ -346,5 +373,29 @@ mod tests {
         let b = restored.phase(Phase::Tpot).apply(4.5);
         assert!((a - b).abs() < 1e-9, "{a} {b}");
         assert_eq!(restored.phase(Phase::Tpot).samples(), 50);
+    }
+
+    #[test]
+    fn switching_to_e2e_samples_forgets_the_ttft_fit_only() {
+        let mut calibration = OnlineCalibration::new(1.0, 10);
+        for i in 0..30 {
+            let simulated = 10.0 + f64::from(i);
+            calibration
+                .observe(Phase::Ttft, simulated, 2.0 * simulated)
+                .unwrap();
+            calibration
+                .observe(Phase::Tpot, simulated, 3.0 * simulated)
+                .unwrap();
+        }
+        calibration.set_ttft_is_e2e(true);
+        assert!(calibration.ttft_is_e2e());
+        assert_eq!(calibration.phase(Phase::Ttft).samples(), 0);
+        assert_eq!(calibration.phase(Phase::Tpot).samples(), 30);
+        // Setting the same mode again keeps what was learnt since.
+        calibration.observe(Phase::Ttft, 1_000.0, 1_500.0).unwrap();
+        calibration.set_ttft_is_e2e(true);
+        assert_eq!(calibration.phase(Phase::Ttft).samples(), 1);
+        let restored = OnlineCalibration::restore(calibration.state(), 1.0, 10);
+        assert!(restored.ttft_is_e2e());
     }
 }
