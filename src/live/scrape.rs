@@ -79,17 +79,13 @@ impl Scraper {
     }
 
     async fn fetch(&mut self) -> Result<String, ScrapeError> {
-        let reusable = self
-            .connection
-            .as_ref()
-            .is_some_and(|sender| !sender.is_closed());
-        if !reusable {
-            self.connection = Some(self.connect().await?);
+        if self.connection.as_ref().is_some_and(SendRequest::is_closed) {
+            self.connection = None;
         }
-        let sender = self
-            .connection
-            .as_mut()
-            .expect("a connection was just opened");
+        let sender = match &mut self.connection {
+            Some(sender) => sender,
+            None => self.connection.insert(self.connect().await?),
+        };
         sender
             .ready()
             .await

@@ -33,8 +33,9 @@
 //! "batch + n decodes with total context c" ([`CalibratedModel::step_with_decodes_us`]) give
 //! the same microsecond.
 
+use super::roofline::activated_expert_fraction;
 use super::validate::{check_arch, check_gpu_peaks, check_tp};
-use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, check_coefficients, us_trunc_from_f64};
+use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, nonzero_or, check_coefficients, us_trunc_from_f64};
 
 /// Number of coefficients.
 pub const COEFFICIENTS: usize = 14;
@@ -116,8 +117,8 @@ pub struct CalibratedModel {
     /// MoE layers.
     moe_layers: f64,
     /// Routed experts and experts per token (MoE only).
-    experts: f64,
-    top_k: f64,
+    experts: u32,
+    top_k: u32,
     /// Dense linear-layer FLOP time per token (µs at peak).
     flop_us_per_token: f64,
     /// Routed-expert FLOP time per token (µs at peak); 0 for dense models.
@@ -203,8 +204,8 @@ impl CalibratedModel {
                 0.0
             },
             moe_layers: if arch.is_moe() { moe_layers } else { 0.0 },
-            experts: f64::from(arch.num_experts),
-            top_k,
+            experts: arch.num_experts,
+            top_k: arch.experts_per_tok.max(1),
             flop_us_per_token: 2.0 * dense_params_per_token / flops_per_us,
             expert_flop_us_per_token: 2.0 * expert_params_per_token / flops_per_us,
             attn_us_per_token_ctx: 4.0 * layers * (heads / tp) * head_dim / flops_per_us,
@@ -254,9 +255,8 @@ impl CalibratedModel {
         use idx::*;
         let c = &self.c;
         let tokens = shape.tokens as f64;
-        let experts_touched = if self.moe_layers > 0.0 && self.experts > 0.0 {
-            let miss = (1.0 - self.top_k / self.experts).max(0.0);
-            self.experts * (1.0 - miss.powf(tokens))
+        let experts_touched = if self.moe_layers > 0.0 {
+            f64::from(self.experts) * activated_expert_fraction(self.experts, self.top_k, tokens)
         } else {
             0.0
         };
@@ -295,15 +295,6 @@ impl CalibratedModel {
     /// Time after the last token.
     pub fn post_decode_us(&self) -> u64 {
         us_trunc_from_f64(self.c[idx::POST_DECODE_US])
-    }
-}
-
-/// `value` as f64, or `fallback` when the config left it at 0.
-fn nonzero_or(value: u32, fallback: f64) -> f64 {
-    if value > 0 {
-        f64::from(value)
-    } else {
-        fallback
     }
 }
 

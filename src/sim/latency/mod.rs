@@ -260,6 +260,16 @@ impl LatencyModel {
     }
 }
 
+/// `value` as f64, or `fallback` when the config left it at 0 (the HF configs' unset
+/// sizes); shared by the analytic models.
+fn nonzero_or(value: u32, fallback: f64) -> f64 {
+    if value > 0 {
+        f64::from(value)
+    } else {
+        fallback
+    }
+}
+
 /// Converts a float of microseconds to whole microseconds the way BLIS does (Go `int64(x)`:
 /// truncation toward zero), clamping negatives to 0 and saturating on overflow or NaN (so a
 /// bad coefficient can never wrap time around). Every latency model uses this, so step times

@@ -22,7 +22,7 @@
 //! about queues or KV blocks.
 
 use super::validate::{check_arch, check_gpu_peaks, check_tp};
-use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, check_coefficients, us_trunc_from_f64};
+use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, nonzero_or, check_coefficients, us_trunc_from_f64};
 
 /// KV-cache element width the physics basis assumes (FP16/BF16), whatever the weights are.
 const KV_BYTES_PER_ELEMENT: f64 = 2.0;
@@ -260,15 +260,6 @@ fn check_physics_shape(arch: &ModelArch, tp: u32) -> Result<(), LatencyError> {
         return Err(invalid("num_kv_heads", problem));
     }
     Ok(())
-}
-
-/// `value` as f64, or `fallback` when the config left it at 0.
-fn nonzero_or(value: u32, fallback: f64) -> f64 {
-    if value > 0 {
-        f64::from(value)
-    } else {
-        fallback
-    }
 }
 
 #[cfg(test)]

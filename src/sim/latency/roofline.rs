@@ -19,7 +19,7 @@
 //! `head_dim` is not used here. Knows nothing about queues, KV blocks or the catalog.
 
 use super::validate::{check_arch, check_gpu_mfu, check_gpu_peaks, check_tp};
-use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, us_trunc_from_f64};
+use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, nonzero_or, us_trunc_from_f64};
 
 /// MLP matrices the roofline charges per layer (up + down; BLIS's `mlpMatrixCount`).
 const MLP_MATRICES: f64 = 2.0;
@@ -226,15 +226,6 @@ pub fn activated_expert_fraction(num_experts: u32, top_k: u32, tokens: f64) -> f
     let n = f64::from(num_experts);
     let k = f64::from(top_k);
     1.0 - ((n - k) / n).powf(tokens)
-}
-
-/// `value` as f64, or `fallback` when the config left it at 0.
-fn nonzero_or(value: u32, fallback: f64) -> f64 {
-    if value > 0 {
-        f64::from(value)
-    } else {
-        fallback
-    }
 }
 
 #[cfg(test)]
