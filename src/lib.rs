@@ -9,6 +9,7 @@
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
 //! - [`twin`]: the live mirror and the what-if questions answered by forking it;
 //! - [`live`]: the live mirror: pulls pod /metrics and KV events into the twin;
+//! - [`prom_text`]: the Prometheus text format of model servers (pure parsing, histogram draws);
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
 //! - [`telemetry`]: Prometheus metrics;
 //! - [`bench`]: benchmark cases shared by `ditto bench` and the criterion benches.
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod cluster;
 pub mod fidelity;
 pub mod live;
+pub mod prom_text;
 pub mod server;
 pub mod sim;
 pub mod telemetry;

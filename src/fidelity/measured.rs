@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::catalog;
+use crate::prom_text::Histogram;
 use crate::sim::latency::ModelArch;
 use crate::workload::TraceFormat;
 
@@ -53,16 +54,6 @@ pub struct RunFiles {
     pub metrics_after: Option<String>,
     /// `scrape.yaml`: the interval between the scrapes and the GPU.
     pub scrape: Option<String>,
-}
-
-/// A length distribution known only as histogram buckets: (lower, upper, count) per
-/// non-empty bucket, and the exact mean (from the histogram's `_sum`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LengthHistogram {
-    /// Non-empty buckets, ascending.
-    pub buckets: Vec<(f64, f64, f64)>,
-    /// The exact mean length.
-    pub mean: f64,
 }
 
 /// One constant-rate stage of the load.
@@ -161,9 +152,9 @@ pub struct MeasuredRun {
     /// The published simulators' predictions.
     pub published: Vec<Published>,
     /// Prompt lengths of a run known from histograms only (scraped runs).
-    pub prompt_lengths: Option<LengthHistogram>,
+    pub prompt_lengths: Option<Histogram>,
     /// Output lengths of a run known from histograms only (scraped runs).
-    pub output_lengths: Option<LengthHistogram>,
+    pub output_lengths: Option<Histogram>,
 }
 
 impl MeasuredRun {

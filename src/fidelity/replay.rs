@@ -18,7 +18,7 @@
 //! Summary-only runs (no replay files) get seeded Poisson arrivals per stage, prompts of
 //! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length;
 //! runs known from `/metrics` histograms draw prompt and output lengths from the histograms
-//! (uniform inside a bucket), scaled so their means are the histograms' exact means.
+//! (uniform inside a bucket, corrected toward the exact means: `prom_text::sample`).
 
 use rand_core::Rng;
 
@@ -28,7 +28,8 @@ use crate::sim::rng::RngStreams;
 use crate::sim::{Engine, EngineConfig, RequestSpec, capacity};
 
 use super::FidelityError;
-use super::measured::{LengthHistogram, MeasuredRun};
+use super::measured::MeasuredRun;
+use crate::prom_text::{self, Histogram};
 
 /// Prompt tokens the chat template and BOS add to system prompt + question (measured on the
 /// H100 "general" runs: 575.5 mean prompt for 100 + 447 configured).
@@ -312,37 +313,15 @@ fn requests(
         .collect()
 }
 
-/// `n` lengths drawn from `histogram` (a bucket by its count, then uniform inside it), scaled
-/// so their mean is the histogram's exact mean.
-fn draw_lengths(histogram: &LengthHistogram, n: usize, rng: &mut impl Rng) -> Vec<u32> {
-    let total: f64 = histogram.buckets.iter().map(|b| b.2).sum();
-    if n == 0 || total <= 0.0 {
-        return vec![histogram.mean.round().max(1.0) as u32; n];
-    }
-    let raw: Vec<f64> = (0..n)
+/// `n` lengths drawn from `histogram` (inverse CDF, uniform inside a bucket), corrected
+/// toward the histogram's exact mean as the live mirror's rebuild does.
+fn draw_lengths(histogram: &Histogram, n: usize, rng: &mut impl Rng) -> Vec<u32> {
+    let correction = prom_text::mean_correction(histogram);
+    (0..n)
         .map(|_| {
-            let mut pick = unit(rng) * total;
-            let bucket = histogram
-                .buckets
-                .iter()
-                .find(|b| {
-                    pick -= b.2;
-                    pick < 0.0
-                })
-                .or(histogram.buckets.last())
-                .copied()
-                .unwrap_or((1.0, 1.0, 1.0));
-            bucket.0 + unit(rng) * (bucket.1 - bucket.0)
+            let length = prom_text::sample(histogram, unit(rng)).map_or(1.0, |v| v * correction);
+            length.round().clamp(1.0, f64::from(u32::MAX / 4)) as u32
         })
-        .collect();
-    let drawn_mean = raw.iter().sum::<f64>() / n as f64;
-    let scale = if drawn_mean > 0.0 {
-        histogram.mean / drawn_mean
-    } else {
-        1.0
-    };
-    raw.iter()
-        .map(|&len| (len * scale).round().clamp(1.0, f64::from(u32::MAX / 4)) as u32)
         .collect()
 }
 

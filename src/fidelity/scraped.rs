@@ -21,10 +21,11 @@
 //!
 //! Text in, no I/O. Errors name the file and the series.
 
-use prometheus_parse::{Sample, Scrape, Value};
+use prometheus_parse::Sample;
 
 use super::FidelityError;
-use super::measured::{LengthHistogram, MeasuredRun, Stage};
+use super::measured::{MeasuredRun, Stage};
+use crate::prom_text::{self, Histogram};
 
 /// The scrapes' file names inside a run directory, and the interval file.
 pub const BEFORE_FILE: &str = "metrics_before.txt";
@@ -44,67 +45,35 @@ const PROMPT: &[&str] = &["vllm:request_prompt_tokens"];
 const GENERATION: &[&str] = &["vllm:request_generation_tokens"];
 const CACHE_INFO: &str = "vllm:cache_config_info";
 
-/// The Prometheus text parser's name pattern has no `:`; names are escaped to this and back.
-const COLON: &str = "__colon__";
-
-/// A cumulative histogram summed over label sets: ascending (bound, cumulative count), the
-/// `_sum` and the `_count`.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Histogram {
-    buckets: Vec<(f64, f64)>,
-    sum: f64,
-    count: f64,
+/// `after − before` of one histogram (counter differences), refusing a reset.
+fn minus(after: &Histogram, before: &Histogram, name: &str) -> Result<Histogram, FidelityError> {
+    let (sum_after, sum_before) = (after.sum.unwrap_or(0.0), before.sum.unwrap_or(0.0));
+    if before.count() > after.count() || sum_before > sum_after + 1e-9 {
+        return Err(bad(format!(
+            "{name}: the after scrape counts less than the before one (server restarted?)"
+        )));
+    }
+    let buckets = after
+        .buckets
+        .iter()
+        .map(|&(bound, count)| {
+            let earlier = before
+                .buckets
+                .iter()
+                .find(|(b, _)| *b == bound)
+                .map_or(0.0, |&(_, c)| c);
+            (bound, (count - earlier).max(0.0))
+        })
+        .collect();
+    Ok(Histogram {
+        buckets,
+        sum: Some(sum_after - sum_before),
+    })
 }
 
-impl Histogram {
-    /// `self − before` (a counter difference), refusing a reset.
-    fn minus(&self, before: &Histogram, name: &str) -> Result<Histogram, FidelityError> {
-        if before.count > self.count || before.sum > self.sum + 1e-9 {
-            return Err(bad(format!(
-                "{name}: the after scrape counts less than the before one (server restarted?)"
-            )));
-        }
-        let buckets = self
-            .buckets
-            .iter()
-            .map(|&(bound, count)| {
-                let earlier = before
-                    .buckets
-                    .iter()
-                    .find(|(b, _)| *b == bound)
-                    .map_or(0.0, |&(_, c)| c);
-                (bound, (count - earlier).max(0.0))
-            })
-            .collect();
-        Ok(Histogram {
-            buckets,
-            sum: self.sum - before.sum,
-            count: self.count - before.count,
-        })
-    }
-
-    fn mean(&self) -> f64 {
-        self.sum / self.count
-    }
-
-    /// Per-bucket (lower, upper, count) for drawing lengths: the +Inf bucket is closed at its
-    /// lower bound.
-    fn to_lengths(&self) -> LengthHistogram {
-        let mut buckets = Vec::new();
-        let mut lower = (0.0f64, 0.0f64);
-        for &(bound, cumulative) in &self.buckets {
-            let upper = if bound.is_infinite() { lower.0 } else { bound };
-            let count = cumulative - lower.1;
-            if count > 0.0 {
-                buckets.push((lower.0.max(1.0), upper.max(1.0), count));
-            }
-            lower = (bound, cumulative);
-        }
-        LengthHistogram {
-            buckets,
-            mean: self.mean(),
-        }
-    }
+/// The exact mean of a histogram with a `_sum`.
+fn mean(histogram: &Histogram) -> f64 {
+    histogram.sum.unwrap_or(f64::NAN) / histogram.count()
 }
 
 /// What one scrape holds.
@@ -115,51 +84,19 @@ struct Page {
 
 impl Page {
     fn parse(file: &str, text: &str) -> Result<Page, FidelityError> {
-        let lines = text.lines().map(|line| Ok(escape_names(line)));
-        let mut scrape = Scrape::parse(lines).map_err(|err| FidelityError::BadFile {
-            file: file.into(),
-            reason: err.to_string(),
-        })?;
-        for sample in &mut scrape.samples {
-            sample.metric = sample.metric.replace(COLON, ":");
-        }
-        Ok(Page {
-            samples: scrape.samples,
-        })
+        let samples =
+            prom_text::parse(text, |_| true).map_err(|reason| FidelityError::BadFile {
+                file: file.into(),
+                reason,
+            })?;
+        Ok(Page { samples })
     }
 
     /// The histogram under the first of `names` present, summed over its label sets.
     fn histogram(&self, names: &[&'static str]) -> Option<(&'static str, Histogram)> {
-        names.iter().find_map(|&name| {
-            let mut histogram = Histogram::default();
-            let mut found = false;
-            for sample in &self.samples {
-                if sample.metric == name
-                    && let Value::Histogram(counts) = &sample.value
-                {
-                    found = true;
-                    for count in counts {
-                        match histogram
-                            .buckets
-                            .iter_mut()
-                            .find(|(bound, _)| *bound == count.less_than)
-                        {
-                            Some(slot) => slot.1 += count.count,
-                            None => histogram.buckets.push((count.less_than, count.count)),
-                        }
-                    }
-                } else if sample.metric == format!("{name}_sum") {
-                    histogram.sum += plain(&sample.value);
-                } else if sample.metric == format!("{name}_count") {
-                    histogram.count += plain(&sample.value);
-                }
-            }
-            histogram.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-            if histogram.count == 0.0 {
-                histogram.count = histogram.buckets.last().map_or(0.0, |b| b.1);
-            }
-            found.then_some((name, histogram))
-        })
+        names
+            .iter()
+            .find_map(|&name| prom_text::histogram(&self.samples, name).map(|h| (name, h)))
     }
 
     /// A label of the cache-config info gauge, as a positive integer.
@@ -167,37 +104,8 @@ impl Page {
         self.samples
             .iter()
             .find(|s| s.metric == CACHE_INFO)
-            .and_then(|s| s.labels.get(label))
-            .and_then(|value| value.trim().parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 1.0 && *v <= f64::from(u32::MAX))
-            .map(|v| v as u32)
+            .and_then(|s| prom_text::label_u32(s, &[label]))
     }
-}
-
-fn plain(value: &Value) -> f64 {
-    match value {
-        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
-        _ => 0.0,
-    }
-}
-
-/// Escapes `:` in the metric name of a sample or `# HELP`/`# TYPE` line.
-fn escape_names(line: &str) -> String {
-    let trimmed = line.trim_start();
-    let (head, rest) = if let Some(rest) = trimmed
-        .strip_prefix("# HELP ")
-        .or_else(|| trimmed.strip_prefix("# TYPE "))
-    {
-        (&trimmed[..trimmed.len() - rest.len()], rest)
-    } else if trimmed.starts_with('#') {
-        return line.to_owned();
-    } else {
-        ("", trimmed)
-    };
-    let end = rest
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .unwrap_or(rest.len());
-    format!("{head}{}{}", rest[..end].replace(':', COLON), &rest[end..])
 }
 
 /// The interval between the scrapes and the GPU (`scrape.yaml`).
@@ -253,8 +161,9 @@ pub(super) fn apply_scrapes(
             .and_then(|page| page.histogram(&[name]))
             .map(|(_, h)| h)
             .unwrap_or_default();
-        let delta = later.minus(&earlier, name)?;
-        if !(delta.count >= 1.0 && delta.sum.is_finite() && delta.sum >= 0.0) {
+        let delta = minus(&later, &earlier, name)?;
+        let sum = delta.sum.unwrap_or(f64::NAN);
+        if !(delta.count() >= 1.0 && sum.is_finite() && sum >= 0.0) {
             return Err(bad(format!("{name}: no observations between the scrapes")));
         }
         Ok(delta)
@@ -266,11 +175,11 @@ pub(super) fn apply_scrapes(
     let generation = delta(GENERATION)?;
     let duration_us = (spec.duration_s * 1e6).round() as u64;
     run.stages = vec![Stage {
-        rate: e2e.count / spec.duration_s,
+        rate: e2e.count() / spec.duration_s,
         start_us: 0,
         duration_us,
     }];
-    run.num_requests = Some(e2e.count.round() as u64);
+    run.num_requests = Some(e2e.count().round() as u64);
     run.gpu = spec.gpu.or(run.gpu.take());
     if let Some(block_size) = after.cache_label("block_size") {
         run.block_size = block_size;
@@ -278,15 +187,15 @@ pub(super) fn apply_scrapes(
     if let Some(blocks) = after.cache_label("num_gpu_blocks") {
         run.num_gpu_blocks = Some(blocks);
     }
-    run.prompt_lengths = Some(prompt.to_lengths());
-    run.output_lengths = Some(generation.to_lengths());
+    run.prompt_lengths = Some(prompt);
+    run.output_lengths = Some(generation);
     for stage in [-1, 0] {
         let mut put = |metric: &str, value: f64| {
             run.actuals.insert((stage, metric.to_string()), value);
         };
-        put("e2e_mean", e2e.mean() * 1e3);
-        put("ttft_mean", ttft.mean() * 1e3);
-        put("itl_mean", itl.mean() * 1e3);
+        put("e2e_mean", mean(&e2e) * 1e3);
+        put("ttft_mean", mean(&ttft) * 1e3);
+        put("itl_mean", mean(&itl) * 1e3);
     }
     Ok(())
 }
@@ -311,12 +220,11 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"7462\"} 1.0
         let page = Page::parse(AFTER_FILE, PAGE).unwrap();
         let (name, h) = page.histogram(E2E).unwrap();
         assert_eq!(name, "vllm:e2e_request_latency_seconds");
-        assert_eq!(h.count, 10.0);
-        assert!((h.mean() - 1.75).abs() < 1e-12);
-        let lengths = h.to_lengths();
+        assert_eq!(h.count(), 10.0);
+        assert!((mean(&h) - 1.75).abs() < 1e-12);
         assert_eq!(
-            lengths.buckets,
-            vec![(1.0, 1.0, 2.0), (1.0, 2.0, 4.0), (2.0, 2.0, 4.0)]
+            h.buckets,
+            vec![(1.0, 2.0), (2.0, 6.0), (f64::INFINITY, 10.0)]
         );
         assert_eq!(page.cache_label("num_gpu_blocks"), Some(7462));
         assert_eq!(page.cache_label("block_size"), Some(16));
@@ -327,12 +235,11 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"7462\"} 1.0
         let page = Page::parse(AFTER_FILE, PAGE).unwrap();
         let (_, h) = page.histogram(E2E).unwrap();
         let smaller = Histogram {
-            count: 1.0,
-            sum: 1.0,
-            ..h.clone()
+            buckets: vec![(1.0, 1.0), (2.0, 1.0), (f64::INFINITY, 1.0)],
+            sum: Some(1.0),
         };
-        assert!(smaller.minus(&h, "e2e").is_err());
-        let zero = h.minus(&h, "e2e").unwrap();
-        assert_eq!(zero.count, 0.0);
+        assert!(minus(&smaller, &h, "e2e").is_err());
+        let zero = minus(&h, &h, "e2e").unwrap();
+        assert_eq!(zero.count(), 0.0);
     }
 }

@@ -18,7 +18,8 @@ use crate::sim::SloClass;
 use crate::twin::snapshot::ObservedRequest;
 use crate::twin::store::RequestLists;
 
-use super::text::{Histogram, PodMetrics};
+use super::text::PodMetrics;
+use crate::prom_text::{Histogram, mean_correction, sample};
 
 /// Lengths used when a pod publishes no histogram yet (vLLM before its first request).
 const FALLBACK_PROMPT: u32 = 512;
@@ -130,63 +131,6 @@ fn seed(instance_id: &str, waiting: u32, running: u32) -> u64 {
 
 fn unit(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-}
-
-/// The factor that makes [`sample`]'s draws average the histogram's true mean (`_sum` /
-/// count): uniform draws inside vLLM's coarse 1-2-5 buckets overshoot skewed lengths.
-pub fn mean_correction(histogram: &Histogram) -> f64 {
-    let count = histogram.count();
-    let Some(sum) = histogram.sum.filter(|sum| *sum > 0.0 && count > 0.0) else {
-        return 1.0;
-    };
-    let mut lower = 0.0;
-    let mut below = 0.0;
-    let mut total = 0.0;
-    for &(upper, cumulative) in &histogram.buckets {
-        let upper_bound = if upper.is_finite() {
-            upper
-        } else {
-            lower * 2.0 + 1.0
-        };
-        total += (cumulative - below).max(0.0) * (lower + upper_bound) / 2.0;
-        if upper.is_finite() {
-            lower = upper;
-        }
-        below = cumulative;
-    }
-    if total <= 0.0 {
-        return 1.0;
-    }
-    // Bounded: a wild _sum must not turn a draw into nonsense.
-    ((sum / count) / (total / count)).clamp(0.25, 4.0)
-}
-
-/// Inverse CDF of a cumulative histogram at `u` in [0, 1): uniform inside the bucket; the
-/// open last bucket (+Inf) reuses the width of the one before it.
-pub fn sample(histogram: &Histogram, u: f64) -> Option<f64> {
-    let total = histogram.count();
-    if total <= 0.0 {
-        return None;
-    }
-    let target = u * total;
-    let mut lower = 0.0;
-    let mut below = 0.0;
-    for &(upper, cumulative) in &histogram.buckets {
-        if cumulative > target && cumulative > below {
-            let upper = if upper.is_finite() {
-                upper
-            } else {
-                lower * 2.0 + 1.0
-            };
-            let within = (target - below) / (cumulative - below);
-            return Some(lower + within * (upper - lower));
-        }
-        if upper.is_finite() {
-            lower = upper;
-        }
-        below = cumulative;
-    }
-    Some(lower)
 }
 
 #[cfg(test)]

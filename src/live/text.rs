@@ -1,8 +1,7 @@
 //! A pod's `/metrics` page → the numbers the mirror needs ([`PodMetrics`]).
 //!
-//! The Prometheus text format is parsed by `prometheus-parse`; this module only picks the
-//! engine's series. That crate's metric-name pattern (`\w+`) lacks the `:` every vLLM and
-//! SGLang name has, so names are escaped (`:` → [`COLON`]) before parsing and read back after. It accepts vLLM's current and deprecated names
+//! The page is parsed by [`crate::prom_text`] (which handles the `:` in the names); this
+//! module only picks the engine's series. It accepts vLLM's current and deprecated names
 //! (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
 //! `vllm:inter_token_latency_seconds` / `vllm:time_per_output_token_seconds`,
 //! `vllm:prefix_cache_*` / `vllm:gpu_prefix_cache_*`), counters with or without `_total`,
@@ -12,7 +11,10 @@
 //! required gauges is an error that names what is missing: the parser skips lines it cannot
 //! read, so garbage or truncated text shows up here.
 
-use prometheus_parse::{Sample, Scrape, Value};
+use prometheus_parse::Sample;
+
+use crate::prom_text::{self, family, line_name, plain_value};
+pub use crate::prom_text::{COLON, Histogram};
 use thiserror::Error;
 
 /// Why a page could not be used.
@@ -32,23 +34,6 @@ pub enum TextError {
         /// The value read.
         value: String,
     },
-}
-
-/// A cumulative histogram: (upper bound, cumulative count), ascending; the last bound may be
-/// +Inf.
-#[derive(Clone, Debug, PartialEq, Default)]
-pub struct Histogram {
-    /// Buckets, ascending by bound, counts cumulative.
-    pub buckets: Vec<(f64, f64)>,
-    /// The sum of the observations (`_sum`), if published.
-    pub sum: Option<f64>,
-}
-
-impl Histogram {
-    /// Observations counted.
-    pub fn count(&self) -> f64 {
-        self.buckets.last().map_or(0.0, |&(_, count)| count)
-    }
 }
 
 /// What one scrape of one pod says.
@@ -169,9 +154,6 @@ const ITL: &[(&str, bool)] = &[
 /// prometheus-client's process collector (vLLM's API server exports it).
 const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
 
-/// What `:` in a metric name becomes for the parser (word characters only).
-pub const COLON: &str = "__COLON__";
-
 /// Every family this module reads.
 const WANTED: [&[(&str, bool)]; 10] = [
     WAITING,
@@ -186,76 +168,22 @@ const WANTED: [&[(&str, bool)]; 10] = [
     PROCESS_START,
 ];
 
-/// The metric name of a sample, `# HELP` or `# TYPE` line (`None` for other lines).
-fn line_name(line: &str) -> Option<&str> {
-    let trimmed = line.trim_start();
-    let rest = match trimmed.strip_prefix('#') {
-        Some(comment) => {
-            let comment = comment.trim_start();
-            comment
-                .strip_prefix("HELP ")
-                .or_else(|| comment.strip_prefix("TYPE "))?
-                .trim_start()
-        }
-        None => trimmed,
-    };
-    let end = rest
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .unwrap_or(rest.len());
-    Some(&rest[..end])
-}
-
 /// True for lines of the families this module reads (the rest is not parsed: a vLLM page
 /// is mostly latency histograms).
 fn wanted(line: &str) -> bool {
     let Some(name) = line_name(line) else {
         return false;
     };
-    let base = ["_bucket", "_sum", "_count", "_total", "_created"]
-        .iter()
-        .find_map(|suffix| name.strip_suffix(suffix))
-        .unwrap_or(name);
+    let base = family(name);
     WANTED
         .iter()
         .flat_map(|names| names.iter())
         .any(|(wanted, _)| *wanted == base || *wanted == name)
 }
 
-/// `line` with the `:` of its metric name escaped (sample, `# HELP` and `# TYPE` lines).
-fn escape_name(line: &str) -> String {
-    let trimmed = line.trim_start();
-    let (prefix, rest) = match trimmed.strip_prefix('#') {
-        Some(comment) => {
-            let comment = comment.trim_start();
-            match comment
-                .strip_prefix("HELP ")
-                .map(|r| ("# HELP ", r))
-                .or_else(|| comment.strip_prefix("TYPE ").map(|r| ("# TYPE ", r)))
-            {
-                Some((keyword, rest)) => (keyword, rest.trim_start()),
-                None => return line.to_owned(),
-            }
-        }
-        None => ("", trimmed),
-    };
-    let end = rest
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .unwrap_or(rest.len());
-    let (name, tail) = rest.split_at(end);
-    format!("{prefix}{}{tail}", name.replace(':', COLON))
-}
-
 /// Parses one `/metrics` page.
 pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
-    let lines = text.lines().filter(|line| wanted(line));
-    let mut scrape = Scrape::parse(lines.map(|line| Ok(escape_name(line))))
-        .map_err(|err| TextError::Unreadable(err.to_string()))?;
-    for sample in &mut scrape.samples {
-        if sample.metric.contains(COLON) {
-            sample.metric = sample.metric.replace(COLON, ":");
-        }
-    }
-    let samples = &scrape.samples;
+    let samples = &prom_text::parse(text, wanted).map_err(TextError::Unreadable)?;
     let mut metrics = PodMetrics::default();
     let mut note = |names: &[(&'static str, bool)], used: &str| {
         if let Some(&(name, true)) = names.iter().find(|(name, _)| *name == used) {
@@ -306,26 +234,11 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         .iter()
         .find(|s| CACHE_INFO.iter().any(|(name, _)| s.metric == *name))
     {
-        let label = |names: [&str; 2]| {
-            names
-                .iter()
-                .find_map(|name| info.labels.get(name))
-                .and_then(|value| value.trim().parse::<f64>().ok())
-                .filter(|value| value.is_finite() && *value >= 1.0 && *value <= f64::from(u32::MAX))
-                .map(|value| value as u32)
-        };
-        metrics.block_size = label(["block_size", "page_size"]);
-        metrics.num_gpu_blocks = label(["num_gpu_blocks", "num_pages"]);
+        metrics.block_size = prom_text::label_u32(info, &["block_size", "page_size"]);
+        metrics.num_gpu_blocks = prom_text::label_u32(info, &["num_gpu_blocks", "num_pages"]);
     }
     let mut histogram_of = |names: &[(&'static str, bool)]| {
-        let (name, mut histogram) = histogram(samples, names)?;
-        let sum_name = format!("{name}_sum");
-        let sums: Vec<f64> = samples
-            .iter()
-            .filter(|s| s.metric == sum_name)
-            .filter_map(|s| plain_value(&s.value))
-            .collect();
-        histogram.sum = (!sums.is_empty()).then(|| sums.iter().sum());
+        let (name, histogram) = histogram(samples, names)?;
         if let Some(&(name, true)) = names.iter().find(|(n, _)| *n == name) {
             metrics.deprecated.push(name);
         }
@@ -358,13 +271,6 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
 enum Combine {
     Sum,
     Mean,
-}
-
-fn plain_value(value: &Value) -> Option<f64> {
-    match value {
-        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(*v),
-        _ => None,
-    }
 }
 
 /// The first name in `names` with samples, and their sum or mean over label sets.
@@ -403,38 +309,15 @@ fn counter(samples: &[Sample], names: &[(&'static str, bool)]) -> Option<(&'stat
     })
 }
 
-/// A histogram by name, buckets summed over label sets.
+/// The first of `names` published as a histogram (buckets and `_sum` summed over label
+/// sets).
 fn histogram(
     samples: &[Sample],
     names: &[(&'static str, bool)],
 ) -> Option<(&'static str, Histogram)> {
-    names.iter().find_map(|&(name, _)| {
-        let mut merged: Vec<(f64, f64)> = Vec::new();
-        let mut found = false;
-        for sample in samples.iter().filter(|s| s.metric == name) {
-            if let Value::Histogram(counts) = &sample.value {
-                found = true;
-                for bucket in counts {
-                    match merged.iter_mut().find(|(le, _)| *le == bucket.less_than) {
-                        Some(slot) => slot.1 += bucket.count,
-                        None => merged.push((bucket.less_than, bucket.count)),
-                    }
-                }
-            }
-        }
-        if !found {
-            return None;
-        }
-        merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
-        merged.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some((
-            name,
-            Histogram {
-                buckets: merged,
-                sum: None,
-            },
-        ))
-    })
+    names
+        .iter()
+        .find_map(|&(name, _)| prom_text::histogram(samples, name).map(|h| (name, h)))
 }
 
 #[cfg(test)]

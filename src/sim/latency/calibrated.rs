@@ -35,7 +35,9 @@
 
 use super::roofline::activated_expert_fraction;
 use super::validate::{check_arch, check_gpu_peaks, check_tp};
-use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, nonzero_or, check_coefficients, us_trunc_from_f64};
+use super::{
+    BatchEntry, GpuSpec, LatencyError, ModelArch, check_coefficients, nonzero_or, us_trunc_from_f64,
+};
 
 /// Number of coefficients.
 pub const COEFFICIENTS: usize = 14;

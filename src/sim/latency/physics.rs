@@ -22,7 +22,9 @@
 //! about queues or KV blocks.
 
 use super::validate::{check_arch, check_gpu_peaks, check_tp};
-use super::{BatchEntry, GpuSpec, LatencyError, ModelArch, nonzero_or, check_coefficients, us_trunc_from_f64};
+use super::{
+    BatchEntry, GpuSpec, LatencyError, ModelArch, check_coefficients, nonzero_or, us_trunc_from_f64,
+};
 
 /// KV-cache element width the physics basis assumes (FP16/BF16), whatever the weights are.
 const KV_BYTES_PER_ELEMENT: f64 = 2.0;
