@@ -4,8 +4,9 @@
 //! Invariants: no lock is held across an `.await` (the store's locks live inside its
 //! synchronous methods); every prediction runs on one immutable snapshot on the simulation
 //! pool, bounded by a semaphore and by the call's deadline; a panic there is an INTERNAL
-//! error, never a crash; every error is
-//! mapped by `server::error`.
+//! error, never a crash; every error is mapped by `server::error`. The push streams' side
+//! (reading a stream within its deadline, applying each message off the async workers) is
+//! in `push.rs`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,12 +19,14 @@ use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+mod push;
+
 use super::convert::config::cluster_from_proto;
 use super::convert::forecast::{forecast_answer_to_proto, forecast_from_proto};
 use super::convert::question::{routing_answer_to_proto, routing_from_proto};
-use super::convert::state::{kv_batch_from_proto, snapshot_to_proto, update_from_proto};
+use super::convert::state::snapshot_to_proto;
 use super::deadline::{client_deadline, wall_now_us, work_deadline};
-use super::error::{deadline_status, internal_status, status_from, stream_status_from};
+use super::error::{deadline_status, internal_status, status_from};
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
 use super::slots::SimulationPool;
@@ -31,11 +34,8 @@ use super::spans;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
 use crate::twin::limits::{CancelFlag, Limits};
-use crate::twin::store::{KvEvent, MirrorStore, StoredSnapshot};
+use crate::twin::store::{MirrorStore, StoredSnapshot};
 use crate::twin::{TwinError, forecast, predict};
-
-/// Most gaps listed in one `PushAck` (the count in the metrics is exact).
-pub const ACK_GAPS_MAX: usize = 1024;
 
 /// How the service bounds its work.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -307,108 +307,6 @@ impl Shared {
         let answer = tracing::Instrument::instrument(simulation, span.clone()).await?;
         Ok((answer, span))
     }
-
-    /// Reads the next message of a client stream within the client's deadline, if any.
-    async fn next_message<T>(
-        stream: &mut Streaming<T>,
-        deadline: Option<Instant>,
-        accepted: u64,
-    ) -> Result<Option<T>, Status> {
-        match deadline {
-            None => stream.message().await,
-            Some(deadline) => {
-                tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), stream.message())
-                    .await
-                    .map_err(|_| deadline_status(&format!("after {accepted} accepted messages")))?
-            }
-        }
-    }
-
-    /// An acknowledgement of nothing yet, at the latest generation.
-    fn empty_ack(&self) -> proto::PushAck {
-        proto::PushAck {
-            generation: self.store.latest().map_or(0, |s| s.snapshot.generation),
-            ..proto::PushAck::default()
-        }
-    }
-
-    /// Applies one write to the store on the blocking pool (writes copy instance state: they
-    /// stay off the async workers); errors name the stream message (`accepted` so far).
-    async fn write_store<T: Send + 'static>(
-        &self,
-        accepted: u64,
-        write: impl FnOnce(&MirrorStore) -> Result<T, TwinError> + Send + 'static,
-    ) -> Result<T, Status> {
-        let store = Arc::clone(&self.store);
-        let applying = spans::apply();
-        tokio::task::spawn_blocking(move || applying.in_scope(|| write(&store)))
-            .await
-            .map_err(|_| internal_status("the store update task failed"))?
-            .map_err(|err| stream_status_from(&err, accepted))
-    }
-
-    async fn push_states(
-        &self,
-        mut stream: Streaming<proto::InstanceStateUpdate>,
-        deadline: Option<Instant>,
-    ) -> Result<proto::PushAck, Status> {
-        let mut ack = self.empty_ack();
-        while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
-            let update = update_from_proto(&message)
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
-            let generation = self
-                .write_store(ack.accepted, move |store| store.apply_state(update))
-                .await?;
-            ack.generation = generation;
-            ack.accepted += 1;
-            self.metrics
-                .pushed_messages
-                .with_label_values(&["PushInstanceState"])
-                .inc();
-        }
-        Ok(ack)
-    }
-
-    async fn push_kv(
-        &self,
-        mut stream: Streaming<proto::KvEventBatch>,
-        deadline: Option<Instant>,
-    ) -> Result<proto::PushAck, Status> {
-        let mut ack = self.empty_ack();
-        while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
-            let batch = kv_batch_from_proto(&message)
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
-            let counts = count_kv_events(&batch.events);
-            let applied = self
-                .write_store(ack.accepted, move |store| store.apply_kv_events(batch))
-                .await?;
-            for (kind, count) in counts {
-                self.metrics
-                    .kv_events
-                    .with_label_values(&[kind])
-                    .inc_by(count);
-            }
-            if let Some(gap) = applied.gap {
-                self.metrics
-                    .kv_event_seq_gaps
-                    .inc_by(gap.received_seq - gap.expected_seq);
-                if ack.gaps.len() < ACK_GAPS_MAX {
-                    ack.gaps.push(proto::KvSequenceGap {
-                        instance_id: gap.instance_id,
-                        expected_seq: gap.expected_seq,
-                        received_seq: gap.received_seq,
-                    });
-                }
-            }
-            ack.generation = applied.generation;
-            ack.accepted += 1;
-            self.metrics
-                .pushed_messages
-                .with_label_values(&["PushKvEvents"])
-                .inc();
-        }
-        Ok(ack)
-    }
 }
 
 /// The RPCs that write the mirror (their refusals count in `ditto_write_rejections_total`).
@@ -417,19 +315,6 @@ const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEven
 /// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
 fn is_budget_exhaustion(err: &TwinError) -> bool {
     matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
-}
-
-fn count_kv_events(events: &[KvEvent]) -> [(&'static str, u64); 3] {
-    let mut counts = [("stored", 0), ("removed", 0), ("cleared", 0)];
-    for event in events {
-        let slot = match event {
-            KvEvent::Stored { .. } => 0,
-            KvEvent::Removed { .. } => 1,
-            KvEvent::AllCleared => 2,
-        };
-        counts[slot].1 += 1;
-    }
-    counts
 }
 
 fn stream_response(
