@@ -194,6 +194,18 @@ impl CalibrationMetrics {
     }
 }
 
+/// The calibration an answer applies: (overhead ms, scale) per phase, and whether the TTFT
+/// phase maps end-to-end latency.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Coefficients {
+    /// TTFT (or E2E, see `ttft_is_e2e`).
+    pub ttft: (f64, f64),
+    /// TPOT.
+    pub tpot: (f64, f64),
+    /// The TTFT samples measure end-to-end latency.
+    pub ttft_is_e2e: bool,
+}
+
 /// Counts of one training call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Absorbed {
@@ -244,13 +256,15 @@ impl Calibrator {
         self.lock().phase(phase).apply(simulated_ms)
     }
 
-    /// The (overhead, scale) of both phases, read at once.
-    pub fn coefficients(&self) -> [(f64, f64); 2] {
+    /// The (overhead, scale) of both phases and whether TTFT means E2E, read under one lock
+    /// (an answer applies a consistent calibration).
+    pub fn coefficients(&self) -> Coefficients {
         let calibration = self.lock();
-        [
-            calibration.phase(Phase::Ttft).coefficients(),
-            calibration.phase(Phase::Tpot).coefficients(),
-        ]
+        Coefficients {
+            ttft: calibration.phase(Phase::Ttft).coefficients(),
+            tpot: calibration.phase(Phase::Tpot).coefficients(),
+            ttft_is_e2e: calibration.ttft_is_e2e(),
+        }
     }
 
     /// Whether TTFT samples (and answers) are end-to-end latency.
@@ -291,8 +305,11 @@ impl Calibrator {
     /// the E2E distribution takes the TTFT map and TTFT stays the simulation's). SLO
     /// probabilities stay the simulation's.
     pub fn calibrate_routing(&self, answer: &mut RoutingAnswer) {
-        let [ttft, tpot] = self.coefficients();
-        let e2e = self.ttft_is_e2e();
+        let Coefficients {
+            ttft,
+            tpot,
+            ttft_is_e2e: e2e,
+        } = self.coefficients();
         let map = |distribution: &mut Distribution, (overhead, scale): (f64, f64)| {
             let apply = |v: f64| (overhead + scale * v).max(0.0);
             distribution.mean = apply(distribution.mean);

@@ -225,9 +225,10 @@ impl Predictor {
         prediction: &AggregatePrediction,
         source: Source,
     ) -> PredictionOut {
-        let [ttft_c, tpot_c] = self.calibrator.coefficients();
+        let coefficients = self.calibrator.coefficients();
+        let (ttft_c, tpot_c) = (coefficients.ttft, coefficients.tpot);
         // A router that does not stream compares "TTFT" with end-to-end latency.
-        let ttft_raw = if self.calibrator.ttft_is_e2e() {
+        let ttft_raw = if coefficients.ttft_is_e2e {
             e2e_estimate(prediction, self.options.output_tokens)
         } else {
             prediction.ttft
