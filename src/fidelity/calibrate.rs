@@ -214,10 +214,19 @@ pub fn loss(
             let weight = if stage.stage < 0 { 2.0 } else { 1.0 };
             total += run_weight * weight * stage_loss(&stage.predicted, &stage.measured);
         }
-        total += replayed.unfinished as f64;
+        // Overload: the fraction the client abandoned at its timeout should match the
+        // measured fraction of failed requests (0 for a run that kept up).
+        let measured_failed = scored.timed_out_measured.unwrap_or(0.0);
+        total += run_weight * TIMED_OUT_WEIGHT * (scored.timed_out_predicted - measured_failed).powi(2);
+        // Requests that never finished for another reason (dropped) are a plain penalty.
+        total += replayed.unfinished.saturating_sub(replayed.timed_out) as f64;
     }
     Ok(total)
 }
+
+/// Weight of the squared difference between the predicted and measured timed-out fractions
+/// (a 10-point miss costs as much as a whole run's metrics 30% off).
+pub const TIMED_OUT_WEIGHT: f64 = 100.0;
 
 /// Weighted squared log-ratios of one stage's metrics.
 fn stage_loss(predicted: &Metrics, measured: &Metrics) -> f64 {
