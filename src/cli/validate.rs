@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::cli::CliError;
 use crate::cli::latency::resolve_latency;
+use crate::cli::progress::{self, Progress};
 use crate::fidelity::replay::{self, OutputLength, ReplayOptions};
 use crate::fidelity::score::{self, Metrics, RunScore};
 use crate::fidelity::{MeasuredRun, RunFiles, scraped};
@@ -64,7 +65,13 @@ pub struct Validated {
 pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
     let options = replay_options(&args.output_length, args.no_shared_prefix, args.seed)?;
     let mut validated = Vec::new();
+    let bar = Progress::new(
+        progress::wanted(args.json),
+        args.runs.len() as u64,
+        "replaying",
+    );
     for dir in &args.runs {
+        bar.message(dir.display().to_string());
         let run = load_run(dir)?;
         validated.push(validate_run(
             &run,
@@ -73,7 +80,9 @@ pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
             args.gpu.as_deref(),
             options,
         )?);
+        bar.inc(1);
     }
+    bar.finish();
     Ok(if args.json {
         let mut text = serde_json::to_string_pretty(&report_json(&args.latency_model, &validated))
             .unwrap_or_default();
