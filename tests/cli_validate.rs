@@ -138,7 +138,12 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
         .iter()
         .find(|r| r["name"] == "h100-llama2-7b-tp1-reasoning")
         .unwrap();
-    assert!(overloaded["timed_out_fraction"]["predicted"].as_f64().unwrap() > 0.5);
+    assert!(
+        overloaded["timed_out_fraction"]["predicted"]
+            .as_f64()
+            .unwrap()
+            > 0.5
+    );
     assert!(failures.is_empty(), "{failures:#?}");
     let e2e = median(&report, "e2e_mean");
     let ttft = median(&report, "ttft_mean");

@@ -640,7 +640,9 @@ fn a_pool_takes_a_calibrate_files_coefficients() {
             .join(", ")
     };
     let yaml = |coefficients: &str| {
-        format!("pools: [{{name: a, latency_model: calibrated, calibrated_coefficients: {{{coefficients}}}}}]")
+        format!(
+            "pools: [{{name: a, latency_model: calibrated, calibrated_coefficients: {{{coefficients}}}}}]"
+        )
     };
     let default = spec::parse_cluster_yaml("pools: [{name: a}]").unwrap();
     let same = spec::parse_cluster_yaml(&yaml(&map(embedded.values[4]))).unwrap();
@@ -649,8 +651,13 @@ fn a_pool_takes_a_calibrate_files_coefficients() {
     assert_ne!(slower.instances[0].latency, default.instances[0].latency);
     // Errors name the field.
     let missing = map(1.0).replace("queue_us: ", "queue_ux: ");
-    let err = spec::parse_cluster_yaml(&yaml(&missing)).unwrap_err().to_string();
-    assert!(err.contains("pools[0].calibrated_coefficients.queue_ux"), "{err}");
+    let err = spec::parse_cluster_yaml(&yaml(&missing))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("pools[0].calibrated_coefficients.queue_ux"),
+        "{err}"
+    );
     let physics = yaml(&map(1.0)).replace("latency_model: calibrated", "latency_model: physics");
     let err = spec::parse_cluster_yaml(&physics).unwrap_err().to_string();
     assert!(err.contains("pools[0].calibrated_coefficients"), "{err}");

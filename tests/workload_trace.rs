@@ -294,7 +294,11 @@ fn replay_keeps_failed_requests_whose_lengths_were_lost() {
     assert_eq!(trace.errored, [RequestId(1)]);
     // Without has_error a 0-token prompt is still an error naming the field.
     let bad = text.replace(r#""has_error": true"#, r#""has_error": false"#);
-    check_error(TraceFormat::ReplayJson, &bad, &["requests[1]", "input_tokens"]);
+    check_error(
+        TraceFormat::ReplayJson,
+        &bad,
+        &["requests[1]", "input_tokens"],
+    );
 }
 
 #[test]

@@ -67,13 +67,12 @@ pub fn from_map(
     }
     let mut values = [0.0; COEFFICIENTS];
     for (slot, name) in values.iter_mut().zip(COEFFICIENT_NAMES) {
-        let value =
-            *coefficients
-                .get(name)
-                .ok_or_else(|| CalibratedFileError::Coefficient {
-                    name: name.to_string(),
-                    problem: "missing".into(),
-                })?;
+        let value = *coefficients
+            .get(name)
+            .ok_or_else(|| CalibratedFileError::Coefficient {
+                name: name.to_string(),
+                problem: "missing".into(),
+            })?;
         if !(value.is_finite() && value >= 0.0) {
             return Err(CalibratedFileError::Coefficient {
                 name: name.to_string(),

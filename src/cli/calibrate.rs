@@ -15,8 +15,8 @@ use clap::Args;
 
 use crate::catalog;
 use crate::cli::CliError;
-use crate::cli::validate::{self, Validated, load_run, replay_options};
 use crate::cli::progress::{self, Progress};
+use crate::cli::validate::{self, Validated, load_run, replay_options};
 use crate::fidelity::calibrate::{FitEvaluation, FitResult, FitSpec, Target, fit_observed};
 use crate::fidelity::score;
 use crate::sim::latency::CalibratedCoefficients;
@@ -238,11 +238,8 @@ fn leave_group_out(
         }
         let label = format!("{} {}/{}", kind.name(), fold + 1, distinct.len());
         let fitted = fit_shown(&others, spec, &label, show)?;
-        let file = std::env::temp_dir().join(format!(
-            "ditto-loo-{}-{}.yaml",
-            std::process::id(),
-            fold
-        ));
+        let file =
+            std::env::temp_dir().join(format!("ditto-loo-{}-{}.yaml", std::process::id(), fold));
         std::fs::write(
             &file,
             catalog::calibrated::render(&fitted.coefficients, "leave-one-out"),
@@ -296,7 +293,12 @@ fn warm(
             }
         })?;
         let label = format!("warm {}/{}", i + 1, runs.len());
-        let fitted = fit_shown(std::slice::from_ref(&target), spec, &label, progress::wanted(false))?;
+        let fitted = fit_shown(
+            std::slice::from_ref(&target),
+            spec,
+            &label,
+            progress::wanted(false),
+        )?;
         let file = std::env::temp_dir().join(format!("ditto-warm-{}-{i}.yaml", std::process::id()));
         std::fs::write(
             &file,

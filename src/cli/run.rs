@@ -229,7 +229,10 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         }
         Source::Trace(requests, ..) => {
             let bar = Progress::new(shown, requests.len() as u64, "simulating");
-            engine.run(requests.into_iter().inspect(|_| bar.inc(1)), args.max_events)?;
+            engine.run(
+                requests.into_iter().inspect(|_| bar.inc(1)),
+                args.max_events,
+            )?;
         }
     }
     let summary = engine.summary();

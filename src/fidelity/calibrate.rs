@@ -245,7 +245,8 @@ pub fn loss(
         // Overload: the fraction the client abandoned at its timeout should match the
         // measured fraction of failed requests (0 for a run that kept up).
         let measured_failed = scored.timed_out_measured.unwrap_or(0.0);
-        total += run_weight * TIMED_OUT_WEIGHT * (scored.timed_out_predicted - measured_failed).powi(2);
+        total +=
+            run_weight * TIMED_OUT_WEIGHT * (scored.timed_out_predicted - measured_failed).powi(2);
         // Requests that never finished for another reason (dropped) are a plain penalty.
         total += replayed.unfinished.saturating_sub(replayed.timed_out) as f64;
     }

@@ -454,7 +454,8 @@ fn apply_replay(
         let Some(&(ttft_s, e2e_s, has_error)) = truth.get(&id) else {
             continue;
         };
-        let (Some(ttft_s), Some(e2e_s), false) = (ttft_s, e2e_s, has_error || errored.contains(&id))
+        let (Some(ttft_s), Some(e2e_s), false) =
+            (ttft_s, e2e_s, has_error || errored.contains(&id))
         else {
             run.failed.push(FailedRequest {
                 id,

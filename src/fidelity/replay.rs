@@ -281,7 +281,13 @@ fn measured_requests(
         .iter()
         .map(|r| {
             let truth = (Some(r.ttft_us), Some(r.e2e_us), r.output_recount);
-            (r.arrival_us, r.id, r.input_tokens, r.output_recount, Some(truth))
+            (
+                r.arrival_us,
+                r.id,
+                r.input_tokens,
+                r.output_recount,
+                Some(truth),
+            )
         })
         .collect();
     let users = run
@@ -301,7 +307,10 @@ fn measured_requests(
                 let donor = &run.requests[pick.min(run.requests.len().saturating_sub(1))];
                 let rounds = (failed.id / users) as f64 - (donor.id / users) as f64;
                 let input = (f64::from(donor.input_tokens) + growth * rounds).round();
-                (input.clamp(1.0, f64::from(u32::MAX / 4)) as u32, donor.output_recount)
+                (
+                    input.clamp(1.0, f64::from(u32::MAX / 4)) as u32,
+                    donor.output_recount,
+                )
             }
         };
         let truth = (None, failed.e2e_us, recount);

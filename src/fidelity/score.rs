@@ -130,23 +130,22 @@ pub fn score(run: &MeasuredRun, replayed: &Replayed) -> RunScore {
             .iter()
             .filter(|r| in_stage(run.stage_of(r.arrival_us)))
             .collect();
-        let (measured, ks_ttft, ks_e2e) =
-            if per_request && !truth.is_empty() {
-                let mut m_ttft: Vec<f64> = truth.iter().map(|r| r.ttft_us / 1e3).collect();
-                let mut m_e2e: Vec<f64> = truth.iter().map(|r| r.e2e_us / 1e3).collect();
-                let recount = mean(
-                    &truth
-                        .iter()
-                        .map(|r| f64::from(r.output_recount))
-                        .collect::<Vec<_>>(),
-                );
-                let measured = metrics(&mut m_ttft, &mut m_e2e, recount);
-                let ks_t = ks_distance(&mut ttft, &mut m_ttft);
-                let ks_e = ks_distance(&mut e2e, &mut m_e2e);
-                (measured, Some(ks_t), Some(ks_e))
-            } else {
-                (summary_actuals(run, stage), None, None)
-            };
+        let (measured, ks_ttft, ks_e2e) = if per_request && !truth.is_empty() {
+            let mut m_ttft: Vec<f64> = truth.iter().map(|r| r.ttft_us / 1e3).collect();
+            let mut m_e2e: Vec<f64> = truth.iter().map(|r| r.e2e_us / 1e3).collect();
+            let recount = mean(
+                &truth
+                    .iter()
+                    .map(|r| f64::from(r.output_recount))
+                    .collect::<Vec<_>>(),
+            );
+            let measured = metrics(&mut m_ttft, &mut m_e2e, recount);
+            let ks_t = ks_distance(&mut ttft, &mut m_ttft);
+            let ks_e = ks_distance(&mut e2e, &mut m_e2e);
+            (measured, Some(ks_t), Some(ks_e))
+        } else {
+            (summary_actuals(run, stage), None, None)
+        };
         let recount = recount_of(&measured);
         let predicted = metrics(&mut ttft, &mut e2e, recount);
         stages.push(StageScore {

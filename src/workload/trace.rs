@@ -552,7 +552,10 @@ enum Replayed {
 }
 
 /// Reads one `requests[]` record; errors are `(key, problem)`.
-fn replay_request(record: &Value, config: &ReplayConfig) -> Result<Replayed, (&'static str, String)> {
+fn replay_request(
+    record: &Value,
+    config: &ReplayConfig,
+) -> Result<Replayed, (&'static str, String)> {
     let Value::Object(object) = record else {
         return Err(("", "expected a JSON object".to_owned()));
     };
