@@ -368,3 +368,25 @@ fn parse_free(list: &str) -> Result<Vec<usize>, CliError> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_group_by_model_and_workload_from_their_names() {
+        let model = |name| group_of(name, LeaveOut::Model);
+        let workload = |name| group_of(name, LeaveOut::Workload);
+        assert_eq!(model("h100-llama2-7b-tp1-reasoning"), "llama2-7b");
+        assert_eq!(model("h100-mixtral8x7b-tp2-general"), "mixtral8x7b");
+        assert_eq!(model("a100-llama3.1-8b-tp1-general-lite"), "llama3.1-8b");
+        assert_eq!(workload("h100-llama2-70b-tp4-codegen"), "codegen");
+        assert_eq!(workload("a100-llama3.1-8b-tp1-general-lite"), "general");
+        assert_eq!(group_of("my-run", LeaveOut::Model), "my-run");
+        assert_eq!(
+            group_of("h100-llama2-7b-tp1-x", LeaveOut::Run),
+            "h100-llama2-7b-tp1-x"
+        );
+        assert!(LeaveOut::parse("gpu").is_err());
+    }
+}
