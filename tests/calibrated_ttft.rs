@@ -17,7 +17,7 @@ fn an_idle_servers_ttft_is_the_sum_of_its_parts() {
     for (gpu, tp, prompt) in [("H100", 1, 600), ("H100", 4, 3000), ("L40S", 2, 600)] {
         let gpu_spec = catalog::gpu(gpu).unwrap();
         let model = CalibratedModel::new(&arch, &gpu_spec, tp, &coefficients).unwrap();
-        let mut config = EngineConfig::vllm_defaults(10_000, 2048);
+        let mut config = EngineConfig::vllm_defaults(10_000, 8192);
         config.kv_sample_interval_us = 0;
         let parts = model.unloaded_ttft(prompt, config.max_num_batched_tokens);
         let mut engine = Engine::new(config, LatencyModel::Calibrated(model)).unwrap();
