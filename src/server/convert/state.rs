@@ -272,6 +272,7 @@ fn instance_to_proto(
         kv_event_gaps: state.kv_event_gaps,
         address: address.to_owned(),
         stale_reason: state.stale_reason.clone().unwrap_or_default(),
+        capped: state.capped.clone().unwrap_or_default(),
     }
 }
 
