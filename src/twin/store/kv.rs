@@ -214,3 +214,58 @@ pub(super) fn apply_kv(index: &mut KvIndex, events: &[KvEvent], block_size: u32)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::sim::kv::hash::block_key;
+    use crate::sim::{PromptContent, RequestId, RequestSpec, SloClass};
+
+    fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
+        KvEvent::Stored {
+            block_hashes: hashes,
+            parent_block_hash: parent,
+            token_ids: tokens,
+            block_size: 4,
+        }
+    }
+
+    #[test]
+    fn blocks_published_with_tokens_are_keyed_as_the_engine_keys_a_prompt() {
+        let tokens: Vec<u32> = (100..112).collect();
+        let mut index = KvIndex::default();
+        // Two events chained by the publisher's (seeded, unknowable) hashes.
+        apply_kv(&mut index, &[stored(vec![901, 902], None, tokens[..8].to_vec())], 4);
+        apply_kv(&mut index, &[stored(vec![903], Some(902), tokens[8..].to_vec())], 4);
+        let spec = RequestSpec {
+            id: RequestId(1),
+            arrival_us: 0,
+            input_tokens: 12,
+            output_tokens: 1,
+            max_tokens: 1,
+            slo_class: SloClass::default(),
+            priority: 0,
+            deadline_us: None,
+            content: PromptContent::Tokens(Arc::from(tokens.as_slice())),
+        };
+        let mut parent = ROOT_KEY;
+        let mut expected = Vec::new();
+        for block in 0..3 {
+            parent = block_key(&spec, parent, block, 4);
+            expected.push(parent);
+        }
+        assert_eq!(index.blocks(), expected);
+        assert_eq!(index.aliases().get(&903), Some(&expected[2]));
+        // Removal and parents still go by the publisher's hash.
+        apply_kv(&mut index, &[KvEvent::Removed { block_hashes: vec![901] }], 4);
+        assert_eq!(index.blocks(), expected[1..].to_vec());
+        // A run whose parent was never seen keeps its publisher hashes.
+        apply_kv(&mut index, &[stored(vec![990], Some(777), tokens[..4].to_vec())], 4);
+        assert_eq!(index.blocks().last(), Some(&990));
+        assert_eq!(index.evict_to(1), 2);
+        assert_eq!(index.blocks(), vec![990]);
+        assert!(index.aliases().is_empty());
+    }
+}
