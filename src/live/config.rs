@@ -253,13 +253,13 @@ pub struct SourceSpec {
     /// Headless Service `NAME:PORT`.
     #[serde(default)]
     pub dns: Option<String>,
-    /// KV-event PUB endpoint template (`tcp://{ip}:5557`).
+    /// KV-event PUB endpoint template (llm-d: `tcp://{ip}:5556`; `{rank}`: a DP rank).
     #[serde(default)]
     pub kv_events: Option<String>,
     /// KV-event replay ROUTER endpoint template.
     #[serde(default)]
     pub kv_replay: Option<String>,
-    /// Subscription topic prefix (default `kv@`).
+    /// Subscription topic prefix (default empty: every topic).
     #[serde(default)]
     pub kv_topic: Option<String>,
     /// This source's `/metrics` period, ms (default: `--scrape-interval-ms`), rounded up to a
