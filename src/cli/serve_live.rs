@@ -125,10 +125,7 @@ pub fn live_config(
                 replay: args.kv_replay.clone(),
                 topic: args.kv_topic.clone(),
                 dp_size: if args.kv_dp_size == 0 {
-                    return Err((
-                        "kv-dp-size".to_owned(),
-                        "must be at least 1".to_owned(),
-                    ));
+                    return Err(("kv-dp-size".to_owned(), "must be at least 1".to_owned()));
                 } else {
                     args.kv_dp_size
                 },

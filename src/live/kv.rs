@@ -112,7 +112,14 @@ pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints, rank: u32) {
         backoff = RECONNECT_FIRST;
         check_restart(&pod, &mut cursor);
         catch_up(&pod, replay.as_deref(), &mut cursor).await;
-        let ended = receive(&pod, &mut socket, &mut monitor, replay.as_deref(), &mut cursor).await;
+        let ended = receive(
+            &pod,
+            &mut socket,
+            &mut monitor,
+            replay.as_deref(),
+            &mut cursor,
+        )
+        .await;
         let reason = match ended {
             Ended::Disconnected(reason) => reason,
             Ended::Restarted => "the pod restarted".to_owned(),
@@ -177,7 +184,13 @@ async fn catch_up(pod: &Arc<Pod>, replay: Option<&str>, cursor: &mut Cursor) {
                 _ => 0,
             };
             if missed > 0 {
-                count_gap(pod, cursor, missed, start, "no longer held by the publisher");
+                count_gap(
+                    pod,
+                    cursor,
+                    missed,
+                    start,
+                    "no longer held by the publisher",
+                );
             }
             let mut pending_gap = missed;
             for batch in batches {

@@ -317,5 +317,8 @@ fn memory_per_block() -> Result<(f64, u64), String> {
         stored += stream.next_block - first;
     }
     let after = rss_mb();
-    Ok(((after - before).max(0.0) * 1024.0 * 1024.0 / blocks as f64, blocks))
+    Ok((
+        (after - before).max(0.0) * 1024.0 * 1024.0 / blocks as f64,
+        blocks,
+    ))
 }

@@ -397,7 +397,10 @@ mod tests {
             ]),
         ]);
         let decoded = decode_batch(0, &encode(&batch)).expect("decodes");
-        assert_eq!(decoded.unknown, vec!["Nope".to_owned(), "BlockTransferred".to_owned()]);
+        assert_eq!(
+            decoded.unknown,
+            vec!["Nope".to_owned(), "BlockTransferred".to_owned()]
+        );
         assert_eq!(decoded.other_groups, 1);
         assert_eq!(
             decoded.events,

@@ -11,9 +11,9 @@
 //! network; `text`, `rebuild` and `kv_wire` are pure.
 
 pub mod bench;
-pub mod kv_bench;
 pub mod config;
 pub mod kv;
+pub mod kv_bench;
 pub mod kv_wire;
 pub mod pod;
 pub mod rebuild;

@@ -174,7 +174,9 @@ impl LiveMetrics {
             let _ = self.state_capped.remove_label_values(&[instance, field]);
         }
         for kind in unknown_types {
-            let _ = self.kv_unknown_events.remove_label_values(&[instance, kind]);
+            let _ = self
+                .kv_unknown_events
+                .remove_label_values(&[instance, kind]);
         }
         let _ = self.kv_gaps.remove_label_values(&[instance]);
         for result in ["connected", "failed", "disconnected"] {

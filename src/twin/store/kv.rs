@@ -237,8 +237,16 @@ mod tests {
         let tokens: Vec<u32> = (100..112).collect();
         let mut index = KvIndex::default();
         // Two events chained by the publisher's (seeded, unknowable) hashes.
-        apply_kv(&mut index, &[stored(vec![901, 902], None, tokens[..8].to_vec())], 4);
-        apply_kv(&mut index, &[stored(vec![903], Some(902), tokens[8..].to_vec())], 4);
+        apply_kv(
+            &mut index,
+            &[stored(vec![901, 902], None, tokens[..8].to_vec())],
+            4,
+        );
+        apply_kv(
+            &mut index,
+            &[stored(vec![903], Some(902), tokens[8..].to_vec())],
+            4,
+        );
         let spec = RequestSpec {
             id: RequestId(1),
             arrival_us: 0,
@@ -259,10 +267,20 @@ mod tests {
         assert_eq!(index.blocks(), expected);
         assert_eq!(index.aliases().get(&903), Some(&expected[2]));
         // Removal and parents still go by the publisher's hash.
-        apply_kv(&mut index, &[KvEvent::Removed { block_hashes: vec![901] }], 4);
+        apply_kv(
+            &mut index,
+            &[KvEvent::Removed {
+                block_hashes: vec![901],
+            }],
+            4,
+        );
         assert_eq!(index.blocks(), expected[1..].to_vec());
         // A run whose parent was never seen keeps its publisher hashes.
-        apply_kv(&mut index, &[stored(vec![990], Some(777), tokens[..4].to_vec())], 4);
+        apply_kv(
+            &mut index,
+            &[stored(vec![990], Some(777), tokens[..4].to_vec())],
+            4,
+        );
         assert_eq!(index.blocks().last(), Some(&990));
         assert_eq!(index.evict_to(1), 2);
         assert_eq!(index.blocks(), vec![990]);
