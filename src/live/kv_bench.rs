@@ -249,9 +249,7 @@ fn decode_apply_cores(pods: usize, per_batch: u64) -> Result<f64, String> {
         .collect();
     let cpu_start = process_cpu_s();
     let started = Instant::now();
-    let mut ts_us = wall_now_us();
-    for round in &payloads {
-        ts_us += 1;
+    for (ts_us, round) in (wall_now_us() + 1..).zip(&payloads) {
         for (pod, seq, payload) in round {
             let batch = decode_batch(*seq, payload).map_err(|err| err.to_string())?;
             store
