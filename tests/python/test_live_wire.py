@@ -224,6 +224,8 @@ def test_a_prompt_s_tokens_find_the_pod_holding_its_prefix(pods, serve_wire, has
     assert cands[b.address].prefix_hit_tokens >= 1008, cands[b.address]
     assert cands[a.address].prefix_hit_tokens == 0
     assert answer.recommended_instance_id == b.address
+    # GetSnapshot names the blocks by the pod's own hashes (low 64 bits for byte hashes).
+    assert set(first["hashes"]) <= set(by_id(snapshot(server))[b.address].cached_block_hashes)
     # A caller that has vLLM's own hashes (the low 64 bits, as llm-d folds byte hashes)
     # still hits.
     hashes = first["hashes"]
