@@ -262,7 +262,10 @@ async fn receive(
 ) -> Ended {
     let max_age = pod.config.max_age.kv_events;
     let mut restarts = pod.restarted.subscribe();
-    restarts.mark_unchanged();
+    // A restart sent before this subscription would not wake it: compare the counts now.
+    if check_restart(pod, cursor) {
+        return Ended::Restarted;
+    }
     loop {
         let next = async {
             match max_age {
