@@ -30,7 +30,11 @@ fn an_idle_servers_ttft_is_the_sum_of_its_parts() {
             .iter()
             .find(|r| r.id == RequestId(0))
             .unwrap();
-        assert_eq!(record.ttft_us(), Some(parts.total_us()), "{gpu} tp {tp}: {parts:?}");
+        assert_eq!(
+            record.ttft_us(),
+            Some(parts.total_us()),
+            "{gpu} tp {tp}: {parts:?}"
+        );
         assert!(parts.front_end_us > 0 && parts.prefill_us > 0 && parts.scheduler_us > 0);
     }
 }

@@ -80,7 +80,11 @@ fn add_interconnect(
             return Err(bad(gpu, "InterconnectGBs", format!("missing from {file}")));
         };
         if !(gbs.is_finite() && gbs > 0.0) {
-            return Err(bad(gpu, "InterconnectGBs", format!("must be finite and > 0, got {gbs}")));
+            return Err(bad(
+                gpu,
+                "InterconnectGBs",
+                format!("must be finite and > 0, got {gbs}"),
+            ));
         }
         gpu.interconnect_gbs = gbs;
     }
@@ -214,19 +218,33 @@ mod tests {
         // Every GPU has its link bandwidth; NVLink parts far above PCIe ones.
         assert_eq!(h100.interconnect_gbs, 450.0);
         assert!(table.iter().all(|gpu| gpu.interconnect_gbs > 0.0));
-        assert!(find(&table, "A100").unwrap().interconnect_gbs > 5.0 * find(&table, "L40S").unwrap().interconnect_gbs);
+        assert!(
+            find(&table, "A100").unwrap().interconnect_gbs
+                > 5.0 * find(&table, "L40S").unwrap().interconnect_gbs
+        );
     }
 
     #[test]
     fn interconnect_entries_are_required_and_positive() {
         let mut table = parse_tables().unwrap();
-        let err = add_interconnect(&mut table, "t.json", r#"{"H100": {"InterconnectGBs": 450}}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("InterconnectGBs") && err.contains("t.json"), "{err}");
-        let err = add_interconnect(&mut table[..1], "t.json", r#"{"A100-80": {"InterconnectGBs": 0}}"#)
-            .unwrap_err()
-            .to_string();
+        let err = add_interconnect(
+            &mut table,
+            "t.json",
+            r#"{"H100": {"InterconnectGBs": 450}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("InterconnectGBs") && err.contains("t.json"),
+            "{err}"
+        );
+        let err = add_interconnect(
+            &mut table[..1],
+            "t.json",
+            r#"{"A100-80": {"InterconnectGBs": 0}}"#,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("> 0"), "{err}");
     }
 

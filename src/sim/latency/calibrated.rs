@@ -497,7 +497,10 @@ mod tests {
             a.scheduler_us + a.prefill_us,
             fast.step_us(&[entry(0, 600, true)])
         );
-        assert_eq!((a.front_end_us, a.scheduler_us), (b.front_end_us, b.scheduler_us));
+        assert_eq!(
+            (a.front_end_us, a.scheduler_us),
+            (b.front_end_us, b.scheduler_us)
+        );
         assert_eq!(a.first_token_us, b.first_token_us);
         assert!(b.prefill_us >= 3 * a.prefill_us - 3, "{a:?} {b:?}");
         assert_eq!(
