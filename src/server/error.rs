@@ -140,10 +140,16 @@ mod tests {
     fn messages_are_cut_short() {
         let long = TwinError::invalid("instances[0].id", "x".repeat(1_000_000));
         let status = status_from(&long);
-        assert!(status.message().chars().count() <= MESSAGE_CHARS_MAX + 1);
+        assert!(status.message().chars().count() <= MESSAGE_CHARS_MAX);
         assert!(status.message().starts_with("instances[0].id: xxx"));
         assert!(status.message().ends_with('…'));
-        assert_eq!(shorten("é".repeat(300).as_str()).chars().count(), 257);
+        assert_eq!(
+            shorten("é".repeat(300).as_str()).chars().count(),
+            MESSAGE_CHARS_MAX
+        );
+        assert_eq!(shorten(&"é".repeat(MESSAGE_CHARS_MAX)).chars().count(), 256);
+        let streamed = stream_status_from(&long, u64::MAX);
+        assert!(streamed.message().chars().count() <= MESSAGE_CHARS_MAX);
         assert_eq!(shorten("short"), "short");
     }
 }

@@ -427,3 +427,136 @@ impl Calibrator {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ditto-calibration-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir.join("calibration.json")
+    }
+
+    fn file_text(ttft: (f64, f64), tpot: (f64, f64)) -> String {
+        serde_json::json!({
+            "version": 1,
+            "ttft": {"overhead_ms": ttft.0, "scale": ttft.1, "samples": 3},
+            "tpot": {"overhead_ms": tpot.0, "scale": tpot.1, "samples": 3},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn concurrent_training_never_leaves_a_torn_file() {
+        // D2: eight trainers persisting at once while a reader reads the file: every read
+        // is a whole calibration file.
+        let path = scratch("torn");
+        let metrics = Metrics::new().expect("metrics");
+        let calibrator = Arc::new(
+            Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator"),
+        );
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (path, done) = (path.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let (mut reads, mut torn) = (0u64, Vec::new());
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(text) = std::fs::read_to_string(&path) {
+                        reads += 1;
+                        if serde_json::from_str::<CalibrationFile>(&text).is_err() {
+                            torn.push(text);
+                        }
+                    }
+                }
+                (reads, torn)
+            })
+        };
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let calibrator = Arc::clone(&calibrator);
+                std::thread::spawn(move || {
+                    for i in 0..150 {
+                        let simulated = 10.0 + f64::from(w * 150 + i % 97);
+                        calibrator.absorb(
+                            &[
+                                (Phase::Ttft, simulated, 1.3 * simulated),
+                                (Phase::Tpot, simulated / 10.0, simulated / 8.0),
+                            ],
+                            false,
+                        );
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().expect("writer");
+        }
+        done.store(true, Ordering::Relaxed);
+        let (reads, torn) = reader.join().expect("reader");
+        assert!(reads > 0);
+        assert!(
+            torn.is_empty(),
+            "{} of {reads} reads were not a calibration, e.g. {:?}",
+            torn.len(),
+            torn.first()
+        );
+        // The file holds the last state, and no temporary file is left behind.
+        let loaded = load(&path).expect("loads").expect("exists");
+        assert_eq!(loaded.ttft.samples, 8 * 150);
+        let dir = path.parent().expect("dir");
+        let names: Vec<_> = std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("calibration.json")]);
+    }
+
+    #[test]
+    fn absurd_coefficients_are_refused_naming_the_field() {
+        // D3: finite but absurd values, each named with its phase.
+        let path = scratch("absurd");
+        for (text, field) in [
+            (file_text((0.0, 1e308), (0.0, 1.0)), "ttft.scale"),
+            (file_text((-1e300, 1.0), (0.0, 1.0)), "ttft.overhead_ms"),
+            (file_text((0.0, 1.0), (0.0, -5.0)), "tpot.scale"),
+            (file_text((0.0, 1.0), (0.0, 0.0)), "tpot.scale"),
+            (file_text((0.0, 1.0), (1e9, 1.0)), "tpot.overhead_ms"),
+        ] {
+            std::fs::write(&path, &text).expect("write");
+            let err = load(&path).expect_err(&text).to_string();
+            assert!(err.contains(field), "{err} should name {field}");
+            assert!(err.contains(&path.display().to_string()), "{err}");
+        }
+        std::fs::write(&path, file_text((12.0, 1.3), (-0.5, 0.9))).expect("write");
+        let state = load(&path).expect("in range").expect("exists");
+        assert_eq!((state.ttft.overhead_ms, state.ttft.scale), (12.0, 1.3));
+    }
+
+    #[test]
+    fn what_the_server_writes_it_can_read_back() {
+        // A fit driven out of the accepted range (anti-correlated samples drive the raw
+        // scale negative) is persisted clamped, so a restart never refuses the server's own
+        // file.
+        let path = scratch("roundtrip");
+        let metrics = Metrics::new().expect("metrics");
+        let calibrator =
+            Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let samples: Vec<_> = (0..20)
+            .map(|i| {
+                let simulated = 10.0 + f64::from(i);
+                (Phase::Ttft, simulated, 200.0 - 5.0 * simulated)
+            })
+            .collect();
+        calibrator.absorb(&samples, false);
+        let state = load(&path).expect("readable").expect("exists");
+        assert!(state.ttft.scale > 0.0, "{state:?}");
+    }
+}
