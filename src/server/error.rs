@@ -17,9 +17,13 @@ use crate::twin::TwinError;
 /// number), and a hostile value must not make a huge reply or log line.
 pub const MESSAGE_CHARS_MAX: usize = 256;
 
-/// `message` cut to [`MESSAGE_CHARS_MAX`] characters (an ellipsis marks the cut).
+/// `message` cut to at most [`MESSAGE_CHARS_MAX`] characters, the ellipsis marking a cut
+/// included.
 pub fn shorten(message: &str) -> String {
-    match message.char_indices().nth(MESSAGE_CHARS_MAX) {
+    if message.chars().nth(MESSAGE_CHARS_MAX).is_none() {
+        return message.to_owned();
+    }
+    match message.char_indices().nth(MESSAGE_CHARS_MAX - 1) {
         None => message.to_owned(),
         Some((end, _)) => format!("{}…", &message[..end]),
     }
@@ -44,7 +48,7 @@ pub fn stream_status_from(err: &TwinError, index: u64) -> Status {
     let status = status_from(err);
     Status::new(
         status.code(),
-        format!("stream message {index}: {}", status.message()),
+        shorten(&format!("stream message {index}: {}", status.message())),
     )
 }
 

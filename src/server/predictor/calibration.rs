@@ -6,7 +6,9 @@
 //! router posts carry no pod or pool id. TTFT learns from entries of monolithic and prefill
 //! pods, TPOT from monolithic and decode pods (`pod_type`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use prometheus::{GaugeVec, IntCounterVec, Opts};
@@ -14,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::sim::latency::online::{
-    CalibrationState, OnlineCalibration, Phase, PhaseState, Rejection,
+    CalibrationState, MAX_SCALE, MIN_SCALE, OnlineCalibration, Phase, PhaseState, Rejection,
 };
 use crate::telemetry::Metrics;
 use crate::twin::question::{Distribution, RoutingAnswer};
@@ -64,21 +66,57 @@ struct CalibrationFile {
     ttft_is_e2e: bool,
 }
 
-fn to_file(state: &CalibrationState) -> CalibrationFile {
-    let phase = |p: &PhaseState| PhaseFile {
-        overhead_ms: p.overhead_ms,
-        scale: p.scale,
+/// A phase's coefficients as persisted: within the ranges [`load`] accepts, so the server
+/// can always read back what it wrote (a raw fit can leave them: anti-correlated samples
+/// drive the scale below the floor that is applied anyway).
+fn phase_file(phase: Phase, p: &PhaseState) -> PhaseFile {
+    let ceiling = phase.ceiling_ms();
+    PhaseFile {
+        overhead_ms: p.overhead_ms.clamp(-ceiling, ceiling),
+        scale: p.scale.clamp(MIN_SCALE, MAX_SCALE),
         samples: p.samples,
-    };
+    }
+}
+
+fn to_file(state: &CalibrationState) -> CalibrationFile {
     CalibrationFile {
         version: 1,
-        ttft: phase(&state.ttft),
-        tpot: phase(&state.tpot),
+        ttft: phase_file(Phase::Ttft, &state.ttft),
+        tpot: phase_file(Phase::Tpot, &state.tpot),
         ttft_is_e2e: state.ttft_is_e2e,
     }
 }
 
-/// Reads a calibration file; `Ok(None)` when it does not exist yet.
+/// One phase of a file, range-checked: the scale in [`MIN_SCALE`, `MAX_SCALE`] (the floor
+/// is what answers apply: below it, or zero or negative, is not what the server writes),
+/// the overhead within ± the phase's largest plausible latency. Errors name the field
+/// (`ttft.scale`).
+fn checked_phase(phase: Phase, p: &PhaseFile) -> Result<PhaseState, String> {
+    let name = phase.as_str();
+    let ceiling = phase.ceiling_ms();
+    if !p.scale.is_finite() || !(MIN_SCALE..=MAX_SCALE).contains(&p.scale) {
+        return Err(format!(
+            "{name}.scale: {} is outside [{MIN_SCALE}, {MAX_SCALE}]",
+            p.scale
+        ));
+    }
+    if !p.overhead_ms.is_finite() || p.overhead_ms.abs() > ceiling {
+        return Err(format!(
+            "{name}.overhead_ms: {} is outside [-{ceiling}, {ceiling}]",
+            p.overhead_ms
+        ));
+    }
+    Ok(PhaseState {
+        overhead_ms: p.overhead_ms,
+        scale: p.scale,
+        samples: p.samples,
+    })
+}
+
+/// Reads a calibration file; `Ok(None)` when it does not exist yet. A file that is not a
+/// calibration, or holds coefficients out of range, is an error naming the file and the
+/// field: the server refuses to start on it rather than guess (writes are atomic, so only
+/// something else can have damaged it; move it aside to start uncalibrated).
 pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
@@ -98,24 +136,19 @@ pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileErro
     if file.version != 1 {
         return Err(bad(format!("version {} (expected 1)", file.version)));
     }
-    let phase = |name: &str, p: PhaseFile| {
-        if p.overhead_ms.is_finite() && p.scale.is_finite() {
-            Ok(PhaseState {
-                overhead_ms: p.overhead_ms,
-                scale: p.scale,
-                samples: p.samples,
-            })
-        } else {
-            Err(bad(format!("{name}: coefficients must be finite")))
-        }
-    };
     Ok(Some(CalibrationState {
-        ttft: phase("ttft", file.ttft)?,
-        tpot: phase("tpot", file.tpot)?,
+        ttft: checked_phase(Phase::Ttft, &file.ttft).map_err(bad)?,
+        tpot: checked_phase(Phase::Tpot, &file.tpot).map_err(bad)?,
         ttft_is_e2e: file.ttft_is_e2e,
     }))
 }
 
+/// Temporary files of concurrent saves never collide (the caller serialises saves too).
+static TEMPORARY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `state` to `path` atomically: a unique temporary file beside it, written and
+/// fsynced, renamed over `path`, then the directory fsynced, so a reader (or a crash at any
+/// moment) sees the old file or the new one, never a torn or empty one.
 fn save(path: &Path, state: &CalibrationState) -> Result<(), CalibrationFileError> {
     let io = |source| CalibrationFileError::Io {
         path: path.to_owned(),
@@ -128,15 +161,41 @@ fn save(path: &Path, state: &CalibrationState) -> Result<(), CalibrationFileErro
         }
     })?;
     let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    std::fs::write(&temporary, text).map_err(io)?;
-    std::fs::rename(&temporary, path).map_err(io)
+    temporary.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        TEMPORARY_SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let temporary = PathBuf::from(temporary);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(io(err));
+    }
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(directory)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io)
 }
 
 /// The calibration metrics.
 #[derive(Clone, Debug)]
 struct CalibrationMetrics {
     ttft_is_e2e: prometheus::Gauge,
+    /// The peer's `training_samples_count{model}` (its per-bucket series summed: ditto does
+    /// not bucket).
+    peer_samples: GaugeVec,
     samples: GaugeVec,
     rejected: IntCounterVec,
     coefficient: GaugeVec,
@@ -179,6 +238,15 @@ impl CalibrationMetrics {
             "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
              no TPOT in its samples), so TTFT answers are calibrated E2E; else 0.",
         )?;
+        let peer_samples = GaugeVec::new(
+            Opts::new(
+                "training_samples_count",
+                "llm-d latency predictor compatibility: training samples held, by model \
+                 (ttft, tpot); ditto's are the samples its calibration absorbed.",
+            ),
+            &["model"],
+        )?;
+        metrics.register(Box::new(peer_samples.clone()))?;
         metrics.register(Box::new(ttft_is_e2e.clone()))?;
         metrics.register(Box::new(samples.clone()))?;
         metrics.register(Box::new(rejected.clone()))?;
@@ -186,6 +254,7 @@ impl CalibrationMetrics {
         metrics.register(Box::new(ape.clone()))?;
         Ok(Self {
             ttft_is_e2e,
+            peer_samples,
             samples,
             rejected,
             coefficient,
@@ -215,11 +284,52 @@ pub struct Absorbed {
     pub rejected: u64,
 }
 
+/// What a flush forgot (the peer's `/flush` answer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// TTFT samples behind the forgotten fit.
+    pub ttft_training: u64,
+    /// TPOT samples behind the forgotten fit.
+    pub tpot_training: u64,
+    /// TTFT samples dropped from the error window.
+    pub ttft_test: u64,
+    /// TPOT samples dropped from the error window.
+    pub tpot_test: u64,
+}
+
+/// What to flush: the peer's `FlushRequest` mapped onto the calibration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushRequest {
+    /// The fits (back to the identity).
+    pub training: bool,
+    /// The error windows (the held-out scores behind the rolling APE).
+    pub test: bool,
+    /// The per-phase rejected counts of `/data/status` (Prometheus counters never reset).
+    pub metrics: bool,
+}
+
+/// One phase of the calibration described as the peer's model files are
+/// (`/models/list`, `/model/{name}/info`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFile {
+    /// Bytes of the phase's part of the calibration file.
+    pub size_bytes: u64,
+    /// Unix µs of the last change (absorb, flush, reload), else of the start.
+    pub last_modified_us: u64,
+}
+
 /// The server's calibration.
 #[derive(Debug)]
 pub struct Calibrator {
     inner: Mutex<OnlineCalibration>,
     path: Option<PathBuf>,
+    /// Serialises file writes: each write takes the state under it, so the last write
+    /// holds the latest state.
+    writing: Mutex<()>,
+    /// Unix µs of the last change.
+    changed_at_us: AtomicU64,
+    /// Unix µs of the last absorbed sample (0: none since start).
+    trained_at_us: AtomicU64,
     metrics: CalibrationMetrics,
 }
 
@@ -237,6 +347,9 @@ impl Calibrator {
         let calibrator = Self {
             inner: Mutex::new(calibration),
             path,
+            writing: Mutex::new(()),
+            changed_at_us: AtomicU64::new(crate::server::deadline::wall_now_us()),
+            trained_at_us: AtomicU64::new(0),
             metrics: CalibrationMetrics::register(metrics)?,
         };
         calibrator.export(&calibrator.lock());
@@ -277,7 +390,7 @@ impl Calibrator {
     /// or not); a change of mode forgets the TTFT fit first.
     pub fn absorb(&self, samples: &[(Phase, f64, f64)], ttft_is_e2e: bool) -> Absorbed {
         let mut absorbed = Absorbed::default();
-        let state = {
+        {
             let mut calibration = self.lock();
             if samples.iter().any(|(phase, ..)| *phase == Phase::Ttft) {
                 calibration.set_ttft_is_e2e(ttft_is_e2e);
@@ -292,10 +405,12 @@ impl Calibrator {
                 }
             }
             self.export(&calibration);
-            calibration.state()
-        };
+        }
         if absorbed.accepted > 0 {
-            self.persist(&state);
+            let now = crate::server::deadline::wall_now_us();
+            self.trained_at_us.store(now, Ordering::Relaxed);
+            self.changed_at_us.store(now, Ordering::Relaxed);
+            self.persist();
         }
         absorbed
     }
@@ -342,18 +457,30 @@ impl Calibrator {
             .inc();
     }
 
-    /// Forgets everything learnt (and persists the identity); returns the samples dropped.
-    pub fn reset(&self) -> u64 {
-        let (dropped, state) = {
+    /// Forgets what `request` says (persisting the result); returns what was forgotten.
+    pub fn flush(&self, request: FlushRequest) -> Flushed {
+        let flushed = {
             let mut calibration = self.lock();
-            let dropped =
-                calibration.phase(Phase::Ttft).samples() + calibration.phase(Phase::Tpot).samples();
-            calibration.reset();
+            let (ttft, tpot) = (
+                calibration.phase(Phase::Ttft),
+                calibration.phase(Phase::Tpot),
+            );
+            let flushed = Flushed {
+                ttft_training: if request.training { ttft.samples() } else { 0 },
+                tpot_training: if request.training { tpot.samples() } else { 0 },
+                ttft_test: if request.test { ttft.evaluated() as u64 } else { 0 },
+                tpot_test: if request.test { tpot.evaluated() as u64 } else { 0 },
+            };
+            calibration.forget(request.training, request.test, request.metrics);
             self.export(&calibration);
-            (dropped, calibration.state())
+            flushed
         };
-        self.persist(&state);
-        dropped
+        self.changed_at_us
+            .store(crate::server::deadline::wall_now_us(), Ordering::Relaxed);
+        if request.training {
+            self.persist();
+        }
+        flushed
     }
 
     /// Re-reads the file (if one is configured and exists); true when it was loaded.
@@ -367,7 +494,46 @@ impl Calibrator {
         let mut calibration = self.lock();
         *calibration = OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW);
         self.export(&calibration);
+        self.changed_at_us
+            .store(crate::server::deadline::wall_now_us(), Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Unix µs of the last absorbed sample, `None` before the first since start.
+    pub fn trained_at_us(&self) -> Option<u64> {
+        match self.trained_at_us.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(at),
+        }
+    }
+
+    /// The phase's calibration described as a model file.
+    pub fn model_file(&self, phase: Phase) -> ModelFile {
+        let state = self.lock().state();
+        let phase_state = match phase {
+            Phase::Ttft => state.ttft,
+            Phase::Tpot => state.tpot,
+        };
+        let size_bytes = serde_json::to_vec(&phase_file(phase, &phase_state))
+            .map_or(0, |bytes| bytes.len() as u64);
+        ModelFile {
+            size_bytes,
+            last_modified_us: self.changed_at_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Samples behind each phase's fit and in each phase's error window:
+    /// `((ttft, tpot) absorbed, (ttft, tpot) evaluated)`.
+    pub fn sample_counts(&self) -> ((u64, u64), (u64, u64)) {
+        let calibration = self.lock();
+        let (ttft, tpot) = (
+            calibration.phase(Phase::Ttft),
+            calibration.phase(Phase::Tpot),
+        );
+        (
+            (ttft.samples(), tpot.samples()),
+            (ttft.evaluated() as u64, tpot.evaluated() as u64),
+        )
     }
 
     /// A JSON summary for `/data/status` and `/status`.
@@ -405,6 +571,10 @@ impl Calibrator {
                 .with_label_values(&[name])
                 .set(c.samples() as f64);
             self.metrics
+                .peer_samples
+                .with_label_values(&[name])
+                .set(c.samples() as f64);
+            self.metrics
                 .coefficient
                 .with_label_values(&[name, "overhead_ms"])
                 .set(overhead);
@@ -419,10 +589,18 @@ impl Calibrator {
         }
     }
 
-    fn persist(&self, state: &CalibrationState) {
-        if let Some(path) = &self.path
-            && let Err(err) = save(path, state)
-        {
+    /// Writes the current state to the file, if one is configured. Writes are serialised
+    /// and each takes the state under the write lock, so the file ends with the latest.
+    fn persist(&self) {
+        let Some(path) = &self.path else {
+            return;
+        };
+        let _writing = self
+            .writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self.lock().state();
+        if let Err(err) = save(path, &state) {
             tracing::warn!(%err, "cannot persist the calibration");
         }
     }
