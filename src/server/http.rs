@@ -73,7 +73,13 @@ async fn guard_predictor(
     if auth.allows(write, request.headers()) {
         next.run(request).await
     } else {
-        rejections.with_label_values(&[&path]).inc();
+        // The route's template (`/model/{name}/info`), not the path: a client must not grow
+        // the label set.
+        let route = request
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or(path, |matched| matched.as_str().to_owned());
+        rejections.with_label_values(&[&route]).inc();
         unauthorized()
     }
 }

@@ -206,13 +206,14 @@ pub async fn limit_body(
     let (parts, body) = request.into_parts();
     let read = axum::body::to_bytes(body, limits.max_bytes);
     match tokio::time::timeout(limits.read_timeout, read).await {
-        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
         Ok(Err(err)) => {
             let over = std::error::Error::source(&err)
                 .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
-                || err
-                    .into_inner()
-                    .is::<http_body_util::LengthLimitError>();
+                || err.into_inner().is::<http_body_util::LengthLimitError>();
             if over {
                 too_large()
             } else {

@@ -468,8 +468,16 @@ impl Calibrator {
             let flushed = Flushed {
                 ttft_training: if request.training { ttft.samples() } else { 0 },
                 tpot_training: if request.training { tpot.samples() } else { 0 },
-                ttft_test: if request.test { ttft.evaluated() as u64 } else { 0 },
-                tpot_test: if request.test { tpot.evaluated() as u64 } else { 0 },
+                ttft_test: if request.test {
+                    ttft.evaluated() as u64
+                } else {
+                    0
+                },
+                tpot_test: if request.test {
+                    tpot.evaluated() as u64
+                } else {
+                    0
+                },
             };
             calibration.forget(request.training, request.test, request.metrics);
             self.export(&calibration);
@@ -638,9 +646,8 @@ mod tests {
         // is a whole calibration file.
         let path = scratch("torn");
         let metrics = Metrics::new().expect("metrics");
-        let calibrator = Arc::new(
-            Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator"),
-        );
+        let calibrator =
+            Arc::new(Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator"));
         let done = Arc::new(AtomicBool::new(false));
         let reader = {
             let (path, done) = (path.clone(), Arc::clone(&done));
@@ -725,8 +732,7 @@ mod tests {
         // file.
         let path = scratch("roundtrip");
         let metrics = Metrics::new().expect("metrics");
-        let calibrator =
-            Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
         let samples: Vec<_> = (0..20)
             .map(|i| {
                 let simulated = 10.0 + f64::from(i);

@@ -426,8 +426,8 @@ mod tests {
             }
         );
         assert_eq!(reason.as_deref(), Some("redeploy"));
-        let errors = flush_request(br#"{"flush_training_data": [], "reason": 3}"#)
-            .expect_err("bad types");
+        let errors =
+            flush_request(br#"{"flush_training_data": [], "reason": 3}"#).expect_err("bad types");
         let kinds: Vec<_> = errors.iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["bool_type", "string_type"]);
     }

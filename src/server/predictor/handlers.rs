@@ -381,7 +381,11 @@ fn valid_bulk_entries(predictor: &Predictor, body: &[u8]) -> Result<Vec<PodAggre
     let parsed = bulk_entries(predictor, body, "requests", schema::aggregates)?;
     if parsed.iter().any(Result::is_err) {
         return Err(unprocessable(
-            parsed.into_iter().filter_map(Result::err).flatten().collect(),
+            parsed
+                .into_iter()
+                .filter_map(Result::err)
+                .flatten()
+                .collect(),
         ));
     }
     Ok(parsed.into_iter().filter_map(Result::ok).collect())
@@ -409,9 +413,9 @@ async fn predict_entries(
         .into_iter()
         .enumerate()
         .map(|(index, result)| match result {
-            Ok((prediction, source)) if prediction.valid => Outcome::Predicted(Box::new(
-                predictor.out(&snapshot, &prediction, source),
-            )),
+            Ok((prediction, source)) if prediction.valid => {
+                Outcome::Predicted(Box::new(predictor.out(&snapshot, &prediction, source)))
+            }
             Ok(_) => Outcome::Unservable(unservable(vec![
                 Value::from("body"),
                 Value::from("requests"),
