@@ -75,11 +75,9 @@ async fn guard_predictor(
     } else {
         // The route's template (`/model/{name}/info`), not the path: a client must not grow
         // the label set.
-        let route = request
-            .extensions()
-            .get::<axum::extract::MatchedPath>()
-            .map_or(path, |matched| matched.as_str().to_owned());
-        rejections.with_label_values(&[&route]).inc();
+        rejections
+            .with_label_values(&[super::predictor::route_label(&path)])
+            .inc();
         unauthorized()
     }
 }

@@ -294,6 +294,23 @@ pub const ROUTES: [&str; 11] = [
     "/model/download/info",
 ];
 
+/// The predictor route `path` belongs to, as a metric label: a fixed path, a
+/// `/model/{name}/...` template, or `other` (a client must not grow the label set).
+pub fn route_label(path: &str) -> &'static str {
+    if let Some(route) = ROUTES.iter().copied().find(|route| *route == path) {
+        return route;
+    }
+    let Some(rest) = path.strip_prefix("/model/") else {
+        return "other";
+    };
+    match rest.split_once('/').map(|(_, tail)| tail) {
+        Some("info") => "/model/{name}/info",
+        Some("download") => "/model/{name}/download",
+        Some("xgb/json") => "/model/{name}/xgb/json",
+        _ => "other",
+    }
+}
+
 /// `GET /healthz` with the peer's JSON body (a probe: never behind the bearer token).
 pub fn healthz() -> axum::response::Response {
     compat::healthz()
