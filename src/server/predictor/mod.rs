@@ -352,3 +352,18 @@ pub fn router(predictor: Arc<Predictor>) -> Router {
         .layer(DefaultBodyLimit::disable())
         .with_state(predictor)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::route_label;
+
+    #[test]
+    fn route_labels_are_a_fixed_set() {
+        assert_eq!(route_label("/predict/bulk"), "/predict/bulk");
+        assert_eq!(route_label("/model/download/info"), "/model/download/info");
+        assert_eq!(route_label("/model/ttft/info"), "/model/{name}/info");
+        assert_eq!(route_label("/model/x9/xgb/json"), "/model/{name}/xgb/json");
+        assert_eq!(route_label("/model/a/b/c"), "other");
+        assert_eq!(route_label("/scanner/probe"), "other");
+    }
+}
