@@ -17,6 +17,7 @@
 //! entries are simulated in parallel on the simulation pool.
 
 pub mod calibration;
+pub mod calibration_file;
 pub mod compat;
 pub mod grpc;
 pub mod handlers;
