@@ -16,6 +16,7 @@ pub mod http_args;
 pub mod latency;
 pub mod predict;
 pub mod predictor_args;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod security;
