@@ -7,6 +7,7 @@ small by its flag so the test runs in seconds; docs/operations.md lists the defa
 import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
 
@@ -208,7 +209,12 @@ def test_a_calibration_file_with_absurd_values_is_refused_naming_the_field(ttft,
     path = calibration_file(ttft, tpot)
     server = Server(extra_args=("--calibration-file", path))
     try:
-        code = server.process.wait(timeout=30)
+        try:
+            code = server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=30)
+            raise AssertionError(f"ditto serve started on {field} out of range:\n{server.output()}")
         output = server.output()
         assert code == 64, (code, output)
         assert path in output and field in output, output
