@@ -103,6 +103,9 @@ pub struct ServeArgs {
     /// Authentication (and transport security) flags.
     #[command(flatten)]
     pub security: crate::cli::security::SecurityArgs,
+    /// Bounds of the HTTP listener (slow clients, connections, bodies).
+    #[command(flatten)]
+    pub http: crate::cli::http_args::HttpArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -228,6 +231,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     options.auth = args.security.auth()?;
     options.tls = args.security.tls()?;
     options.predictor = args.predictor.options()?;
+    options.http = args.http.limits()?;
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
