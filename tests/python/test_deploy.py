@@ -453,3 +453,134 @@ def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path)
         assert code == 0, f"deploy/{directory}: {stderr}"
         drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
         assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
+
+
+# --- Kubernetes discovery, models, volumes, PDB (issue 19) ------------------------------------
+
+QWEN_CONFIG = os.path.join(ROOT, "tests", "data", "models", "qwen3-32b", "config.json")
+
+
+def kube_discovery(**mirror):
+    values = {
+        "mirror": {"enabled": True, "metricsPort": 8200, **mirror},
+        "models": {"qwen3-32b": open(QWEN_CONFIG).read()},
+        "calibration": {"persistence": {"enabled": True, "existingClaim": "ditto-calibration"}},
+        "extraVolumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "16Mi"}}],
+        "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "podDisruptionBudget": {"enabled": True},
+    }
+    values["cluster"] = copy.deepcopy(yaml.safe_load(open(os.path.join(CHART, "values.yaml")))["cluster"])
+    values["cluster"]["pools"][0].update({"model": "Qwen/Qwen3-32B", "gpu": "H200", "replicas": 1})
+    return values
+
+
+DISCOVERY = {
+    "selector": lambda: kube_discovery(podsSelector="llm-d.ai/inferenceServing=true,llm-d.ai/role=decode", podsNamespace="llm-d"),
+    "inference-pool": lambda: kube_discovery(inferencePool="qwen-pool"),
+}
+
+
+def dead_kubeconfig(tmp_path):
+    """A kubeconfig naming a closed loopback port: loads, but no API server answers."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n"
+        "users:\n- name: u\n  user: {}\ncontexts:\n- name: c\n  context: {cluster: c, user: u, namespace: llm-d}\n"
+        "current-context: c\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", sorted(DISCOVERY))
+def test_kubernetes_discovery_renders_rbac_lints_validates_and_passes_check_config(mode, tmp_path, monkeypatch):
+    values = DISCOVERY[mode]()
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert not [m for m in report["messages"] if m["severity"] >= 2] and not report["errors"], report
+    objects = render(values)
+    for obj in objects.values():
+        validate(obj, f"chart (discovery {mode})")
+    role = objects[("Role", f"{RELEASE}-discovery")]
+    binding = objects[("RoleBinding", f"{RELEASE}-discovery")]
+    assert role["metadata"]["namespace"] == "llm-d"
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules[(("",), ("pods",))] == {"get", "list", "watch"}
+    pools = (("inference.networking.k8s.io", "inference.networking.x-k8s.io"), ("inferencepools",))
+    assert (pools in rules) == (mode == "inference-pool"), rules
+    account = objects[("ServiceAccount", RELEASE)]["metadata"]["name"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True, "discovery needs the service account token"
+    ditto = container(pod)
+    assert "--pods-port=8200" in ditto["args"]
+    flag = "--pods-selector=llm-d.ai/inferenceServing=true,llm-d.ai/role=decode" if mode == "selector" else "--inference-pool=qwen-pool"
+    assert flag in ditto["args"]
+    # The models ConfigMap is mounted as --model-dir, one <name>/config.json per model.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in ditto["volumeMounts"]}
+    assert f"--model-dir={mounts['models']}" in ditto["args"]
+    models = objects[("ConfigMap", volumes["models"]["configMap"]["name"])]
+    assert json_equal(models["data"]["qwen3-32b"], open(QWEN_CONFIG).read())
+    assert volumes["models"]["configMap"]["items"] == [{"key": "qwen3-32b", "path": "qwen3-32b/config.json"}]
+    assert volumes["calibration"]["persistentVolumeClaim"]["claimName"] == "ditto-calibration"
+    assert f"--calibration-file={mounts['calibration']}/calibration.json" in ditto["args"]
+    assert mounts["scratch"] == "/scratch" and "scratch" in volumes
+    # The rendered flags and ConfigMap through the binary, the model dir materialised from the
+    # ConfigMap as the kubelet would.
+    model_dir = tmp_path / "models"
+    for item in volumes["models"]["configMap"]["items"]:
+        (model_dir / item["path"]).parent.mkdir(parents=True)
+        (model_dir / item["path"]).write_text(models["data"][item["key"]])
+    spec = dict(ditto)
+    spec["args"] = [a if not a.startswith("--model-dir=") else f"--model-dir={model_dir}" for a in ditto["args"]]
+    spec["args"] = [a for a in spec["args"] if not a.startswith("--calibration-file=")]
+    monkeypatch.setenv("KUBECONFIG", dead_kubeconfig(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cluster_yaml = objects[("ConfigMap", RELEASE)]["data"]["cluster.yaml"]
+    code, stdout, stderr = check_config(spec, cluster_yaml, tmp_path)
+    assert code == 0, stderr
+    assert "live mirror: 1 pod source" in stdout, stdout
+
+
+def json_equal(a, b):
+    import json
+
+    return json.loads(a) == json.loads(b)
+
+
+def test_no_rbac_without_kubernetes_discovery():
+    for values in ({}, all_toggles_on()):
+        kinds = {kind for kind, _ in render(values)}
+        assert not {"Role", "RoleBinding"} & kinds, kinds
+    assert "mirror.podsDns / mirror.podsSelector / mirror.inferencePool" in bad_values_error(
+        {"mirror": {"enabled": True, "podsDns": "x", "podsSelector": "app=vllm"}})
+    assert "calibration.persistence.existingClaim" in bad_values_error({"calibration": {"persistence": {"enabled": True}}})
+
+
+def test_the_pdb_never_blocks_a_drain_at_one_replica():
+    pdb = render({"podDisruptionBudget": {"enabled": True}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("maxUnavailable") == 1 and "minAvailable" not in pdb, pdb
+    pdb = render({"replicaCount": 3, "podDisruptionBudget": {"enabled": True, "minAvailable": 2}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("minAvailable") == 2, pdb
+    pdb = render({"replicaCount": 2, "podDisruptionBudget": {"enabled": True, "minAvailable": "50%"}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("minAvailable") == "50%", pdb
+
+
+def help_flags(command):
+    text = subprocess.run([BINARY, command, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return set(re.findall(r"--[a-z][a-z0-9-]*", text))
+
+
+def test_every_flag_docs_operations_names_is_accepted_by_the_binary():
+    """Each `--flag` in docs/operations.md must be a flag of `ditto serve` (or of the
+    `ditto predict` / `ditto bench` its paragraph is about)."""
+    helps = {command: help_flags(command) for command in ("serve", "predict", "bench")}
+    text = open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8").read()
+    unknown = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        about = [c for c in ("predict", "bench") if f"ditto {c}" in paragraph]
+        accepted = set(helps["serve"]).union(*(helps[c] for c in about))
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", paragraph):
+            if flag not in accepted:
+                unknown.append(flag)
+    assert not unknown, f"docs/operations.md names flags the binary rejects: {sorted(set(unknown))}"

@@ -282,7 +282,8 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
         Some(json) => catalog::parse_model_config(&pool.model, json).map_err(|err| {
             let field = if pool.model_config.is_some() {
                 "model_config"
-            } else if pool.model_config_json.is_some() && path.starts_with("instances") {
+            } else if path.starts_with("instances") {
+                // SyncClusterConfig's text.
                 "model_config_json"
             } else {
                 "model"
