@@ -408,13 +408,24 @@ def test_every_file_in_deploy_validates(tmp_path):
                         pod = {"containers": [{"name": "x", "image": "x"}], field: op["value"]}
                     validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
                 seen.add("patch")
+            elif isinstance(document, dict) and path.endswith(".patch.yaml"):
+                # A strategic merge patch: its containers, completed, must be valid.
+                containers = document["spec"]["template"]["spec"]["containers"]
+                pod = {"containers": [dict(c, image="x") for c in containers]}
+                validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
+                seen.add("patch")
+            elif "router" in document:
+                # Values for llm-d's router chart: the container its `router.proxy` renders, the
+                # pod volumes of `router.epp.volumes`, the `epp` container's extra env.
+                validate(router_values_pod(document), where)
+                seen.add("router-values")
             elif "pools" in document:
                 code, _, stderr = check_config({"args": []}, yaml.safe_dump(document), tmp_path)
                 assert code == 0, f"{where}: {stderr}"
                 seen.add("cluster")
-            elif document.get("kind") == "Kustomization":
+            elif document.get("kind") in ("Kustomization", "Component"):
                 base = os.path.dirname(path)
-                listed = list(document.get("resources", []))
+                listed = list(document.get("resources", [])) + list(document.get("components", []))
                 listed += [p["path"] for p in document.get("patches", []) if "path" in p]
                 listed += [f for g in document.get("configMapGenerator", []) for f in g.get("files", [])]
                 for item in listed:
@@ -423,7 +434,127 @@ def test_every_file_in_deploy_validates(tmp_path):
             else:
                 validate(document, where)
                 seen.add(document["kind"])
-    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster"} <= seen, seen
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster", "router-values"} <= seen, seen
+
+
+def router_values_pod(values):
+    """The EPP pod llm-d's router chart renders from these values (routerlib
+    `_deployment.yaml`: the proxy sidecar's fields, `router.epp.volumes`, `router.epp.env`)."""
+    proxy = values["router"]["proxy"]
+    assert proxy["enabled"] is True and proxy.get("mode", "sidecar") == "sidecar"
+    fields = ["name", "image", "imagePullPolicy", "args", "env", "ports", "livenessProbe", "readinessProbe",
+              "startupProbe", "securityContext", "resources", "volumeMounts"]
+    sidecar = {k: proxy[k] for k in fields if k in proxy}
+    epp = {"name": "epp", "image": "ghcr.io/llm-d/llm-d-router:v0.8.0", "env": values["router"]["epp"]["env"],
+           "volumeMounts": [{"name": "plugins-config-volume", "mountPath": "/config"}]}
+    volumes = values["router"]["epp"]["volumes"] + [{"name": "plugins-config-volume", "configMap": {"name": "x-epp"}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x-epp"},
+            "spec": {"terminationGracePeriodSeconds": 130, "containers": [epp, sidecar], "volumes": volumes}}
+
+
+def test_router_chart_values_add_ditto_to_the_epp_pod(tmp_path):
+    values = yaml.safe_load(open(os.path.join(DEPLOY, "llm-d-router", "values-ditto.yaml")))
+    pod = router_values_pod(values)
+    validate(pod, "deploy/llm-d-router/values-ditto.yaml")
+    epp, ditto = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in epp["env"]}
+    http = next(a for a in ditto["args"] if a.startswith("--http-addr=")).rsplit(":", 1)[1]
+    assert env["PREDICTION_SERVER_URL"] == env["TRAINING_SERVER_URL"] == f"http://127.0.0.1:{http}"
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert {m["name"] for m in ditto["volumeMounts"]} <= volumes
+    cluster_yaml = open(os.path.join(DEPLOY, "components", "ditto-epp-sidecar", "cluster.yaml")).read()
+    code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+    assert code == 0, stderr
+    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+    assert drain_ms < 130 * 1000
+
+
+def kustomize(directory):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
+    version = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60).stdout
+    found = re.search(r"Kustomize Version: v(\d+)", version)
+    if found is None or int(found.group(1)) < 5:
+        pytest.skip(f"kubectl's kustomize is older than v5 (components, regex targets): {version!r}")
+    return subprocess.run(
+        [kubectl, "kustomize", directory], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+# The router chart's EPP Deployment (llm-d/llm-d-router config/charts/routerlib) for release
+# `prod-router` in namespace `inference-prod`: neither the overlay's stand-in name nor its
+# namespace.
+ROUTER_EPP = """
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: prod-router-epp
+  namespace: inference-prod
+  labels: {app.kubernetes.io/name: prod-router-epp, llm-d.ai/igw-mode: llm-d-router-gateway}
+spec:
+  replicas: 1
+  strategy: {type: Recreate}
+  selector: {matchLabels: {llm-d-router-gateway: prod-router-epp}}
+  template:
+    metadata:
+      labels: {llm-d-router-gateway: prod-router-epp, llm-d.ai/igw-mode: llm-d-router-gateway}
+    spec:
+      serviceAccountName: prod-router-epp
+      terminationGracePeriodSeconds: 130
+      containers:
+        - name: epp
+          image: ghcr.io/llm-d/llm-d-router:v0.8.0
+          args: [--pool-name, prod-router, --pool-namespace, inference-prod, --config-file, /config/default-plugins.yaml]
+          ports:
+            - {name: grpc, containerPort: 9002}
+            - {name: grpc-health, containerPort: 9003}
+            - {name: metrics, containerPort: 9090}
+          env:
+            - name: NAMESPACE
+              valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+          volumeMounts:
+            - {name: plugins-config-volume, mountPath: /config}
+      volumes:
+        - name: plugins-config-volume
+          configMap: {name: prod-router-epp}
+"""
+
+
+def test_the_epp_component_over_any_release_name_and_namespace(tmp_path):
+    work = tmp_path / "mine"
+    work.mkdir()
+    (work / "epp.yaml").write_text(ROUTER_EPP)
+    component = os.path.relpath(os.path.join(DEPLOY, "components", "ditto-epp-sidecar"), work)
+    (work / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"namespace: inference-prod\nresources: [epp.yaml]\ncomponents: [{component}]\n"
+    )
+    objects = [d for d in yaml.safe_load_all(kustomize(str(work))) if d]
+    for obj in objects:
+        validate(obj, "kubectl kustomize (component over prod-router-epp)")
+    (epp,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert epp["metadata"]["name"] == "prod-router-epp" and epp["metadata"]["namespace"] == "inference-prod"
+    pod = epp["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 130, "the EPP's grace period is kept"
+    assert epp["spec"]["strategy"] == {"type": "Recreate"}
+    ditto = container(pod)
+    env = {e["name"]: e.get("value") for e in container(pod, "epp")["env"]}
+    assert env["PREDICTION_SERVER_URL"] == "http://127.0.0.1:9011" and "NAMESPACE" in env
+    # Every mount names a volume, every ConfigMap volume a ConfigMap of the output in the same
+    # namespace (the generated one under its hashed name).
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for c in pod["containers"]:
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in volumes, (c["name"], mount)
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    generated = volumes["ditto-config"]["configMap"]["name"]
+    assert generated.startswith("ditto-config-") and generated in configmaps, (generated, list(configmaps))
+    assert configmaps[generated]["metadata"]["namespace"] == "inference-prod"
+    code, _, stderr = check_config(ditto, configmaps[generated]["data"]["cluster.yaml"], tmp_path)
+    assert code == 0, stderr
+    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+    assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
 
 
 KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
@@ -431,12 +562,7 @@ KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
 def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path):
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
-    rendered = subprocess.run(
-        [kubectl, "kustomize", os.path.join(DEPLOY, directory)], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
+    rendered = kustomize(os.path.join(DEPLOY, directory))
     objects = [d for d in yaml.safe_load_all(rendered) if d]
     for obj in objects:
         validate(obj, f"kubectl kustomize deploy/{directory}")
