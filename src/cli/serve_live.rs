@@ -110,10 +110,16 @@ fn kube_source(args: &LiveArgs) -> Result<Option<KubeSource>, LiveArgError> {
     match (&args.pods_selector, &args.inference_pool) {
         (None, None) => {
             if args.pods_namespace.is_some() {
-                return Err(flag("pods-namespace", "needs --pods-selector or --inference-pool"));
+                return Err(flag(
+                    "pods-namespace",
+                    "needs --pods-selector or --inference-pool",
+                ));
             }
             if args.pods_port.is_some() {
-                return Err(flag("pods-port", "needs --pods-selector or --inference-pool"));
+                return Err(flag(
+                    "pods-port",
+                    "needs --pods-selector or --inference-pool",
+                ));
             }
             Ok(None)
         }
@@ -125,7 +131,8 @@ fn kube_source(args: &LiveArgs) -> Result<Option<KubeSource>, LiveArgError> {
             let selector = match selector {
                 None => None,
                 Some(text) => Some(
-                    LabelSelector::parse(text).map_err(|reason| ("pods-selector".to_owned(), reason))?,
+                    LabelSelector::parse(text)
+                        .map_err(|reason| ("pods-selector".to_owned(), reason))?,
                 ),
             };
             if args.pods_port == Some(0) {

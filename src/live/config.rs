@@ -260,7 +260,10 @@ impl KubeSpec {
     pub fn resolve(&self, path: &str) -> Result<super::k8s::KubeSource, LiveConfigError> {
         let selector = match (&self.selector, &self.inference_pool) {
             (Some(_), Some(_)) | (None, None) => {
-                return Err(invalid(path, "needs exactly one of selector and inference_pool"));
+                return Err(invalid(
+                    path,
+                    "needs exactly one of selector and inference_pool",
+                ));
             }
             (Some(text), None) => Some(
                 super::k8s::LabelSelector::parse(text)

@@ -12,8 +12,8 @@
 
 pub mod bench;
 pub mod config;
-pub mod kv;
 pub mod k8s;
+pub mod kv;
 pub mod kv_wire;
 pub mod pod;
 pub mod rebuild;
@@ -354,7 +354,11 @@ impl Coordinator {
         let now = Instant::now();
         match news {
             k8s::KubeNews::Outage { source, reason } => {
-                for entry in self.pods.values().filter(|entry| entry.pod.source == source) {
+                for entry in self
+                    .pods
+                    .values()
+                    .filter(|entry| entry.pod.source == source)
+                {
                     entry
                         .pod
                         .set_health(|health| health.discovery = Some(reason.clone()));

@@ -61,10 +61,10 @@ impl Health {
             &self.config,
             &self.discovery,
         ]
-            .into_iter()
-            .flatten()
-            .map(String::as_str)
-            .collect();
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 }

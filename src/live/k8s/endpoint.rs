@@ -27,11 +27,22 @@ pub fn pod_id(namespace: &str, name: &str) -> String {
 /// Decides about one pod as the EPP does: mirrored when it matches `selector`, is Running
 /// and Ready (condition `Ready=True`), has a pod IP and is not being deleted. `None` for an
 /// object without a name.
-pub fn view(pod: &Pod, default_namespace: &str, selector: &LabelSelector, port: u16) -> Option<PodView> {
+pub fn view(
+    pod: &Pod,
+    default_namespace: &str,
+    selector: &LabelSelector,
+    port: u16,
+) -> Option<PodView> {
     let name = pod.metadata.name.as_deref()?;
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or(default_namespace);
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(default_namespace);
     let status = pod.status.as_ref();
-    let ip = status.and_then(|s| s.pod_ip.as_deref()).filter(|ip| !ip.is_empty());
+    let ip = status
+        .and_then(|s| s.pod_ip.as_deref())
+        .filter(|ip| !ip.is_empty());
     let address = ip.map(|ip| {
         if ip.contains(':') {
             format!("[{ip}]:{port}")
@@ -119,8 +130,9 @@ pub fn pool_target(object: &Value, version: PoolVersion) -> Result<PoolTarget, S
         PoolVersion::V1Alpha2 => (spec.get("selector"), spec.get("targetPortNumber")),
     };
     let labels: BTreeMap<String, String> = match labels {
-        Some(value) => serde_json::from_value(value.clone())
-            .map_err(|err| format!("spec selector: {err}"))?,
+        Some(value) => {
+            serde_json::from_value(value.clone()).map_err(|err| format!("spec selector: {err}"))?
+        }
         None => return Err("spec has no selector labels".to_owned()),
     };
     if labels.is_empty() {
@@ -229,7 +241,10 @@ mod tests {
             "selector": {"app": "vllm"}, "targetPortNumber": 8200,
             "extensionRef": {"name": "epp"}}});
         let target = pool_target(&alpha, PoolVersion::V1Alpha2).unwrap();
-        assert_eq!((target.port, target.selector.to_string()), (8200, "app=vllm".to_owned()));
+        assert_eq!(
+            (target.port, target.selector.to_string()),
+            (8200, "app=vllm".to_owned())
+        );
         assert!(pool_target(&alpha, PoolVersion::V1).is_err());
         assert!(pool_target(&serde_json::json!({}), PoolVersion::V1).is_err());
     }

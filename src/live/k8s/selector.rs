@@ -221,7 +221,12 @@ mod tests {
         );
         let again = LabelSelector::parse(&selector.to_string()).unwrap();
         assert_eq!(again, selector);
-        let pod = labels(&[("app", "vllm"), ("llm-d.ai/role", "decode"), ("gpu", ""), ("x", "y")]);
+        let pod = labels(&[
+            ("app", "vllm"),
+            ("llm-d.ai/role", "decode"),
+            ("gpu", ""),
+            ("x", "y"),
+        ]);
         assert!(selector.matches(&pod));
         let mut draining = pod.clone();
         draining.insert("draining".into(), "true".into());
@@ -229,7 +234,11 @@ mod tests {
         let mut prefill = pod.clone();
         prefill.insert("llm-d.ai/role".into(), "prefill".into());
         assert!(!selector.matches(&prefill));
-        assert!(LabelSelector::parse("a notin (b)").unwrap().matches(&labels(&[])));
+        assert!(
+            LabelSelector::parse("a notin (b)")
+                .unwrap()
+                .matches(&labels(&[]))
+        );
     }
 
     #[test]

@@ -265,7 +265,12 @@ pub async fn run(source: usize, spec: KubeSource, tx: mpsc::Sender<KubeNews>) {
 
 /// Waits for InferencePool `name` (v1, else v1alpha2), then follows its selector and target
 /// port as they change, restarting the pod watch on every change.
-async fn follow_pool(client: &Client, name: &str, port_override: Option<u16>, mut follower: Follower) {
+async fn follow_pool(
+    client: &Client,
+    name: &str,
+    port_override: Option<u16>,
+    mut follower: Follower,
+) {
     let namespace = follower.namespace.clone();
     let mut delay = Duration::from_millis(500);
     let version = loop {
@@ -273,7 +278,13 @@ async fn follow_pool(client: &Client, name: &str, port_override: Option<u16>, mu
             Ok(Some((version, _))) => break version,
             Ok(None) => {
                 let reason = format!("no InferencePool {name:?} in namespace {namespace:?}");
-                let _ = follower.tx.send(KubeNews::Outage { source: follower.source, reason }).await;
+                let _ = follower
+                    .tx
+                    .send(KubeNews::Outage {
+                        source: follower.source,
+                        reason,
+                    })
+                    .await;
             }
             Err(err) => {
                 let reason = match &err {
@@ -284,7 +295,13 @@ async fn follow_pool(client: &Client, name: &str, port_override: Option<u16>, mu
                     err => format!("kubernetes API: {err}"),
                 };
                 tracing::warn!(%reason, "live mirror: cannot read the InferencePool");
-                let _ = follower.tx.send(KubeNews::Outage { source: follower.source, reason }).await;
+                let _ = follower
+                    .tx
+                    .send(KubeNews::Outage {
+                        source: follower.source,
+                        reason,
+                    })
+                    .await;
             }
         }
         tokio::time::sleep(delay).await;
