@@ -73,7 +73,8 @@ pub struct LiveArgs {
     /// DNS re-resolution period for --pods-dns, ms.
     #[arg(long, env = "DITTO_DNS_INTERVAL_MS", default_value_t = 5000)]
     pub dns_interval_ms: u64,
-    /// A vanished DNS address is retired after this long, ms.
+    /// A vanished DNS address, or a pod Kubernetes reports deleted or NotReady (stale at
+    /// once), is retired after this long, ms.
     #[arg(long, env = "DITTO_RETIRE_AFTER_MS", default_value_t = 30_000)]
     pub retire_after_ms: u64,
     /// Scraped state older than this marks an instance stale, ms.
