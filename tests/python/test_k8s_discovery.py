@@ -202,3 +202,18 @@ def test_bad_kubernetes_input_exits_naming_the_flag(api, tmp_path):
     assert checked.returncode == 2 and "sources[0].kubernetes" in checked.stderr and "nowhere" in checked.stderr, checked.stderr
     checked = run(["--check-config", str(config)], missing)
     assert checked.returncode == 2 and "sources[0].kubernetes" in checked.stderr and "kubeconfig" in checked.stderr, checked.stderr
+
+
+def test_a_sources_entry_in_the_cluster_yaml_discovers_the_same_way(api, pods, kube_serve, tmp_path):
+    k = api()
+    (a,) = pods(1)
+    a.control(gauges=dict(running=3, waiting=0, kv=0.25))
+    k.pod("vllm-a", a.host, LABELS)
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "pools:\n  - {name: vllm, replicas: 1, model: llama-3.1-8b-instruct, gpu: H100, tp: 1}\n"
+        "sources:\n  - pool: vllm\n"
+        f"    kubernetes: {{selector: '{SELECTOR}', namespace: llm-d, port: {pods.port}}}\n"
+    )
+    server = kube_serve(k, "--config", str(config))
+    eventually(server, lambda i: ids(i) == ["llm-d/vllm-a"] and gauges_are(i["llm-d/vllm-a"], 3, 0, 0.25), "mirrored from sources:")
