@@ -64,20 +64,15 @@ async fn undecodable_bytes_end_a_prediction_stream_with_invalid_argument_and_are
         grpc.ready().await.unwrap();
         let path = http::uri::PathAndQuery::from_static("/ditto.v1.Twin/PredictRoutingStream");
         let response = grpc
-            .streaming(
-                tonic::Request::new(tokio_stream::iter(messages)),
-                path,
-                Raw,
-            )
+            .streaming(tonic::Request::new(tokio_stream::iter(messages)), path, Raw)
             .await
             .unwrap();
         let mut stream = response.into_inner();
         let mut answers = Vec::new();
         let status = loop {
             match stream.message().await {
-                Ok(Some(bytes)) => answers.push(
-                    proto::PredictRoutingStreamResponse::decode(bytes.as_slice()).unwrap(),
-                ),
+                Ok(Some(bytes)) => answers
+                    .push(proto::PredictRoutingStreamResponse::decode(bytes.as_slice()).unwrap()),
                 Ok(None) => panic!("the stream ended OK after {} answers", answers.len()),
                 Err(status) => break status,
             }
@@ -90,9 +85,11 @@ async fn undecodable_bytes_end_a_prediction_stream_with_invalid_argument_and_are
             Some(proto::predict_routing_stream_response::Result::Answer(_))
         ));
         let metrics = h.metrics().await;
-        let series = "ditto_rpc_requests_total{code=\"InvalidArgument\",rpc=\"PredictRoutingStream\"}";
+        let series =
+            "ditto_rpc_requests_total{code=\"InvalidArgument\",rpc=\"PredictRoutingStream\"}";
         assert_eq!(sample(&metrics, series), Some(1.0), "{metrics}");
-        let errors = "ditto_rpc_errors_total{code=\"InvalidArgument\",rpc=\"PredictRoutingStream\"}";
+        let errors =
+            "ditto_rpc_errors_total{code=\"InvalidArgument\",rpc=\"PredictRoutingStream\"}";
         assert_eq!(sample(&metrics, errors), Some(1.0), "{metrics}");
         h.stop().await;
     })
@@ -106,8 +103,7 @@ async fn every_method_counts_undecodable_bytes_as_invalid_argument() {
         for method in ["PredictRouting", "GetSnapshot", "ForecastCapacity"] {
             let mut grpc = tonic::client::Grpc::new(h.channel.clone());
             grpc.ready().await.unwrap();
-            let path: http::uri::PathAndQuery =
-                format!("/ditto.v1.Twin/{method}").parse().unwrap();
+            let path: http::uri::PathAndQuery = format!("/ditto.v1.Twin/{method}").parse().unwrap();
             let status = grpc
                 .unary(tonic::Request::new(GARBAGE.to_vec()), path, Raw)
                 .await
@@ -136,7 +132,10 @@ async fn successful_predictor_calls_are_not_errors() {
         let answer = h.http_post("/predict", ENTRY).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         let answer = h
-            .http_post("/predict/bulk/strict", &format!("{{\"requests\": [{ENTRY}]}}"))
+            .http_post(
+                "/predict/bulk/strict",
+                &format!("{{\"requests\": [{ENTRY}]}}"),
+            )
             .await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         let refused = h.http_post("/predict", "{}").await;
@@ -152,10 +151,22 @@ async fn successful_predictor_calls_are_not_errors() {
             "{metrics}"
         );
         for (series, count) in [
-            ("ditto_rpc_requests_total{code=\"Ok\",rpc=\"http:/predict\"}", 1.0),
-            ("ditto_rpc_requests_total{code=\"Ok\",rpc=\"http:/predict/bulk/strict\"}", 1.0),
-            ("ditto_http_requests_total{code=\"200\",route=\"/predict\"}", 1.0),
-            ("ditto_http_requests_total{code=\"422\",route=\"/predict\"}", 1.0),
+            (
+                "ditto_rpc_requests_total{code=\"Ok\",rpc=\"http:/predict\"}",
+                1.0,
+            ),
+            (
+                "ditto_rpc_requests_total{code=\"Ok\",rpc=\"http:/predict/bulk/strict\"}",
+                1.0,
+            ),
+            (
+                "ditto_http_requests_total{code=\"200\",route=\"/predict\"}",
+                1.0,
+            ),
+            (
+                "ditto_http_requests_total{code=\"422\",route=\"/predict\"}",
+                1.0,
+            ),
         ] {
             assert_eq!(sample(&metrics, series), Some(count), "{series}\n{metrics}");
         }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod load;
 pub mod loadgen;
+pub mod observe;
 pub mod predictor;
 pub mod run;
 pub mod service;

@@ -117,6 +117,9 @@ fn total(replicas: &[(String, u32)]) -> u32 {
     replicas.iter().map(|(_, n)| n).sum()
 }
 
+/// Highest arrival rate of a forecast stage, requests per second.
+pub const STAGE_RATE_MAX_RPS: f64 = 1e6;
+
 /// Checks the question; returns the template instance index of each variant.
 fn validate(
     snapshot: &MirrorSnapshot,
@@ -129,7 +132,7 @@ fn validate(
     let mut horizon_us: u64 = 0;
     let mut expected_arrivals = 0.0;
     for (index, &(rate, duration_s)) in question.stages.iter().enumerate() {
-        if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
+        if !(rate.is_finite() && rate > 0.0 && rate <= STAGE_RATE_MAX_RPS) {
             return Err(TwinError::invalid(
                 format!("stages[{index}].rate"),
                 "must be in (0, 1e6] requests per second",

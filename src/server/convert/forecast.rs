@@ -3,6 +3,7 @@
 //! template ids against the snapshot, and encoding the answer.
 
 use crate::twin::TwinError;
+use crate::twin::forecast::STAGE_RATE_MAX_RPS;
 use crate::twin::limits::Limits;
 use crate::twin::question::{
     ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, VariantCandidates,
@@ -35,7 +36,18 @@ fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64,
     let mut out = Vec::with_capacity(stages.len());
     for (index, stage) in stages.iter().enumerate() {
         let path = format!("stages[{index}]");
-        let rate = non_negative(stage.rate_rps, &join(&path, "rate_rps"))?;
+        // Checked here, not only in the twin, so the error names the wire's field.
+        let rate = positive(stage.rate_rps, &join(&path, "rate_rps"))?;
+        if rate > STAGE_RATE_MAX_RPS {
+            return Err(TwinError::invalid(
+                join(&path, "rate_rps"),
+                format!(
+                    "{} must be at most {} requests per second",
+                    super::num(rate),
+                    super::num(STAGE_RATE_MAX_RPS)
+                ),
+            ));
+        }
         let duration = positive(stage.duration_s, &join(&path, "duration_s"))?;
         total_s += duration;
         out.push((rate, duration));

@@ -260,12 +260,6 @@ impl Predictor {
             },
         }
     }
-
-    fn observe(&self, route: &str, started: Instant, status: StatusCode) {
-        self.shared
-            .metrics
-            .observe_rpc(route, status.as_str(), started.elapsed().as_secs_f64());
-    }
 }
 
 const UNSERVABLE: &str =
@@ -273,10 +267,7 @@ const UNSERVABLE: &str =
 
 /// `POST /predict`: one entry.
 pub async fn predict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = predict_one(&predictor, &body).await;
-    predictor.observe("http:/predict", started, response.status());
-    response
+    predict_one(&predictor, &body).await
 }
 
 async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
@@ -318,18 +309,12 @@ fn unservable(loc: Vec<Value>) -> FieldError {
 
 /// `POST /predict/bulk`: per-entry errors reported beside the predictions.
 pub async fn predict_bulk(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = bulk(&predictor, &body, false).await;
-    predictor.observe("http:/predict/bulk", started, response.status());
-    response
+    bulk(&predictor, &body, false).await
 }
 
 /// `POST /predict/bulk/strict`: one invalid entry fails the whole batch (the EPP's call).
 pub async fn predict_bulk_strict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = bulk(&predictor, &body, true).await;
-    predictor.observe("http:/predict/bulk/strict", started, response.status());
-    response
+    bulk(&predictor, &body, true).await
 }
 
 /// The entries of a bulk body under `field`, validated; 413 over the limit.
@@ -509,10 +494,7 @@ pub async fn add_training_data_bulk(
     State(predictor): State<Arc<Predictor>>,
     body: Bytes,
 ) -> Response {
-    let started = Instant::now();
-    let response = train(&predictor, &body).await;
-    predictor.observe("http:/add_training_data_bulk", started, response.status());
-    response
+    train(&predictor, &body).await
 }
 
 async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {

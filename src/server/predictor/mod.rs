@@ -267,18 +267,13 @@ pub fn calibrated(raw: Estimate, coefficients: (f64, f64)) -> Estimate {
     }
 }
 
-/// The predictor's fixed paths (the HTTP metrics' route label; `/model/{name}/xgb/json`
-/// counts as `other`).
-pub const ROUTES: [&str; 9] = [
+/// The predictor's calls that are also counted as RPCs (`ditto_rpc_requests_total` with
+/// `rpc="http:<route>"`, by `server::observe`): predictions and training.
+pub const RPC_ROUTES: [&str; 4] = [
     "/predict",
     "/predict/bulk",
     "/predict/bulk/strict",
-    "/status",
-    "/reload",
     "/add_training_data_bulk",
-    "/data/status",
-    "/flush",
-    "/model/download/info",
 ];
 
 /// The predictor's routes (bodies up to 64 MiB: 10 000 entries fit).

@@ -27,6 +27,7 @@ use super::convert::question::{routing_answer_to_proto, routing_from_proto};
 use super::convert::state::snapshot_to_proto;
 use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{deadline_status, internal_status, status_from};
+use super::observe::code_name;
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
 use super::slots::SimulationPool;
@@ -140,42 +141,7 @@ impl TwinService {
     }
 }
 
-fn code_name(code: tonic::Code) -> String {
-    format!("{code:?}")
-}
-
 impl Shared {
-    fn finish<T>(
-        &self,
-        rpc: &str,
-        started: Instant,
-        result: Result<T, Status>,
-    ) -> Result<Response<T>, Status> {
-        let code = match &result {
-            Ok(_) => "Ok".to_owned(),
-            Err(status) => code_name(status.code()),
-        };
-        let elapsed = started.elapsed();
-        self.metrics.observe_rpc(rpc, &code, elapsed.as_secs_f64());
-        if result.is_err() && WRITES.contains(&rpc) {
-            self.metrics
-                .write_rejections
-                .with_label_values(&[rpc, &code])
-                .inc();
-        }
-        result.map(|message| {
-            let mut response = Response::new(message);
-            // Wall time stays out of the message so identical questions get identical bytes.
-            let wall_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-            if let Ok(value) = wall_us.to_string().parse() {
-                response
-                    .metadata_mut()
-                    .insert("x-ditto-wall-time-us", value);
-            }
-            response
-        })
-    }
-
     /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
     /// event-budget exhaustions.
     pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
@@ -309,9 +275,6 @@ impl Shared {
     }
 }
 
-/// The RPCs that write the mirror (their refusals count in `ditto_write_rejections_total`).
-const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEvents"];
-
 /// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
 fn is_budget_exhaustion(err: &TwinError) -> bool {
     matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
@@ -335,6 +298,17 @@ fn stream_response(
     }
 }
 
+/// What the reader of a prediction stream hands its writer, in order.
+enum StreamItem {
+    /// A question being answered: its request id and its task.
+    Question(
+        String,
+        tokio::task::JoinHandle<Result<proto::PredictRoutingResponse, Status>>,
+    ),
+    /// The inbound stream failed (e.g. bytes that do not decode): the call ends with it.
+    End(Status),
+}
+
 /// The response stream of `PredictRoutingStream`.
 pub type PredictionStream = Pin<
     Box<
@@ -348,7 +322,6 @@ impl Twin for TwinService {
         &self,
         request: Request<proto::ClusterConfig>,
     ) -> Result<Response<proto::SyncClusterConfigResponse>, Status> {
-        let started = Instant::now();
         let shared = &self.shared;
         let result = cluster_from_proto(request.get_ref())
             .and_then(|decoded| {
@@ -366,7 +339,7 @@ impl Twin for TwinService {
             changed: outcome.changed,
             reset_instance_ids: outcome.reset_instance_ids,
         });
-        shared.finish("SyncClusterConfig", started, result)
+        result.map(Response::new)
     }
 
     async fn push_instance_state(
@@ -379,7 +352,7 @@ impl Twin for TwinService {
             .shared
             .push_states(request.into_inner(), deadline)
             .await;
-        self.shared.finish("PushInstanceState", started, result)
+        result.map(Response::new)
     }
 
     async fn push_kv_events(
@@ -389,14 +362,13 @@ impl Twin for TwinService {
         let started = Instant::now();
         let deadline = client_deadline(request.metadata(), started);
         let result = self.shared.push_kv(request.into_inner(), deadline).await;
-        self.shared.finish("PushKvEvents", started, result)
+        result.map(Response::new)
     }
 
     async fn get_snapshot(
         &self,
         request: Request<proto::GetSnapshotRequest>,
     ) -> Result<Response<proto::ClusterSnapshot>, Status> {
-        let started = Instant::now();
         let message = request.get_ref();
         let result = (|| {
             let now_us = match message.now_us {
@@ -417,14 +389,13 @@ impl Twin for TwinService {
             ))
         })()
         .map_err(|err| status_from(&err));
-        self.shared.finish("GetSnapshot", started, result)
+        result.map(Response::new)
     }
 
     async fn add_training_samples(
         &self,
         request: Request<proto::AddTrainingSamplesRequest>,
     ) -> Result<Response<proto::AddTrainingSamplesResponse>, Status> {
-        let started = Instant::now();
         let result = match self
             .shared
             .predictor
@@ -436,7 +407,7 @@ impl Twin for TwinService {
             }
             None => Err(Status::unavailable("the latency predictor is not running")),
         };
-        self.shared.finish("AddTrainingSamples", started, result)
+        result.map(Response::new)
     }
 
     async fn predict_routing(
@@ -450,7 +421,7 @@ impl Twin for TwinService {
             .shared
             .answer_routing(request.into_inner(), deadline)
             .await;
-        self.shared.finish("PredictRouting", started, result)
+        result.map(Response::new)
     }
 
     type PredictRoutingStreamStream = PredictionStream;
@@ -467,43 +438,54 @@ impl Twin for TwinService {
         let (job_tx, mut job_rx) = mpsc::channel(in_flight);
         let shared = Arc::clone(&self.shared);
         // Reader: starts each question as it arrives, at most `in_flight` ahead of the writer.
+        // Bytes that do not decode end the stream with their INVALID_ARGUMENT, after the
+        // answers to the questions before them.
         tokio::spawn(async move {
-            while let Ok(Some(message)) = inbound.message().await {
-                let now = Instant::now();
-                let deadline = work_deadline(client, shared.limits.max_call, now);
-                let request_id = message.request_id.clone();
-                let worker = Arc::clone(&shared);
-                let job = tokio::spawn(async move {
-                    let started = Instant::now();
-                    let result = worker.answer_routing(message, deadline).await;
-                    let code = match &result {
-                        Ok(_) => "Ok".to_owned(),
-                        Err(status) => code_name(status.code()),
-                    };
-                    worker.metrics.observe_rpc(
-                        "PredictRoutingStream",
-                        &code,
-                        started.elapsed().as_secs_f64(),
-                    );
-                    result
-                });
-                if job_tx.send((request_id, job)).await.is_err() {
+            loop {
+                let item = match inbound.message().await {
+                    Ok(Some(message)) => {
+                        let deadline =
+                            work_deadline(client, shared.limits.max_call, Instant::now());
+                        let request_id = message.request_id.clone();
+                        let worker = Arc::clone(&shared);
+                        let job = tokio::spawn(async move {
+                            let result = worker.answer_routing(message, deadline).await;
+                            let code = match &result {
+                                Ok(_) => tonic::Code::Ok,
+                                Err(status) => status.code(),
+                            };
+                            worker
+                                .metrics
+                                .stream_answers
+                                .with_label_values(&[&code_name(code)])
+                                .inc();
+                            result
+                        });
+                        StreamItem::Question(request_id, job)
+                    }
+                    Ok(None) => break,
+                    Err(status) => StreamItem::End(status),
+                };
+                let end = matches!(item, StreamItem::End(_));
+                if job_tx.send(item).await.is_err() || end {
                     break;
                 }
             }
         });
         // Writer: answers in question order.
         tokio::spawn(async move {
-            while let Some((request_id, job)) = job_rx.recv().await {
-                let result = match job.await {
-                    Ok(result) => result,
-                    Err(_) => Err(internal_status("the prediction task failed")),
+            while let Some(item) = job_rx.recv().await {
+                let (reply, end) = match item {
+                    StreamItem::Question(request_id, job) => {
+                        let result = match job.await {
+                            Ok(result) => result,
+                            Err(_) => Err(internal_status("the prediction task failed")),
+                        };
+                        (Ok(stream_response(request_id, result)), false)
+                    }
+                    StreamItem::End(status) => (Err(status), true),
                 };
-                if out_tx
-                    .send(Ok(stream_response(request_id, result)))
-                    .await
-                    .is_err()
-                {
+                if out_tx.send(reply).await.is_err() || end {
                     break;
                 }
             }
@@ -523,6 +505,6 @@ impl Twin for TwinService {
             .shared
             .answer_forecast(request.into_inner(), deadline)
             .await;
-        self.shared.finish("ForecastCapacity", started, result)
+        result.map(Response::new)
     }
 }
