@@ -200,7 +200,7 @@ fn assert_clear(err: &TwinError) {
     );
     assert!(!status.message().is_empty());
     assert!(status.message().chars().count() <= 300, "{status:?}");
-    if let TwinError::InvalidArgument { field, .. } = err {
+    if let TwinError::InvalidField { path: field, .. } = err {
         assert!(!field.is_empty(), "{err:?} names no field");
     }
 }

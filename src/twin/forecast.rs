@@ -148,7 +148,7 @@ fn validate(
         expected_arrivals += rate * duration_s;
     }
     if horizon_us > limits.max_horizon_us {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "the forecast spans {} s, beyond the limit of {} s",
             horizon_us / 1_000_000,
             limits.max_horizon_us / 1_000_000
@@ -157,7 +157,7 @@ fn validate(
     if expected_arrivals * f64::from(question.replications)
         > limits.max_events_per_call as f64 / 10.0
     {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "about {expected_arrivals:.0} arrivals per replication is too much work for one call"
         )));
     }
@@ -173,7 +173,7 @@ fn validate(
         return Err(TwinError::invalid("replications", "must be at least 1"));
     }
     if question.replications > limits.max_replications {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} replications exceed the limit of {}",
             question.replications, limits.max_replications
         )));
@@ -291,7 +291,7 @@ fn candidate_counts(
                 extended.push(count);
                 next.push(extended);
                 if next.len() > max {
-                    return Err(TwinError::ResourceExhausted(format!(
+                    return Err(TwinError::OverLimit(format!(
                         "more than {max} replica combinations"
                     )));
                 }

@@ -160,7 +160,7 @@ fn validate(
             .collect::<Result<_, _>>()?
     };
     if candidates.len() > limits.max_candidates as usize {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} candidates exceed the limit of {}",
             candidates.len(),
             limits.max_candidates
@@ -174,7 +174,7 @@ fn validate(
         ));
     }
     if options.replications > limits.max_replications {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} replications exceed the limit of {}",
             options.replications, limits.max_replications
         )));
@@ -183,7 +183,7 @@ fn validate(
         return Err(TwinError::invalid("options.horizon_ms", "must be positive"));
     }
     if options.horizon_us > limits.max_horizon_us {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "horizon of {} ms exceeds the limit of {} ms",
             options.horizon_us / 1000,
             limits.max_horizon_us / 1000

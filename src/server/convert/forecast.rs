@@ -54,7 +54,7 @@ fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64,
     }
     let limit_s = limits.max_horizon_us as f64 / 1e6;
     if total_s > limit_s {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "stages: {} s in all exceed the horizon limit of {} s",
             super::num(total_s),
             super::num(limit_s)

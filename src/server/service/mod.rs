@@ -26,7 +26,7 @@ use super::convert::forecast::{forecast_answer_to_proto, forecast_from_proto};
 use super::convert::question::{routing_answer_to_proto, routing_from_proto};
 use super::convert::state::snapshot_to_proto;
 use super::deadline::{client_deadline, wall_now_us, work_deadline};
-use super::error::{deadline_status, internal_status, status_from};
+use super::error::{CallError, status_from};
 use super::observe::code_name;
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
@@ -144,18 +144,16 @@ impl TwinService {
 impl Shared {
     /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
     /// event-budget exhaustions.
-    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
+    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>
     where
         T: Send + 'static,
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
-        self.pool
-            .run(deadline, work, |err| {
-                if is_budget_exhaustion(err) {
-                    self.metrics.event_budget_exhaustions.inc();
-                }
-            })
-            .await
+        let result = self.pool.run(deadline, work).await;
+        if result.as_ref().is_err_and(CallError::is_event_budget) {
+            self.metrics.event_budget_exhaustions.inc();
+        }
+        result
     }
 
     /// Answers one routing question within `deadline`.
@@ -163,9 +161,9 @@ impl Shared {
         &self,
         message: proto::PredictRoutingRequest,
         deadline: Instant,
-    ) -> Result<proto::PredictRoutingResponse, Status> {
+    ) -> Result<proto::PredictRoutingResponse, CallError> {
         let limits = self.limits.twin.clone();
-        let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let decoded = routing_from_proto(&message, &limits)?;
         let request_id = decoded.request_id.clone();
         let replications = u64::from(decoded.question.options.replications);
         let shape = (
@@ -202,9 +200,9 @@ impl Shared {
         &self,
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
-    ) -> Result<proto::ForecastCapacityResponse, Status> {
+    ) -> Result<proto::ForecastCapacityResponse, CallError> {
         let limits = self.limits.twin.clone();
-        let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let decoded = forecast_from_proto(&message, &limits)?;
         let replications = u64::from(decoded.question.replications);
         let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
         let shape = (decoded.question.replications, (horizon_s * 1e6) as u64);
@@ -239,26 +237,24 @@ impl Shared {
         resolve: impl FnOnce(&StoredSnapshot) -> Result<Q, TwinError>,
         work: fn(&MirrorSnapshot, &Q, &Limits) -> Result<A, TwinError>,
         (replications, horizon_us): (u32, u64),
-    ) -> Result<(A, tracing::Span), Status>
+    ) -> Result<(A, tracing::Span), CallError>
     where
         Q: Send + 'static,
         A: Send + 'static,
     {
         if Instant::now() >= deadline {
-            return Err(deadline_status("before the question was read"));
+            return Err(CallError::Deadline("before the question was read".to_owned()));
         }
         let snapshot_span = spans::snapshot(generation);
         let stored = snapshot_span
-            .in_scope(|| self.store.snapshot(generation))
-            .map_err(|err| status_from(&err))?;
+            .in_scope(|| self.store.snapshot(generation))?;
         snapshot_span.record(
             "ditto.generation",
             spans::as_i64(stored.snapshot.generation),
         );
         drop(snapshot_span);
         let question = spans::resolve()
-            .in_scope(|| resolve(&stored))
-            .map_err(|err| status_from(&err))?;
+            .in_scope(|| resolve(&stored))?;
         let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
         let simulation = self.simulate(deadline, move |cancel| {
@@ -273,11 +269,6 @@ impl Shared {
         let answer = tracing::Instrument::instrument(simulation, span.clone()).await?;
         Ok((answer, span))
     }
-}
-
-/// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
-fn is_budget_exhaustion(err: &TwinError) -> bool {
-    matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
 }
 
 fn stream_response(
@@ -420,7 +411,8 @@ impl Twin for TwinService {
         let result = self
             .shared
             .answer_routing(request.into_inner(), deadline)
-            .await;
+            .await
+            .map_err(Status::from);
         result.map(Response::new)
     }
 
@@ -449,7 +441,10 @@ impl Twin for TwinService {
                         let request_id = message.request_id.clone();
                         let worker = Arc::clone(&shared);
                         let job = tokio::spawn(async move {
-                            let result = worker.answer_routing(message, deadline).await;
+                            let result = worker
+                                .answer_routing(message, deadline)
+                                .await
+                                .map_err(Status::from);
                             let code = match &result {
                                 Ok(_) => tonic::Code::Ok,
                                 Err(status) => status.code(),
@@ -479,7 +474,7 @@ impl Twin for TwinService {
                     StreamItem::Question(request_id, job) => {
                         let result = match job.await {
                             Ok(result) => result,
-                            Err(_) => Err(internal_status("the prediction task failed")),
+                            Err(_) => Err(CallError::Internal("the prediction task failed").into()),
                         };
                         (Ok(stream_response(request_id, result)), false)
                     }
@@ -504,7 +499,8 @@ impl Twin for TwinService {
         let result = self
             .shared
             .answer_forecast(request.into_inner(), deadline)
-            .await;
+            .await
+            .map_err(Status::from);
         result.map(Response::new)
     }
 }
