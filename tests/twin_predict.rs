@@ -413,7 +413,7 @@ fn bounded_work_and_bad_questions() {
         predict_routing(&snapshot, &q, &Limits::DEFAULT),
         Err(TwinError::OverLimit(_))
     ));
-    // A tiny event budget ends the call with ResourceExhausted, never a hang.
+    // A tiny event budget ends the call with EventBudget (RESOURCE_EXHAUSTED), never a hang.
     let tight = Limits {
         max_events_per_call: 5_000,
         ..Limits::DEFAULT
@@ -421,7 +421,7 @@ fn bounded_work_and_bad_questions() {
     let q = question(cut, OutputLength::Point(300), 1);
     assert!(matches!(
         predict_routing(&snapshot, &q, &tight),
-        Err(TwinError::OverLimit(_))
+        Err(TwinError::EventBudget { .. })
     ));
     // A deadline already past ends it with DeadlineExceeded.
     let late = Limits {

@@ -98,7 +98,7 @@ fn roll_forward_is_bounded_by_the_event_budget() {
     };
     assert!(matches!(
         predict_routing(&snapshot, &question, &limits),
-        Err(TwinError::OverLimit(_))
+        Err(TwinError::EventBudget { .. })
     ));
     // With room, the same question is answered.
     assert!(predict_routing(&snapshot, &question, &Limits::DEFAULT).is_ok());
