@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::cli::ditto;
 
 use serde_json::Value;
 
@@ -14,13 +16,6 @@ use serde_json::Value;
 const GUARD_E2E_MEAN: f64 = 3.5;
 const GUARD_TTFT_MEAN: f64 = 1.5;
 const GUARD_TPOT_MEAN: f64 = 3.5;
-
-fn ditto(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn runs() -> Vec<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gt");

@@ -188,10 +188,7 @@ fn nothing_is_accepted_before_a_config() {
         store.apply_state(running("a", 1, 1)),
         Err(TwinError::NotSynced)
     ));
-    assert!(matches!(
-        store.snapshot(0),
-        Err(TwinError::NotSynced)
-    ));
+    assert!(matches!(store.snapshot(0), Err(TwinError::NotSynced)));
     assert!(store.latest().is_none());
 }
 

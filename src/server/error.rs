@@ -81,9 +81,7 @@ impl CallError {
                 TwinError::InvalidField { .. } => Code::InvalidArgument,
                 TwinError::NotFound { .. } => Code::NotFound,
                 TwinError::NotSynced | TwinError::Unsimulable(_) => Code::FailedPrecondition,
-                TwinError::OverLimit(_) | TwinError::EventBudget { .. } => {
-                    Code::ResourceExhausted
-                }
+                TwinError::OverLimit(_) | TwinError::EventBudget { .. } => Code::ResourceExhausted,
                 TwinError::Deadline { .. } => Code::DeadlineExceeded,
                 TwinError::Cancelled { .. } => Code::Cancelled,
             },
@@ -177,12 +175,18 @@ mod tests {
                 TwinError::Unsimulable("x".into()).into(),
                 Code::FailedPrecondition,
             ),
-            (TwinError::OverLimit("x".into()).into(), Code::ResourceExhausted),
+            (
+                TwinError::OverLimit("x".into()).into(),
+                Code::ResourceExhausted,
+            ),
             (
                 TwinError::EventBudget { events: 3 }.into(),
                 Code::ResourceExhausted,
             ),
-            (TwinError::Deadline { events: 3 }.into(), Code::DeadlineExceeded),
+            (
+                TwinError::Deadline { events: 3 }.into(),
+                Code::DeadlineExceeded,
+            ),
             (TwinError::Cancelled { events: 3 }.into(), Code::Cancelled),
             (
                 CallError::Busy {

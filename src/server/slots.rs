@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use prometheus::IntGauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::error::CallError;
 use crate::twin::TwinError;
 use crate::twin::limits::CancelFlag;
+use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Slots for simulations and the bounded wait for one.
 #[derive(Debug)]
@@ -49,11 +49,7 @@ impl SimulationPool {
 
     /// Runs `work` on rayon's pool in a slot, within `deadline`. A panic is INTERNAL; a full
     /// queue is `Busy`.
-    pub async fn run<T, F>(
-        &self,
-        deadline: Instant,
-        work: F,
-    ) -> Result<T, CallError>
+    pub async fn run<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>
     where
         T: Send + 'static,
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,

@@ -73,9 +73,7 @@ impl EventBudget {
 
     fn check_deadline(&self, events: u64) -> Result<(), TwinError> {
         match self.deadline {
-            Some(deadline) if Instant::now() >= deadline => {
-                Err(TwinError::Deadline { events })
-            }
+            Some(deadline) if Instant::now() >= deadline => Err(TwinError::Deadline { events }),
             _ => Ok(()),
         }
     }

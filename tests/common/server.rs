@@ -170,3 +170,36 @@ impl tonic::codec::Decoder for Raw {
         Ok(Some(bytes))
     }
 }
+
+impl Harness {
+    /// Pushes `updates` on one `PushInstanceState` stream.
+    pub async fn push(
+        &mut self,
+        updates: Vec<proto::InstanceStateUpdate>,
+    ) -> Result<proto::PushAck, tonic::Status> {
+        self.twin
+            .push_instance_state(tokio_stream::iter(updates))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Pushes `batches` on one `PushKvEvents` stream.
+    pub async fn push_kv(
+        &mut self,
+        batches: Vec<proto::KvEventBatch>,
+    ) -> Result<proto::PushAck, tonic::Status> {
+        self.twin
+            .push_kv_events(tokio_stream::iter(batches))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// The gRPC health status of `service` ("" for the server).
+    pub async fn health(&self, service: &str) -> i32 {
+        let mut health = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+        let request = tonic_health::pb::HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        health.check(request).await.unwrap().into_inner().status
+    }
+}

@@ -82,9 +82,11 @@ pub async fn add_training_samples(
     predictor: &Arc<Predictor>,
     message: &proto::AddTrainingSamplesRequest,
 ) -> Result<proto::AddTrainingSamplesResponse, Status> {
-    let entries =
-        samples_from_proto(message, predictor.options().max_bulk_entries).map_err(|err| status_from(&err))?;
-    let absorbed = train_entries(predictor, &entries).await.map_err(Status::from)?;
+    let entries = samples_from_proto(message, predictor.options().max_bulk_entries)
+        .map_err(|err| status_from(&err))?;
+    let absorbed = train_entries(predictor, &entries)
+        .await
+        .map_err(Status::from)?;
     Ok(proto::AddTrainingSamplesResponse {
         samples_absorbed: absorbed.accepted,
         samples_rejected: absorbed.rejected,

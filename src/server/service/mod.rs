@@ -243,18 +243,18 @@ impl Shared {
         A: Send + 'static,
     {
         if Instant::now() >= deadline {
-            return Err(CallError::Deadline("before the question was read".to_owned()));
+            return Err(CallError::Deadline(
+                "before the question was read".to_owned(),
+            ));
         }
         let snapshot_span = spans::snapshot(generation);
-        let stored = snapshot_span
-            .in_scope(|| self.store.snapshot(generation))?;
+        let stored = snapshot_span.in_scope(|| self.store.snapshot(generation))?;
         snapshot_span.record(
             "ditto.generation",
             spans::as_i64(stored.snapshot.generation),
         );
         drop(snapshot_span);
-        let question = spans::resolve()
-            .in_scope(|| resolve(&stored))?;
+        let question = spans::resolve().in_scope(|| resolve(&stored))?;
         let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
         let simulation = self.simulate(deadline, move |cancel| {
