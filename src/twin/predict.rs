@@ -8,7 +8,9 @@
 //! can change its batch (a drain); both are exact, and [`Forking::Plain`] turns them off for
 //! comparison.
 //!
-//! Forks run in parallel across cores and never touch the snapshot. Each replication draws
+//! Forks run in parallel across cores and never change the snapshot's mirrored state; the
+//! only thing they write is its memo (`memo`: baselines, restored engines and checkpoints
+//! shared by questions on the same snapshot, behind its own lock). Each replication draws
 //! unknown output lengths from its own seeded stream, so an answer is reproducible from the
 //! snapshot generation and seed it reports. Work is bounded by the call's limits (events,
 //! horizon) and deadline.

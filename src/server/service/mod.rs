@@ -4,7 +4,8 @@
 //! Invariants: no lock is held across an `.await` (the store's locks live inside its
 //! synchronous methods); every prediction runs on one immutable snapshot on the simulation
 //! pool, bounded by a semaphore and by the call's deadline; a panic there is an INTERNAL
-//! error, never a crash; every error is mapped by `server::error`. The push streams' side
+//! error, never a crash; every error is a `CallError` mapped to its status by `server::error`;
+//! spans, timing and counts are `server::observe`'s. The push streams' side
 //! (reading a stream within its deadline, applying each message off the async workers) is
 //! in `push.rs`.
 
