@@ -385,6 +385,8 @@ impl More {
         registry.register(Box::new(self.http_requests.clone()))?;
         registry.register(Box::new(self.http_duration.clone()))?;
         registry.register(Box::new(self.stream_answers.clone()))?;
+        // Exported from the start, so the alert's ratio has a series before the first stream.
+        self.stream_answers.with_label_values(&["Ok"]);
         Ok(())
     }
 }
