@@ -8,6 +8,7 @@
 mod common;
 
 use common::server::{Harness, Raw, sample};
+use common::wire::assert_field_path;
 use common::within;
 use ditto::server::proto;
 use prost::Message;
@@ -212,7 +213,22 @@ async fn error_paths_are_the_messages_own_field_names() {
             status.message().starts_with("candidate_instance_ids[1]: "),
             "{status:?}"
         );
+        let mut hashes = question("q");
+        if let Some(request) = hashes.request.as_mut() {
+            request.block_hashes = vec![7, 7];
+        }
+        let status = h.twin.predict_routing(hashes).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        let path = status.message().split(": ").next().unwrap();
+        assert_field_path("ditto.v1.PredictRoutingRequest", path);
         h.stop().await;
     })
     .await;
+}
+
+#[test]
+#[should_panic(expected = "is not a field of .ditto.v1.RateStage")]
+fn a_path_outside_the_wire_message_is_caught() {
+    assert_field_path("ditto.v1.ForecastCapacityRequest", "stages[0].rate_rps");
+    assert_field_path("ditto.v1.ForecastCapacityRequest", "stages[0].rate");
 }

@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod server;
+pub mod wire;
 
 use std::time::Duration;
 
