@@ -15,6 +15,7 @@ pub mod forecast_loop;
 pub mod latency;
 pub mod predict;
 pub mod predictor_args;
+pub mod progress;
 pub mod report;
 pub mod run;
 pub mod security;

@@ -91,6 +91,12 @@ pub struct PoolSpec {
     /// Explicit blackbox coefficients (then `latency_model` must be `blackbox`).
     #[serde(default)]
     pub coefficients: Option<CoefficientsSpec>,
+    /// The calibrated model's coefficients fitted for this pool: the `coefficients:` map of
+    /// a `ditto calibrate --out` file, pasted as is (then `latency_model` must be
+    /// `calibrated`; absent: the embedded fit). How a platform team puts its own fit in the
+    /// chart's values (docs/fidelity.md).
+    #[serde(default)]
+    pub calibrated_coefficients: Option<std::collections::BTreeMap<String, f64>>,
     /// Cost per instance-hour (default 0).
     #[serde(default)]
     pub cost_per_hour: f64,
@@ -237,8 +243,31 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
             ),
         )
     })?;
-    let latency = match &pool.coefficients {
-        Some(coefficients) => {
+    let latency = match (&pool.coefficients, &pool.calibrated_coefficients) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                format!("{path}.calibrated_coefficients"),
+                "give `coefficients` (blackbox) or `calibrated_coefficients`, not both",
+            ));
+        }
+        (None, Some(map)) => {
+            if kind != LatencyKind::Calibrated {
+                return Err(invalid(
+                    format!("{path}.calibrated_coefficients"),
+                    "calibrated coefficients need latency_model: calibrated",
+                ));
+            }
+            let coefficients = catalog::calibrated::from_map(map).map_err(|err| match err {
+                catalog::calibrated::CalibratedFileError::Coefficient { name, problem } => {
+                    invalid(format!("{path}.calibrated_coefficients.{name}"), problem)
+                }
+                other => invalid(format!("{path}.calibrated_coefficients"), other.to_string()),
+            })?;
+            catalog::calibrated_model(&arch, &gpu, pool.tp, coefficients).map_err(|err| {
+                invalid(format!("{path}.calibrated_coefficients"), err.to_string())
+            })?
+        }
+        (Some(coefficients), None) => {
             if kind != LatencyKind::Blackbox {
                 return Err(invalid(
                     format!("{path}.coefficients"),
@@ -250,7 +279,7 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
                     .map_err(|err| invalid(format!("{path}.coefficients"), err.to_string()))?,
             )
         }
-        None => catalog::latency_model(kind, &arch, &gpu, pool.tp)
+        (None, None) => catalog::latency_model(kind, &arch, &gpu, pool.tp)
             .map_err(|err| invalid(format!("{path}.latency_model"), err.to_string()))?,
     };
     let engine = resolve_engine(

@@ -131,6 +131,7 @@ fn instance_from_proto(
             alpha: c.alpha.clone(),
             beta: c.beta.clone(),
         }),
+        calibrated_coefficients: None,
         cost_per_hour: spec.cost_per_hour,
         engine: engine_from_proto(spec.engine.as_ref(), &join(path, "engine"))?,
     };
