@@ -10,7 +10,8 @@
 //!    snapshot) and through the gRPC server on loopback; the latency predictor API's strict
 //!    bulk call over loopback HTTP with 4 and 100 candidate pods.
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
-//! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`): CPU
+//! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`), and
+//!    100 fake KV-event publishers at 200 blocks/s each (`live::kv_bench`): CPU
 //!    per pod per second, freshness lag, memory at the start and the end.
 //! 5. Load: many concurrent clients on loopback mixing PredictRouting, state pushes and
 //!    `/metrics` scrapes for a fixed time: operations/s, p50/p99, errors, RSS before/after.
@@ -274,6 +275,18 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", live.row());
+    let _ = writeln!(
+        out,
+        "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
+    );
+    let kv = runtime
+        .block_on(crate::live::kv_bench::kv_bench(
+            100,
+            200,
+            Duration::from_secs(seconds),
+        ))
+        .map_err(|err| CliError::flag("bench", err))?;
+    let _ = writeln!(out, "{}", kv.rows());
 
     let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
     if seconds > 0 {

@@ -8,7 +8,8 @@ use clap::{Args, ValueEnum};
 
 use crate::cluster::config::ClusterConfig;
 use crate::live::config::{
-    check_endpoint, parse_dns, parse_pods, pool_template, sources_from_yaml,
+    apply_vllm_batch_defaults, check_endpoint, explicit_limits, parse_dns, parse_pods,
+    pool_template, sources_from_yaml,
 };
 use crate::live::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
 use crate::twin::question::StalePolicy;
@@ -37,15 +38,21 @@ pub struct LiveArgs {
     /// Pull from every A record of a headless Service (`NAME:PORT`), re-resolved periodically.
     #[arg(long, env = "DITTO_PODS_DNS")]
     pub pods_dns: Option<String>,
-    /// KV-event PUB endpoint template for --pods/--pods-dns, e.g. `tcp://{ip}:5557`.
+    /// KV-event PUB endpoint template for --pods/--pods-dns, e.g. `tcp://{ip}:5556` (llm-d's
+    /// port); `{rank}` is a data-parallel rank (see --kv-dp-size).
     #[arg(long, env = "DITTO_KV_EVENTS")]
     pub kv_events: Option<String>,
-    /// KV-event replay ROUTER endpoint template, e.g. `tcp://{ip}:5558`.
+    /// KV-event replay ROUTER endpoint template, e.g. `tcp://{ip}:5559` (llm-d's port).
     #[arg(long, env = "DITTO_KV_REPLAY")]
     pub kv_replay: Option<String>,
-    /// KV-event topic filter.
-    #[arg(long, env = "DITTO_KV_TOPIC", default_value = "kv@")]
+    /// KV-event topic prefix filter; empty (the default) accepts every topic (vLLM's default
+    /// topic is empty; llm-d's pods publish `kv@<pod-ip>@<model>`).
+    #[arg(long, env = "DITTO_KV_TOPIC", default_value = "")]
     pub kv_topic: String,
+    /// Data-parallel ranks per pod: rank r's publisher is subscribed to at the template with
+    /// `{rank}` = r, or, without `{rank}`, with its ports offset by r (as vLLM binds them).
+    #[arg(long, env = "DITTO_KV_DP_SIZE", default_value_t = 1)]
+    pub kv_dp_size: u32,
     /// Scrape period, ms (the EPP's base tick).
     #[arg(long, env = "DITTO_SCRAPE_INTERVAL_MS", default_value_t = 50)]
     pub scrape_interval_ms: u64,
@@ -117,6 +124,11 @@ pub fn live_config(
                 events: events.clone(),
                 replay: args.kv_replay.clone(),
                 topic: args.kv_topic.clone(),
+                dp_size: if args.kv_dp_size == 0 {
+                    return Err(("kv-dp-size".to_owned(), "must be at least 1".to_owned()));
+                } else {
+                    args.kv_dp_size
+                },
             })
         }
     };
@@ -153,6 +165,11 @@ pub fn live_config(
     }
     if sources.is_empty() {
         return Ok(None);
+    }
+    let text = yaml.unwrap_or(crate::cluster::spec::DEFAULT_CLUSTER_YAML);
+    for source in &mut sources {
+        let explicit = explicit_limits(text, &source.name);
+        apply_vllm_batch_defaults(&mut source.template, explicit);
     }
     let mut statics: Vec<&String> = sources
         .iter()

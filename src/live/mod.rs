@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod config;
 pub mod kv;
+pub mod kv_bench;
 pub mod kv_wire;
 pub mod pod;
 pub mod rebuild;
@@ -67,7 +68,8 @@ impl Drop for LiveHandle {
 struct Entry {
     pod: Arc<Pod>,
     tasks: Vec<JoinHandle<()>>,
-    cache: (Option<u32>, Option<u32>),
+    /// (block_size, num_gpu_blocks per engine, engines) the pod publishes.
+    cache: (Option<u32>, Option<u32>, u32),
     vanished_since: Option<Instant>,
 }
 
@@ -181,17 +183,22 @@ impl Coordinator {
             last_rebuild_us: AtomicU64::new(0),
             deprecated: Mutex::new(Vec::new()),
             restarts: AtomicU64::new(0),
-            restarted: tokio::sync::Notify::new(),
+            restarted: watch::channel(0).0,
+            kv_sink: Mutex::new(kv::KvSink::default()),
+            unknown_types: Mutex::new(Vec::new()),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
             Arc::clone(&pod),
             self.news.clone(),
         ))];
         if let Some(endpoints) = &self.config.sources[source].kv {
-            tasks.push(tokio::spawn(kv::kv_loop(
-                Arc::clone(&pod),
-                endpoints.clone(),
-            )));
+            for rank in 0..endpoints.dp_size.max(1) {
+                tasks.push(tokio::spawn(kv::kv_loop(
+                    Arc::clone(&pod),
+                    endpoints.clone(),
+                    rank,
+                )));
+            }
         }
         tracing::info!(pod = %id, source = %self.config.sources[source].name, "live mirror: pod added");
         self.pods.insert(
@@ -199,7 +206,7 @@ impl Coordinator {
             Entry {
                 pod,
                 tasks,
-                cache: (None, None),
+                cache: (None, None, 1),
                 vanished_since: None,
             },
         );
@@ -237,6 +244,15 @@ impl Coordinator {
                 published = %mismatches.join(", "),
                 "live mirror: the pod's cache config differs from its pool's; using the pod's"
             );
+        }
+        // A data-parallel pod is one instance (the gateway routes to the pod, not to an
+        // engine) with the pool's per-engine limits times its engines.
+        let engines = entry.cache.2.max(1);
+        if engines > 1 {
+            let engine = &mut instance.engine;
+            engine.max_num_seqs = engine.max_num_seqs.saturating_mul(engines);
+            engine.max_num_batched_tokens = engine.max_num_batched_tokens.saturating_mul(engines);
+            engine.num_gpu_blocks = engine.num_gpu_blocks.saturating_mul(engines);
         }
         if instance.engine.validate().is_err() {
             // The published values do not make a valid engine: keep the pool's.
@@ -294,11 +310,12 @@ impl Coordinator {
                 id,
                 block_size,
                 num_gpu_blocks,
+                engines,
             } => {
                 if let Some(entry) = self.pods.get_mut(&id)
-                    && entry.cache != (block_size, num_gpu_blocks)
+                    && entry.cache != (block_size, num_gpu_blocks, engines)
                 {
-                    entry.cache = (block_size, num_gpu_blocks);
+                    entry.cache = (block_size, num_gpu_blocks, engines);
                     self.resync();
                 }
             }
@@ -347,7 +364,13 @@ impl Coordinator {
                         .lock()
                         .map(|names| names.clone())
                         .unwrap_or_default();
-                    self.metrics.forget(&id, &deprecated);
+                    let unknown = entry
+                        .pod
+                        .unknown_types
+                        .lock()
+                        .map(|types| types.clone())
+                        .unwrap_or_default();
+                    self.metrics.forget(&id, &deprecated, &unknown);
                     tracing::info!(pod = %id, "live mirror: pod retired");
                     changed = true;
                 }

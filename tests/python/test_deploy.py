@@ -38,7 +38,7 @@ RELEASE, NAMESPACE = "ditto", "llm-d"
 def all_toggles_on():
     return {
         "replicaCount": 2,
-        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5558},
+        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5560, "kvDpSize": 2},
         "monitoring": {
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -304,7 +304,9 @@ def test_toggles_wire_what_they_name():
     # kubelet's gRPC probe cannot speak TLS: with TLS the probes are HTTPS.
     assert ditto["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local:8000" in ditto["args"]
-    assert "--kv-events=tcp://{ip}:5557" in ditto["args"] and "--kv-replay=tcp://{ip}:5558" in ditto["args"]
+    # llm-d's event port by default; the replay port and DP size as set.
+    assert "--kv-events=tcp://{ip}:5556" in ditto["args"] and "--kv-replay=tcp://{ip}:5560" in ditto["args"]
+    assert "--kv-dp-size=2" in ditto["args"] and not any(a.startswith("--kv-topic") for a in ditto["args"])
     assert "--stale-policy=treat-saturated" in ditto["args"]
     assert "--stream-in-flight=16" in ditto["args"]
     assert "--forecast-interval=15" in ditto["args"] and "--forecast-target-attainment=0.9" in ditto["args"]
