@@ -12,6 +12,7 @@ pub mod check_config;
 pub mod cluster_run;
 pub mod error;
 pub mod forecast_loop;
+pub mod http_args;
 pub mod latency;
 pub mod predict;
 pub mod predictor_args;

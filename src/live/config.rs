@@ -40,6 +40,9 @@ pub enum Discovery {
         /// The metrics port.
         port: u16,
     },
+    /// Pods listed and watched through the Kubernetes API (a label selector or an
+    /// InferencePool); instance ids are `namespace/name`.
+    Kubernetes(super::k8s::KubeSource),
 }
 
 /// Where a pod's KV events come from; `{ip}`/`{host}` in the templates is the pod's host,
@@ -253,6 +256,9 @@ pub struct SourceSpec {
     /// Headless Service `NAME:PORT`.
     #[serde(default)]
     pub dns: Option<String>,
+    /// Pods found through the Kubernetes API.
+    #[serde(default)]
+    pub kubernetes: Option<KubeSpec>,
     /// KV-event PUB endpoint template (llm-d: `tcp://{ip}:5556`; `{rank}`: a DP rank).
     #[serde(default)]
     pub kv_events: Option<String>,
@@ -269,6 +275,58 @@ pub struct SourceSpec {
     /// Data-parallel ranks per pod (each with its own KV-event publisher).
     #[serde(default)]
     pub kv_dp_size: Option<u32>,
+}
+
+/// A `sources[].kubernetes` entry: exactly one of `selector` and `inference_pool`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeSpec {
+    /// A label selector (`app=vllm,llm-d.ai/role=decode`).
+    #[serde(default)]
+    pub selector: Option<String>,
+    /// An InferencePool name.
+    #[serde(default)]
+    pub inference_pool: Option<String>,
+    /// The namespace (default: the client's).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The metrics port (required with `selector`; overrides the pool's target port).
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl KubeSpec {
+    /// Checks the entry at `path` into a [`super::k8s::KubeSource`].
+    pub fn resolve(&self, path: &str) -> Result<super::k8s::KubeSource, LiveConfigError> {
+        let selector = match (&self.selector, &self.inference_pool) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(invalid(
+                    path,
+                    "needs exactly one of selector and inference_pool",
+                ));
+            }
+            (Some(text), None) => Some(
+                super::k8s::LabelSelector::parse(text)
+                    .map_err(|reason| invalid(format!("{path}.selector"), reason))?,
+            ),
+            (None, Some(_)) => None,
+        };
+        if self.port == Some(0) {
+            return Err(invalid(format!("{path}.port"), "must be in 1..=65535"));
+        }
+        if selector.is_some() && self.port.is_none() {
+            return Err(invalid(
+                format!("{path}.port"),
+                "needed with selector (8200 under modelservice, 8000 for plain vLLM)",
+            ));
+        }
+        Ok(super::k8s::KubeSource {
+            namespace: self.namespace.clone(),
+            selector,
+            inference_pool: self.inference_pool.clone(),
+            port: self.port,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,13 +351,19 @@ pub fn sources_from_yaml(
             let template = pool_template(cluster, &spec.pool).ok_or_else(|| {
                 invalid(format!("{path}.pool"), format!("no pool {:?}", spec.pool))
             })?;
-            let discovery = match (&spec.dns, spec.pods.is_empty()) {
-                (Some(dns), true) => parse_dns(dns, &format!("{path}.dns"))?,
-                (None, false) => {
+            let discovery = match (&spec.dns, spec.pods.is_empty(), &spec.kubernetes) {
+                (Some(dns), true, None) => parse_dns(dns, &format!("{path}.dns"))?,
+                (None, false, None) => {
                     Discovery::Static(parse_pods(&spec.pods.join(","), &format!("{path}.pods"))?)
                 }
+                (None, true, Some(kube)) => {
+                    Discovery::Kubernetes(kube.resolve(&format!("{path}.kubernetes"))?)
+                }
                 _ => {
-                    return Err(invalid(path, "needs exactly one of pods and dns"));
+                    return Err(invalid(
+                        path,
+                        "needs exactly one of pods, dns and kubernetes",
+                    ));
                 }
             };
             let kv = match &spec.kv_events {

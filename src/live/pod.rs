@@ -51,16 +51,23 @@ pub struct Health {
     pub kv_events: Option<String>,
     /// A mismatch between the pod and its config.
     pub config: Option<String>,
+    /// Discovery: the pod is gone or NotReady, or its source cannot be followed (Kubernetes).
+    pub discovery: Option<String>,
 }
 
 impl Health {
     /// All reasons, `; `-joined (`None` when healthy).
     pub fn reason(&self) -> Option<String> {
-        let parts: Vec<&str> = [&self.metrics, &self.kv_events, &self.config]
-            .into_iter()
-            .flatten()
-            .map(String::as_str)
-            .collect();
+        let parts: Vec<&str> = [
+            &self.metrics,
+            &self.kv_events,
+            &self.config,
+            &self.discovery,
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
@@ -68,9 +75,11 @@ impl Health {
 /// State shared by a pod's tasks.
 #[derive(Debug)]
 pub struct Pod {
-    /// Instance id and metrics address (`host:port`).
+    /// Instance id: its `host:port`, or `namespace/name` for a Kubernetes-discovered pod.
     pub id: String,
-    /// The host part.
+    /// Where its `/metrics` is served (`host:port`).
+    pub address: String,
+    /// The host part of `address`.
     pub host: String,
     /// Index of its source in the config.
     pub source: usize,
@@ -113,6 +122,7 @@ impl Pod {
             ("metrics", &health.metrics),
             ("kv_events", &health.kv_events),
             ("config", &health.config),
+            ("discovery", &health.discovery),
         ] {
             self.metrics
                 .stale
@@ -189,7 +199,7 @@ struct Seen {
 pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
     let config = Arc::clone(&pod.config);
     let mut scraper = Scraper::new(
-        pod.id.clone(),
+        pod.address.clone(),
         config.metrics_path.clone(),
         config.scrape_timeout,
     );

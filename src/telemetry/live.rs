@@ -19,7 +19,7 @@ pub struct LiveMetrics {
     pub kv_batches: IntCounterVec,
     /// KV replays by instance and result (`ok`, `unavailable`).
     pub kv_replays: IntCounterVec,
-    /// 1 while `signal` (`metrics`, `kv_events`, `config`) holds `instance` stale.
+    /// 1 while `signal` (`metrics`, `kv_events`, `config`, `discovery`) holds `instance` stale.
     pub stale: IntGaugeVec,
     /// 1 when a pod publishes a cache setting (`block_size`, `num_gpu_blocks`) that differs
     /// from the configured one, or more running requests than `max_num_seqs`.
@@ -200,7 +200,7 @@ impl LiveMetrics {
         for result in ["ok", "unavailable"] {
             let _ = self.kv_replays.remove_label_values(&[instance, result]);
         }
-        for signal in ["metrics", "kv_events", "config"] {
+        for signal in ["metrics", "kv_events", "config", "discovery"] {
             let _ = self.stale.remove_label_values(&[instance, signal]);
         }
         for field in ["block_size", "num_gpu_blocks", "max_num_seqs"] {
