@@ -481,9 +481,25 @@ mod tests {
     #[test]
     fn unloaded_ttft_parts_add_up_and_separate_host_from_gpu() {
         // Goal: the TTFT's parts are explicit: the front end and the steps' host part do
-        // not change with the GPU, the prefill does. Method: the shipped coefficients on
-        // llama-3.1-8b, H100 against a GPU with a third of its FLOPs and bandwidth.
-        let coefficients = crate::catalog::calibrated_coefficients().unwrap();
+        // not change with the GPU, the prefill does. Method: coefficients close to the
+        // shipped ones (the engine does not read the catalog) on llama-3.1-8b, H100 against
+        // a GPU with a third of its FLOPs and bandwidth.
+        let mut coefficients = CalibratedCoefficients::ROOFLINE;
+        for (i, value) in [
+            (idx::QUEUE_US, 20_000.0),
+            (idx::POST_DECODE_US, 1_600.0),
+            (idx::STEP_US, 545.0),
+            (idx::SEQ_US, 4.0),
+            (idx::LAYER_US, 17.7),
+            (idx::ALLREDUCE_US, 0.56),
+            (idx::WEIGHTS, 1.26),
+            (idx::FLOPS, 0.75),
+            (idx::KV, 1.08),
+            (idx::FIRST_TOKEN_US_PER_SEQ, 7.7),
+            (idx::MOE_FLOPS, 2.4),
+        ] {
+            coefficients.values[i] = value;
+        }
         let fast = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
         let slow_gpu = GpuSpec {
             tflops_peak: h100().tflops_peak / 3.0,
