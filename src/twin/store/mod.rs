@@ -160,6 +160,23 @@ impl MirrorStore {
             })
     }
 
+    /// Forgets the config and every instance (the state of a store that was never synced):
+    /// questions and updates fail with `NotSynced` until the next sync. The live mirror calls
+    /// it when its last pod is retired, so that no answer is simulated on pods that are gone.
+    /// The generation counter keeps counting, so generations never repeat.
+    pub fn clear(&self) {
+        let mut writer = lock(&self.writer);
+        let generation = writer.generation;
+        *writer = Writer {
+            generation,
+            ..Writer::default()
+        };
+        self.published
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// Replaces the config. Identical config, settings and addresses keep the generation.
     /// `addresses` is index-aligned with `cluster.instances` (empty: no addresses).
     pub fn sync_config(
