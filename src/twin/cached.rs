@@ -11,13 +11,13 @@
 //! publisher's hash. Memory: the publisher's hash, the key and a stamp per block, never the
 //! tokens.
 
-use imbl::{HashMap, OrdMap};
+use imbl::OrdMap;
 
 /// One instance's cached blocks in storage order (least recently stored first).
 #[derive(Clone, Debug, Default)]
 pub struct CachedBlocks {
     /// Publisher hash -> (stamp, key).
-    by_hash: HashMap<u64, (u64, u64)>,
+    by_hash: OrdMap<u64, (u64, u64)>,
     /// Stamp -> (publisher hash, key), in storage order.
     by_stamp: OrdMap<u64, (u64, u64)>,
     /// The next block's stamp.
