@@ -287,17 +287,15 @@ fn continuation_pair(
         replication: forks.replication,
         events: skip,
     };
-    let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
-        Some(checkpoint) => (*checkpoint).clone(),
-        None => {
-            let engine = match captured {
-                Some((events, copy)) if events == skip => copy,
-                _ => {
-                    let mut engine = forks.fork()?;
-                    run_events(&mut engine, skip, budget)?;
-                    engine
-                }
-            };
+    let mut engine = match (snapshot.memo.checkpoint(&checkpoint_key), captured) {
+        (Some(checkpoint), _) => (*checkpoint).clone(),
+        // The recording just made kept the copy: use it as is. (Remembering it would cost a
+        // clone on the snapshot's first question, the one that counts in serving; a later
+        // question on this snapshot remembers its replayed checkpoint below.)
+        (None, Some((events, copy))) if events == skip => copy,
+        (None, _) => {
+            let mut engine = forks.fork()?;
+            run_events(&mut engine, skip, budget)?;
             if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
                 snapshot
                     .memo
