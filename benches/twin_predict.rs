@@ -60,7 +60,7 @@ fn bench_predict(c: &mut Criterion) {
                 },
                 criterion::BatchSize::SmallInput,
             )
-        })
+        });
     }
     group.finish();
 }
