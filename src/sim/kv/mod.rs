@@ -20,14 +20,12 @@
 //! refcount is zero, and every free block is on the free list exactly once.
 
 mod audit;
-mod chunks;
 pub mod hash;
 mod key_hasher;
 pub mod lru;
 
 use std::collections::HashMap;
 
-use chunks::Chunked;
 use hash::BlockKeys;
 
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
@@ -59,17 +57,6 @@ struct Block {
 }
 
 impl Block {
-    /// A free, unkeyed block off the list with refcount `ref_cnt`.
-    const fn fresh(ref_cnt: u32) -> Self {
-        Block {
-            key: 0,
-            ref_cnt,
-            prev: NIL,
-            next: NIL,
-            keying: Keying::Unkeyed,
-        }
-    }
-
     /// The content key, if the block has one.
     fn key(&self) -> Option<u64> {
         (self.keying != Keying::Unkeyed).then_some(self.key)
@@ -142,14 +129,13 @@ pub struct KvStats {
 /// Blocks never used yet are *virgin*: not materialized in `blocks` (ids from
 /// `blocks.len()` up to `total`), and logically at the head of the free list in id order,
 /// ahead of every freed block (a block, once freed, goes to the tail). So a fork of a cache
-/// copies only the blocks ever used, and those in copy-on-write chunks (`chunks.rs`): a fork
-/// shares them until it writes one.
+/// copies only the blocks ever used.
 #[derive(Debug)]
 pub struct KvCache {
     block_size: u32,
     prefix_caching: bool,
     /// Materialized blocks: ids `0..blocks.len()`.
-    blocks: Chunked<Block>,
+    blocks: Vec<Block>,
     /// All blocks, materialized or virgin.
     total: u32,
     /// Least recently freed end of the list of freed (materialized) blocks; virgin blocks
@@ -167,12 +153,12 @@ pub struct KvCache {
 }
 
 impl Clone for KvCache {
-    /// Shares the materialized blocks' chunks (copied on a write), keeping room for the rest.
+    /// Copies the materialized blocks only, keeping room for the rest.
     fn clone(&self) -> Self {
         Self {
             block_size: self.block_size,
             prefix_caching: self.prefix_caching,
-            blocks: self.blocks.clone(),
+            blocks: crate::sim::state::clone_with_capacity(&self.blocks),
             total: self.total,
             free_head: self.free_head,
             free_tail: self.free_tail,
@@ -195,8 +181,8 @@ impl KvCache {
         Self {
             block_size,
             prefix_caching,
-            // Room for every chunk pointer, so materializing never regrows it.
-            blocks: Chunked::with_capacity(num_blocks as usize, Block::fresh(0)),
+            // Room for every block (untouched until used), so materializing never regrows.
+            blocks: Vec::with_capacity(num_blocks as usize),
             total: num_blocks,
             free_head: NIL,
             free_tail: NIL,
@@ -491,7 +477,13 @@ impl KvCache {
         if id == self.total {
             return None;
         }
-        self.blocks.push(Block::fresh(0));
+        self.blocks.push(Block {
+            key: 0,
+            ref_cnt: 0,
+            prev: NIL,
+            next: NIL,
+            keying: Keying::Unkeyed,
+        });
         self.free_count -= 1;
         Some(id)
     }
@@ -500,7 +492,16 @@ impl KvCache {
     fn take_virgins(&mut self, count: u32) -> std::ops::Range<u32> {
         let start = self.blocks.len() as u32;
         let taken = count.min(self.total - start);
-        self.blocks.extend_repeat(Block::fresh(1), taken as usize);
+        self.blocks.extend(std::iter::repeat_n(
+            Block {
+                key: 0,
+                ref_cnt: 1,
+                prev: NIL,
+                next: NIL,
+                keying: Keying::Unkeyed,
+            },
+            taken as usize,
+        ));
         self.free_count -= taken;
         start..start + taken
     }
