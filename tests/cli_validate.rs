@@ -8,12 +8,41 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-/// Median absolute % errors across the four dev runs with the embedded calibrated model
-/// when this guard was set (docs/fidelity.md). A change that makes a median worse than its
-/// guard fails; re-pin only with a better fit, and update docs/fidelity.md with it.
-const GUARD_E2E_MEAN: f64 = 3.5;
-const GUARD_TTFT_MEAN: f64 = 1.5;
-const GUARD_TPOT_MEAN: f64 = 3.5;
+/// Median absolute % errors (whole-run means) across the twelve dev runs with the embedded
+/// calibrated model when this guard was set (docs/fidelity.md). A change that makes a median
+/// worse than its guard fails; re-pin only with a better fit, and update docs/fidelity.md.
+const GUARD_E2E_MEAN: f64 = 5.5;
+const GUARD_TTFT_MEAN: f64 = 9.0;
+const GUARD_TPOT_MEAN: f64 = 6.0;
+
+/// Per run: (name, E2E, TTFT, TPOT whole-run mean absolute % error bounds, bound on
+/// |predicted − measured| timed-out fraction). Each is the error when the guard was set plus
+/// max(1 point, 10%): a regression guard on every run, not the goal (docs/fidelity.md says
+/// which runs miss it and why). Re-pin only downward, with docs/fidelity.md.
+const PER_RUN: [(&str, f64, f64, f64, f64); 12] = [
+    ("a100-llama3.1-8b-tp1-general-lite", 17.5, 4.0, 17.5, 0.03),
+    ("h100-codellama34b-tp2-codegen", 2.5, 1.5, 2.5, 0.03),
+    ("h100-codellama34b-tp2-general", 4.0, 4.0, 4.0, 0.03),
+    ("h100-llama2-70b-tp4-codegen", 15.0, 17.5, 15.0, 0.03),
+    ("h100-llama2-70b-tp4-reasoning", 76.5, 95.5, 24.0, 0.37),
+    ("h100-llama2-7b-tp1-codegen", 3.0, 22.5, 3.0, 0.03),
+    ("h100-llama2-7b-tp1-general", 2.5, 2.5, 3.0, 0.03),
+    ("h100-llama2-7b-tp1-reasoning", 7.0, 6.5, 8.0, 0.05),
+    ("h100-llama2-7b-tp1-roleplay", 3.0, 30.5, 3.0, 0.03),
+    ("h100-mixtral8x7b-tp2-general", 6.0, 2.0, 6.0, 0.03),
+    ("h100-mixtral8x7b-tp2-reasoning", 66.5, 82.5, 35.0, 0.72),
+    ("h100-mixtral8x7b-tp2-roleplay", 7.0, 13.0, 7.5, 0.03),
+];
+
+/// The four runs the published-basis comparison replays (the first dev set: each model
+/// once, both GPUs). The physics and roofline models saturate on the overloaded runs, which
+/// makes their replays long in a debug build and says nothing more about the margin.
+const FIRST_FOUR: [&str; 4] = [
+    "a100-llama3.1-8b-tp1-general-lite",
+    "h100-codellama34b-tp2-codegen",
+    "h100-llama2-7b-tp1-general",
+    "h100-mixtral8x7b-tp2-general",
+];
 
 fn ditto(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_ditto"))
@@ -34,9 +63,8 @@ fn runs() -> Vec<String> {
     dirs
 }
 
-fn validate_json(model: &str) -> Value {
+fn validate_json(model: &str, dirs: &[String]) -> Value {
     let mut args = vec!["validate", "--json", "--latency-model", model];
-    let dirs = runs();
     args.extend(dirs.iter().map(String::as_str));
     let out = ditto(&args);
     assert!(
@@ -47,17 +75,76 @@ fn validate_json(model: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+fn first_four() -> Vec<String> {
+    runs()
+        .into_iter()
+        .filter(|d| FIRST_FOUR.iter().any(|name| d.ends_with(name)))
+        .collect()
+}
+
 fn median(report: &Value, metric: &str) -> f64 {
     report["median_ape_percent"][metric].as_f64().unwrap()
 }
 
 #[test]
 fn calibrated_model_stays_within_the_fidelity_guard() {
-    // Goal: the default model's median errors on the dev runs never regress past the
-    // figures this work reached. Method: replay all four runs, read the medians.
-    let report = validate_json("calibrated");
+    // Goal: every dev run replays (overloaded ones included), and the default model's errors
+    // on each run and as medians never regress past the figures this work reached. Method:
+    // replay all twelve runs once, read per-run errors, timed-out fractions and medians.
+    let report = validate_json("calibrated", &runs());
     let runs = report["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 4);
+    assert_eq!(runs.len(), PER_RUN.len());
+    let mut failures = Vec::new();
+    for (run, (name, e2e, ttft, tpot, timed_out)) in runs.iter().zip(PER_RUN) {
+        assert_eq!(run["name"].as_str(), Some(name));
+        let ape = &run["stages"][0]["ape_percent"];
+        for (metric, bound) in [("e2e_mean", e2e), ("ttft_mean", ttft), ("tpot_mean", tpot)] {
+            let error = ape[metric].as_f64().unwrap();
+            if error > bound {
+                failures.push(format!("{name} {metric}: {error}% > {bound}%"));
+            }
+        }
+        let fraction = &run["timed_out_fraction"];
+        let predicted = fraction["predicted"].as_f64().unwrap();
+        let measured = fraction["measured"].as_f64().unwrap_or(0.0);
+        if (predicted - measured).abs() > timed_out {
+            failures.push(format!(
+                "{name} timed out: predicted {predicted} vs measured {measured} (bound {timed_out})"
+            ));
+        }
+        // The report's shape: whole run first, then each stage; KS only with per-request
+        // truth; the servers ignored EOS, so every run simulates its configured length.
+        let stages = run["stages"].as_array().unwrap();
+        assert_eq!(stages[0]["stage"].as_i64(), Some(-1), "{name}");
+        let per_request = !name.starts_with("a100");
+        for stage in stages {
+            assert!(stage["count"].as_u64().unwrap() > 500, "{name}");
+            assert_eq!(stage["ks_ttft"].is_number(), per_request, "{name}");
+            for metric in ["e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90", "tpot_mean"] {
+                assert!(stage["predicted_ms"][metric].as_f64().unwrap() > 0.0);
+                assert!(stage["measured_ms"][metric].as_f64().unwrap() > 0.0);
+            }
+        }
+        assert!(matches!(
+            run["output_len_simulated"].as_u64(),
+            Some(247 | 248 | 251 | 1448)
+        ));
+        if !name.contains("reasoning") {
+            assert_eq!(run["unfinished_requests"].as_u64(), Some(0), "{name}");
+        }
+    }
+    // The overloaded Llama-2-7b run: most requests time out, as measured.
+    let overloaded = runs
+        .iter()
+        .find(|r| r["name"] == "h100-llama2-7b-tp1-reasoning")
+        .unwrap();
+    assert!(
+        overloaded["timed_out_fraction"]["predicted"]
+            .as_f64()
+            .unwrap()
+            > 0.5
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
     let e2e = median(&report, "e2e_mean");
     let ttft = median(&report, "ttft_mean");
     let tpot = median(&report, "tpot_mean");
@@ -73,39 +160,18 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
         tpot <= GUARD_TPOT_MEAN,
         "median TPOT error {tpot}% > {GUARD_TPOT_MEAN}%"
     );
-    // The report's shape: whole run first, then each stage; KS only with per-request truth.
-    for run in runs {
-        let stages = run["stages"].as_array().unwrap();
-        let ids: Vec<i64> = stages
-            .iter()
-            .map(|s| s["stage"].as_i64().unwrap())
-            .collect();
-        assert_eq!(ids, vec![-1, 0, 1], "{}", run["name"]);
-        let per_request = !run["name"].as_str().unwrap().starts_with("a100");
-        for stage in stages {
-            assert!(stage["count"].as_u64().unwrap() > 1000);
-            assert_eq!(stage["ks_ttft"].is_number(), per_request, "{}", run["name"]);
-            for metric in ["e2e_mean", "e2e_p90", "ttft_mean", "ttft_p90", "tpot_mean"] {
-                assert!(stage["predicted_ms"][metric].as_f64().unwrap() > 0.0);
-                assert!(stage["measured_ms"][metric].as_f64().unwrap() > 0.0);
-            }
-        }
-        // The servers ignored EOS: every run simulates its configured output length.
-        assert!(matches!(
-            run["output_len_simulated"].as_u64(),
-            Some(247 | 248)
-        ));
-        assert_eq!(run["unfinished_requests"].as_u64(), Some(0));
-    }
 }
 
 #[test]
 fn calibrated_model_beats_the_published_basis_models() {
     // Goal: the default is the better model (why it is the default). Method: the same
-    // replay with BLIS's trained-physics coefficients and with the plain roofline.
-    let calibrated = median(&validate_json("calibrated"), "e2e_mean");
+    // replay of the first four dev runs with BLIS's trained-physics coefficients and with
+    // the plain roofline.
+    let dirs = first_four();
+    assert_eq!(dirs.len(), 4);
+    let calibrated = median(&validate_json("calibrated", &dirs), "e2e_mean");
     for other in ["physics", "roofline"] {
-        let theirs = median(&validate_json(other), "e2e_mean");
+        let theirs = median(&validate_json(other, &dirs), "e2e_mean");
         assert!(
             calibrated * 2.0 < theirs,
             "calibrated {calibrated}% vs {other} {theirs}%"
@@ -189,13 +255,16 @@ fn bad_input_exits_2_naming_the_problem() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("model_config.json"));
     let _ = std::fs::remove_dir_all(&empty);
 
-    let dir = runs().pop().unwrap();
+    let dir = first_four().pop().unwrap();
     let out = ditto(&["validate", &dir, "--output-length", "sometimes"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--output-length"));
     let out = ditto(&["validate", &dir, "--latency-model", "/nonexistent.yaml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--latency-model"));
+    let out = ditto(&["calibrate", &dir, "--leave-out", "gpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--leave-out"));
     let out = ditto(&["calibrate", &dir, "--free", "warp_factor"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("warp_factor"));

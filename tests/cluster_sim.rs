@@ -621,3 +621,44 @@ fn precise_prefix_works_across_pools_with_different_block_sizes() {
     cluster.run(requests, u64::MAX).unwrap();
     assert_eq!(cluster.routed_counts(), &[0, 6]);
 }
+
+#[test]
+fn a_pool_takes_a_calibrate_files_coefficients() {
+    // Goal: a platform team's own fit (the `coefficients:` map of `ditto calibrate --out`)
+    // goes into the cluster YAML (the chart's `cluster:` value) and is the pool's model.
+    use ditto::sim::latency::calibrated::COEFFICIENT_NAMES;
+    let embedded = ditto::catalog::calibrated_coefficients().unwrap();
+    let map = |step_us: f64| {
+        COEFFICIENT_NAMES
+            .iter()
+            .zip(embedded.values)
+            .map(|(name, value)| {
+                let value = if *name == "step_us" { step_us } else { value };
+                format!("{name}: {value}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let yaml = |coefficients: &str| {
+        format!(
+            "pools: [{{name: a, latency_model: calibrated, calibrated_coefficients: {{{coefficients}}}}}]"
+        )
+    };
+    let default = spec::parse_cluster_yaml("pools: [{name: a}]").unwrap();
+    let same = spec::parse_cluster_yaml(&yaml(&map(embedded.values[4]))).unwrap();
+    let slower = spec::parse_cluster_yaml(&yaml(&map(embedded.values[4] + 5_000.0))).unwrap();
+    assert_eq!(same.instances[0].latency, default.instances[0].latency);
+    assert_ne!(slower.instances[0].latency, default.instances[0].latency);
+    // Errors name the field.
+    let missing = map(1.0).replace("queue_us: ", "queue_ux: ");
+    let err = spec::parse_cluster_yaml(&yaml(&missing))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("pools[0].calibrated_coefficients.queue_ux"),
+        "{err}"
+    );
+    let physics = yaml(&map(1.0)).replace("latency_model: calibrated", "latency_model: physics");
+    let err = spec::parse_cluster_yaml(&physics).unwrap_err().to_string();
+    assert!(err.contains("pools[0].calibrated_coefficients"), "{err}");
+}

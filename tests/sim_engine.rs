@@ -488,3 +488,49 @@ fn reference_stepper_matches_on_the_reference_workload() {
     );
     assert_eq!(reference.lazy_steps(), 0);
 }
+
+#[test]
+fn client_timeouts_under_overload_abort_queued_and_running_requests() {
+    // Goal: past the knee, a client timeout aborts requests wherever they are (waiting or in
+    // the batch mid-decode), frees their KV blocks and counts them timed out, with every
+    // invariant holding after every event. Method: 60 requests of 200 tokens (over 200 ms
+    // each) arriving every 0.1 ms at a one-sequence engine, each abandoned 50 ms after it
+    // arrived: the first runs until its timeout, the next is admitted and aborted mid-step,
+    // the rest time out while waiting; a short request afterwards completes.
+    let mut cfg = config(40);
+    cfg.max_num_seqs = 1;
+    let mut engine = engine(cfg);
+    let mut requests: Vec<RequestSpec> = (0..60)
+        .map(|i| {
+            let mut spec = RequestSpec::synthetic(i, i * 100, 100, 200);
+            spec.deadline_us = Some(i * 100 + 50_000);
+            spec
+        })
+        .collect();
+    let mut short = RequestSpec::synthetic(60, 400_000, 16, 2);
+    short.deadline_us = Some(400_000 + 50_000);
+    requests.push(short);
+    run_checked(&mut engine, requests);
+    let counts = engine.counts();
+    assert_eq!(counts.injected, 61, "{counts:?}");
+    assert_eq!(counts.completed, 1, "{counts:?}");
+    assert_eq!(counts.timed_out, 60, "{counts:?}");
+    let records = &engine.metrics().records;
+    // Some were abandoned mid-decode (they had a first token), some while still waiting.
+    let running = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::TimedOut && r.first_token_us.is_some())
+        .count();
+    let waiting = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::TimedOut && r.schedule_us.is_none())
+        .count();
+    assert!(
+        running > 0 && waiting > 0,
+        "{running} running, {waiting} waiting"
+    );
+    for r in records.iter().filter(|r| r.outcome == Outcome::TimedOut) {
+        assert_eq!(r.end_us, r.arrival_us + 50_000, "abandoned at its timeout");
+    }
+    assert_eq!(record(&engine, 60).outcome, Outcome::Completed);
+}

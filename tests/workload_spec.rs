@@ -470,3 +470,31 @@ fn generator_validates_programmatic_specs() {
     let err = spec.generator().unwrap_err();
     assert_eq!(err.to_string(), "rate: must be a finite number (got inf)");
 }
+
+#[test]
+fn timeout_s_is_each_requests_client_timeout() {
+    let requests = generate(
+        "
+seed: 3
+num_requests: 50
+rate: 10
+timeout_s: 300
+input_tokens: {type: constant, value: 10}
+output_tokens: {type: constant, value: 5}
+",
+    );
+    for request in &requests {
+        assert_eq!(request.deadline_us, Some(request.arrival_us + 300_000_000));
+    }
+    let client = |extra: &str| {
+        format!(
+            "num_requests: 5\nrate: 5\nclients:\n  - {{id: a, input_tokens: {{type: constant, value: 1}}, output_tokens: {{type: constant, value: 1}}{extra}}}\n"
+        )
+    };
+    check_invalid(&client(", timeout_s: 0"), "clients[0].timeout_s");
+    check_invalid(&client(", timeout_s: -3"), "clients[0].timeout_s");
+    check_invalid(
+        &client(", timeout_s: 3, deadline_ms: 5"),
+        "clients[0].timeout_s",
+    );
+}

@@ -276,3 +276,48 @@ fn format_follows_the_extension() {
     let err = TraceFormat::from_path(Path::new("t.txt")).unwrap_err();
     assert!(err.to_string().contains("t.txt"), "{err}");
 }
+
+#[test]
+fn replay_keeps_failed_requests_whose_lengths_were_lost() {
+    // An overloaded run: the client timed out before it saw the token counts (0 in the data).
+    let text = r#"{"config": {"tensor_parallelism": 1, "max_num_seqs": 128,
+      "max_num_batched_tokens": 2048, "kv_blocks_total_gpu": 7462, "block_size": 16},
+      "requests": [
+        {"index": 0, "arrival_time_us": 0, "input_tokens": 1083, "output_tokens": 1423},
+        {"index": 1, "arrival_time_us": 7, "input_tokens": 0, "output_tokens": 0,
+         "has_error": true}]}"#;
+    let trace = parse(TraceFormat::ReplayJson, text);
+    assert_eq!(trace.requests.len(), 1);
+    assert_eq!(trace.lost.len(), 1);
+    assert_eq!(trace.lost[0].id, RequestId(1));
+    assert_eq!(trace.lost[0].arrival_us, 7);
+    assert_eq!(trace.errored, [RequestId(1)]);
+    // Without has_error a 0-token prompt is still an error naming the field.
+    let bad = text.replace(r#""has_error": true"#, r#""has_error": false"#);
+    check_error(
+        TraceFormat::ReplayJson,
+        &bad,
+        &["requests[1]", "input_tokens"],
+    );
+}
+
+#[test]
+fn timeout_s_column_sets_each_requests_deadline() {
+    let csv = "arrival_us,input_tokens,output_tokens,timeout_s\n1000,10,5,2.5\n2000,10,5,\n";
+    let trace = parse(TraceFormat::Csv, csv);
+    assert_eq!(trace.requests[0].deadline_us, Some(1000 + 2_500_000));
+    assert_eq!(trace.requests[1].deadline_us, None);
+    let jsonl = r#"{"arrival_us": 5, "input_tokens": 3, "output_tokens": 2, "timeout_s": 300}"#;
+    let trace = parse(TraceFormat::Jsonl, jsonl);
+    assert_eq!(trace.requests[0].deadline_us, Some(5 + 300_000_000));
+    check_error(
+        TraceFormat::Csv,
+        "arrival_us,input_tokens,output_tokens,timeout_s\n1,1,1,0\n",
+        &["line 2", "timeout_s"],
+    );
+    check_error(
+        TraceFormat::Jsonl,
+        r#"{"arrival_us": 5, "input_tokens": 3, "output_tokens": 2, "timeout_s": "soon"}"#,
+        &["timeout_s"],
+    );
+}

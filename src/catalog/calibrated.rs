@@ -48,8 +48,15 @@ pub fn parse(text: &str) -> Result<CalibratedCoefficients, CalibratedFileError> 
             file.version
         )));
     }
-    if let Some(name) = file
-        .coefficients
+    from_map(&file.coefficients)
+}
+
+/// Coefficients from a `coefficients:` map (every name in [`COEFFICIENT_NAMES`], finite and
+/// non-negative): a file's, or one pasted into a cluster YAML pool.
+pub fn from_map(
+    coefficients: &BTreeMap<String, f64>,
+) -> Result<CalibratedCoefficients, CalibratedFileError> {
+    if let Some(name) = coefficients
         .keys()
         .find(|name| !COEFFICIENT_NAMES.contains(&name.as_str()))
     {
@@ -60,14 +67,12 @@ pub fn parse(text: &str) -> Result<CalibratedCoefficients, CalibratedFileError> 
     }
     let mut values = [0.0; COEFFICIENTS];
     for (slot, name) in values.iter_mut().zip(COEFFICIENT_NAMES) {
-        let value =
-            *file
-                .coefficients
-                .get(name)
-                .ok_or_else(|| CalibratedFileError::Coefficient {
-                    name: name.to_string(),
-                    problem: "missing".into(),
-                })?;
+        let value = *coefficients
+            .get(name)
+            .ok_or_else(|| CalibratedFileError::Coefficient {
+                name: name.to_string(),
+                problem: "missing".into(),
+            })?;
         if !(value.is_finite() && value >= 0.0) {
             return Err(CalibratedFileError::Coefficient {
                 name: name.to_string(),

@@ -10,7 +10,8 @@
 //!    snapshot) and through the gRPC server on loopback; the latency predictor API's strict
 //!    bulk call over loopback HTTP with 4 and 100 candidate pods.
 //! 3. Memory: one mirrored instance with 256 requests and 30,000 blocks.
-//! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`): CPU
+//! 4. Live mirror: 100 fake vLLM pods on loopback scraped every 50 ms (`live::bench`), and
+//!    100 fake KV-event publishers at 200 blocks/s each (`live::kv_bench`): CPU
 //!    per pod per second, freshness lag, memory at the start and the end.
 //! 5. Load: many concurrent clients on loopback mixing PredictRouting, state pushes and
 //!    `/metrics` scrapes for a fixed time: operations/s, p50/p99, errors, RSS before/after.
@@ -83,15 +84,20 @@ impl BenchArgs {
     /// True if case `name` was asked for (every case when none was named).
     fn runs(&self, name: &str) -> bool {
         self.cases.is_empty()
-            || self.cases.iter().any(|case| {
-                case == name || (name.starts_with("whatif-") && case == "whatif")
-            })
+            || self
+                .cases
+                .iter()
+                .any(|case| case == name || (name.starts_with("whatif-") && case == "whatif"))
     }
 }
 
 /// Runs the cases asked for (every case by default) and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
-    if let Some(unknown) = args.cases.iter().find(|case| !CASES.contains(&case.as_str())) {
+    if let Some(unknown) = args
+        .cases
+        .iter()
+        .find(|case| !CASES.contains(&case.as_str()))
+    {
         return Err(CliError::flag(
             "cases",
             format!("unknown case {unknown:?}; known: {}", CASES.join(", ")),
@@ -109,9 +115,15 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     }
     let calls = args.calls.unwrap_or(if args.quick { 100 } else { 1_000 });
     let known = whatif_snapshot(true);
-    if ["whatif-repeated", "whatif-push", "whatif-first", "grpc", "predictor"]
-        .iter()
-        .any(|case| args.runs(case))
+    if [
+        "whatif-repeated",
+        "whatif-push",
+        "whatif-first",
+        "grpc",
+        "predictor",
+    ]
+    .iter()
+    .any(|case| args.runs(case))
     {
         whatif_cases(&mut out, args, calls, &known)?;
     }
@@ -377,6 +389,18 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", live.row());
+    let _ = writeln!(
+        out,
+        "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
+    );
+    let kv = runtime
+        .block_on(crate::live::kv_bench::kv_bench(
+            100,
+            200,
+            Duration::from_secs(seconds),
+        ))
+        .map_err(|err| CliError::flag("bench", err))?;
+    let _ = writeln!(out, "{}", kv.rows());
     Ok(())
 }
 

@@ -1,9 +1,12 @@
 //! `ditto calibrate DIR...`: fits the calibrated step-time model's coefficients to measured
 //! runs and writes a coefficients file that `--latency-model FILE` accepts.
 //!
-//! `--leave-one-out` also fits once per run on the others and prints the left-out run's
-//! errors (the zero-shot figures); `--warm` fits each run on its first stage and prints its
-//! later stages' errors. Bad flags or directories exit with code 2.
+//! `--leave-out run|model|workload` (`--leave-one-out` is `--leave-out run`) also fits once
+//! per group on the other groups' runs and prints the held-out runs' errors (the zero-shot
+//! figures): a run, a model (every run of it), or a workload (every run of it) at a time.
+//! `--warm` fits each run on its first stage and prints its later stages' errors. Bad flags
+//! or directories exit with code 2. On a terminal, stderr shows the fit's evaluations and
+//! its current error (see [`crate::cli::progress`]).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -12,8 +15,9 @@ use clap::Args;
 
 use crate::catalog;
 use crate::cli::CliError;
+use crate::cli::progress::{self, Progress};
 use crate::cli::validate::{self, Validated, load_run, replay_options};
-use crate::fidelity::calibrate::{FitSpec, Target, fit};
+use crate::fidelity::calibrate::{FitEvaluation, FitResult, FitSpec, Target, fit_observed};
 use crate::fidelity::score;
 use crate::sim::latency::CalibratedCoefficients;
 use crate::sim::latency::calibrated::COEFFICIENT_NAMES;
@@ -39,12 +43,17 @@ pub struct CalibrateArgs {
     /// Fit on the first N stages of each run only (warm calibration).
     #[arg(long)]
     pub through_stage: Option<usize>,
-    /// Also report leave-one-run-out errors (fit on the others, predict the one).
+    /// Also report leave-one-run-out errors (fit on the others, predict the one); the same
+    /// as `--leave-out run`.
     #[arg(long)]
     pub leave_one_out: bool,
+    /// Also report held-out errors by group: `run`, `model` (all runs of one model held out
+    /// together) or `workload` (all runs of one workload).
+    #[arg(long)]
+    pub leave_out: Option<String>,
     /// Instead of one fit: warm-calibrate each run on its first stage (from `--start`,
     /// fitting `--free`, default weights,step_us,queue_us) and report its later stages.
-    #[arg(long, conflicts_with_all = ["leave_one_out", "through_stage", "out"])]
+    #[arg(long, conflicts_with_all = ["leave_one_out", "leave_out", "through_stage", "out"])]
     pub warm: bool,
     /// GPU of every run (default: recorded in the run).
     #[arg(long)]
@@ -68,10 +77,20 @@ pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
     } else if args.warm {
         spec.free = parse_free(WARM_FREE)?;
     }
+    let leave_out = match (args.leave_out.as_deref(), args.leave_one_out) {
+        (Some(kind), _) => Some(LeaveOut::parse(kind)?),
+        (None, true) => Some(LeaveOut::Run),
+        (None, false) => None,
+    };
+    let show = progress::wanted(false);
+    let loading = Progress::new(show, args.runs.len() as u64, "loading");
     let mut runs = Vec::new();
     for dir in &args.runs {
+        loading.message(dir.display().to_string());
         runs.push((dir.clone(), load_run(dir)?));
+        loading.inc(1);
     }
+    loading.finish();
     if args.warm {
         return warm(args, &runs, &spec);
     }
@@ -88,7 +107,7 @@ pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
             })
         })
         .collect::<Result<_, _>>()?;
-    let fitted = fit(&targets, &spec).map_err(fit_error)?;
+    let fitted = fit_shown(&targets, &spec, "fit", show)?;
     let mut report = String::new();
     let _ = writeln!(
         report,
@@ -115,33 +134,112 @@ pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
         })?;
         let _ = writeln!(report, "wrote {}", path.display());
     }
-    if args.leave_one_out && targets.len() > 1 {
-        report.push_str(&leave_one_out(args, &runs, &targets, &spec)?);
+    if let Some(kind) = leave_out.filter(|_| targets.len() > 1) {
+        report.push_str(&leave_group_out(args, kind, &runs, &targets, &spec, show)?);
     }
     Ok(report)
 }
 
-/// Fits on all runs but one, validates the one, for each run.
-fn leave_one_out(
+/// How runs are grouped for held-out errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaveOut {
+    /// One run at a time.
+    Run,
+    /// Every run of one model at a time (the run name's model part, e.g. `llama2-7b`).
+    Model,
+    /// Every run of one workload at a time (the run name's last part, e.g. `codegen`;
+    /// `general-lite` is `general`).
+    Workload,
+}
+
+impl LeaveOut {
+    fn parse(text: &str) -> Result<LeaveOut, CliError> {
+        match text {
+            "run" => Ok(LeaveOut::Run),
+            "model" => Ok(LeaveOut::Model),
+            "workload" => Ok(LeaveOut::Workload),
+            other => Err(CliError::flag(
+                "leave-out",
+                format!("unknown {other:?}; expected run, model or workload"),
+            )),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            LeaveOut::Run => "run",
+            LeaveOut::Model => "model",
+            LeaveOut::Workload => "workload",
+        }
+    }
+}
+
+/// The group of a run named `<gpu>-<model...>-tp<N>-<workload...>` (the published runs'
+/// naming); a name without a `tp<N>` part is its own group.
+pub fn group_of(name: &str, kind: LeaveOut) -> String {
+    let parts: Vec<&str> = name.split('-').collect();
+    let tp = parts.iter().position(|p| {
+        p.strip_prefix("tp")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    match (kind, tp) {
+        (LeaveOut::Model, Some(tp)) if tp > 1 => parts[1..tp].join("-"),
+        (LeaveOut::Workload, Some(tp)) if tp + 1 < parts.len() => {
+            let workload = parts[tp + 1..].join("-");
+            workload.trim_end_matches("-lite").to_string()
+        }
+        _ => name.to_string(),
+    }
+}
+
+/// A fit with a progress bar of its evaluations and current error on stderr (when `show`).
+fn fit_shown(
+    targets: &[Target],
+    spec: &FitSpec,
+    label: &str,
+    show: bool,
+) -> Result<FitResult, CliError> {
+    let bar = Progress::new(show, spec.options.evaluations_max as u64, label);
+    let mut observe = |e: FitEvaluation| {
+        bar.inc(1);
+        bar.message(format!("loss {:.4} (best {:.4})", e.loss, e.best));
+    };
+    let fitted = fit_observed(targets, spec, &mut observe).map_err(fit_error);
+    bar.finish();
+    fitted
+}
+
+/// For each group of `kind`: fits on the other groups' runs, validates the group's runs.
+fn leave_group_out(
     args: &CalibrateArgs,
+    kind: LeaveOut,
     runs: &[(PathBuf, crate::fidelity::MeasuredRun)],
     targets: &[Target],
     spec: &FitSpec,
+    show: bool,
 ) -> Result<String, CliError> {
+    let groups: Vec<String> = runs
+        .iter()
+        .map(|(_, run)| group_of(&run.name, kind))
+        .collect();
+    let mut distinct = groups.clone();
+    distinct.sort();
+    distinct.dedup();
     let mut validated: Vec<Validated> = Vec::new();
-    for (left_out, (dir, run)) in runs.iter().enumerate() {
+    for (fold, group) in distinct.iter().enumerate() {
         let others: Vec<Target> = targets
             .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != left_out)
-            .map(|(_, t)| t.clone())
+            .zip(&groups)
+            .filter(|(_, g)| *g != group)
+            .map(|(t, _)| t.clone())
             .collect();
-        let fitted = fit(&others, spec).map_err(fit_error)?;
-        let file = std::env::temp_dir().join(format!(
-            "ditto-loo-{}-{}.yaml",
-            std::process::id(),
-            left_out
-        ));
+        if others.is_empty() {
+            continue;
+        }
+        let label = format!("{} {}/{}", kind.name(), fold + 1, distinct.len());
+        let fitted = fit_shown(&others, spec, &label, show)?;
+        let file =
+            std::env::temp_dir().join(format!("ditto-loo-{}-{}.yaml", std::process::id(), fold));
         std::fs::write(
             &file,
             catalog::calibrated::render(&fitted.coefficients, "leave-one-out"),
@@ -151,15 +249,23 @@ fn leave_one_out(
             source,
         })?;
         let spec_name = file.to_string_lossy().to_string();
-        let outcome =
-            validate::validate_run(run, dir, &spec_name, args.gpu.as_deref(), spec.replay);
+        for ((dir, run), _) in runs.iter().zip(&groups).filter(|(_, g)| *g == group) {
+            let outcome =
+                validate::validate_run(run, dir, &spec_name, args.gpu.as_deref(), spec.replay);
+            if outcome.is_err() {
+                let _ = std::fs::remove_file(&file);
+            }
+            validated.push(outcome?);
+        }
         let _ = std::fs::remove_file(&file);
-        validated.push(outcome?);
     }
-    let mut text =
-        String::from("\nleave-one-run-out (each run predicted by a fit on the others):\n");
+    let mut text = format!(
+        "\nleave-one-{}-out (each {} predicted by a fit on the others):\n",
+        kind.name(),
+        kind.name()
+    );
     text.push_str(&validate::report_table(
-        "calibrated (leave-one-out)",
+        &format!("calibrated (leave-one-{}-out)", kind.name()),
         &validated,
     ));
     let scores: Vec<_> = validated.iter().map(|v| v.score.clone()).collect();
@@ -186,7 +292,13 @@ fn warm(
                 reason: err.to_string(),
             }
         })?;
-        let fitted = fit(std::slice::from_ref(&target), spec).map_err(fit_error)?;
+        let label = format!("warm {}/{}", i + 1, runs.len());
+        let fitted = fit_shown(
+            std::slice::from_ref(&target),
+            spec,
+            &label,
+            progress::wanted(false),
+        )?;
         let file = std::env::temp_dir().join(format!("ditto-warm-{}-{i}.yaml", std::process::id()));
         std::fs::write(
             &file,
@@ -255,4 +367,26 @@ fn parse_free(list: &str) -> Result<Vec<usize>, CliError> {
                 })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_group_by_model_and_workload_from_their_names() {
+        let model = |name| group_of(name, LeaveOut::Model);
+        let workload = |name| group_of(name, LeaveOut::Workload);
+        assert_eq!(model("h100-llama2-7b-tp1-reasoning"), "llama2-7b");
+        assert_eq!(model("h100-mixtral8x7b-tp2-general"), "mixtral8x7b");
+        assert_eq!(model("a100-llama3.1-8b-tp1-general-lite"), "llama3.1-8b");
+        assert_eq!(workload("h100-llama2-70b-tp4-codegen"), "codegen");
+        assert_eq!(workload("a100-llama3.1-8b-tp1-general-lite"), "general");
+        assert_eq!(group_of("my-run", LeaveOut::Model), "my-run");
+        assert_eq!(
+            group_of("h100-llama2-7b-tp1-x", LeaveOut::Run),
+            "h100-llama2-7b-tp1-x"
+        );
+        assert!(LeaveOut::parse("gpu").is_err());
+    }
 }

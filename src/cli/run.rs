@@ -9,6 +9,7 @@ use super::args::RunArgs;
 use super::cluster_run::{self, ClusterInfo, InstanceJson};
 use super::error::CliError;
 use super::latency::resolve_latency;
+use super::progress::{self, Progress};
 use super::report::{RequestJson, SummaryJson};
 use crate::catalog;
 use crate::cluster::Cluster;
@@ -218,9 +219,21 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         cluster: None,
     };
     let mut engine = Engine::new(config, latency)?;
+    // Requests fed to the engine, on stderr when it is a terminal (stdout is the JSON).
+    let shown = progress::wanted(false);
     match source {
-        Source::Generated(spec, _) => engine.run(spec.generator()?, args.max_events)?,
-        Source::Trace(requests, ..) => engine.run(requests, args.max_events)?,
+        Source::Generated(spec, _) => {
+            let bar = Progress::new(shown, spec.num_requests.unwrap_or(0), "simulating");
+            let requests = spec.generator()?.inspect(|_| bar.inc(1));
+            engine.run(requests, args.max_events)?;
+        }
+        Source::Trace(requests, ..) => {
+            let bar = Progress::new(shown, requests.len() as u64, "simulating");
+            engine.run(
+                requests.into_iter().inspect(|_| bar.inc(1)),
+                args.max_events,
+            )?;
+        }
     }
     let summary = engine.summary();
     Ok(RunResult {

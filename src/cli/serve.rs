@@ -17,7 +17,7 @@ use std::time::Duration;
 use clap::Args;
 use thiserror::Error;
 
-use crate::cluster::spec::{default_cluster, parse_cluster_yaml};
+use crate::cluster::spec::{default_cluster, parse_cluster_yaml_with};
 use crate::server::run::{DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR};
 use crate::server::{InitialConfig, ServeError, ServerOptions, serve_until_signal};
 use crate::twin::limits::Limits;
@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// A cluster YAML (see data/clusters/default.yaml); default: the embedded default.
     #[arg(long, env = "DITTO_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Model configs for pools whose `model:` is not embedded: `DIR/<name>/config.json`
+    /// (HF config.json; `Qwen/Qwen3-32B` is looked up as `DIR/qwen3-32b/config.json`).
+    #[arg(long, env = "DITTO_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
     /// Validate this cluster YAML (with every other flag) as serve would, then exit: 0 when
     /// it would serve, 2 naming the field when not. Nothing binds.
     #[arg(long, value_name = "FILE")]
@@ -103,6 +107,9 @@ pub struct ServeArgs {
     /// Authentication (and transport security) flags.
     #[command(flatten)]
     pub security: crate::cli::security::SecurityArgs,
+    /// Bounds of the HTTP listener (slow clients, connections, bodies).
+    #[command(flatten)]
+    pub http: crate::cli::http_args::HttpArgs,
     /// Log filter (tracing EnvFilter syntax), logs go to stderr.
     #[arg(long, env = "DITTO_LOG", default_value = "info")]
     pub log: String,
@@ -175,7 +182,8 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
                 reason,
             };
             let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
-            let cluster = parse_cluster_yaml(&text).map_err(|err| bad(err.to_string()))?;
+            let cluster = parse_cluster_yaml_with(&text, args.model_dir.as_deref())
+                .map_err(|err| bad(err.to_string()))?;
             yaml = Some(text);
             cluster
         }
@@ -228,6 +236,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     options.auth = args.security.auth()?;
     options.tls = args.security.tls()?;
     options.predictor = args.predictor.options()?;
+    options.http = args.http.limits()?;
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,

@@ -8,8 +8,10 @@ use clap::{Args, ValueEnum};
 
 use crate::cluster::config::ClusterConfig;
 use crate::live::config::{
-    check_endpoint, parse_dns, parse_pods, pool_template, sources_from_yaml,
+    apply_vllm_batch_defaults, check_endpoint, explicit_limits, parse_dns, parse_pods,
+    pool_template, sources_from_yaml,
 };
+use crate::live::k8s::{KubeSource, LabelSelector};
 use crate::live::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
 use crate::twin::question::StalePolicy;
 use crate::twin::snapshot::TwinSettings;
@@ -37,15 +39,38 @@ pub struct LiveArgs {
     /// Pull from every A record of a headless Service (`NAME:PORT`), re-resolved periodically.
     #[arg(long, env = "DITTO_PODS_DNS")]
     pub pods_dns: Option<String>,
-    /// KV-event PUB endpoint template for --pods/--pods-dns, e.g. `tcp://{ip}:5557`.
+    /// Pull from the pods of this label selector, listed and watched through the Kubernetes
+    /// API (e.g. `llm-d.ai/inferenceServing=true,llm-d.ai/role=decode`); needs --pods-port.
+    /// Client config: in-cluster service account, else KUBECONFIG / ~/.kube/config.
+    #[arg(long, env = "DITTO_PODS_SELECTOR")]
+    pub pods_selector: Option<String>,
+    /// Pull from the pods of this InferencePool (its selector and target port, followed as
+    /// they change; `inference.networking.k8s.io/v1`, else `x-k8s.io/v1alpha2`).
+    #[arg(long, env = "DITTO_INFERENCE_POOL")]
+    pub inference_pool: Option<String>,
+    /// Namespace for --pods-selector / --inference-pool (default: the kubeconfig context's,
+    /// or the service account's).
+    #[arg(long, env = "DITTO_PODS_NAMESPACE")]
+    pub pods_namespace: Option<String>,
+    /// The pods' vLLM metrics port for --pods-selector (8200 under llm-d's modelservice,
+    /// 8000 for plain vLLM); with --inference-pool it overrides the pool's target port.
+    #[arg(long, env = "DITTO_PODS_PORT")]
+    pub pods_port: Option<u16>,
+    /// KV-event PUB endpoint template for --pods/--pods-dns, e.g. `tcp://{ip}:5556` (llm-d's
+    /// port); `{rank}` is a data-parallel rank (see --kv-dp-size).
     #[arg(long, env = "DITTO_KV_EVENTS")]
     pub kv_events: Option<String>,
-    /// KV-event replay ROUTER endpoint template, e.g. `tcp://{ip}:5558`.
+    /// KV-event replay ROUTER endpoint template, e.g. `tcp://{ip}:5559` (llm-d's port).
     #[arg(long, env = "DITTO_KV_REPLAY")]
     pub kv_replay: Option<String>,
-    /// KV-event topic filter.
-    #[arg(long, env = "DITTO_KV_TOPIC", default_value = "kv@")]
+    /// KV-event topic prefix filter; empty (the default) accepts every topic (vLLM's default
+    /// topic is empty; llm-d's pods publish `kv@<pod-ip>@<model>`).
+    #[arg(long, env = "DITTO_KV_TOPIC", default_value = "")]
     pub kv_topic: String,
+    /// Data-parallel ranks per pod: rank r's publisher is subscribed to at the template with
+    /// `{rank}` = r, or, without `{rank}`, with its ports offset by r (as vLLM binds them).
+    #[arg(long, env = "DITTO_KV_DP_SIZE", default_value_t = 1)]
+    pub kv_dp_size: u32,
     /// Scrape period, ms (the EPP's base tick).
     #[arg(long, env = "DITTO_SCRAPE_INTERVAL_MS", default_value_t = 50)]
     pub scrape_interval_ms: u64,
@@ -55,7 +80,8 @@ pub struct LiveArgs {
     /// DNS re-resolution period for --pods-dns, ms.
     #[arg(long, env = "DITTO_DNS_INTERVAL_MS", default_value_t = 5000)]
     pub dns_interval_ms: u64,
-    /// A vanished DNS address is retired after this long, ms.
+    /// A vanished DNS address, or a pod Kubernetes reports deleted or NotReady (stale at
+    /// once), is retired after this long, ms.
     #[arg(long, env = "DITTO_RETIRE_AFTER_MS", default_value_t = 30_000)]
     pub retire_after_ms: u64,
     /// Scraped state older than this marks an instance stale, ms.
@@ -83,6 +109,60 @@ fn positive(value: u64, flag: &str) -> Result<Duration, LiveArgError> {
         return Err((flag.to_owned(), "must be at least 1".to_owned()));
     }
     Ok(Duration::from_millis(value))
+}
+
+/// The Kubernetes source of the flags, if any (checked: not both selector and pool, a
+/// parsable selector, a port with a selector).
+fn kube_source(args: &LiveArgs) -> Result<Option<KubeSource>, LiveArgError> {
+    let flag = |name: &str, reason: &str| (name.to_owned(), reason.to_owned());
+    match (&args.pods_selector, &args.inference_pool) {
+        (None, None) => {
+            if args.pods_namespace.is_some() {
+                return Err(flag(
+                    "pods-namespace",
+                    "needs --pods-selector or --inference-pool",
+                ));
+            }
+            if args.pods_port.is_some() {
+                return Err(flag(
+                    "pods-port",
+                    "needs --pods-selector or --inference-pool",
+                ));
+            }
+            Ok(None)
+        }
+        (Some(_), Some(_)) => Err(flag(
+            "inference-pool",
+            "give --pods-selector or --inference-pool, not both",
+        )),
+        (selector, pool) => {
+            let selector = match selector {
+                None => None,
+                Some(text) => Some(
+                    LabelSelector::parse(text)
+                        .map_err(|reason| ("pods-selector".to_owned(), reason))?,
+                ),
+            };
+            if args.pods_port == Some(0) {
+                return Err(flag("pods-port", "must be in 1..=65535"));
+            }
+            if selector.is_some() && args.pods_port.is_none() {
+                return Err(flag(
+                    "pods-port",
+                    "needed with --pods-selector (8200 under modelservice, 8000 for plain vLLM)",
+                ));
+            }
+            if pool.as_ref().is_some_and(|pool| pool.trim().is_empty()) {
+                return Err(flag("inference-pool", "empty name"));
+            }
+            Ok(Some(KubeSource {
+                namespace: args.pods_namespace.clone(),
+                selector,
+                inference_pool: pool.clone(),
+                port: args.pods_port,
+            }))
+        }
+    }
 }
 
 /// The live config from the flags and the cluster file (`yaml`: its text, if one was
@@ -117,9 +197,15 @@ pub fn live_config(
                 events: events.clone(),
                 replay: args.kv_replay.clone(),
                 topic: args.kv_topic.clone(),
+                dp_size: if args.kv_dp_size == 0 {
+                    return Err(("kv-dp-size".to_owned(), "must be at least 1".to_owned()));
+                } else {
+                    args.kv_dp_size
+                },
             })
         }
     };
+    let yaml_sources = sources.len();
     let mut flag_sources = Vec::new();
     if let Some(pods) = &args.pods {
         flag_sources.push(Discovery::Static(
@@ -128,6 +214,9 @@ pub fn live_config(
     }
     if let Some(dns) = &args.pods_dns {
         flag_sources.push(parse_dns(dns, "pods-dns").map_err(|err| (err.field, err.reason))?);
+    }
+    if let Some(kube) = kube_source(args)? {
+        flag_sources.push(Discovery::Kubernetes(kube));
     }
     if !flag_sources.is_empty() {
         let (pool, template) = first_pool.ok_or_else(|| {
@@ -148,17 +237,35 @@ pub fn live_config(
     } else if kv.is_some() {
         return Err((
             "kv-events".to_owned(),
-            "needs --pods or --pods-dns".to_owned(),
+            "needs --pods, --pods-dns, --pods-selector or --inference-pool".to_owned(),
         ));
     }
     if sources.is_empty() {
         return Ok(None);
     }
+    let text = yaml.unwrap_or(crate::cluster::spec::DEFAULT_CLUSTER_YAML);
+    for source in &mut sources {
+        let explicit = explicit_limits(text, &source.name);
+        apply_vllm_batch_defaults(&mut source.template, explicit);
+    }
+    // Kubernetes sources: the kubeconfig loads and a named InferencePool exists.
+    for (index, source) in sources.iter().enumerate() {
+        if let Discovery::Kubernetes(kube) = &source.discovery {
+            let field = if index < yaml_sources {
+                format!("sources[{index}].kubernetes")
+            } else if kube.inference_pool.is_some() {
+                "inference-pool".to_owned()
+            } else {
+                "pods-selector".to_owned()
+            };
+            crate::live::k8s::preflight(kube, &field)?;
+        }
+    }
     let mut statics: Vec<&String> = sources
         .iter()
         .filter_map(|s| match &s.discovery {
             Discovery::Static(pods) => Some(pods),
-            Discovery::Dns { .. } => None,
+            Discovery::Dns { .. } | Discovery::Kubernetes(_) => None,
         })
         .flatten()
         .collect();

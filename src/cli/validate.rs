@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 
 use crate::cli::CliError;
 use crate::cli::latency::resolve_latency;
+use crate::cli::progress::{self, Progress};
 use crate::fidelity::replay::{self, OutputLength, ReplayOptions};
 use crate::fidelity::score::{self, Metrics, RunScore};
 use crate::fidelity::{MeasuredRun, RunFiles, scraped};
@@ -64,7 +65,13 @@ pub struct Validated {
 pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
     let options = replay_options(&args.output_length, args.no_shared_prefix, args.seed)?;
     let mut validated = Vec::new();
+    let bar = Progress::new(
+        progress::wanted(args.json),
+        args.runs.len() as u64,
+        "replaying",
+    );
     for dir in &args.runs {
+        bar.message(dir.display().to_string());
         let run = load_run(dir)?;
         validated.push(validate_run(
             &run,
@@ -73,7 +80,9 @@ pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
             args.gpu.as_deref(),
             options,
         )?);
+        bar.inc(1);
     }
+    bar.finish();
     Ok(if args.json {
         let mut text = serde_json::to_string_pretty(&report_json(&args.latency_model, &validated))
             .unwrap_or_default();
@@ -235,6 +244,10 @@ pub fn report_json(latency_model: &str, validated: &[Validated]) -> Value {
                 "num_gpu_blocks": v.num_gpu_blocks,
                 "output_len_simulated": v.output_len,
                 "unfinished_requests": v.score.unfinished,
+                "timed_out_fraction": {
+                    "predicted": finite(v.score.timed_out_predicted),
+                    "measured": v.score.timed_out_measured.map(finite),
+                },
                 "stages": stages,
             })
         })
@@ -253,7 +266,7 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
     let _ = writeln!(out, "latency model: {latency_model}");
     let _ = writeln!(
         out,
-        "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5}",
+        "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5} | {:>11}",
         "run",
         "stage",
         "n",
@@ -263,7 +276,8 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
         "TTFT p90 ms (err)",
         "TPOT ms (err)",
         "KS-T",
-        "KS-E"
+        "KS-E",
+        "timed out"
     );
     let cell = |p: f64, m: f64, e: f64| {
         if m.is_finite() {
@@ -282,9 +296,19 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
             };
             let ks = |k: Option<f64>| k.map_or("-".to_string(), |k| format!("{k:.3}"));
             let (p, m, e) = (&s.predicted, &s.measured, &s.ape);
+            // The timed-out fraction (predicted/measured) is a whole-run figure.
+            let timed_out = if s.stage < 0 {
+                let measured = v
+                    .score
+                    .timed_out_measured
+                    .map_or("-".to_string(), |f| format!("{:.1}%", f * 100.0));
+                format!("{:.1}%/{measured}", v.score.timed_out_predicted * 100.0)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5}",
+                "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5} | {:>11}",
                 v.score.name,
                 stage,
                 s.count,
@@ -295,6 +319,7 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
                 cell(p.tpot_mean, m.tpot_mean, e.tpot_mean),
                 ks(s.ks_ttft),
                 ks(s.ks_e2e),
+                timed_out,
             );
         }
     }

@@ -114,6 +114,26 @@ fn default_scale(index: usize) -> f64 {
 /// point so far with a fresh simplex (the loss has cliffs where a run saturates, which
 /// strand a single simplex), until `spec.options.evaluations_max` is spent.
 pub fn fit(targets: &[Target], spec: &FitSpec) -> Result<FitResult, FidelityError> {
+    fit_observed(targets, spec, &mut |_| {})
+}
+
+/// One evaluation of the loss during a fit, for a caller's progress display.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FitEvaluation {
+    /// Evaluations so far (at most the spec's `evaluations_max`).
+    pub evaluations: usize,
+    /// The loss at this evaluation.
+    pub loss: f64,
+    /// The best loss so far.
+    pub best: f64,
+}
+
+/// [`fit`], calling `observe` after every evaluation of the loss.
+pub fn fit_observed(
+    targets: &[Target],
+    spec: &FitSpec,
+    observe: &mut dyn FnMut(FitEvaluation),
+) -> Result<FitResult, FidelityError> {
     const ROUNDS: usize = 4;
     let scales: Vec<f64> = spec
         .free
@@ -148,16 +168,24 @@ pub fn fit(targets: &[Target], spec: &FitSpec) -> Result<FitResult, FidelityErro
             ..spec.options
         };
         let mut evaluations = 0;
+        let mut round_best = best_loss;
         let (point, value) = nelder_mead(&best, options, |p| {
             evaluations += 1;
             let result = loss(targets, &at(p), spec.replay);
-            match result {
+            let value = match result {
                 Ok(value) => value,
                 Err(err) => {
                     failure.get_or_insert(err);
                     f64::INFINITY
                 }
-            }
+            };
+            round_best = round_best.min(value);
+            observe(FitEvaluation {
+                evaluations: spent + evaluations,
+                loss: value,
+                best: round_best,
+            });
+            value
         });
         spent += evaluations.max(1);
         round += 1;
@@ -214,10 +242,20 @@ pub fn loss(
             let weight = if stage.stage < 0 { 2.0 } else { 1.0 };
             total += run_weight * weight * stage_loss(&stage.predicted, &stage.measured);
         }
-        total += replayed.unfinished as f64;
+        // Overload: the fraction the client abandoned at its timeout should match the
+        // measured fraction of failed requests (0 for a run that kept up).
+        let measured_failed = scored.timed_out_measured.unwrap_or(0.0);
+        total +=
+            run_weight * TIMED_OUT_WEIGHT * (scored.timed_out_predicted - measured_failed).powi(2);
+        // Requests that never finished for another reason (dropped) are a plain penalty.
+        total += replayed.unfinished.saturating_sub(replayed.timed_out) as f64;
     }
     Ok(total)
 }
+
+/// Weight of the squared difference between the predicted and measured timed-out fractions
+/// (a 10-point miss costs 1, about as much as every metric of a two-stage run 25% off).
+pub const TIMED_OUT_WEIGHT: f64 = 100.0;
 
 /// Weighted squared log-ratios of one stage's metrics.
 fn stage_loss(predicted: &Metrics, measured: &Metrics) -> f64 {

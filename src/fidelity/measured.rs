@@ -97,6 +97,25 @@ pub struct MeasuredRequest {
     pub e2e_us: f64,
 }
 
+/// A request that failed in the measurement (the client's timeout, in the overloaded runs).
+/// A failed request's token counts are usually lost (0 in the data: the client never saw
+/// them); the replay then draws them from the workload ([`super::replay`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FailedRequest {
+    /// The replay `index`.
+    pub id: u64,
+    /// Arrival in µs from the first.
+    pub arrival_us: u64,
+    /// Prompt tokens, when the data kept them.
+    pub input_tokens: Option<u32>,
+    /// The measured E2E until the failure (µs), when recorded.
+    pub e2e_us: Option<f64>,
+}
+
+/// inference-perf's client timeout when its config sets none (`load.request_timeout: null`):
+/// every failed request of the published overloaded runs has `e2e_s` in [300.0, 301.0].
+pub const INFERENCE_PERF_TIMEOUT_S: f64 = 300.0;
+
 /// A published simulator's prediction of one summary metric.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Published {
@@ -143,8 +162,18 @@ pub struct MeasuredRun {
     pub shared_prefix: Option<SharedPrefix>,
     /// Rate stages in order.
     pub stages: Vec<Stage>,
-    /// Measured requests (empty for a summary-only run), in arrival order.
+    /// Measured requests that succeeded (empty for a summary-only run), in arrival order.
     pub requests: Vec<MeasuredRequest>,
+    /// Measured requests that failed (in the overloaded runs: the client's timeout), in
+    /// arrival order. They are replayed (they loaded the server until abandoned) but not
+    /// scored, as the field scores only requests that succeeded.
+    pub failed: Vec<FailedRequest>,
+    /// The load generator's client timeout (µs): at it the client abandons a request and
+    /// vLLM aborts it. `None` when the run does not come from a known load generator.
+    pub client_timeout_us: Option<u64>,
+    /// The workload is inference-perf's multi-turn chat (`enable_multi_turn_chat`): a user's
+    /// prompt may carry the conversation so far.
+    pub multi_turn: bool,
     /// Requests to generate for a summary-only run.
     pub num_requests: Option<u64>,
     /// Summary actuals from `s2r_error_records.csv`: (stage, metric) → value in ms.
@@ -199,6 +228,9 @@ impl MeasuredRun {
             shared_prefix: None,
             stages: Vec::new(),
             requests: Vec::new(),
+            failed: Vec::new(),
+            client_timeout_us: None,
+            multi_turn: false,
             num_requests: None,
             actuals: s2r.actuals,
             published: s2r.published,
@@ -254,6 +286,7 @@ impl MeasuredRun {
         if let Some(stage) = run.stages.last() {
             let end_us = stage.start_us + stage.duration_us;
             run.requests.retain(|r| r.arrival_us < end_us);
+            run.failed.retain(|r| r.arrival_us < end_us);
         }
         run.actuals
             .retain(|(stage, _), _| *stage >= 0 && *stage as usize <= last);
@@ -263,6 +296,13 @@ impl MeasuredRun {
     /// True when per-request measurements exist (else only summary actuals).
     pub fn has_requests(&self) -> bool {
         !self.requests.is_empty()
+    }
+
+    /// The measured fraction of requests that failed (timed out at the client), for runs
+    /// with per-request data.
+    pub fn failed_fraction(&self) -> Option<f64> {
+        let total = self.requests.len() + self.failed.len();
+        (self.has_requests() && total > 0).then(|| self.failed.len() as f64 / total as f64)
     }
 }
 
@@ -318,7 +358,18 @@ fn apply_profile(run: &mut MeasuredRun, file: &str, profile: &Value) -> Result<(
             });
         }
         run.configured_output_len = u32_at(shared, "output_len").filter(|&n| n > 0);
+        run.multi_turn = shared
+            .get("enable_multi_turn_chat")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
     }
+    // What ran (`results/config.yaml`) names the timeout; `null` means the client's default.
+    let timeout_s = profile
+        .pointer("/load/request_timeout")
+        .and_then(Value::as_f64)
+        .filter(|t| *t > 0.0 && t.is_finite())
+        .unwrap_or(INFERENCE_PERF_TIMEOUT_S);
+    run.client_timeout_us = Some((timeout_s * 1e6).round() as u64);
     run.ignore_eos = profile
         .pointer("/server/ignore_eos")
         .or_else(|| profile.pointer("/api/ignore_eos"))
@@ -362,7 +413,8 @@ fn apply_profile(run: &mut MeasuredRun, file: &str, profile: &Value) -> Result<(
 }
 
 /// Applies `replay_requests.json` (requests and server config) and, when given, the per
-/// request ground truth. Requests the run marked `has_error` are left out.
+/// request ground truth. Requests the run marked `has_error` go to `failed` (with their
+/// lengths when the data kept them).
 fn apply_replay(
     run: &mut MeasuredRun,
     text: &str,
@@ -388,14 +440,31 @@ fn apply_replay(
     };
     let truth = parse_ground_truth(truth)?;
     let errored: std::collections::BTreeSet<u64> = trace.errored.iter().map(|id| id.0).collect();
+    let failed_e2e = |id: u64| truth.get(&id).and_then(|t| t.1.map(|e2e| e2e * 1e6));
+    for lost in &trace.lost {
+        run.failed.push(FailedRequest {
+            id: lost.id.0,
+            arrival_us: lost.arrival_us,
+            input_tokens: None,
+            e2e_us: failed_e2e(lost.id.0),
+        });
+    }
     for request in &trace.requests {
         let id = request.id.0;
         let Some(&(ttft_s, e2e_s, has_error)) = truth.get(&id) else {
             continue;
         };
-        if has_error || errored.contains(&id) {
+        let (Some(ttft_s), Some(e2e_s), false) =
+            (ttft_s, e2e_s, has_error || errored.contains(&id))
+        else {
+            run.failed.push(FailedRequest {
+                id,
+                arrival_us: request.arrival_us,
+                input_tokens: Some(request.input_tokens),
+                e2e_us: failed_e2e(id),
+            });
             continue;
-        }
+        };
         run.requests.push(MeasuredRequest {
             id,
             arrival_us: request.arrival_us,
@@ -411,11 +480,17 @@ fn apply_replay(
             "no request has a usable measurement",
         ));
     }
+    run.failed
+        .sort_by_key(|failed| (failed.arrival_us, failed.id));
     Ok(())
 }
 
-/// `index` → (`ttft_s`, `e2e_s`, `has_error`).
-fn parse_ground_truth(text: &str) -> Result<BTreeMap<u64, (f64, f64, bool)>, FidelityError> {
+/// Per request measurements: `index` → (`ttft_s`, `e2e_s`, `has_error`); a failed request
+/// may lack either time (it has no first token; its `e2e_s` is the time until it failed).
+type Truth = BTreeMap<u64, (Option<f64>, Option<f64>, bool)>;
+
+/// Parses `replay_ground_truth.json` (see [`Truth`]).
+fn parse_ground_truth(text: &str) -> Result<Truth, FidelityError> {
     const FILE: &str = "replay_ground_truth.json";
     let value = json_value(FILE, text)?;
     let rows = value
@@ -436,9 +511,12 @@ fn parse_ground_truth(text: &str) -> Result<BTreeMap<u64, (f64, f64, bool)>, Fid
         let e2e = row.get("e2e_s").and_then(Value::as_f64);
         match (ttft, e2e) {
             (Some(ttft), Some(e2e)) if ttft >= 0.0 && e2e >= ttft && e2e.is_finite() => {
-                truth.insert(index, (ttft, e2e, has_error));
+                truth.insert(index, (Some(ttft), Some(e2e), has_error));
             }
-            _ if has_error => {}
+            _ if has_error => {
+                let e2e = e2e.filter(|e| e.is_finite() && *e >= 0.0);
+                truth.insert(index, (None, e2e, true));
+            }
             _ => {
                 return Err(bad(
                     FILE,

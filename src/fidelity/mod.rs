@@ -23,7 +23,7 @@ pub mod replay;
 pub mod score;
 pub mod scraped;
 
-pub use measured::{MeasuredRun, RunFiles, Stage};
+pub use measured::{FailedRequest, MeasuredRun, RunFiles, Stage};
 pub use replay::{Replayed, replay};
 pub use score::{RunScore, StageScore};
 

@@ -15,6 +15,18 @@
 //! which request used which prompt, so request `i` gets group `i mod G` (the generator's
 //! round-robin over users), which gives the same hit rate.
 //!
+//! Failed requests (the overloaded runs: the client's timeout) are replayed too: they loaded
+//! the server until the client abandoned them. Every replayed request carries the load
+//! generator's timeout as its deadline ([`MeasuredRun::client_timeout_us`]), at which the
+//! engine aborts it (KV freed, out of the batch or queue, counted as timed out). A failed
+//! request whose lengths were lost keeps its arrival and gets lengths drawn (seeded, stream
+//! `fidelity-lost-lengths`) from the run's own succeeded requests: a succeeded request is
+//! drawn and its prompt shifted by the multi-turn growth per round times the rounds between
+//! the two (a user's `r`-th request is request `r · users + u`; the growth is the slope of
+//! the succeeded prompts over their round, which the published runs measure as ~0: their
+//! prompts stay at system + question + template in every round), and it generates the
+//! configured output length under `ignore_eos` (else the drawn request's recount).
+//!
 //! Summary-only runs (no replay files) get seeded Poisson arrivals per stage, prompts of
 //! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length;
 //! runs known from `/metrics` histograms draw prompt and output lengths from the histograms
@@ -24,6 +36,7 @@ use rand_core::Rng;
 
 use crate::catalog;
 use crate::sim::latency::{GpuSpec, LatencyModel};
+use crate::sim::metrics::Outcome;
 use crate::sim::rng::RngStreams;
 use crate::sim::{Engine, EngineConfig, RequestSpec, capacity};
 
@@ -70,7 +83,7 @@ impl Default for ReplayOptions {
     }
 }
 
-/// One request's prediction, beside its measurement when the run has one.
+/// One completed request's prediction, beside its measurement when the run has one.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ReplayedRequest {
     /// Stage index.
@@ -79,7 +92,8 @@ pub struct ReplayedRequest {
     pub ttft_us: f64,
     /// Predicted E2E (µs).
     pub e2e_us: f64,
-    /// Measured TTFT and E2E (µs), for per-request runs.
+    /// Measured TTFT and E2E (µs), for requests that succeeded in a per-request run (`None`
+    /// for one that failed in the measurement, and in summary-only runs).
     pub measured: Option<(f64, f64)>,
     /// Tokens the client counted (the measured run's recount, or the simulated length).
     pub output_recount: u32,
@@ -92,6 +106,10 @@ pub struct Replayed {
     pub requests: Vec<ReplayedRequest>,
     /// Requests that did not complete (dropped, timed out).
     pub unfinished: u64,
+    /// Of those, requests the simulated client abandoned at its timeout.
+    pub timed_out: u64,
+    /// Requests replayed (succeeded and failed in the measurement, or generated).
+    pub total: u64,
     /// The GPU blocks simulated.
     pub num_gpu_blocks: u32,
     /// The output length simulated per request, when uniform.
@@ -167,21 +185,28 @@ pub fn replay(
     options: ReplayOptions,
 ) -> Result<Replayed, FidelityError> {
     let output_len = simulated_output_len(run, options.output_length)?;
-    let requests = requests(run, output_len, options);
-    let measured: Vec<Option<(f64, f64, u32)>> = if run.has_requests() {
-        run.requests
-            .iter()
-            .map(|r| Some((r.ttft_us, r.e2e_us, r.output_recount)))
-            .collect()
+    let (mut requests, measured) = if run.has_requests() {
+        measured_requests(run, output_len, options)
     } else {
-        vec![None; requests.len()]
+        let requests = requests(run, output_len, options);
+        let n = requests.len();
+        (requests, vec![None; n])
     };
+    if let Some(timeout) = run.client_timeout_us {
+        for request in &mut requests {
+            request.deadline_us = Some(request.arrival_us.saturating_add(timeout));
+        }
+    }
     let arrivals: Vec<u64> = requests.iter().map(|r| r.arrival_us).collect();
     let generated: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
     let mut engine = Engine::new(config.clone(), latency)?;
     engine.run(requests, REPLAY_EVENTS_MAX)?;
     let mut by_id: Vec<Option<(f64, f64)>> = vec![None; arrivals.len()];
+    let mut timed_out = 0;
     for record in &engine.metrics().records {
+        if record.outcome == Outcome::TimedOut {
+            timed_out += 1;
+        }
         let (Some(ttft), Some(e2e)) = (record.ttft_us(), record.e2e_us()) else {
             continue;
         };
@@ -195,6 +220,8 @@ pub fn replay(
     let mut replayed = Replayed {
         requests: Vec::with_capacity(arrivals.len()),
         unfinished: 0,
+        timed_out,
+        total: arrivals.len() as u64,
         num_gpu_blocks: config.num_gpu_blocks,
         output_len,
     };
@@ -208,7 +235,7 @@ pub fn replay(
             stage: run.stage_of(arrivals[i]),
             ttft_us,
             e2e_us,
-            measured: truth.map(|(t, e, _)| (t, e)),
+            measured: truth.and_then(|(t, e, _)| t.zip(e)),
             output_recount: truth.map_or(generated[i], |(_, _, n)| n),
         });
     }
@@ -237,6 +264,95 @@ fn simulated_output_len(
     }
 }
 
+/// Measured TTFT, E2E (µs; `None` for a request that failed) and the client's recount.
+type Truth = Option<(Option<f64>, Option<f64>, u32)>;
+
+/// A per-request run's requests to simulate, succeeded and failed, in arrival order (ids =
+/// position), each beside its measurement. Failed requests with lost lengths get them drawn
+/// (see the module doc).
+fn measured_requests(
+    run: &MeasuredRun,
+    output_len: Option<u32>,
+    options: ReplayOptions,
+) -> (Vec<RequestSpec>, Vec<Truth>) {
+    // (arrival, measured id, input, recount, measurement)
+    let mut rows: Vec<(u64, u64, u32, u32, Truth)> = run
+        .requests
+        .iter()
+        .map(|r| {
+            let truth = (Some(r.ttft_us), Some(r.e2e_us), r.output_recount);
+            (
+                r.arrival_us,
+                r.id,
+                r.input_tokens,
+                r.output_recount,
+                Some(truth),
+            )
+        })
+        .collect();
+    let users = run
+        .shared_prefix
+        .map_or(1, |s| u64::from(s.groups) * u64::from(s.users_per_group))
+        .max(1);
+    // Estimated from the data whether or not the profile says multi-turn (what ran,
+    // `results/config.yaml`, does not record the flag): single-turn prompts give ~0.
+    let growth = prompt_growth_per_round(run, users);
+    let mut rng = RngStreams::new(options.seed).stream("fidelity-lost-lengths");
+    for failed in &run.failed {
+        let (input, recount) = match failed.input_tokens {
+            Some(input) => (input, output_len.unwrap_or(1)),
+            None => {
+                // `run.requests` is non-empty for a per-request run.
+                let pick = (rng.next_u64() % run.requests.len().max(1) as u64) as usize;
+                let donor = &run.requests[pick.min(run.requests.len().saturating_sub(1))];
+                let rounds = (failed.id / users) as f64 - (donor.id / users) as f64;
+                let input = (f64::from(donor.input_tokens) + growth * rounds).round();
+                (
+                    input.clamp(1.0, f64::from(u32::MAX / 4)) as u32,
+                    donor.output_recount,
+                )
+            }
+        };
+        let truth = (None, failed.e2e_us, recount);
+        rows.push((failed.arrival_us, failed.id, input, recount, Some(truth)));
+    }
+    rows.sort_by_key(|row| (row.0, row.1));
+    let prefix = run.shared_prefix.filter(|_| options.shared_prefix);
+    let mut specs = Vec::with_capacity(rows.len());
+    let mut truths = Vec::with_capacity(rows.len());
+    for (i, (arrival_us, _, input, recount, truth)) in rows.into_iter().enumerate() {
+        let out = output_len.unwrap_or(recount).max(1);
+        let spec = RequestSpec::synthetic(i as u64, arrival_us, input, out);
+        specs.push(match prefix {
+            Some(shape) if shape.system_prompt_len < input => {
+                spec.with_prefix(i as u64 % u64::from(shape.groups), shape.system_prompt_len)
+            }
+            _ => spec,
+        });
+        truths.push(truth);
+    }
+    (specs, truths)
+}
+
+/// Multi-turn growth: the least-squares slope of the succeeded requests' prompt length
+/// over their round (`id / users`), never negative. 0 with fewer than two rounds.
+pub fn prompt_growth_per_round(run: &MeasuredRun, users: u64) -> f64 {
+    let points: Vec<(f64, f64)> = run
+        .requests
+        .iter()
+        .map(|r| ((r.id / users.max(1)) as f64, f64::from(r.input_tokens)))
+        .collect();
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 }
+}
+
 /// The requests to simulate, ids = position (0-based) in arrival order.
 fn requests(
     run: &MeasuredRun,
@@ -251,20 +367,6 @@ fn requests(
         }
         _ => spec,
     };
-    if run.has_requests() {
-        return run
-            .requests
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                let out = output_len.unwrap_or(r.output_recount).max(1);
-                with_prefix(
-                    RequestSpec::synthetic(i as u64, r.arrival_us, r.input_tokens, out),
-                    i,
-                )
-            })
-            .collect();
-    }
     let shape = run.shared_prefix;
     let base = shape.map_or(512, |s| {
         s.system_prompt_len + s.question_len + TEMPLATE_TOKENS

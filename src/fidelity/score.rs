@@ -7,6 +7,11 @@
 //! the published `itl_mean` rows hold). Per-request runs add the two-sample
 //! Kolmogorov-Smirnov distance between predicted and measured TTFT, and E2E, distributions.
 //! Percentiles interpolate linearly (numpy's default, as inference-perf reports them).
+//!
+//! Which requests are scored: as the field does, those that succeeded in the measurement
+//! (the measured side: all of them; the predicted side: those of them the simulation also
+//! completed). Failed ones (the client's timeout in the overloaded runs) are replayed but
+//! not scored; the fraction that timed out is reported beside, predicted and measured.
 
 use crate::sim::metrics::interpolate_sorted;
 
@@ -87,6 +92,10 @@ pub struct RunScore {
     pub stages: Vec<StageScore>,
     /// Requests the simulation did not complete.
     pub unfinished: u64,
+    /// Fraction of the replayed requests the simulated client abandoned at its timeout.
+    pub timed_out_predicted: f64,
+    /// Fraction of the measured requests that failed (per-request runs).
+    pub timed_out_measured: Option<f64>,
 }
 
 impl RunScore {
@@ -105,32 +114,38 @@ pub fn score(run: &MeasuredRun, replayed: &Replayed) -> RunScore {
                 .filter(|&s| replayed.requests.iter().any(|r| r.stage as i32 == s)),
         )
         .collect();
+    let per_request = run.has_requests();
     for stage in stage_ids {
+        let in_stage = |s: usize| stage < 0 || s as i32 == stage;
+        // Per-request runs score the requests that succeeded in the measurement.
         let members: Vec<_> = replayed
             .requests
             .iter()
-            .filter(|r| stage < 0 || r.stage as i32 == stage)
+            .filter(|r| in_stage(r.stage) && (r.measured.is_some() || !per_request))
             .collect();
         let mut ttft: Vec<f64> = members.iter().map(|r| r.ttft_us / 1e3).collect();
         let mut e2e: Vec<f64> = members.iter().map(|r| r.e2e_us / 1e3).collect();
-        let measured_pairs: Vec<(f64, f64)> = members.iter().filter_map(|r| r.measured).collect();
-        let (measured, ks_ttft, ks_e2e) =
-            if measured_pairs.len() == members.len() && !members.is_empty() {
-                let mut m_ttft: Vec<f64> = measured_pairs.iter().map(|p| p.0 / 1e3).collect();
-                let mut m_e2e: Vec<f64> = measured_pairs.iter().map(|p| p.1 / 1e3).collect();
-                let recount = mean(
-                    &members
-                        .iter()
-                        .map(|r| f64::from(r.output_recount))
-                        .collect::<Vec<_>>(),
-                );
-                let measured = metrics(&mut m_ttft, &mut m_e2e, recount);
-                let ks_t = ks_distance(&mut ttft, &mut m_ttft);
-                let ks_e = ks_distance(&mut e2e, &mut m_e2e);
-                (measured, Some(ks_t), Some(ks_e))
-            } else {
-                (summary_actuals(run, stage), None, None)
-            };
+        let truth: Vec<_> = run
+            .requests
+            .iter()
+            .filter(|r| in_stage(run.stage_of(r.arrival_us)))
+            .collect();
+        let (measured, ks_ttft, ks_e2e) = if per_request && !truth.is_empty() {
+            let mut m_ttft: Vec<f64> = truth.iter().map(|r| r.ttft_us / 1e3).collect();
+            let mut m_e2e: Vec<f64> = truth.iter().map(|r| r.e2e_us / 1e3).collect();
+            let recount = mean(
+                &truth
+                    .iter()
+                    .map(|r| f64::from(r.output_recount))
+                    .collect::<Vec<_>>(),
+            );
+            let measured = metrics(&mut m_ttft, &mut m_e2e, recount);
+            let ks_t = ks_distance(&mut ttft, &mut m_ttft);
+            let ks_e = ks_distance(&mut e2e, &mut m_e2e);
+            (measured, Some(ks_t), Some(ks_e))
+        } else {
+            (summary_actuals(run, stage), None, None)
+        };
         let recount = recount_of(&measured);
         let predicted = metrics(&mut ttft, &mut e2e, recount);
         stages.push(StageScore {
@@ -147,6 +162,12 @@ pub fn score(run: &MeasuredRun, replayed: &Replayed) -> RunScore {
         name: run.name.clone(),
         stages,
         unfinished: replayed.unfinished,
+        timed_out_predicted: if replayed.total > 0 {
+            replayed.timed_out as f64 / replayed.total as f64
+        } else {
+            0.0
+        },
+        timed_out_measured: run.failed_fraction(),
     }
 }
 

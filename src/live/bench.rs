@@ -150,7 +150,7 @@ pub fn vllm_page() -> String {
     page
 }
 
-fn process_cpu_s() -> f64 {
+pub(super) fn process_cpu_s() -> f64 {
     // /proc/self/stat fields 14 and 15: user and system time in clock ticks (100 Hz on Linux).
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
         return 0.0;
@@ -166,7 +166,7 @@ fn process_cpu_s() -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn rss_mb() -> f64 {
+pub(super) fn rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {

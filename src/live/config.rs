@@ -40,23 +40,63 @@ pub enum Discovery {
         /// The metrics port.
         port: u16,
     },
+    /// Pods listed and watched through the Kubernetes API (a label selector or an
+    /// InferencePool); instance ids are `namespace/name`.
+    Kubernetes(super::k8s::KubeSource),
 }
 
-/// Where a pod's KV events come from; `{ip}`/`{host}` in the templates is the pod's host.
+/// Where a pod's KV events come from; `{ip}`/`{host}` in the templates is the pod's host,
+/// `{rank}` its data-parallel rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEndpoints {
-    /// The PUB endpoint template, e.g. `tcp://{ip}:5557`.
+    /// The PUB endpoint template, e.g. `tcp://{ip}:5556` (llm-d's port).
     pub events: String,
-    /// The replay ROUTER endpoint template, if the publisher has one.
+    /// The replay ROUTER endpoint template, if the publisher has one (llm-d: port 5559).
     pub replay: Option<String>,
-    /// The subscription topic prefix (vLLM/llm-d: `kv@`).
+    /// The subscription topic prefix: empty (the default) accepts every topic, as vLLM's
+    /// default topic is empty; llm-d's pods publish `kv@<pod-ip>@<model>`.
     pub topic: String,
+    /// Data-parallel ranks per pod, each with its own publisher (vLLM offsets the ports of
+    /// rank `r` by `r`); 1 without data parallelism.
+    pub dp_size: u32,
 }
 
 impl KvEndpoints {
     /// The endpoint for a pod on `host`.
     pub fn resolve(template: &str, host: &str) -> String {
         template.replace("{ip}", host).replace("{host}", host)
+    }
+
+    /// `template` for rank `rank` of a pod on `host`: `{rank}` replaced by the rank; a
+    /// template without `{rank}` has its port offset by the rank, as vLLM's
+    /// `ZmqEventPublisher.offset_endpoint_port` binds rank `r`'s sockets.
+    pub fn resolve_rank(template: &str, host: &str, rank: u32) -> String {
+        let endpoint = Self::resolve(template, host);
+        if template.contains("{rank}") {
+            return endpoint.replace("{rank}", &rank.to_string());
+        }
+        if rank == 0 {
+            return endpoint;
+        }
+        match endpoint.rsplit_once(':') {
+            Some((head, port)) => match port.parse::<u32>() {
+                Ok(port) => format!("{head}:{}", port + rank),
+                Err(_) => endpoint,
+            },
+            None => endpoint,
+        }
+    }
+
+    /// The PUB endpoint of rank `rank` of a pod on `host`.
+    pub fn resolve_events(&self, host: &str, rank: u32) -> String {
+        Self::resolve_rank(&self.events, host, rank)
+    }
+
+    /// The replay endpoint of rank `rank` of a pod on `host`, if any.
+    pub fn resolve_replay(&self, host: &str, rank: u32) -> Option<String> {
+        self.replay
+            .as_deref()
+            .map(|template| Self::resolve_rank(template, host, rank))
     }
 }
 
@@ -216,19 +256,77 @@ pub struct SourceSpec {
     /// Headless Service `NAME:PORT`.
     #[serde(default)]
     pub dns: Option<String>,
-    /// KV-event PUB endpoint template (`tcp://{ip}:5557`).
+    /// Pods found through the Kubernetes API.
+    #[serde(default)]
+    pub kubernetes: Option<KubeSpec>,
+    /// KV-event PUB endpoint template (llm-d: `tcp://{ip}:5556`; `{rank}`: a DP rank).
     #[serde(default)]
     pub kv_events: Option<String>,
     /// KV-event replay ROUTER endpoint template.
     #[serde(default)]
     pub kv_replay: Option<String>,
-    /// Subscription topic prefix (default `kv@`).
+    /// Subscription topic prefix (default empty: every topic).
     #[serde(default)]
     pub kv_topic: Option<String>,
     /// This source's `/metrics` period, ms (default: `--scrape-interval-ms`), rounded up to a
     /// multiple of that base tick.
     #[serde(default)]
     pub scrape_interval_ms: Option<u64>,
+    /// Data-parallel ranks per pod (each with its own KV-event publisher).
+    #[serde(default)]
+    pub kv_dp_size: Option<u32>,
+}
+
+/// A `sources[].kubernetes` entry: exactly one of `selector` and `inference_pool`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeSpec {
+    /// A label selector (`app=vllm,llm-d.ai/role=decode`).
+    #[serde(default)]
+    pub selector: Option<String>,
+    /// An InferencePool name.
+    #[serde(default)]
+    pub inference_pool: Option<String>,
+    /// The namespace (default: the client's).
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The metrics port (required with `selector`; overrides the pool's target port).
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+impl KubeSpec {
+    /// Checks the entry at `path` into a [`super::k8s::KubeSource`].
+    pub fn resolve(&self, path: &str) -> Result<super::k8s::KubeSource, LiveConfigError> {
+        let selector = match (&self.selector, &self.inference_pool) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(invalid(
+                    path,
+                    "needs exactly one of selector and inference_pool",
+                ));
+            }
+            (Some(text), None) => Some(
+                super::k8s::LabelSelector::parse(text)
+                    .map_err(|reason| invalid(format!("{path}.selector"), reason))?,
+            ),
+            (None, Some(_)) => None,
+        };
+        if self.port == Some(0) {
+            return Err(invalid(format!("{path}.port"), "must be in 1..=65535"));
+        }
+        if selector.is_some() && self.port.is_none() {
+            return Err(invalid(
+                format!("{path}.port"),
+                "needed with selector (8200 under modelservice, 8000 for plain vLLM)",
+            ));
+        }
+        Ok(super::k8s::KubeSource {
+            namespace: self.namespace.clone(),
+            selector,
+            inference_pool: self.inference_pool.clone(),
+            port: self.port,
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,13 +351,19 @@ pub fn sources_from_yaml(
             let template = pool_template(cluster, &spec.pool).ok_or_else(|| {
                 invalid(format!("{path}.pool"), format!("no pool {:?}", spec.pool))
             })?;
-            let discovery = match (&spec.dns, spec.pods.is_empty()) {
-                (Some(dns), true) => parse_dns(dns, &format!("{path}.dns"))?,
-                (None, false) => {
+            let discovery = match (&spec.dns, spec.pods.is_empty(), &spec.kubernetes) {
+                (Some(dns), true, None) => parse_dns(dns, &format!("{path}.dns"))?,
+                (None, false, None) => {
                     Discovery::Static(parse_pods(&spec.pods.join(","), &format!("{path}.pods"))?)
                 }
+                (None, true, Some(kube)) => {
+                    Discovery::Kubernetes(kube.resolve(&format!("{path}.kubernetes"))?)
+                }
                 _ => {
-                    return Err(invalid(path, "needs exactly one of pods and dns"));
+                    return Err(invalid(
+                        path,
+                        "needs exactly one of pods, dns and kubernetes",
+                    ));
                 }
             };
             let kv = match &spec.kv_events {
@@ -272,7 +376,8 @@ pub fn sources_from_yaml(
                     Some(KvEndpoints {
                         events: events.clone(),
                         replay: spec.kv_replay.clone(),
-                        topic: spec.kv_topic.clone().unwrap_or_else(|| "kv@".to_owned()),
+                        topic: spec.kv_topic.clone().unwrap_or_default(),
+                        dp_size: spec.kv_dp_size.unwrap_or(1).max(1),
                     })
                 }
             };
@@ -333,6 +438,101 @@ mod tests {
         assert_eq!(
             source(Some(1000)).scrape_period(tick),
             Duration::from_secs(1)
+        );
+    }
+}
+
+/// vLLM's default `(max_num_seqs, max_num_batched_tokens)` for its OpenAI server on `gpu`
+/// (`EngineArgs.get_batch_defaults` in vllm/engine/arg_utils.py): a GPU with at least 70 GiB
+/// that is not an A100 (H100, H200, MI300X, B200) gets 1024 / 8192, others 256 / 2048;
+/// `max_num_seqs` is at most `max_num_batched_tokens`.
+pub fn vllm_batch_defaults(gpu: &str) -> (u32, u32) {
+    let memory_gib = crate::catalog::gpu(gpu).map_or(0.0, |spec| spec.memory_gib);
+    let (seqs, tokens) = if memory_gib >= 70.0 && !gpu.to_ascii_lowercase().contains("a100") {
+        (1024, 8192)
+    } else {
+        (256, 2048)
+    };
+    (seqs.min(tokens), tokens)
+}
+
+/// Which of `max_num_seqs` / `max_num_batched_tokens` pool `pool` of the cluster YAML `text`
+/// sets itself (the others default to vLLM's, see [`apply_vllm_batch_defaults`]).
+pub fn explicit_limits(text: &str, pool: &str) -> (bool, bool) {
+    #[derive(Deserialize)]
+    struct Engine {
+        max_num_seqs: Option<serde::de::IgnoredAny>,
+        max_num_batched_tokens: Option<serde::de::IgnoredAny>,
+    }
+    #[derive(Deserialize)]
+    struct Pool {
+        name: String,
+        engine: Option<Engine>,
+    }
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(default)]
+        pools: Vec<Pool>,
+    }
+    let Ok(file) = serde_saphyr::from_str::<File>(text) else {
+        return (true, true);
+    };
+    file.pools
+        .iter()
+        .find(|candidate| candidate.name == pool)
+        .and_then(|pool| pool.engine.as_ref())
+        .map_or((false, false), |engine| {
+            (
+                engine.max_num_seqs.is_some(),
+                engine.max_num_batched_tokens.is_some(),
+            )
+        })
+}
+
+/// Gives a live pool's template vLLM's batch defaults for its GPU where the pool does not
+/// set them (`explicit`: which it sets): a pod runs with vLLM's defaults, not ditto's.
+pub fn apply_vllm_batch_defaults(template: &mut InstanceConfig, explicit: (bool, bool)) {
+    let (seqs, tokens) = vllm_batch_defaults(&template.gpu);
+    let engine = &mut template.engine;
+    if !explicit.1 && engine.enable_chunked_prefill {
+        engine.max_num_batched_tokens = tokens;
+    }
+    if !explicit.0 {
+        engine.max_num_seqs = seqs.min(engine.max_num_batched_tokens.max(1));
+    }
+    if engine.validate().is_err() {
+        // Keep a valid engine: the defaults do not fit this pool (e.g. a short max_model_len).
+        engine.max_num_batched_tokens = engine.max_num_batched_tokens.max(engine.max_num_seqs);
+    }
+}
+
+#[cfg(test)]
+mod batch_default_tests {
+    use super::*;
+
+    #[test]
+    fn vllm_defaults_follow_the_gpu() {
+        assert_eq!(vllm_batch_defaults("H100"), (1024, 8192));
+        assert_eq!(vllm_batch_defaults("A100-80"), (256, 2048));
+        assert_eq!(vllm_batch_defaults("no-such-gpu"), (256, 2048));
+    }
+
+    #[test]
+    fn explicit_pool_limits_are_found() {
+        let yaml = "pools:\n  - {name: a, engine: {max_num_seqs: 64}}\n  - {name: b}\n";
+        assert_eq!(explicit_limits(yaml, "a"), (true, false));
+        assert_eq!(explicit_limits(yaml, "b"), (false, false));
+    }
+
+    #[test]
+    fn rank_endpoints_offset_the_port_or_fill_the_placeholder() {
+        assert_eq!(
+            KvEndpoints::resolve_rank("tcp://{ip}:5556", "10.0.0.1", 2),
+            "tcp://10.0.0.1:5558"
+        );
+        assert_eq!(
+            KvEndpoints::resolve_rank("tcp://vllm-{rank}.{host}:5556", "pod", 1),
+            "tcp://vllm-1.pod:5556"
         );
     }
 }

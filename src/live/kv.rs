@@ -1,88 +1,271 @@
-//! One pod's KV-event stream: a ZMQ SUB on its publisher (topic filter), sequence tracking,
-//! gap recovery through the publisher's replay ROUTER, and publisher restarts (sequence going
-//! back, or a process restart seen on the pod's `/metrics`: the pod's cache is rebuilt from an
-//! `AllBlocksCleared`). A malformed message is counted, reported on the pod's health and
-//! skipped; a gap that cannot be replayed marks the pod's prefix state stale for
-//! [`PREFIX_STALE_HOLD`]. The loop never ends on an error: it reconnects.
+//! One pod's KV-event streams (one per data-parallel rank): a ZMQ SUB on each publisher
+//! (topic filter), sequence tracking, and recovery through the publisher's replay ROUTER.
+//!
+//! - **(Re)connection.** The socket is ours to reconnect: a disconnect seen on the socket's
+//!   monitor, or a process restart seen on the pod's `/metrics`, drops it and connects a new
+//!   one with a capped backoff ([`RECONNECT_FIRST`] doubling up to [`RECONNECT_CAP`]); while
+//!   it is down the pod's prefix state is stale with the reason.
+//! - **Catch-up.** After every connection, the replay socket is asked for everything from the
+//!   next expected sequence number (from 0, everything the publisher still holds, on the first
+//!   connection and after a restart), so blocks stored while ditto was not listening are
+//!   mirrored. Batches the publisher no longer holds are counted as a gap.
+//! - **Gaps** on the live stream are replayed the same way; a gap that cannot be replayed
+//!   marks the prefix state stale for [`PREFIX_STALE_HOLD`].
+//! - **Restarts** (a sequence number going back, another process on `/metrics`) clear the
+//!   pod's blocks (its GPU cache died with it) and replay the new publisher from 0.
+//!
+//! Every rank writes to the pod's one instance through [`KvSink`], which numbers the batches
+//! for the store (ranks have their own sequences) and carries unrecovered gaps to it.
 
 use std::sync::Arc;
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use hyper::body::Bytes;
-use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use tokio_stream::StreamExt;
+use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::config::KvEndpoints;
-use super::kv_wire::{WireBatch, decode_batch, decode_seq};
+use super::kv_wire::{KvWireError, WireBatch, decode_batch, decode_seq};
 use super::pod::{Pod, pause, wall_now_us};
 use crate::twin::store::{KvEvent, KvEventBatch};
 
 /// How long a pod's prefix state stays stale after a gap that could not be replayed (then
 /// the blocks stored since are trusted again).
 pub const PREFIX_STALE_HOLD: Duration = Duration::from_secs(10);
-/// Wait between reconnection attempts.
-const RECONNECT: Duration = Duration::from_millis(500);
+/// First wait before reconnecting.
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+/// Longest wait between reconnection attempts (a restarted pod is followed within it).
+pub const RECONNECT_CAP: Duration = Duration::from_secs(1);
+/// Most distinct unknown event types counted per pod (the rest count as `other`).
+const MAX_UNKNOWN_TYPES: usize = 16;
 
-/// Where the stream is.
+/// Where the pod's instance is in the store: every rank's batches go through it, in order.
 #[derive(Debug, Default)]
-struct Cursor {
-    /// The sequence number expected next (`None` before the first batch).
-    expected: Option<u64>,
+pub struct KvSink {
+    /// The store sequence number of the next batch.
+    next_seq: u64,
     /// Last `ts_us` written (the store wants it non-decreasing).
     last_ts_us: u64,
+}
+
+/// Where one rank's stream is.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// The publisher sequence number expected next (`None` before the first batch).
+    expected: Option<u64>,
     /// Until when the prefix state is held stale.
     stale_until: Option<Instant>,
     /// Process restarts of the pod already handled (see [`Pod::restarts`]).
     restarts_seen: u64,
-    /// The pod restarted: the next batch is the new publisher's, whatever its sequence.
+    /// The publisher restarted: replay it from 0 after a clear.
     new_publisher: bool,
 }
 
-/// The KV-event loop of `pod`.
-pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints) {
-    let events = KvEndpoints::resolve(&endpoints.events, &pod.host);
-    let replay = endpoints
-        .replay
-        .as_deref()
-        .map(|template| KvEndpoints::resolve(template, &pod.host));
+/// Why a receive loop ended.
+enum Ended {
+    /// The publisher went away (or the socket failed): reconnect.
+    Disconnected(String),
+    /// The pod restarted: reconnect and replay the new publisher from 0.
+    Restarted,
+}
+
+/// The KV-event loop of data-parallel rank `rank` of `pod`.
+pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints, rank: u32) {
+    let events = endpoints.resolve_events(&pod.host, rank);
+    let replay = endpoints.resolve_replay(&pod.host, rank);
     let mut cursor = Cursor::default();
+    let mut backoff = RECONNECT_FIRST;
     loop {
         let mut socket = SubSocket::new();
-        let connected = tokio::time::timeout(Duration::from_secs(2), socket.connect(&events)).await;
-        match connected {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                pod.set_health(|h| {
-                    h.kv_events = Some(format!("kv_events: cannot connect to {events}: {err}"))
-                });
-                pause(RECONNECT).await;
-                continue;
-            }
-            Err(_) => {
-                pod.set_health(|h| {
-                    h.kv_events = Some(format!("kv_events: connecting to {events} timed out"))
-                });
-                pause(RECONNECT).await;
-                continue;
-            }
+        let mut monitor = socket.monitor();
+        let connected = tokio::time::timeout(RECONNECT_CAP, socket.connect(&events)).await;
+        let failure = match connected {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(format!("cannot connect to {events}: {err}")),
+            Err(_) => Some(format!("connecting to {events} timed out")),
+        };
+        if let Some(failure) = failure {
+            pod.metrics
+                .kv_connections
+                .with_label_values(&[pod.id.as_str(), "failed"])
+                .inc();
+            pod.set_health(|h| {
+                h.kv_events = Some(format!(
+                    "kv_events: {failure} (retrying; prefix state stale)"
+                ));
+            });
+            pause(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_CAP);
+            continue;
         }
         if let Err(err) = socket.subscribe(&endpoints.topic).await {
             pod.set_health(|h| h.kv_events = Some(format!("kv_events: subscribe: {err}")));
-            pause(RECONNECT).await;
+            pause(backoff).await;
+            backoff = (backoff * 2).min(RECONNECT_CAP);
             continue;
         }
-        receive(&pod, &mut socket, replay.as_deref(), &mut cursor).await;
-        pause(RECONNECT).await;
+        pod.metrics
+            .kv_connections
+            .with_label_values(&[pod.id.as_str(), "connected"])
+            .inc();
+        backoff = RECONNECT_FIRST;
+        check_restart(&pod, &mut cursor);
+        catch_up(&pod, replay.as_deref(), &mut cursor).await;
+        let ended = receive(
+            &pod,
+            &mut socket,
+            &mut monitor,
+            replay.as_deref(),
+            &mut cursor,
+        )
+        .await;
+        let reason = match ended {
+            Ended::Disconnected(reason) => reason,
+            Ended::Restarted => "the pod restarted".to_owned(),
+        };
+        pod.metrics
+            .kv_connections
+            .with_label_values(&[pod.id.as_str(), "disconnected"])
+            .inc();
+        pod.set_health(|h| {
+            h.kv_events = Some(format!(
+                "kv_events: {reason}; reconnecting (prefix state stale)"
+            ));
+        });
+        drop(socket);
+        pause(RECONNECT_FIRST).await;
     }
 }
 
-/// Receives until the socket fails.
+/// Notes a process restart seen on `/metrics` since the last look: the pod's blocks are
+/// cleared now (an idle pod may publish nothing for a long while) and the new publisher is
+/// replayed from 0 at the next catch-up.
+fn check_restart(pod: &Arc<Pod>, cursor: &mut Cursor) -> bool {
+    let restarts = pod.restarts.load(std::sync::atomic::Ordering::Relaxed);
+    if restarts == cursor.restarts_seen {
+        return false;
+    }
+    cursor.restarts_seen = restarts;
+    cursor.new_publisher = true;
+    cursor.expected = None;
+    write(pod, vec![KvEvent::AllCleared], 0);
+    true
+}
+
+/// Asks the replay socket for what this rank missed: from the expected sequence number, or
+/// from 0 (everything the publisher holds) on a first connection or after a restart.
+async fn catch_up(pod: &Arc<Pod>, replay: Option<&str>, cursor: &mut Cursor) {
+    let Some(endpoint) = replay else {
+        if !cursor.new_publisher {
+            clear_health(pod, cursor);
+        }
+        return;
+    };
+    let start = if cursor.new_publisher {
+        0
+    } else {
+        cursor.expected.unwrap_or(0)
+    };
+    match fetch_replay(endpoint, start, None, pod.config.replay_timeout).await {
+        Ok(batches) => {
+            pod.metrics
+                .kv_replays
+                .with_label_values(&[pod.id.as_str(), "ok"])
+                .inc();
+            let restarted = std::mem::take(&mut cursor.new_publisher);
+            if restarted {
+                cursor.expected = None;
+            }
+            // The publisher's buffer no longer goes back to where this stream was: those
+            // batches are lost (not on a first connection: nothing was expected yet).
+            let missed = match (cursor.expected, batches.first()) {
+                (Some(expected), Some(first)) if first.seq > expected => first.seq - expected,
+                _ => 0,
+            };
+            if missed > 0 {
+                count_gap(
+                    pod,
+                    cursor,
+                    missed,
+                    start,
+                    "no longer held by the publisher",
+                );
+            }
+            let mut pending_gap = missed;
+            for batch in batches {
+                if cursor.expected.is_some_and(|expected| batch.seq < expected) {
+                    continue;
+                }
+                pod.metrics
+                    .kv_batches
+                    .with_label_values(&[pod.id.as_str(), "replayed"])
+                    .inc();
+                apply(pod, batch, cursor, std::mem::take(&mut pending_gap));
+            }
+            if missed == 0 {
+                clear_health(pod, cursor);
+            }
+        }
+        Err(err) => {
+            pod.metrics
+                .kv_replays
+                .with_label_values(&[pod.id.as_str(), "unavailable"])
+                .inc();
+            if cursor.new_publisher || cursor.expected.is_some() {
+                cursor.stale_until = Some(Instant::now() + PREFIX_STALE_HOLD);
+                pod.set_health(|h| {
+                    h.kv_events = Some(format!(
+                        "kv_events: catch-up from batch {start} failed, replay unavailable \
+                         ({err}): prefix state stale"
+                    ));
+                });
+            } else {
+                clear_health(pod, cursor);
+            }
+        }
+    }
+}
+
+/// Clears the stream's stale reason unless a gap holds it.
+fn clear_health(pod: &Arc<Pod>, cursor: &mut Cursor) {
+    if cursor
+        .stale_until
+        .is_some_and(|until| Instant::now() < until)
+    {
+        return;
+    }
+    cursor.stale_until = None;
+    pod.set_health(|h| h.kv_events = None);
+}
+
+fn count_gap(pod: &Arc<Pod>, cursor: &mut Cursor, missed: u64, from: u64, why: &str) {
+    pod.metrics
+        .kv_gaps
+        .with_label_values(&[pod.id.as_str()])
+        .inc_by(missed);
+    cursor.stale_until = Some(Instant::now() + PREFIX_STALE_HOLD);
+    pod.set_health(|h| {
+        h.kv_events = Some(format!(
+            "kv_events: {missed} batches from {from} missed ({why}): prefix state stale"
+        ));
+    });
+}
+
+/// Receives until the publisher goes away or the pod restarts.
 async fn receive(
     pod: &Arc<Pod>,
     socket: &mut SubSocket,
+    monitor: &mut (impl tokio_stream::Stream<Item = SocketEvent> + Unpin),
     replay: Option<&str>,
     cursor: &mut Cursor,
-) {
+) -> Ended {
     let max_age = pod.config.max_age.kv_events;
+    let mut restarts = pod.restarted.subscribe();
+    // A restart sent before this subscription would not wake it: compare the counts now.
+    if check_restart(pod, cursor) {
+        return Ended::Restarted;
+    }
     loop {
         let next = async {
             match max_age {
@@ -92,10 +275,19 @@ async fn receive(
         };
         let received = tokio::select! {
             biased;
-            () = pod.restarted.notified() => {
-                on_restart(pod, cursor);
+            changed = restarts.changed() => {
+                if changed.is_err() || check_restart(pod, cursor) {
+                    return Ended::Restarted;
+                }
                 continue;
             }
+            event = monitor.next() => match event {
+                Some(SocketEvent::Disconnected(_)) => {
+                    return Ended::Disconnected("the publisher disconnected".to_owned());
+                }
+                Some(_) => continue,
+                None => return Ended::Disconnected("the socket monitor closed".to_owned()),
+            },
             received = next => received,
         };
         let Some(message) = received else {
@@ -108,21 +300,16 @@ async fn receive(
         };
         let message = match message {
             Ok(message) => message,
-            Err(err) => {
-                pod.set_health(|h| h.kv_events = Some(format!("kv_events: stream: {err}")));
-                return;
-            }
+            Err(err) => return Ended::Disconnected(format!("stream: {err}")),
         };
         let frames = message.into_vec();
         let decoded = if frames.len() == 3 {
             decode_seq(&frames[1]).and_then(|seq| match seq {
                 Some(seq) => decode_batch(seq, &frames[2]),
-                None => Err(super::kv_wire::KvWireError(
-                    "sequence -1 on the live stream".to_owned(),
-                )),
+                None => Err(KvWireError("sequence -1 on the live stream".to_owned())),
             })
         } else {
-            Err(super::kv_wire::KvWireError(format!(
+            Err(KvWireError(format!(
                 "{} frames, not 3 (topic, seq, payload)",
                 frames.len()
             )))
@@ -149,79 +336,63 @@ async fn receive(
     }
 }
 
-/// The pod's process restarted (seen on its `/metrics`): its cached blocks are gone now, not
-/// at its publisher's next batch (an idle pod may send none for a long while).
-fn on_restart(pod: &Arc<Pod>, cursor: &mut Cursor) {
-    let restarts = pod.restarts.load(std::sync::atomic::Ordering::Relaxed);
-    if restarts == cursor.restarts_seen {
-        return;
-    }
-    cursor.restarts_seen = restarts;
-    cursor.new_publisher = true;
-    if let Some(expected) = cursor.expected {
-        apply(
-            pod,
-            WireBatch {
-                seq: expected,
-                ts_s: 0.0,
-                events: vec![KvEvent::AllCleared],
-                dp_rank: None,
-            },
-            cursor,
-        );
-    }
-}
-
 async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: &mut Cursor) {
-    let mut batch = batch;
-    if std::mem::take(&mut cursor.new_publisher) {
-        // The restarted publisher numbers from 0 again: nothing before it is missing.
-        cursor.expected = None;
-        batch.events.insert(0, KvEvent::AllCleared);
+    if cursor.expected.is_some_and(|expected| batch.seq < expected) {
+        // The sequence went back: the publisher restarted, and what it had cached is gone.
+        // Its batches before this one are replayed below as a gap from 0.
+        write(pod, vec![KvEvent::AllCleared], 0);
+        cursor.expected = Some(0);
     }
+    let mut missed = 0;
     let mut reason = None;
-    match cursor.expected {
-        Some(expected) if batch.seq > expected => {
-            let replayed = match replay {
-                Some(endpoint) => {
-                    fetch_replay(endpoint, expected, batch.seq, pod.config.replay_timeout).await
-                }
-                None => Err("no replay endpoint".to_owned()),
-            };
-            match replayed {
-                Ok(batches) => {
+    if let Some(expected) = cursor.expected
+        && batch.seq > expected
+    {
+        let replayed = match replay {
+            Some(endpoint) => {
+                fetch_replay(
+                    endpoint,
+                    expected,
+                    Some(batch.seq),
+                    pod.config.replay_timeout,
+                )
+                .await
+            }
+            None => Err("no replay endpoint".to_owned()),
+        };
+        match replayed {
+            Ok(batches) => {
+                pod.metrics
+                    .kv_replays
+                    .with_label_values(&[pod.id.as_str(), "ok"])
+                    .inc();
+                for missed_batch in batches {
                     pod.metrics
-                        .kv_replays
-                        .with_label_values(&[pod.id.as_str(), "ok"])
+                        .kv_batches
+                        .with_label_values(&[pod.id.as_str(), "replayed"])
                         .inc();
-                    for missed in batches {
-                        pod.metrics
-                            .kv_batches
-                            .with_label_values(&[pod.id.as_str(), "replayed"])
-                            .inc();
-                        apply(pod, missed, cursor);
-                    }
-                }
-                Err(err) => {
-                    pod.metrics
-                        .kv_replays
-                        .with_label_values(&[pod.id.as_str(), "unavailable"])
-                        .inc();
-                    cursor.stale_until = Some(Instant::now() + PREFIX_STALE_HOLD);
-                    reason = Some(format!(
-                        "kv_events: batches {expected}..{} missed, replay unavailable ({err}): prefix state stale",
-                        batch.seq - 1
-                    ));
+                    apply(pod, missed_batch, cursor, 0);
                 }
             }
+            Err(err) => {
+                pod.metrics
+                    .kv_replays
+                    .with_label_values(&[pod.id.as_str(), "unavailable"])
+                    .inc();
+                missed = batch.seq - cursor.expected.unwrap_or(expected);
+                pod.metrics
+                    .kv_gaps
+                    .with_label_values(&[pod.id.as_str()])
+                    .inc_by(missed);
+                cursor.stale_until = Some(Instant::now() + PREFIX_STALE_HOLD);
+                reason = Some(format!(
+                    "kv_events: batches {expected}..{} missed, replay unavailable ({err}): prefix state stale",
+                    batch.seq - 1
+                ));
+            }
         }
-        _ => {}
     }
-    if cursor.expected.is_some_and(|expected| batch.seq < expected) {
-        // The publisher restarted: what it had cached is gone.
-        batch.events.insert(0, KvEvent::AllCleared);
-    }
-    apply(pod, batch, cursor);
+    apply(pod, batch, cursor, missed);
     if reason.is_none()
         && cursor
             .stale_until
@@ -233,23 +404,65 @@ async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: 
     pod.set_health(|h| h.kv_events = reason);
 }
 
-fn apply(pod: &Arc<Pod>, batch: WireBatch, cursor: &mut Cursor) {
-    if cursor.expected.is_some_and(|expected| batch.seq < expected)
-        && !matches!(batch.events.first(), Some(KvEvent::AllCleared))
-    {
+/// Applies one of this rank's batches (`missed`: batches lost just before it).
+fn apply(pod: &Arc<Pod>, batch: WireBatch, cursor: &mut Cursor, missed: u64) {
+    if cursor.expected.is_some_and(|expected| batch.seq < expected) {
         // A replayed batch already applied.
         return;
     }
-    let ts_us = wall_now_us().max(cursor.last_ts_us);
-    let seq = batch.seq;
-    let result = pod.store.apply_kv_events(KvEventBatch {
+    count_skipped(pod, &batch);
+    cursor.expected = Some(batch.seq + 1);
+    write(pod, batch.events, missed);
+}
+
+/// Counts the events the decoder skipped by type.
+fn count_skipped(pod: &Arc<Pod>, batch: &WireBatch) {
+    if batch.unknown.is_empty() {
+        return;
+    }
+    let mut known = pod
+        .unknown_types
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    for kind in &batch.unknown {
+        let label = if known.contains(kind) {
+            kind.as_str()
+        } else if known.len() < MAX_UNKNOWN_TYPES {
+            tracing::warn!(pod = %pod.id, kind = %kind, "live mirror: unknown KV event type skipped");
+            known.push(kind.clone());
+            kind.as_str()
+        } else {
+            "other"
+        };
+        pod.metrics
+            .kv_unknown_events
+            .with_label_values(&[pod.id.as_str(), label])
+            .inc();
+    }
+}
+
+/// Writes events to the pod's instance, numbered for the store; `missed` unrecovered
+/// batches before them are carried to the store as a sequence gap (counted there).
+fn write(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64) {
+    let mut sink = pod.kv_sink.lock().unwrap_or_else(PoisonError::into_inner);
+    let ts_us = wall_now_us().max(sink.last_ts_us);
+    let seq = sink.next_seq + missed;
+    let result = pod.store.apply_kv_events_capped(KvEventBatch {
         instance_id: pod.id.clone(),
         seq,
         ts_us,
-        events: batch.events,
+        events,
     });
     let outcome = match result {
-        Ok(_) => "applied",
+        Ok(applied) => {
+            if applied.evicted > 0 {
+                pod.metrics
+                    .state_capped
+                    .with_label_values(&[pod.id.as_str(), "cached_blocks"])
+                    .inc_by(applied.evicted);
+            }
+            "applied"
+        }
         Err(err) => {
             tracing::warn!(pod = %pod.id, seq, %err, "live mirror: KV batch rejected");
             "rejected"
@@ -259,15 +472,16 @@ fn apply(pod: &Arc<Pod>, batch: WireBatch, cursor: &mut Cursor) {
         .kv_batches
         .with_label_values(&[pod.id.as_str(), outcome])
         .inc();
-    cursor.last_ts_us = ts_us;
-    cursor.expected = Some(seq + 1);
+    sink.last_ts_us = ts_us;
+    sink.next_seq = seq + 1;
 }
 
-/// Asks the replay ROUTER for batches from `start`, keeps those before `end`.
+/// Asks the replay ROUTER for batches from `start`; keeps those before `end` (all, with
+/// `None`). With an `end`, every batch in `start..end` must come back.
 async fn fetch_replay(
     endpoint: &str,
     start: u64,
-    end: u64,
+    end: Option<u64>,
     timeout: Duration,
 ) -> Result<Vec<WireBatch>, String> {
     let work = async {
@@ -296,7 +510,7 @@ async fn fetch_replay(
             };
             match decode_seq(seq).map_err(|err| err.to_string())? {
                 None => break,
-                Some(seq) if seq >= start && seq < end => {
+                Some(seq) if seq >= start && end.is_none_or(|end| seq < end) => {
                     let payload = payload.ok_or("replay message without payload")?;
                     batches.push(decode_batch(seq, payload).map_err(|err| err.to_string())?);
                 }
@@ -304,7 +518,9 @@ async fn fetch_replay(
             }
         }
         let _ = socket.close().await;
-        if batches.len() as u64 != end - start {
+        if let Some(end) = end
+            && batches.len() as u64 != end - start
+        {
             return Err(format!(
                 "the publisher replayed {} of {} batches",
                 batches.len(),

@@ -1,12 +1,17 @@
 //! vLLM's KV-event wire format → the store's [`KvEvent`]s.
 //!
 //! A ZMQ message is 3 frames: topic, an 8-byte big-endian sequence number, and a msgpack
-//! `EventBatch[ts, events, data_parallel_rank]` (msgspec, `array_like`). Events are tagged
-//! structs, decoded in both encodings: positional (`["BlockStored", block_hashes,
-//! parent_block_hash, token_ids, block_size, lora_id, medium, ...]`) and map (`{"type":
-//! "BlockStored", "block_hashes": ..., ...}`). Block hashes are ints (any sign: kept as their
-//! 64 bits) or bytes (folded to 64 bits with FNV-1a). Events on a `medium` other than GPU
-//! (the CPU offload tier) are skipped. Token ids are not kept: the mirror keys blocks by hash.
+//! `EventBatch[ts, events, data_parallel_rank]` (msgspec, `array_like`; or a map). Events are
+//! tagged structs, decoded in every encoding vLLM has used: positional (`["BlockStored",
+//! block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+//! extra_keys, group_idx]`, from the legacy 5 fields on) and map (`{"type": "BlockStored",
+//! "block_hashes": ..., ...}`). Block hashes are ints (any sign: kept as their 64 bits) or
+//! bytes, folded as vLLM's `maybe_convert_block_hash` does: the low 64 bits, big-endian (the
+//! last 8 bytes). Events on a `medium` other than GPU (the CPU offload tier) and events of a
+//! KV-cache group other than the full-attention group 0 (`group_idx`, hybrid models) are
+//! skipped; an event type this decoder does not know is skipped alone (and named in
+//! [`WireBatch::unknown`]), so a new event type in vLLM does not lose a batch's other events.
+//! Token ids are passed on: the mirror keys each stored block by its tokens too.
 
 use rmpv::Value;
 use thiserror::Error;
@@ -33,6 +38,20 @@ pub struct WireBatch {
     pub events: Vec<KvEvent>,
     /// The data-parallel rank, if sent.
     pub dp_rank: Option<i64>,
+    /// Events skipped because their type is unknown, by type name.
+    pub unknown: Vec<String>,
+    /// Events skipped because they belong to another KV-cache group than group 0.
+    pub other_groups: u64,
+}
+
+/// What one event decodes to.
+enum Decoded {
+    /// A GPU-tier event of the full-attention group.
+    Event(KvEvent),
+    /// An event for another tier or another KV-cache group.
+    OtherTierOrGroup { group: bool },
+    /// An event type this decoder does not know.
+    Unknown(String),
 }
 
 /// Decodes the 8-byte big-endian sequence frame (−1 ends a replay: `None`).
@@ -79,11 +98,13 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
         return Err(bad(format!("events is {}, not a list", kind(events))));
     };
     let mut decoded = Vec::with_capacity(list.len());
+    let mut unknown = Vec::new();
+    let mut other_groups = 0;
     for (index, event) in list.iter().enumerate() {
-        if let Some(event) =
-            decode_event(event).map_err(|err| bad(format!("events[{index}]: {}", err.0)))?
-        {
-            decoded.push(event);
+        match decode_event(event).map_err(|err| bad(format!("events[{index}]: {}", err.0)))? {
+            Decoded::Event(event) => decoded.push(event),
+            Decoded::OtherTierOrGroup { group } => other_groups += u64::from(group),
+            Decoded::Unknown(kind) => unknown.push(kind),
         }
     }
     Ok(WireBatch {
@@ -91,6 +112,8 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
         ts_s,
         events: decoded,
         dp_rank: rank.and_then(Value::as_i64),
+        unknown,
+        other_groups,
     })
 }
 
@@ -135,7 +158,7 @@ impl<'a> Fields<'a> {
     }
 }
 
-fn decode_event(event: &Value) -> Result<Option<KvEvent>, KvWireError> {
+fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
     let (tag, fields) = match event {
         Value::Array(items) => {
             let tag = items
@@ -170,6 +193,16 @@ fn decode_event(event: &Value) -> Result<Option<KvEvent>, KvWireError> {
             .and_then(Value::as_str)
             .is_none_or(|medium| medium.eq_ignore_ascii_case("gpu"))
     };
+    // vLLM's KV-cache group of the event (hybrid models: full attention, sliding window,
+    // mamba); absent (older vLLM) or nil means the only group, 0.
+    let group = |position: usize| -> Result<u64, KvWireError> {
+        match fields.get(position, "group_idx") {
+            None => Ok(0),
+            Some(value) => value
+                .as_u64()
+                .ok_or_else(|| bad(format!("group_idx is {}", kind(value)))),
+        }
+    };
     match tag {
         "BlockStored" => {
             let block_hashes = hashes(fields.get(0, "block_hashes"), "block_hashes")?;
@@ -177,25 +210,58 @@ fn decode_event(event: &Value) -> Result<Option<KvEvent>, KvWireError> {
                 return Err(bad("block_hashes: empty"));
             }
             let parent_block_hash = fields.get(1, "parent_block_hash").map(hash).transpose()?;
+            let token_ids = token_ids(fields.get(2, "token_ids"))?;
+            let block_size = match fields.get(3, "block_size") {
+                None => 0,
+                Some(value) => value
+                    .as_u64()
+                    .and_then(|size| u32::try_from(size).ok())
+                    .ok_or_else(|| bad(format!("block_size is {}", kind(value))))?,
+            };
             if !on_gpu(5) {
-                return Ok(None);
+                return Ok(Decoded::OtherTierOrGroup { group: false });
             }
-            Ok(Some(KvEvent::Stored {
+            if group(8)? != 0 {
+                return Ok(Decoded::OtherTierOrGroup { group: true });
+            }
+            // Token ids that do not fill the blocks (a publisher that sends none, or a
+            // partial list) cannot key them: the blocks keep their hashes only.
+            let whole = block_size > 0
+                && token_ids.len() as u64 == block_hashes.len() as u64 * u64::from(block_size);
+            Ok(Decoded::Event(KvEvent::Stored {
                 block_hashes,
                 parent_block_hash,
-                token_ids: Vec::new(),
-                block_size: 0,
+                token_ids: if whole { token_ids } else { Vec::new() },
+                block_size: if whole { block_size } else { 0 },
             }))
         }
         "BlockRemoved" => {
             let block_hashes = hashes(fields.get(0, "block_hashes"), "block_hashes")?;
             if !on_gpu(1) {
-                return Ok(None);
+                return Ok(Decoded::OtherTierOrGroup { group: false });
             }
-            Ok(Some(KvEvent::Removed { block_hashes }))
+            if group(2)? != 0 {
+                return Ok(Decoded::OtherTierOrGroup { group: true });
+            }
+            Ok(Decoded::Event(KvEvent::Removed { block_hashes }))
         }
-        "AllBlocksCleared" => Ok(Some(KvEvent::AllCleared)),
-        other => Err(bad(format!("unknown event type {other:?}"))),
+        "AllBlocksCleared" => Ok(Decoded::Event(KvEvent::AllCleared)),
+        other => Ok(Decoded::Unknown(other.chars().take(64).collect())),
+    }
+}
+
+fn token_ids(value: Option<&Value>) -> Result<Vec<u32>, KvWireError> {
+    match value {
+        None => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| {
+                item.as_u64()
+                    .and_then(|token| u32::try_from(token).ok())
+                    .ok_or_else(|| bad(format!("a token id is {}", kind(item))))
+            })
+            .collect(),
+        Some(other) => Err(bad(format!("token_ids is {}, not a list", kind(other)))),
     }
 }
 
@@ -213,14 +279,12 @@ fn hash(value: &Value) -> Result<u64, KvWireError> {
             .as_u64()
             .or_else(|| int.as_i64().map(|v| v as u64))
             .ok_or_else(|| bad("hash out of range")),
-        Value::Binary(bytes) => {
-            let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-            for &byte in bytes {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0100_0000_01b3);
-            }
-            Ok(hash)
-        }
+        // vLLM's `maybe_convert_block_hash`: `int.from_bytes(hash, "big") & (2**64 - 1)`,
+        // the last 8 bytes read big-endian (shorter hashes are zero-extended).
+        Value::Binary(bytes) => Ok(bytes
+            .iter()
+            .skip(bytes.len().saturating_sub(8))
+            .fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte))),
         other => Err(bad(format!("a block hash is {}", kind(other)))),
     }
 }
@@ -302,13 +366,59 @@ mod tests {
     fn malformed_payloads_are_errors() {
         assert!(decode_batch(0, b"\xc1garbage").is_err());
         assert!(decode_batch(0, &encode(&Value::from(3))).is_err());
-        let unknown = Value::Array(vec![
-            Value::F64(1.0),
-            Value::Array(vec![Value::Array(vec![s("Nope")])]),
-        ]);
-        assert!(decode_batch(0, &encode(&unknown)).is_err());
         assert_eq!(decode_seq(&(-1i64).to_be_bytes()), Ok(None));
         assert_eq!(decode_seq(&5i64.to_be_bytes()), Ok(Some(5)));
         assert!(decode_seq(b"123").is_err());
+    }
+
+    #[test]
+    fn unknown_events_and_other_groups_are_skipped_one_by_one() {
+        let batch = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![
+                Value::Array(vec![s("Nope"), Value::from(1)]),
+                Value::Map(vec![(s("type"), s("BlockTransferred"))]),
+                // Legacy 5 fields: no medium.
+                Value::Array(vec![
+                    s("BlockStored"),
+                    Value::Array(vec![Value::from(5)]),
+                    Value::Nil,
+                    Value::Array((0..4).map(Value::from).collect()),
+                    Value::from(4),
+                    Value::Nil,
+                ]),
+                // Newest: group 1 (sliding window) removal does not touch group 0.
+                Value::Array(vec![
+                    s("BlockRemoved"),
+                    Value::Array(vec![Value::from(5)]),
+                    s("GPU"),
+                    Value::from(1),
+                ]),
+            ]),
+        ]);
+        let decoded = decode_batch(0, &encode(&batch)).expect("decodes");
+        assert_eq!(
+            decoded.unknown,
+            vec!["Nope".to_owned(), "BlockTransferred".to_owned()]
+        );
+        assert_eq!(decoded.other_groups, 1);
+        assert_eq!(
+            decoded.events,
+            vec![KvEvent::Stored {
+                block_hashes: vec![5],
+                parent_block_hash: None,
+                token_ids: vec![0, 1, 2, 3],
+                block_size: 4,
+            }]
+        );
+    }
+
+    #[test]
+    fn byte_hashes_fold_to_their_low_64_bits_big_endian() {
+        let digest: Vec<u8> = (1..=32).collect();
+        let value = Value::Binary(digest.clone());
+        let expected = u64::from_be_bytes(digest[24..].try_into().expect("8 bytes"));
+        assert_eq!(hash(&value), Ok(expected));
+        assert_eq!(hash(&Value::Binary(vec![1, 2])), Ok(0x0102));
     }
 }

@@ -12,7 +12,9 @@
 
 pub mod bench;
 pub mod config;
+pub mod k8s;
 pub mod kv;
+pub mod kv_bench;
 pub mod kv_wire;
 pub mod pod;
 pub mod rebuild;
@@ -67,7 +69,8 @@ impl Drop for LiveHandle {
 struct Entry {
     pod: Arc<Pod>,
     tasks: Vec<JoinHandle<()>>,
-    cache: (Option<u32>, Option<u32>),
+    /// (block_size, num_gpu_blocks per engine, engines) the pod publishes.
+    cache: (Option<u32>, Option<u32>, u32),
     vanished_since: Option<Instant>,
 }
 
@@ -86,6 +89,8 @@ struct Coordinator {
     pods: BTreeMap<String, Entry>,
     news: mpsc::Sender<PodNews>,
     synced: watch::Sender<u64>,
+    /// The Kubernetes discovery tasks (aborted with the coordinator).
+    kube_tasks: tokio::task::JoinSet<()>,
 }
 
 /// Starts the live mirror on the current tokio runtime: static pods are synced into `store`
@@ -105,6 +110,7 @@ pub fn start(
         pods: BTreeMap::new(),
         news,
         synced,
+        kube_tasks: tokio::task::JoinSet::new(),
     };
     let mut statics = Vec::new();
     for (index, source) in coordinator.config.sources.iter().enumerate() {
@@ -113,7 +119,7 @@ pub fn start(
         }
     }
     for (source, id) in statics {
-        coordinator.add(source, id);
+        coordinator.add(source, id.clone(), id);
     }
     if !coordinator.pods.is_empty() {
         coordinator.sync().map_err(LiveError::Config)?;
@@ -123,11 +129,24 @@ pub fn start(
         .sources
         .iter()
         .any(|source| matches!(source.discovery, Discovery::Dns { .. }));
+    let (kube_news, mut kube_rx) = mpsc::channel(64);
+    for (index, source) in coordinator.config.sources.iter().enumerate() {
+        if let Discovery::Kubernetes(spec) = &source.discovery {
+            coordinator
+                .kube_tasks
+                .spawn(k8s::watch::run(index, spec.clone(), kube_news.clone()));
+        }
+    }
+    let has_kube = !coordinator.kube_tasks.is_empty();
+    drop(kube_news);
     let task = tokio::spawn(async move {
         let mut ticker = tokio::time::interval(coordinator.config.dns_interval);
+        let mut retire_ticker = tokio::time::interval(KUBE_RETIRE_CHECK);
         loop {
             tokio::select! {
                 _ = ticker.tick(), if has_dns => coordinator.resolve().await,
+                _ = retire_ticker.tick(), if has_kube => coordinator.retire_kube(),
+                Some(news) = kube_rx.recv(), if has_kube => coordinator.on_kube(news),
                 Some(news) = news_rx.recv() => coordinator.on_news(news),
             }
         }
@@ -137,6 +156,9 @@ pub fn start(
         synced: synced_rx,
     })
 }
+
+/// How often pods that Kubernetes discovery lost are checked for retirement.
+const KUBE_RETIRE_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Of one source's known pods (id, when it was first found missing), the ids to retire now:
 /// a pod missing from `found` is remembered as vanished at `now`, and retired once it has been
@@ -162,16 +184,17 @@ fn to_retire(
 }
 
 impl Coordinator {
-    /// Starts mirroring pod `id` of source `source`.
-    fn add(&mut self, source: usize, id: String) {
-        let host = id
+    /// Starts mirroring pod `id` of source `source`, scraped at `address` (`host:port`).
+    fn add(&mut self, source: usize, id: String, address: String) {
+        let host = address
             .rsplit_once(':')
-            .map_or(id.as_str(), |(host, _)| host)
+            .map_or(address.as_str(), |(host, _)| host)
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
         let pod = Arc::new(Pod {
             id: id.clone(),
+            address,
             host,
             source,
             store: Arc::clone(&self.store),
@@ -181,17 +204,22 @@ impl Coordinator {
             last_rebuild_us: AtomicU64::new(0),
             deprecated: Mutex::new(Vec::new()),
             restarts: AtomicU64::new(0),
-            restarted: tokio::sync::Notify::new(),
+            restarted: watch::channel(0).0,
+            kv_sink: Mutex::new(kv::KvSink::default()),
+            unknown_types: Mutex::new(Vec::new()),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
             Arc::clone(&pod),
             self.news.clone(),
         ))];
         if let Some(endpoints) = &self.config.sources[source].kv {
-            tasks.push(tokio::spawn(kv::kv_loop(
-                Arc::clone(&pod),
-                endpoints.clone(),
-            )));
+            for rank in 0..endpoints.dp_size.max(1) {
+                tasks.push(tokio::spawn(kv::kv_loop(
+                    Arc::clone(&pod),
+                    endpoints.clone(),
+                    rank,
+                )));
+            }
         }
         tracing::info!(pod = %id, source = %self.config.sources[source].name, "live mirror: pod added");
         self.pods.insert(
@@ -199,7 +227,7 @@ impl Coordinator {
             Entry {
                 pod,
                 tasks,
-                cache: (None, None),
+                cache: (None, None, 1),
                 vanished_since: None,
             },
         );
@@ -238,6 +266,15 @@ impl Coordinator {
                 "live mirror: the pod's cache config differs from its pool's; using the pod's"
             );
         }
+        // A data-parallel pod is one instance (the gateway routes to the pod, not to an
+        // engine) with the pool's per-engine limits times its engines.
+        let engines = entry.cache.2.max(1);
+        if engines > 1 {
+            let engine = &mut instance.engine;
+            engine.max_num_seqs = engine.max_num_seqs.saturating_mul(engines);
+            engine.max_num_batched_tokens = engine.max_num_batched_tokens.saturating_mul(engines);
+            engine.num_gpu_blocks = engine.num_gpu_blocks.saturating_mul(engines);
+        }
         if instance.engine.validate().is_err() {
             // The published values do not make a valid engine: keep the pool's.
             let mut fallback = source.template.clone();
@@ -254,7 +291,11 @@ impl Coordinator {
             .values()
             .map(|entry| self.instance(entry))
             .collect();
-        let addresses: Vec<String> = self.pods.keys().cloned().collect();
+        let addresses: Vec<String> = self
+            .pods
+            .values()
+            .map(|entry| entry.pod.address.clone())
+            .collect();
         if instances.is_empty() {
             return Ok(());
         }
@@ -294,14 +335,127 @@ impl Coordinator {
                 id,
                 block_size,
                 num_gpu_blocks,
+                engines,
             } => {
                 if let Some(entry) = self.pods.get_mut(&id)
-                    && entry.cache != (block_size, num_gpu_blocks)
+                    && entry.cache != (block_size, num_gpu_blocks, engines)
                 {
-                    entry.cache = (block_size, num_gpu_blocks);
+                    entry.cache = (block_size, num_gpu_blocks, engines);
                     self.resync();
                 }
             }
+        }
+    }
+
+    /// Stops mirroring pod `id` (its tasks end, its series are dropped); false if unknown.
+    fn retire(&mut self, id: &str) -> bool {
+        let Some(entry) = self.pods.remove(id) else {
+            return false;
+        };
+        let deprecated = entry
+            .pod
+            .deprecated
+            .lock()
+            .map(|names| names.clone())
+            .unwrap_or_default();
+        let unknown = entry
+            .pod
+            .unknown_types
+            .lock()
+            .map(|types| types.clone())
+            .unwrap_or_default();
+        self.metrics.forget(id, &deprecated, &unknown);
+        tracing::info!(pod = %id, "live mirror: pod retired");
+        self.metrics.pods.set(self.pods.len() as i64);
+        true
+    }
+
+    /// Applies what Kubernetes discovery reports: served pods are added (or restarted when
+    /// their IP changed); known pods that are gone or not served turn stale at once and are
+    /// retired after `retire_after`; an outage marks every pod of the source stale.
+    fn on_kube(&mut self, news: k8s::KubeNews) {
+        let now = Instant::now();
+        match news {
+            k8s::KubeNews::Outage { source, reason } => {
+                for entry in self
+                    .pods
+                    .values()
+                    .filter(|entry| entry.pod.source == source)
+                {
+                    entry
+                        .pod
+                        .set_health(|health| health.discovery = Some(reason.clone()));
+                }
+            }
+            k8s::KubeNews::Pods { source, pods } => {
+                let mut changed = false;
+                let views: BTreeMap<&str, &k8s::PodView> =
+                    pods.iter().map(|view| (view.id.as_str(), view)).collect();
+                for view in &pods {
+                    let (Some(address), None) = (&view.address, &view.problem) else {
+                        continue;
+                    };
+                    match self.pods.get(&view.id) {
+                        Some(entry) if entry.pod.source != source => {
+                            tracing::warn!(pod = %view.id, "live mirror: pod selected by two sources; kept in the first");
+                            continue;
+                        }
+                        Some(entry) if entry.pod.address == *address => continue,
+                        Some(_) => {
+                            // Same name, new IP: a new pod process; start over.
+                            self.retire(&view.id);
+                        }
+                        None => {}
+                    }
+                    self.add(source, view.id.clone(), address.clone());
+                    changed = true;
+                }
+                for (id, entry) in self
+                    .pods
+                    .iter_mut()
+                    .filter(|(_, entry)| entry.pod.source == source)
+                {
+                    let problem = match views.get(id.as_str()) {
+                        None => Some("pod deleted".to_owned()),
+                        Some(view) => view.problem.clone(),
+                    };
+                    if problem.is_some() {
+                        entry.vanished_since.get_or_insert(now);
+                    } else {
+                        entry.vanished_since = None;
+                    }
+                    entry.pod.set_health(|health| health.discovery = problem);
+                }
+                if changed {
+                    self.resync();
+                }
+            }
+        }
+    }
+
+    /// Retires the Kubernetes-discovered pods lost for longer than `retire_after`.
+    fn retire_kube(&mut self) {
+        let now = Instant::now();
+        let grace = self.config.retire_after;
+        let expired: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(_, entry)| {
+                matches!(
+                    self.config.sources[entry.pod.source].discovery,
+                    Discovery::Kubernetes(_)
+                ) && entry
+                    .vanished_since
+                    .is_some_and(|since| now.duration_since(since) >= grace)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut changed = false;
+        for id in expired {
+            changed |= self.retire(&id);
+        }
+        if changed {
+            self.resync();
         }
     }
 
@@ -328,7 +482,7 @@ impl Coordinator {
             };
             for id in &found {
                 if !self.pods.contains_key(id) {
-                    self.add(index, id.clone());
+                    self.add(index, id.clone(), id.clone());
                     changed = true;
                 }
             }
@@ -340,17 +494,7 @@ impl Coordinator {
                 .collect();
             let retired = to_retire(vanished, &found, now, self.config.retire_after);
             for id in retired {
-                if let Some(entry) = self.pods.remove(&id) {
-                    let deprecated = entry
-                        .pod
-                        .deprecated
-                        .lock()
-                        .map(|names| names.clone())
-                        .unwrap_or_default();
-                    self.metrics.forget(&id, &deprecated);
-                    tracing::info!(pod = %id, "live mirror: pod retired");
-                    changed = true;
-                }
+                changed |= self.retire(&id);
             }
         }
         self.metrics.pods.set(self.pods.len() as i64);

@@ -34,8 +34,10 @@ pub enum PodNews {
         id: String,
         /// `block_size`.
         block_size: Option<u32>,
-        /// `num_gpu_blocks`.
+        /// `num_gpu_blocks` (per engine).
         num_gpu_blocks: Option<u32>,
+        /// Data-parallel engines behind the pod (see [`super::text::PodMetrics::engines`]).
+        engines: u32,
     },
 }
 
@@ -48,16 +50,23 @@ pub struct Health {
     pub kv_events: Option<String>,
     /// A mismatch between the pod and its config.
     pub config: Option<String>,
+    /// Discovery: the pod is gone or NotReady, or its source cannot be followed (Kubernetes).
+    pub discovery: Option<String>,
 }
 
 impl Health {
     /// All reasons, `; `-joined (`None` when healthy).
     pub fn reason(&self) -> Option<String> {
-        let parts: Vec<&str> = [&self.metrics, &self.kv_events, &self.config]
-            .into_iter()
-            .flatten()
-            .map(String::as_str)
-            .collect();
+        let parts: Vec<&str> = [
+            &self.metrics,
+            &self.kv_events,
+            &self.config,
+            &self.discovery,
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect();
         (!parts.is_empty()).then(|| parts.join("; "))
     }
 }
@@ -65,9 +74,11 @@ impl Health {
 /// State shared by a pod's tasks.
 #[derive(Debug)]
 pub struct Pod {
-    /// Instance id and metrics address (`host:port`).
+    /// Instance id: its `host:port`, or `namespace/name` for a Kubernetes-discovered pod.
     pub id: String,
-    /// The host part.
+    /// Where its `/metrics` is served (`host:port`).
+    pub address: String,
+    /// The host part of `address`.
     pub host: String,
     /// Index of its source in the config.
     pub source: usize,
@@ -85,8 +96,13 @@ pub struct Pod {
     pub deprecated: Mutex<Vec<&'static str>>,
     /// Process restarts seen on its `/metrics` (another start time, a counter reset).
     pub restarts: AtomicU64,
-    /// Woken at each restart: the KV loop clears the pod's blocks (its cache died with it).
-    pub restarted: tokio::sync::Notify,
+    /// Holds the restart count, sent at each restart: every KV loop clears the pod's blocks
+    /// (its cache died with it) and replays the new publisher.
+    pub restarted: tokio::sync::watch::Sender<u64>,
+    /// Where the pod's instance is in the store's KV-event sequence (all ranks write there).
+    pub kv_sink: Mutex<super::kv::KvSink>,
+    /// Unknown KV event types seen (to count them by type, boundedly, and drop their series).
+    pub unknown_types: Mutex<Vec<String>>,
 }
 
 impl Pod {
@@ -105,6 +121,7 @@ impl Pod {
             ("metrics", &health.metrics),
             ("kv_events", &health.kv_events),
             ("config", &health.config),
+            ("discovery", &health.discovery),
         ] {
             self.metrics
                 .stale
@@ -144,8 +161,8 @@ fn scrape_result(err: &ScrapeError) -> &'static str {
 /// What a pod's scrape loop remembers from earlier pages.
 #[derive(Debug, Default)]
 struct Seen {
-    /// The cache settings last reported to the coordinator.
-    cache: Option<(Option<u32>, Option<u32>)>,
+    /// The cache settings (and engines) last reported to the coordinator.
+    cache: Option<(Option<u32>, Option<u32>, u32)>,
     /// The last page's process-run marks.
     marks: Option<RestartMarks>,
 }
@@ -155,7 +172,7 @@ struct Seen {
 pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
     let config = Arc::clone(&pod.config);
     let mut scraper = Scraper::new(
-        pod.id.clone(),
+        pod.address.clone(),
         config.metrics_path.clone(),
         config.scrape_timeout,
     );
@@ -244,12 +261,12 @@ async fn scrape_once(
         .is_some_and(|before| marks.restarted_since(&before))
     {
         tracing::info!(pod = %pod.id, "live mirror: the pod's process restarted");
-        pod.restarts.fetch_add(1, Ordering::Relaxed);
+        let restarts = pod.restarts.fetch_add(1, Ordering::Relaxed) + 1;
         pod.metrics
             .restarts
             .with_label_values(&[pod.id.as_str()])
             .inc();
-        pod.restarted.notify_one();
+        pod.restarted.send_replace(restarts);
     }
     seen.marks = Some(marks);
     {
@@ -267,7 +284,7 @@ async fn scrape_once(
             }
         }
     }
-    let cache = (metrics.block_size, metrics.num_gpu_blocks);
+    let cache = (metrics.block_size, metrics.num_gpu_blocks, metrics.engines);
     if seen.cache != Some(cache) {
         seen.cache = Some(cache);
         let _ = news
@@ -275,6 +292,7 @@ async fn scrape_once(
                 id: pod.id.clone(),
                 block_size: cache.0,
                 num_gpu_blocks: cache.1,
+                engines: cache.2,
             })
             .await;
     }
@@ -297,11 +315,26 @@ async fn scrape_once(
     };
     let engine = &snapshot.config.instances[index].engine;
     let state = &snapshot.instances[index];
-    if metrics.running > engine.max_num_seqs {
+    pod.metrics
+        .config_mismatch
+        .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
+        .set(i64::from(metrics.running > engine.max_num_seqs));
+    let (metrics, capped) = cap_to_limits(metrics, engine, pod.store.limits());
+    for (field, _) in &capped {
         pod.metrics
-            .config_mismatch
-            .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
-            .set(1);
+            .state_capped
+            .with_label_values(&[pod.id.as_str(), field])
+            .inc();
+    }
+    let note = (!capped.is_empty()).then(|| {
+        capped
+            .iter()
+            .map(|(_, what)| what.as_str())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    if state.capped != note {
+        let _ = pod.store.set_capped_note(&pod.id, note);
     }
     // Pushed per-request state is preferred while it is fresh.
     let last_rebuild = pod.last_rebuild_us.load(Ordering::Relaxed);
@@ -348,6 +381,42 @@ async fn scrape_once(
         }
     }
     Ok(at_us)
+}
+
+/// The page's counts capped to what the instance can hold, so a pod busier than its pool's
+/// configured limits (or than vLLM's defaults the pool assumed) is still mirrored, never
+/// refused: running requests to `max_num_seqs`, waiting ones to the store's per-instance
+/// request limit. Returns the capped page and (field, what was capped) for each cap.
+pub fn cap_to_limits(
+    mut metrics: super::text::PodMetrics,
+    engine: &crate::sim::EngineConfig,
+    limits: &crate::twin::store::StoreLimits,
+) -> (super::text::PodMetrics, Vec<(&'static str, String)>) {
+    let mut capped = Vec::new();
+    if metrics.running > engine.max_num_seqs {
+        capped.push((
+            "gauges.running",
+            format!(
+                "gauges.running {} capped to max_num_seqs {}",
+                metrics.running, engine.max_num_seqs
+            ),
+        ));
+        metrics.running = engine.max_num_seqs;
+    }
+    let room = u32::try_from(limits.max_requests_per_instance)
+        .unwrap_or(u32::MAX)
+        .saturating_sub(metrics.running);
+    if metrics.waiting > room {
+        capped.push((
+            "requests.waiting",
+            format!(
+                "requests.waiting {} capped to {room} (max requests per instance {})",
+                metrics.waiting, limits.max_requests_per_instance
+            ),
+        ));
+        metrics.waiting = room;
+    }
+    (metrics, capped)
 }
 
 /// Sleeps `duration` (a named helper so loops read as prose).

@@ -61,6 +61,9 @@ pub struct PodMetrics {
     pub itl_count: Option<f64>,
     /// When the pod's process started (`process_start_time_seconds`), if exported.
     pub process_start: Option<f64>,
+    /// Data-parallel engines the page reports (distinct `engine` label values of
+    /// `cache_config_info`, else of the running gauge; 1 when unlabelled).
+    pub engines: u32,
     /// Deprecated names this page used (reported on /metrics).
     pub deprecated: Vec<&'static str>,
 }
@@ -229,6 +232,20 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         kv_usage,
         deprecated: std::mem::take(&mut metrics.deprecated),
         ..PodMetrics::default()
+    };
+    let engines_of = |names: &[(&str, bool)]| {
+        let mut engines: Vec<&str> = samples
+            .iter()
+            .filter(|s| names.iter().any(|(name, _)| s.metric == *name))
+            .filter_map(|s| s.labels.get("engine"))
+            .collect();
+        engines.sort_unstable();
+        engines.dedup();
+        u32::try_from(engines.len()).unwrap_or(u32::MAX)
+    };
+    metrics.engines = match engines_of(CACHE_INFO) {
+        0 => engines_of(RUNNING).max(1),
+        engines => engines,
     };
     if let Some(info) = samples
         .iter()

@@ -17,9 +17,13 @@ use crate::twin::TwinError;
 /// number), and a hostile value must not make a huge reply or log line.
 pub const MESSAGE_CHARS_MAX: usize = 256;
 
-/// `message` cut to [`MESSAGE_CHARS_MAX`] characters (an ellipsis marks the cut).
+/// `message` cut to at most [`MESSAGE_CHARS_MAX`] characters, the ellipsis marking a cut
+/// included.
 pub fn shorten(message: &str) -> String {
-    match message.char_indices().nth(MESSAGE_CHARS_MAX) {
+    if message.chars().nth(MESSAGE_CHARS_MAX).is_none() {
+        return message.to_owned();
+    }
+    match message.char_indices().nth(MESSAGE_CHARS_MAX - 1) {
         None => message.to_owned(),
         Some((end, _)) => format!("{}…", &message[..end]),
     }
@@ -44,7 +48,7 @@ pub fn stream_status_from(err: &TwinError, index: u64) -> Status {
     let status = status_from(err);
     Status::new(
         status.code(),
-        format!("stream message {index}: {}", status.message()),
+        shorten(&format!("stream message {index}: {}", status.message())),
     )
 }
 
@@ -140,10 +144,16 @@ mod tests {
     fn messages_are_cut_short() {
         let long = TwinError::invalid("instances[0].id", "x".repeat(1_000_000));
         let status = status_from(&long);
-        assert!(status.message().chars().count() <= MESSAGE_CHARS_MAX + 1);
+        assert!(status.message().chars().count() <= MESSAGE_CHARS_MAX);
         assert!(status.message().starts_with("instances[0].id: xxx"));
         assert!(status.message().ends_with('…'));
-        assert_eq!(shorten("é".repeat(300).as_str()).chars().count(), 257);
+        assert_eq!(
+            shorten("é".repeat(300).as_str()).chars().count(),
+            MESSAGE_CHARS_MAX
+        );
+        assert_eq!(shorten(&"é".repeat(MESSAGE_CHARS_MAX)).chars().count(), 256);
+        let streamed = stream_status_from(&long, u64::MAX);
+        assert!(streamed.message().chars().count() <= MESSAGE_CHARS_MAX);
         assert_eq!(shorten("short"), "short");
     }
 }

@@ -1,5 +1,6 @@
 //! The HTTP side of the server: `/metrics` (Prometheus text format), `/healthz` (the
-//! process is up) and `/readyz` (a config is synced and the server is not shutting down).
+//! process is up) and `/readyz` (a config is synced and the server is not shutting down),
+//! both with the latency predictor's JSON bodies.
 //! With a bearer token required on reads, `/metrics` answers 401 without it; the probes
 //! never need it.
 
@@ -40,8 +41,11 @@ pub fn router(
                 }
             }),
         )
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+        .route("/healthz", get(|| async { super::predictor::healthz() }))
+        .route("/readyz", {
+            let predictor = Arc::clone(&predictor);
+            get(move || async move { super::predictor::readyz(&predictor) })
+        })
         .with_state(Arc::clone(&shared))
         .merge(super::predictor::router(predictor).route_layer(
             axum::middleware::from_fn_with_state(
@@ -69,7 +73,11 @@ async fn guard_predictor(
     if auth.allows(write, request.headers()) {
         next.run(request).await
     } else {
-        rejections.with_label_values(&[&path]).inc();
+        // The route's template (`/model/{name}/info`), not the path: a client must not grow
+        // the label set.
+        rejections
+            .with_label_values(&[super::predictor::route_label(&path)])
+            .inc();
         unauthorized()
     }
 }
@@ -125,17 +133,5 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     match shared.metrics.encode() {
         Ok(text) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response(),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
-    }
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    if shared.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
     }
 }

@@ -14,6 +14,7 @@ pub mod deadline;
 pub mod error;
 pub mod forecast_loop;
 pub mod http;
+pub mod http_conn;
 pub mod lifecycle;
 pub mod load;
 pub mod loadgen;

@@ -83,6 +83,8 @@ pub struct ServerOptions {
     pub auth: AuthPolicy,
     /// TLS on both listeners (default: off, plain TCP).
     pub tls: Option<TlsFiles>,
+    /// Bounds of the HTTP listener (connections, header and body reads).
+    pub http: super::http_conn::HttpLimits,
 }
 
 impl ServerOptions {
@@ -108,6 +110,7 @@ impl ServerOptions {
             predictor: super::predictor::PredictorOptions::default(),
             auth: AuthPolicy::default(),
             tls: None,
+            http: super::http_conn::HttpLimits::DEFAULT,
         }
     }
 }
@@ -223,8 +226,12 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .add_service(twin);
     let predictor = Arc::new(super::predictor::Predictor::new(
         Arc::clone(&shared),
-        options.predictor.clone(),
+        super::predictor::PredictorOptions {
+            body: options.http.body,
+            ..options.predictor.clone()
+        },
     )?);
+    let connections = super::http_conn::ConnectionMetrics::register(&shared.metrics)?;
     let _ = shared.predictor.set(Arc::downgrade(&predictor));
     let router = http::router(Arc::clone(&shared), predictor, auth, rejections);
     let (grpc, http) = match &tls {
@@ -234,8 +241,14 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
                 tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
                 stopped(stop_rx.clone()),
             );
-            let http = axum::serve(http_listener, router).with_graceful_shutdown(stopped(stop_rx));
-            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+            let http = super::http_conn::serve(
+                http_listener,
+                router,
+                options.http,
+                connections,
+                stopped(stop_rx),
+            );
+            (tokio::spawn(grpc), tokio::spawn(http))
         }
         Some(acceptors) => {
             let grpc = routes.serve_with_incoming_shutdown(
@@ -249,8 +262,14 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
                         source,
                     }
                 })?;
-            let http = axum::serve(listener, router).with_graceful_shutdown(stopped(stop_rx));
-            (tokio::spawn(grpc), tokio::spawn(async move { http.await }))
+            let http = super::http_conn::serve(
+                listener,
+                router,
+                options.http,
+                connections,
+                stopped(stop_rx),
+            );
+            (tokio::spawn(grpc), tokio::spawn(http))
         }
     };
     let transport = match (&options.tls, &tls) {

@@ -19,7 +19,7 @@ pub struct LiveMetrics {
     pub kv_batches: IntCounterVec,
     /// KV replays by instance and result (`ok`, `unavailable`).
     pub kv_replays: IntCounterVec,
-    /// 1 while `signal` (`metrics`, `kv_events`, `config`) holds `instance` stale.
+    /// 1 while `signal` (`metrics`, `kv_events`, `config`, `discovery`) holds `instance` stale.
     pub stale: IntGaugeVec,
     /// 1 when a pod publishes a cache setting (`block_size`, `num_gpu_blocks`) that differs
     /// from the configured one, or more running requests than `max_num_seqs`.
@@ -30,6 +30,15 @@ pub struct LiveMetrics {
     pub pods: IntGauge,
     /// Process restarts read from a pod's `/metrics` (its cached blocks were dropped).
     pub restarts: IntCounterVec,
+    /// Scraped or streamed state capped to the instance's limits, by field
+    /// (`gauges.running`, `requests.waiting`, `cached_blocks`).
+    pub state_capped: IntCounterVec,
+    /// KV events skipped because their type is unknown (vLLM added one), by type.
+    pub kv_unknown_events: IntCounterVec,
+    /// KV-event batches missed and not recovered by a replay.
+    pub kv_gaps: IntCounterVec,
+    /// KV-event stream (re)connections by result (`connected`, `failed`, `disconnected`).
+    pub kv_connections: IntCounterVec,
 }
 
 impl LiveMetrics {
@@ -99,6 +108,38 @@ impl LiveMetrics {
             ),
             &["instance"],
         )?;
+        let state_capped = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_state_capped_total",
+                "Observations capped to the instance's limits, by field.",
+            ),
+            &["instance", "field"],
+        )?;
+        let kv_unknown_events = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_kv_unknown_events_total",
+                "KV events of an unknown type, skipped one by one.",
+            ),
+            &["instance", "type"],
+        )?;
+        let kv_gaps = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_kv_gaps_total",
+                "KV-event batches missed and not recovered by a replay.",
+            ),
+            &["instance"],
+        )?;
+        let kv_connections = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_kv_connections_total",
+                "KV-event stream connections by result.",
+            ),
+            &["instance", "result"],
+        )?;
+        registry.register(Box::new(state_capped.clone()))?;
+        registry.register(Box::new(kv_unknown_events.clone()))?;
+        registry.register(Box::new(kv_gaps.clone()))?;
+        registry.register(Box::new(kv_connections.clone()))?;
         registry.register(Box::new(scrapes.clone()))?;
         registry.register(Box::new(scrape_duration.clone()))?;
         registry.register(Box::new(publish_lag.clone()))?;
@@ -120,11 +161,27 @@ impl LiveMetrics {
             deprecated_names,
             pods,
             restarts,
+            state_capped,
+            kv_unknown_events,
+            kv_gaps,
+            kv_connections,
         })
     }
 
     /// Drops every series of a retired instance (`deprecated`: the names it had set).
-    pub fn forget(&self, instance: &str, deprecated: &[&str]) {
+    pub fn forget(&self, instance: &str, deprecated: &[&str], unknown_types: &[String]) {
+        for field in ["gauges.running", "requests.waiting", "cached_blocks"] {
+            let _ = self.state_capped.remove_label_values(&[instance, field]);
+        }
+        for kind in unknown_types {
+            let _ = self
+                .kv_unknown_events
+                .remove_label_values(&[instance, kind]);
+        }
+        let _ = self.kv_gaps.remove_label_values(&[instance]);
+        for result in ["connected", "failed", "disconnected"] {
+            let _ = self.kv_connections.remove_label_values(&[instance, result]);
+        }
         for result in [
             "ok",
             "timeout",
@@ -143,7 +200,7 @@ impl LiveMetrics {
         for result in ["ok", "unavailable"] {
             let _ = self.kv_replays.remove_label_values(&[instance, result]);
         }
-        for signal in ["metrics", "kv_events", "config"] {
+        for signal in ["metrics", "kv_events", "config", "discovery"] {
             let _ = self.stale.remove_label_values(&[instance, signal]);
         }
         for field in ["block_size", "num_gpu_blocks", "max_num_seqs"] {

@@ -33,7 +33,8 @@ const _: () = {
     assert!(super::fork::BACKGROUND_ARRIVALS_MAX < MIRRORED_ID_BASE);
     assert!(super::store::StoreLimits::DEFAULT.max_requests_per_instance < 1 << MIRRORED_ID_BITS);
     assert!(
-        (super::store::StoreLimits::DEFAULT.max_instances as u64) < (u64::MAX - MIRRORED_ID_BASE) >> MIRRORED_ID_BITS
+        (super::store::StoreLimits::DEFAULT.max_instances as u64)
+            < (u64::MAX - MIRRORED_ID_BASE) >> MIRRORED_ID_BITS
     );
 };
 

@@ -20,6 +20,21 @@ use super::run::{
 use super::sampling::stream;
 use super::snapshot::MirrorSnapshot;
 
+/// A question naming the publisher's block hashes meets the blocks this instance keeps under
+/// their token keys (see `store::kv`): each hash the instance knows is replaced by its key.
+fn alias_block_keys(spec: &mut RequestSpec, state: &crate::twin::snapshot::InstanceState) {
+    if state.block_aliases.is_empty() {
+        return;
+    }
+    if let crate::sim::PromptContent::BlockKeys(keys) = &spec.content {
+        let aliased: Vec<u64> = keys
+            .iter()
+            .map(|key| state.block_aliases.get(key).copied().unwrap_or(*key))
+            .collect();
+        spec.content = crate::sim::PromptContent::BlockKeys(aliased.into());
+    }
+}
+
 /// The question's request as an engine request arriving at `now`.
 fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u64) -> RequestSpec {
     let request = &question.request;
@@ -115,7 +130,8 @@ pub(super) fn simulate(
         .memo
         .get(&key)
         .filter(|baseline| baseline.covers_until_us >= horizon_end);
-    let spec = question_request(question, replication, now);
+    let mut spec = question_request(question, replication, now);
+    alias_block_keys(&mut spec, &snapshot.instances[index]);
     if continuation {
         return continuation_pair(&forks, key, cached, spec, horizon_end);
     }

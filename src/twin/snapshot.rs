@@ -5,6 +5,7 @@
 //! Times are microseconds on the client's clock (for a live cluster: Unix time in µs), the
 //! same clock as the request arrival times and observation times the cluster pushes.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cluster::config::ClusterConfig;
@@ -74,6 +75,9 @@ pub struct InstanceState {
     pub gauges_at_us: u64,
     /// Block hashes cached on the GPU (from KV events), least recently stored first.
     pub cached_blocks: Vec<u64>,
+    /// The publisher's hash -> the key in `cached_blocks` of each block keyed by its token
+    /// ids (see `store::kv`), so a question naming the publisher's hashes still hits.
+    pub block_aliases: Arc<HashMap<u64, u64>>,
     /// When the last KV event batch arrived (client clock, µs).
     pub kv_events_at_us: u64,
     /// Sequence number of the last KV event batch applied.
@@ -84,6 +88,10 @@ pub struct InstanceState {
     /// GET /metrics timed out"; `None` when healthy or fed by pushes only. A stale instance
     /// is treated by the stale policy whatever its ages.
     pub stale_reason: Option<String>,
+    /// What the feeding edge capped to the instance's limits in its last observation (a
+    /// busier pod than the configured limits), e.g. `gauges.running 300 capped to
+    /// max_num_seqs 256`; the state stays usable, so this does not make it stale.
+    pub capped: Option<String>,
 }
 
 /// Traffic the mirror has observed, for background arrivals and output-length sampling.

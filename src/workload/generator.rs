@@ -152,7 +152,7 @@ impl ClientState {
             prefix,
             slo_class,
             priority: client.priority.unwrap_or(slo_class.priority()),
-            deadline_us: client.deadline_ms.map(|ms| ms.saturating_mul(1_000)),
+            deadline_us: client.deadline_us(),
         })
     }
 

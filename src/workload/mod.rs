@@ -29,4 +29,4 @@ pub use spec::{
     CLIENTS_MAX, ClientSpec, DEFAULT_CLIENT_ID, DURATION_S_MAX, PrefixSpec, RATE_PER_S_MAX,
     STAGES_MAX, Stage, WorkloadSpec,
 };
-pub use trace::{ReplayConfig, TRACE_COLUMNS, Trace, TraceFormat};
+pub use trace::{LostRequest, ReplayConfig, TRACE_COLUMNS, Trace, TraceFormat};

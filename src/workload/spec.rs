@@ -27,6 +27,8 @@ pub const CLIENTS_MAX: usize = 10_000;
 pub const STAGES_MAX: usize = 10_000;
 /// The id of the client implied when a spec has no `clients` list.
 pub const DEFAULT_CLIENT_ID: &str = "default";
+/// Largest `timeout_s` accepted (a year).
+pub const TIMEOUT_S_MAX: f64 = 365.0 * 86_400.0;
 
 /// A complete workload description, as read from YAML (see docs/workload.md).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -68,6 +70,9 @@ pub struct WorkloadSpec {
     /// The implied single client's relative deadline (only without `clients`).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// The implied single client's client timeout, seconds (only without `clients`).
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
     /// Clients sharing the aggregate rate; absent means one implied `default` client.
     #[serde(default)]
     pub clients: Option<Vec<ClientSpec>>,
@@ -118,6 +123,11 @@ pub struct ClientSpec {
     /// Deadline relative to arrival, milliseconds (at least 1).
     #[serde(default)]
     pub deadline_ms: Option<u64>,
+    /// Client timeout, seconds (> 0): the client abandons a request this long after sending
+    /// it and vLLM aborts it (the same deadline as `deadline_ms`, in a load generator's
+    /// unit; give one of the two).
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
     /// Arrival process override for this client (default: the top-level `arrival`).
     #[serde(default)]
     pub arrival: Option<ArrivalProcess>,
@@ -143,8 +153,16 @@ impl ClientSpec {
             output_tokens,
             prefix: None,
             deadline_ms: None,
+            timeout_s: None,
             arrival: None,
         }
+    }
+
+    /// The client's relative deadline in µs: `deadline_ms` or `timeout_s`, whichever is set.
+    pub fn deadline_us(&self) -> Option<u64> {
+        self.deadline_ms
+            .map(|ms| ms.saturating_mul(1_000))
+            .or_else(|| self.timeout_s.map(|s| (s * 1e6).round() as u64))
     }
 
     /// The parsed SLO class (`standard` when unset); `path` names the client in errors.
@@ -197,6 +215,20 @@ impl ClientSpec {
                 "must be >= 1",
             ));
         }
+        if let Some(timeout) = self.timeout_s {
+            if !(timeout > 0.0 && timeout <= TIMEOUT_S_MAX) {
+                return Err(WorkloadError::invalid(
+                    format!("{path}.timeout_s"),
+                    format!("must be > 0 and at most {TIMEOUT_S_MAX} (a year), got {timeout}"),
+                ));
+            }
+            if self.deadline_ms.is_some() {
+                return Err(WorkloadError::invalid(
+                    format!("{path}.timeout_s"),
+                    "give `timeout_s` or `deadline_ms`, not both",
+                ));
+            }
+        }
         if let Some(arrival) = &self.arrival {
             arrival.validate(&format!("{path}.arrival"))?;
         }
@@ -238,6 +270,7 @@ impl WorkloadSpec {
             priority: None,
             prefix: None,
             deadline_ms: None,
+            timeout_s: None,
             clients: None,
         }
     }
@@ -272,6 +305,7 @@ impl WorkloadSpec {
             output_tokens,
             prefix: self.prefix,
             deadline_ms: self.deadline_ms,
+            timeout_s: self.timeout_s,
             arrival: None,
         }])
     }
@@ -284,6 +318,7 @@ impl WorkloadSpec {
             ("priority", self.priority.is_some()),
             ("prefix", self.prefix.is_some()),
             ("deadline_ms", self.deadline_ms.is_some()),
+            ("timeout_s", self.timeout_s.is_some()),
         ];
         match present.iter().find(|(_, is_set)| *is_set) {
             Some((field, _)) => Err(WorkloadError::invalid(

@@ -2,11 +2,17 @@
 //!
 //! Three formats (docs/workload.md has the full description):
 //! - CSV with a header: `arrival_us,input_tokens,output_tokens[,prefix_group][,prefix_len]
-//!   [,slo_class]`, columns in any order, unknown columns rejected;
+//!   [,slo_class][,timeout_s]`, columns in any order, unknown columns rejected;
 //! - JSONL: one object per line with the same keys, unknown keys rejected;
 //! - the ground-truth `replay_requests.json` (`config` plus `requests[]` with `index`,
 //!   `arrival_time_us`, `input_tokens`, `output_tokens`, `prefix_group`, `has_error`),
-//!   whose `config` is returned as a [`ReplayConfig`] so the caller can apply it.
+//!   whose `config` is returned as a [`ReplayConfig`] so the caller can apply it. A failed
+//!   request whose token counts were lost (`has_error` with `input_tokens` 0: the client
+//!   never saw them) is not a request yet: it comes back in [`Trace::lost`] with its
+//!   arrival, for the caller to give lengths (`ditto validate` draws them from the workload).
+//!
+//! `timeout_s` (optional, > 0) is the client's timeout: the request gets the deadline
+//! `arrival_us + timeout_s`, at which the client abandons it and the engine aborts it.
 //!
 //! Requests come back sorted by arrival (stable, so equal arrivals keep file order). CSV and
 //! JSONL ids are the 0-based data-row index in the file; replay ids are `index`. Errors name
@@ -23,13 +29,14 @@ use crate::sim::rng::fnv1a64;
 use crate::workload::error::WorkloadError;
 
 /// The columns (CSV) or keys (JSONL) a trace row may have; the first three are required.
-pub const TRACE_COLUMNS: [&str; 6] = [
+pub const TRACE_COLUMNS: [&str; 7] = [
     "arrival_us",
     "input_tokens",
     "output_tokens",
     "prefix_group",
     "prefix_len",
     "slo_class",
+    "timeout_s",
 ];
 const REQUIRED_COLUMNS: usize = 3;
 
@@ -51,11 +58,25 @@ pub struct Trace {
     pub requests: Vec<RequestSpec>,
     /// The replay file's server configuration (replay JSON only).
     pub replay_config: Option<ReplayConfig>,
-    /// Ids of requests the measured run marked `has_error` (replay JSON only); they are
-    /// still in `requests`, so the caller decides whether to drop them.
+    /// Ids of requests the measured run marked `has_error` (replay JSON only), sorted; those
+    /// with token counts are still in `requests`, so the caller decides whether to drop
+    /// them; those without are in `lost`.
     pub errored: Vec<RequestId>,
     /// The replay file's `model_id`, if present.
     pub model_id: Option<String>,
+    /// Failed requests whose token counts were lost (replay JSON only: `has_error` with
+    /// `input_tokens` 0), in file order: not in `requests`, since a request needs a prompt.
+    pub lost: Vec<LostRequest>,
+}
+
+/// A failed request of a replay file whose token counts the client never saw: only its
+/// id and arrival are known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostRequest {
+    /// The replay `index`.
+    pub id: RequestId,
+    /// Its arrival (µs, the file's clock).
+    pub arrival_us: u64,
 }
 
 /// The `config` object of a `replay_requests.json`: the measured server's settings.
@@ -106,7 +127,7 @@ impl TraceFormat {
             TraceFormat::Jsonl => plain_trace(parse_jsonl(text)?),
             TraceFormat::ReplayJson => parse_replay(text)?,
         };
-        if trace.requests.is_empty() {
+        if trace.requests.is_empty() && trace.lost.is_empty() {
             return Err(WorkloadError::Trace {
                 message: "no requests".to_owned(),
             });
@@ -122,6 +143,7 @@ fn plain_trace(requests: Vec<RequestSpec>) -> Trace {
         replay_config: None,
         errored: Vec::new(),
         model_id: None,
+        lost: Vec::new(),
     }
 }
 
@@ -134,6 +156,8 @@ struct Row {
     prefix_group: Option<u64>,
     prefix_len: Option<u32>,
     slo_class: Option<SloClass>,
+    /// Client timeout in µs (from `timeout_s`).
+    timeout_us: Option<u64>,
 }
 
 impl Row {
@@ -188,7 +212,9 @@ impl Row {
             max_tokens: output_tokens,
             slo_class,
             priority: slo_class.priority(),
-            deadline_us: None,
+            deadline_us: self
+                .timeout_us
+                .map(|timeout| arrival_us.saturating_add(timeout)),
             content,
         })
     }
@@ -206,6 +232,18 @@ fn group_id(label: &str) -> Option<u64> {
             .parse::<u64>()
             .unwrap_or_else(|_| fnv1a64(label.as_bytes())),
     )
+}
+
+/// A client timeout in seconds (> 0, at most a year) as µs.
+fn timeout_us(line: u64, column: &str, seconds: f64) -> Result<u64, WorkloadError> {
+    if !(seconds > 0.0 && seconds <= 365.0 * 86_400.0) {
+        return Err(WorkloadError::field(
+            line,
+            column,
+            format!("must be > 0 seconds (at most a year), got {seconds}"),
+        ));
+    }
+    Ok((seconds * 1e6).round() as u64)
 }
 
 fn parse_slo(line: u64, column: &str, text: &str) -> Result<SloClass, WorkloadError> {
@@ -301,6 +339,12 @@ fn csv_field(row: &mut Row, line: u64, column: &str, field: &str) -> Result<(), 
             row.prefix_len = Some(csv_number(line, column, field)?)
         }
         "slo_class" => row.slo_class = Some(parse_slo(line, column, field)?),
+        "timeout_s" if !field.is_empty() => {
+            let seconds = field.parse::<f64>().map_err(|_| {
+                WorkloadError::field(line, column, format!("expected seconds, got `{field}`"))
+            })?;
+            row.timeout_us = Some(timeout_us(line, column, seconds)?);
+        }
         _ => {}
     }
     Ok(())
@@ -373,6 +417,12 @@ fn jsonl_row(line: u64, object: &Map<String, Value>) -> Result<Row, WorkloadErro
                 };
                 row.slo_class = Some(parse_slo(line, key, name)?);
             }
+            "timeout_s" => {
+                let seconds = value
+                    .as_f64()
+                    .ok_or_else(|| WorkloadError::field(line, key, "expected seconds"))?;
+                row.timeout_us = Some(timeout_us(line, key, seconds)?);
+            }
             _ => {
                 return Err(WorkloadError::field(
                     line,
@@ -420,27 +470,39 @@ fn parse_replay(text: &str) -> Result<Trace, WorkloadError> {
     };
     let mut requests = Vec::with_capacity(records.len());
     let mut errored = Vec::new();
+    let mut lost = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for (position, record) in (0u64..).zip(records) {
-        let (request, has_error) =
-            replay_request(record, &config).map_err(|(field, message)| {
-                WorkloadError::ReplayRecord {
-                    position,
-                    field: field.to_owned(),
-                    message,
-                }
-            })?;
-        if !seen.insert(request.id) {
+        let replayed = replay_request(record, &config).map_err(|(field, message)| {
+            WorkloadError::ReplayRecord {
+                position,
+                field: field.to_owned(),
+                message,
+            }
+        })?;
+        let id = match &replayed {
+            Replayed::Request(request, _) => request.id,
+            Replayed::Lost(request) => request.id,
+        };
+        if !seen.insert(id) {
             return Err(WorkloadError::ReplayRecord {
                 position,
                 field: "index".to_owned(),
-                message: format!("duplicate index {}", request.id.0),
+                message: format!("duplicate index {}", id.0),
             });
         }
-        if has_error {
-            errored.push(request.id);
+        match replayed {
+            Replayed::Request(request, has_error) => {
+                if has_error {
+                    errored.push(request.id);
+                }
+                requests.push(request);
+            }
+            Replayed::Lost(request) => {
+                errored.push(request.id);
+                lost.push(request);
+            }
         }
-        requests.push(request);
     }
     errored.sort();
     Ok(Trace {
@@ -451,6 +513,7 @@ fn parse_replay(text: &str) -> Result<Trace, WorkloadError> {
             .get("model_id")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        lost,
     })
 }
 
@@ -481,11 +544,18 @@ fn replay_config(object: &Map<String, Value>) -> Result<ReplayConfig, String> {
     })
 }
 
+/// One `requests[]` record: a request (and whether the run marked it `has_error`), or a
+/// failed one whose lengths were lost.
+enum Replayed {
+    Request(RequestSpec, bool),
+    Lost(LostRequest),
+}
+
 /// Reads one `requests[]` record; errors are `(key, problem)`.
 fn replay_request(
     record: &Value,
     config: &ReplayConfig,
-) -> Result<(RequestSpec, bool), (&'static str, String)> {
+) -> Result<Replayed, (&'static str, String)> {
     let Value::Object(object) = record else {
         return Err(("", "expected a JSON object".to_owned()));
     };
@@ -505,8 +575,23 @@ fn replay_request(
     let arrival_us = number("arrival_time_us")?;
     let input_tokens = tokens("input_tokens")?;
     let output_tokens = tokens("output_tokens")?;
+    let has_error = match object.get("has_error") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(flag)) => *flag,
+        Some(other) => return Err(("has_error", format!("expected a boolean, got {other}"))),
+    };
+    if input_tokens == 0 && has_error {
+        // The client failed before it saw the prompt's token count (e.g. its timeout).
+        return Ok(Replayed::Lost(LostRequest {
+            id: RequestId(index),
+            arrival_us,
+        }));
+    }
     if input_tokens == 0 {
-        return Err(("input_tokens", "must be >= 1".to_owned()));
+        return Err((
+            "input_tokens",
+            "must be >= 1 (0 only with has_error: a failed request)".to_owned(),
+        ));
     }
     let group = match object.get("prefix_group") {
         None | Some(Value::Null) => None,
@@ -516,17 +601,12 @@ fn replay_request(
             return Err(("prefix_group", format!("expected a string, got {other}")));
         }
     };
-    let has_error = match object.get("has_error") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(flag)) => *flag,
-        Some(other) => return Err(("has_error", format!("expected a boolean, got {other}"))),
-    };
     let mut request = RequestSpec::synthetic(index, arrival_us, input_tokens, output_tokens);
     if let Some(group) = group {
         // A measured prompt may be shorter than the nominal system prompt: clamp.
         request = request.with_prefix(group, config.system_prompt_len.min(input_tokens));
     }
-    Ok((request, has_error))
+    Ok(Replayed::Request(request, has_error))
 }
 
 #[cfg(test)]

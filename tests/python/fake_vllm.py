@@ -16,11 +16,36 @@
   request that follows the N-th page with the new gauges wait until `release` (so a test can
   look at the mirror knowing how many such pages its scraper has had); `status` reports it.
 
+Written from vLLM's source (vllm/distributed/kv_events.py, vllm/v1/core/kv_cache_utils.py,
+vllm/v1/metrics/loggers.py), not from ditto's decoder:
+
+- Wire eras (`encoding` of a `kv` command): `legacy` (the 5-field array_like BlockStored
+  `[tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id]`), `array` (the
+  default: with `medium`, `lora_name`, `extra_keys`, `group_idx`; trailing `None`s omitted as
+  msgspec's `omit_defaults` does), `map` (events as tagged maps, `{"type": ...}`) and
+  `map-batch` (the batch itself a map `{ts, events, data_parallel_rank}`). Any other event
+  `type` is sent as given (vLLM adds event types: a subscriber must skip them).
+- Block hashes as vLLM computes them (`prompt` command): `hash_block_tokens` chains
+  `sha256(pickle((parent, tuple(tokens), extra_keys)))` from `NONE_HASH`, a per-process random
+  32 bytes (vLLM's default without PYTHONHASHSEED), so nobody outside can compute them; sent
+  as ints (`maybe_convert_block_hash`: the low 64 bits, big-endian) or as the 32 bytes
+  (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+- Data parallelism (`--dp-size N`): every series has one `engine` label value per rank, and
+  rank r publishes on `--pub-port + r` / `--replay-port + r`, as vLLM's
+  `ZmqEventPublisher.offset_endpoint_port` binds them; `kv`/`prompt` take a `rank`.
+- Restarts: kill and start the process again: its publisher numbers from 0 with an empty
+  replay buffer, and `--startup-kv FILE` publishes batches (a JSON list of `kv` commands) as
+  the process starts, before any subscriber can have joined: only the replay buffer has them.
+- `--topic` sets the topic (default llm-d's `kv@<host>@<model>`; vLLM's own default is "").
+
 Run: python fake_vllm.py --host 127.0.0.2 --http-port P --pub-port Q [--replay-port R]
 """
 
 import argparse
+import hashlib
 import json
+import os
+import pickle
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,10 +62,11 @@ LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75
 class Metrics:
     """vLLM v1's exported series (vllm/v1/metrics/loggers.py), in a private registry."""
 
-    def __init__(self, deprecated, block_size, num_gpu_blocks):
+    def __init__(self, deprecated, block_size, num_gpu_blocks, dp_size=1):
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
         self.values = [MODEL, "0"]
+        self.engines = [[MODEL, str(rank)] for rank in range(dp_size)]
         kv_name = "vllm:gpu_cache_usage_perc" if deprecated else "vllm:kv_cache_usage_perc"
         prefix = "vllm:gpu_prefix_cache" if deprecated else "vllm:prefix_cache"
         itl = "vllm:time_per_output_token_seconds" if deprecated else "vllm:inter_token_latency_seconds"
@@ -57,7 +83,8 @@ class Metrics:
             ["block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching", "engine"],
             registry=r,
         )
-        info.labels(str(block_size), str(num_gpu_blocks), "auto", "True", "0").set(1)
+        for rank in range(dp_size):
+            info.labels(str(block_size), str(num_gpu_blocks), "auto", "True", str(rank)).set(1)
         self.queries = Counter(f"{prefix}_queries", "Prefix-cache queries, tokens.", labels, registry=r)
         self.hits = Counter(f"{prefix}_hits", "Prefix-cache hits, tokens.", labels, registry=r)
         self.prompt = Histogram(
@@ -75,17 +102,19 @@ class Metrics:
         self.queries.labels(*self.values).inc(4400)
         self.hits.labels(*self.values).inc(1100)
 
-    def set(self, running=None, waiting=None, kv=None):
+    def set(self, running=None, waiting=None, kv=None, engine=0):
+        values = self.engines[engine] if engine < len(self.engines) else self.values
         if running is not None:
-            self.running.labels(*self.values).set(running)
+            self.running.labels(*values).set(running)
         if waiting is not None:
-            self.waiting.labels(*self.values).set(waiting)
+            self.waiting.labels(*values).set(waiting)
         if kv is not None:
-            self.kv.labels(*self.values).set(kv)
+            self.kv.labels(*values).set(kv)
 
 
 def encode_event(event, encoding):
-    """One event as msgspec encodes vLLM's tagged structs (array_like or as a map)."""
+    """One event as msgspec encodes vLLM's tagged structs (`KVCacheEvent`, `tag=True`):
+    `array_like` (positional, tag first) or as a map with a `type` key."""
     kind = event["type"]
     if kind == "BlockStored":
         fields = [
@@ -93,19 +122,73 @@ def encode_event(event, encoding):
             ("parent_block_hash", event.get("parent_block_hash")),
             ("token_ids", event.get("token_ids", [])),
             ("block_size", event.get("block_size", 16)),
-            ("lora_id", None),
+            ("lora_id", event.get("lora_id")),
             ("medium", event.get("medium", "GPU")),
-            ("lora_name", None),
+            ("lora_name", event.get("lora_name")),
+            ("extra_keys", event.get("extra_keys")),
+            ("group_idx", event.get("group_idx")),
         ]
+        legacy = 5
     elif kind == "BlockRemoved":
-        fields = [("block_hashes", event["block_hashes"]), ("medium", event.get("medium", "GPU"))]
+        fields = [
+            ("block_hashes", event["block_hashes"]),
+            ("medium", event.get("medium", "GPU")),
+            ("group_idx", event.get("group_idx")),
+        ]
+        legacy = 1
     elif kind == "AllBlocksCleared":
         fields = []
+        legacy = 0
     else:
-        raise ValueError(kind)
-    if encoding == "map":
-        return {"type": kind, **dict(fields)}
+        # A type this fixture does not know either: sent as given (vLLM adds types).
+        fields = list(event.get("fields", {}).items())
+        legacy = len(fields)
+    if encoding in ("map", "map-batch"):
+        return {"type": kind, **{k: v for k, v in fields if v is not None or k != "group_idx"}}
+    if encoding == "legacy":
+        fields = fields[:legacy]
+    else:
+        # omit_defaults on an array_like struct drops trailing default (None) fields.
+        while len(fields) > legacy and fields[-1][1] is None:
+            fields.pop()
     return [kind, *[value for _, value in fields]]
+
+
+# vLLM's NONE_HASH without PYTHONHASHSEED: random per process (kv_cache_utils.init_none_hash).
+NONE_HASH = os.urandom(32)
+
+
+def vllm_sha256(value):
+    """vLLM's `sha256` prefix-caching hash: sha256 of the pickled value."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def hash_block_tokens(parent, tokens, extra_keys=None):
+    """vLLM's `hash_block_tokens`: chained from NONE_HASH."""
+    return vllm_sha256((parent or NONE_HASH, tuple(tokens), extra_keys))
+
+
+def maybe_convert_block_hash(digest, as_int):
+    """vLLM's `maybe_convert_block_hash`: the low 64 bits, big-endian (or the bytes)."""
+    return int.from_bytes(digest, byteorder="big") & ((1 << 64) - 1) if as_int else digest
+
+
+def prompt_events(token_ids, block_size, as_int, first_block=0):
+    """The BlockStored event vLLM publishes when a prompt's full blocks are cached, from
+    block `first_block` on (its parent: the block before, already cached)."""
+    digests, parent = [], None
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        digests.append(parent)
+    stored = digests[first_block:]
+    event = dict(
+        type="BlockStored",
+        block_hashes=[maybe_convert_block_hash(d, as_int) for d in stored],
+        parent_block_hash=maybe_convert_block_hash(digests[first_block - 1], as_int) if first_block else None,
+        token_ids=token_ids[first_block * block_size : len(digests) * block_size],
+        block_size=block_size,
+    )
+    return event, [maybe_convert_block_hash(d, True) for d in digests]
 
 
 class Publisher:
@@ -113,12 +196,13 @@ class Publisher:
 
     END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
-    def __init__(self, host, pub_port, replay_port):
+    def __init__(self, host, pub_port, replay_port, topic=None, rank=0):
+        self.rank = rank
         self.context = zmq.Context()
         self.pub = self.context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(f"tcp://{host}:{pub_port}")
-        self.topic = f"kv@{host}@{MODEL}".encode()
+        self.topic = (f"kv@{host}@{MODEL}" if topic is None else topic).encode()
         self.seq = 0
         self.buffer = []
         self.lock = threading.Lock()
@@ -147,9 +231,12 @@ class Publisher:
 
     def publish(self, events, encoding="array", hold=False, raw=None):
         """Publishes one batch (or `raw` payload bytes); `hold` buffers it without sending."""
-        payload = raw if raw is not None else msgpack.packb(
-            [time.time(), [encode_event(e, encoding) for e in events], 0], use_bin_type=True
-        )
+        encoded = [encode_event(e, encoding) for e in events]
+        if encoding == "map-batch":
+            batch = {"ts": time.time(), "events": encoded, "data_parallel_rank": self.rank}
+        else:
+            batch = [time.time(), encoded, self.rank]
+        payload = raw if raw is not None else msgpack.packb(batch, use_bin_type=True)
         with self.lock:
             seq = self.seq
             self.seq += 1
@@ -161,8 +248,10 @@ class Publisher:
 
 class State:
     def __init__(self, args):
-        self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks)
-        self.metrics.set(0, 0, 0.0)
+        self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks, args.dp_size)
+        for engine in range(args.dp_size):
+            self.metrics.set(0, 0, 0.0, engine)
+        self.block_size = args.block_size
         self.fault = None
         # Pages served since the last gauge change, and the scrape hold (see the docstring).
         self.lock = threading.Lock()
@@ -170,7 +259,25 @@ class State:
         self.hold_after = None
         self.holding = False
         self.release = threading.Event()
-        self.publisher = Publisher(args.host, args.pub_port, args.replay_port) if args.pub_port else None
+        self.publishers = [
+            Publisher(
+                args.host,
+                args.pub_port + rank,
+                args.replay_port + rank if args.replay_port else 0,
+                args.topic,
+                rank,
+            )
+            for rank in range(args.dp_size if args.pub_port else 0)
+        ]
+        self.publisher = self.publishers[0] if self.publishers else None
+        if args.startup_kv:
+            with open(args.startup_kv) as file:
+                for kv in json.load(file):
+                    self.publish_kv(kv)
+
+    def publish_kv(self, kv):
+        publisher = self.publishers[kv.get("rank", 0)]
+        return publisher.publish(kv.get("events", []), kv.get("encoding", "array"), kv.get("hold", False))
 
 
 def handler(state):
@@ -218,9 +325,12 @@ def handler(state):
             length = int(self.headers.get("Content-Length", "0"))
             command = json.loads(self.rfile.read(length) or b"{}")
             result = {}
-            if "gauges" in command:
+            if "gauges" in command or "engines" in command:
                 with state.lock:
-                    state.metrics.set(**command["gauges"])
+                    if "gauges" in command:
+                        state.metrics.set(**command["gauges"])
+                    for engine, gauges in enumerate(command.get("engines", [])):
+                        state.metrics.set(**gauges, engine=engine)
                     state.served_since_change = 0
                     state.hold_after = command.get("hold_after")
                     state.holding = False
@@ -236,10 +346,18 @@ def handler(state):
             if "fault" in command:
                 state.fault = command["fault"]
             if "kv" in command:
-                kv = command["kv"]
-                result["seq"] = state.publisher.publish(
-                    kv.get("events", []), kv.get("encoding", "array"), kv.get("hold", False)
+                result["seq"] = state.publish_kv(command["kv"])
+            if "prompt" in command:
+                prompt = command["prompt"]
+                event, hashes = prompt_events(
+                    prompt["token_ids"],
+                    state.block_size,
+                    prompt.get("hash", "int") == "int",
+                    prompt.get("first_block", 0),
                 )
+                kv = dict(prompt, events=[event])
+                result["seq"] = state.publish_kv(kv)
+                result["hashes"] = hashes
             if command.get("malformed_kv"):
                 result["seq"] = state.publisher.publish([], raw=b"\xc1\x93not msgpack")
             self.reply(200, json.dumps(result).encode(), "application/json")
@@ -256,6 +374,9 @@ def main():
     parser.add_argument("--deprecated", action="store_true")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-gpu-blocks", type=int, default=4096)
+    parser.add_argument("--dp-size", type=int, default=1)
+    parser.add_argument("--topic", default=None)
+    parser.add_argument("--startup-kv", default=None)
     args = parser.parse_args()
     state = State(args)
     server = ThreadingHTTPServer((args.host, args.http_port), handler(state))

@@ -38,7 +38,7 @@ RELEASE, NAMESPACE = "ditto", "llm-d"
 def all_toggles_on():
     return {
         "replicaCount": 2,
-        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5558},
+        "mirror": {"enabled": True, "podsDns": "vllm-headless.llm-d.svc.cluster.local", "kvReplayPort": 5560, "kvDpSize": 2},
         "monitoring": {
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -304,7 +304,9 @@ def test_toggles_wire_what_they_name():
     # kubelet's gRPC probe cannot speak TLS: with TLS the probes are HTTPS.
     assert ditto["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert "--pods-dns=vllm-headless.llm-d.svc.cluster.local:8000" in ditto["args"]
-    assert "--kv-events=tcp://{ip}:5557" in ditto["args"] and "--kv-replay=tcp://{ip}:5558" in ditto["args"]
+    # llm-d's event port by default; the replay port and DP size as set.
+    assert "--kv-events=tcp://{ip}:5556" in ditto["args"] and "--kv-replay=tcp://{ip}:5560" in ditto["args"]
+    assert "--kv-dp-size=2" in ditto["args"] and not any(a.startswith("--kv-topic") for a in ditto["args"])
     assert "--stale-policy=treat-saturated" in ditto["args"]
     assert "--stream-in-flight=16" in ditto["args"]
     assert "--forecast-interval=15" in ditto["args"] and "--forecast-target-attainment=0.9" in ditto["args"]
@@ -408,13 +410,24 @@ def test_every_file_in_deploy_validates(tmp_path):
                         pod = {"containers": [{"name": "x", "image": "x"}], field: op["value"]}
                     validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
                 seen.add("patch")
+            elif isinstance(document, dict) and path.endswith(".patch.yaml"):
+                # A strategic merge patch: its containers, completed, must be valid.
+                containers = document["spec"]["template"]["spec"]["containers"]
+                pod = {"containers": [dict(c, image="x") for c in containers]}
+                validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
+                seen.add("patch")
+            elif "router" in document:
+                # Values for llm-d's router chart: the container its `router.proxy` renders, the
+                # pod volumes of `router.epp.volumes`, the `epp` container's extra env.
+                validate(router_values_pod(document), where)
+                seen.add("router-values")
             elif "pools" in document:
                 code, _, stderr = check_config({"args": []}, yaml.safe_dump(document), tmp_path)
                 assert code == 0, f"{where}: {stderr}"
                 seen.add("cluster")
-            elif document.get("kind") == "Kustomization":
+            elif document.get("kind") in ("Kustomization", "Component"):
                 base = os.path.dirname(path)
-                listed = list(document.get("resources", []))
+                listed = list(document.get("resources", [])) + list(document.get("components", []))
                 listed += [p["path"] for p in document.get("patches", []) if "path" in p]
                 listed += [f for g in document.get("configMapGenerator", []) for f in g.get("files", [])]
                 for item in listed:
@@ -423,7 +436,127 @@ def test_every_file_in_deploy_validates(tmp_path):
             else:
                 validate(document, where)
                 seen.add(document["kind"])
-    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster"} <= seen, seen
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster", "router-values"} <= seen, seen
+
+
+def router_values_pod(values):
+    """The EPP pod llm-d's router chart renders from these values (routerlib
+    `_deployment.yaml`: the proxy sidecar's fields, `router.epp.volumes`, `router.epp.env`)."""
+    proxy = values["router"]["proxy"]
+    assert proxy["enabled"] is True and proxy.get("mode", "sidecar") == "sidecar"
+    fields = ["name", "image", "imagePullPolicy", "args", "env", "ports", "livenessProbe", "readinessProbe",
+              "startupProbe", "securityContext", "resources", "volumeMounts"]
+    sidecar = {k: proxy[k] for k in fields if k in proxy}
+    epp = {"name": "epp", "image": "ghcr.io/llm-d/llm-d-router:v0.8.0", "env": values["router"]["epp"]["env"],
+           "volumeMounts": [{"name": "plugins-config-volume", "mountPath": "/config"}]}
+    volumes = values["router"]["epp"]["volumes"] + [{"name": "plugins-config-volume", "configMap": {"name": "x-epp"}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x-epp"},
+            "spec": {"terminationGracePeriodSeconds": 130, "containers": [epp, sidecar], "volumes": volumes}}
+
+
+def test_router_chart_values_add_ditto_to_the_epp_pod(tmp_path):
+    values = yaml.safe_load(open(os.path.join(DEPLOY, "llm-d-router", "values-ditto.yaml")))
+    pod = router_values_pod(values)
+    validate(pod, "deploy/llm-d-router/values-ditto.yaml")
+    epp, ditto = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in epp["env"]}
+    http = next(a for a in ditto["args"] if a.startswith("--http-addr=")).rsplit(":", 1)[1]
+    assert env["PREDICTION_SERVER_URL"] == env["TRAINING_SERVER_URL"] == f"http://127.0.0.1:{http}"
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert {m["name"] for m in ditto["volumeMounts"]} <= volumes
+    cluster_yaml = open(os.path.join(DEPLOY, "components", "ditto-epp-sidecar", "cluster.yaml")).read()
+    code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+    assert code == 0, stderr
+    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+    assert drain_ms < 130 * 1000
+
+
+def kustomize(directory):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
+    version = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60).stdout
+    found = re.search(r"Kustomize Version: v(\d+)", version)
+    if found is None or int(found.group(1)) < 5:
+        pytest.skip(f"kubectl's kustomize is older than v5 (components, regex targets): {version!r}")
+    return subprocess.run(
+        [kubectl, "kustomize", directory], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+# The router chart's EPP Deployment (llm-d/llm-d-router config/charts/routerlib) for release
+# `prod-router` in namespace `inference-prod`: neither the overlay's stand-in name nor its
+# namespace.
+ROUTER_EPP = """
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: prod-router-epp
+  namespace: inference-prod
+  labels: {app.kubernetes.io/name: prod-router-epp, llm-d.ai/igw-mode: llm-d-router-gateway}
+spec:
+  replicas: 1
+  strategy: {type: Recreate}
+  selector: {matchLabels: {llm-d-router-gateway: prod-router-epp}}
+  template:
+    metadata:
+      labels: {llm-d-router-gateway: prod-router-epp, llm-d.ai/igw-mode: llm-d-router-gateway}
+    spec:
+      serviceAccountName: prod-router-epp
+      terminationGracePeriodSeconds: 130
+      containers:
+        - name: epp
+          image: ghcr.io/llm-d/llm-d-router:v0.8.0
+          args: [--pool-name, prod-router, --pool-namespace, inference-prod, --config-file, /config/default-plugins.yaml]
+          ports:
+            - {name: grpc, containerPort: 9002}
+            - {name: grpc-health, containerPort: 9003}
+            - {name: metrics, containerPort: 9090}
+          env:
+            - name: NAMESPACE
+              valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+          volumeMounts:
+            - {name: plugins-config-volume, mountPath: /config}
+      volumes:
+        - name: plugins-config-volume
+          configMap: {name: prod-router-epp}
+"""
+
+
+def test_the_epp_component_over_any_release_name_and_namespace(tmp_path):
+    work = tmp_path / "mine"
+    work.mkdir()
+    (work / "epp.yaml").write_text(ROUTER_EPP)
+    component = os.path.relpath(os.path.join(DEPLOY, "components", "ditto-epp-sidecar"), work)
+    (work / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"namespace: inference-prod\nresources: [epp.yaml]\ncomponents: [{component}]\n"
+    )
+    objects = [d for d in yaml.safe_load_all(kustomize(str(work))) if d]
+    for obj in objects:
+        validate(obj, "kubectl kustomize (component over prod-router-epp)")
+    (epp,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert epp["metadata"]["name"] == "prod-router-epp" and epp["metadata"]["namespace"] == "inference-prod"
+    pod = epp["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 130, "the EPP's grace period is kept"
+    assert epp["spec"]["strategy"] == {"type": "Recreate"}
+    ditto = container(pod)
+    env = {e["name"]: e.get("value") for e in container(pod, "epp")["env"]}
+    assert env["PREDICTION_SERVER_URL"] == "http://127.0.0.1:9011" and "NAMESPACE" in env
+    # Every mount names a volume, every ConfigMap volume a ConfigMap of the output in the same
+    # namespace (the generated one under its hashed name).
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for c in pod["containers"]:
+        for mount in c.get("volumeMounts", []):
+            assert mount["name"] in volumes, (c["name"], mount)
+    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
+    generated = volumes["ditto-config"]["configMap"]["name"]
+    assert generated.startswith("ditto-config-") and generated in configmaps, (generated, list(configmaps))
+    assert configmaps[generated]["metadata"]["namespace"] == "inference-prod"
+    code, _, stderr = check_config(ditto, configmaps[generated]["data"]["cluster.yaml"], tmp_path)
+    assert code == 0, stderr
+    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
+    assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
 
 
 KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
@@ -431,12 +564,7 @@ KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
 def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path):
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
-    rendered = subprocess.run(
-        [kubectl, "kustomize", os.path.join(DEPLOY, directory)], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
+    rendered = kustomize(os.path.join(DEPLOY, directory))
     objects = [d for d in yaml.safe_load_all(rendered) if d]
     for obj in objects:
         validate(obj, f"kubectl kustomize deploy/{directory}")
@@ -453,3 +581,134 @@ def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path)
         assert code == 0, f"deploy/{directory}: {stderr}"
         drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
         assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
+
+
+# --- Kubernetes discovery, models, volumes, PDB (issue 19) ------------------------------------
+
+QWEN_CONFIG = os.path.join(ROOT, "tests", "data", "models", "qwen3-32b", "config.json")
+
+
+def kube_discovery(**mirror):
+    values = {
+        "mirror": {"enabled": True, "metricsPort": 8200, **mirror},
+        "models": {"qwen3-32b": open(QWEN_CONFIG).read()},
+        "calibration": {"persistence": {"enabled": True, "existingClaim": "ditto-calibration"}},
+        "extraVolumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "16Mi"}}],
+        "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "podDisruptionBudget": {"enabled": True},
+    }
+    values["cluster"] = copy.deepcopy(yaml.safe_load(open(os.path.join(CHART, "values.yaml")))["cluster"])
+    values["cluster"]["pools"][0].update({"model": "Qwen/Qwen3-32B", "gpu": "H200", "replicas": 1})
+    return values
+
+
+DISCOVERY = {
+    "selector": lambda: kube_discovery(podsSelector="llm-d.ai/inferenceServing=true,llm-d.ai/role=decode", podsNamespace="llm-d"),
+    "inference-pool": lambda: kube_discovery(inferencePool="qwen-pool"),
+}
+
+
+def dead_kubeconfig(tmp_path):
+    """A kubeconfig naming a closed loopback port: loads, but no API server answers."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n"
+        "users:\n- name: u\n  user: {}\ncontexts:\n- name: c\n  context: {cluster: c, user: u, namespace: llm-d}\n"
+        "current-context: c\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", sorted(DISCOVERY))
+def test_kubernetes_discovery_renders_rbac_lints_validates_and_passes_check_config(mode, tmp_path, monkeypatch):
+    values = DISCOVERY[mode]()
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert not [m for m in report["messages"] if m["severity"] >= 2] and not report["errors"], report
+    objects = render(values)
+    for obj in objects.values():
+        validate(obj, f"chart (discovery {mode})")
+    role = objects[("Role", f"{RELEASE}-discovery")]
+    binding = objects[("RoleBinding", f"{RELEASE}-discovery")]
+    assert role["metadata"]["namespace"] == "llm-d"
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
+    assert rules[(("",), ("pods",))] == {"get", "list", "watch"}
+    pools = (("inference.networking.k8s.io", "inference.networking.x-k8s.io"), ("inferencepools",))
+    assert (pools in rules) == (mode == "inference-pool"), rules
+    account = objects[("ServiceAccount", RELEASE)]["metadata"]["name"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    pod = deployment(objects)["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True, "discovery needs the service account token"
+    ditto = container(pod)
+    assert "--pods-port=8200" in ditto["args"]
+    flag = "--pods-selector=llm-d.ai/inferenceServing=true,llm-d.ai/role=decode" if mode == "selector" else "--inference-pool=qwen-pool"
+    assert flag in ditto["args"]
+    # The models ConfigMap is mounted as --model-dir, one <name>/config.json per model.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in ditto["volumeMounts"]}
+    assert f"--model-dir={mounts['models']}" in ditto["args"]
+    models = objects[("ConfigMap", volumes["models"]["configMap"]["name"])]
+    assert json_equal(models["data"]["qwen3-32b"], open(QWEN_CONFIG).read())
+    assert volumes["models"]["configMap"]["items"] == [{"key": "qwen3-32b", "path": "qwen3-32b/config.json"}]
+    assert volumes["calibration"]["persistentVolumeClaim"]["claimName"] == "ditto-calibration"
+    assert f"--calibration-file={mounts['calibration']}/calibration.json" in ditto["args"]
+    assert mounts["scratch"] == "/scratch" and "scratch" in volumes
+    # The rendered flags and ConfigMap through the binary, the model dir materialised from the
+    # ConfigMap as the kubelet would.
+    model_dir = tmp_path / "models"
+    for item in volumes["models"]["configMap"]["items"]:
+        (model_dir / item["path"]).parent.mkdir(parents=True)
+        (model_dir / item["path"]).write_text(models["data"][item["key"]])
+    spec = dict(ditto)
+    spec["args"] = [a if not a.startswith("--model-dir=") else f"--model-dir={model_dir}" for a in ditto["args"]]
+    spec["args"] = [a for a in spec["args"] if not a.startswith("--calibration-file=")]
+    monkeypatch.setenv("KUBECONFIG", dead_kubeconfig(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cluster_yaml = objects[("ConfigMap", RELEASE)]["data"]["cluster.yaml"]
+    code, stdout, stderr = check_config(spec, cluster_yaml, tmp_path)
+    assert code == 0, stderr
+    assert "live mirror: 1 pod source" in stdout, stdout
+
+
+def json_equal(a, b):
+    import json
+
+    return json.loads(a) == json.loads(b)
+
+
+def test_no_rbac_without_kubernetes_discovery():
+    for values in ({}, all_toggles_on()):
+        kinds = {kind for kind, _ in render(values)}
+        assert not {"Role", "RoleBinding"} & kinds, kinds
+    assert "mirror.podsDns / mirror.podsSelector / mirror.inferencePool" in bad_values_error(
+        {"mirror": {"enabled": True, "podsDns": "x", "podsSelector": "app=vllm"}})
+    assert "calibration.persistence.existingClaim" in bad_values_error({"calibration": {"persistence": {"enabled": True}}})
+
+
+def test_the_pdb_never_blocks_a_drain_at_one_replica():
+    pdb = render({"podDisruptionBudget": {"enabled": True}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("maxUnavailable") == 1 and "minAvailable" not in pdb, pdb
+    pdb = render({"replicaCount": 3, "podDisruptionBudget": {"enabled": True, "minAvailable": 2}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("minAvailable") == 2, pdb
+    pdb = render({"replicaCount": 2, "podDisruptionBudget": {"enabled": True, "minAvailable": "50%"}})[("PodDisruptionBudget", RELEASE)]["spec"]
+    assert pdb.get("minAvailable") == "50%", pdb
+
+
+def help_flags(command):
+    text = subprocess.run([BINARY, command, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    return set(re.findall(r"--[a-z][a-z0-9-]*", text))
+
+
+def test_every_flag_docs_operations_names_is_accepted_by_the_binary():
+    """Each `--flag` in docs/operations.md must be a flag of `ditto serve` (or of the
+    `ditto predict` / `ditto bench` its paragraph is about)."""
+    helps = {command: help_flags(command) for command in ("serve", "predict", "bench")}
+    text = open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8").read()
+    unknown = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        about = [c for c in ("predict", "bench") if f"ditto {c}" in paragraph]
+        accepted = set(helps["serve"]).union(*(helps[c] for c in about))
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", paragraph):
+            if flag not in accepted:
+                unknown.append(flag)
+    assert not unknown, f"docs/operations.md names flags the binary rejects: {sorted(set(unknown))}"

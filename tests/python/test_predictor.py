@@ -160,27 +160,23 @@ def test_bulk_strict_and_lenient(predictor):
     ttfts = [p["ttft_ms"] for p in body["predictions"]]
     assert ttfts == sorted(ttfts) and ttfts[0] < ttfts[-1], ttfts
 
-    bad = dict(ENTRY, kv_cache_percentage=1.5)
-    mixed = [entries[0], bad, entries[1]]
-    response = post(predictor, "/predict/bulk", {"requests": mixed})
+    response = post(predictor, "/predict/bulk", {"requests": entries})
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["total_requests"] == 3
-    assert body["successful_predictions"] == 2
-    assert body["failed_predictions"] == 1
-    assert body["predictions"][1] is None
-    check_prediction(body["predictions"][0])
-    check_prediction(body["predictions"][2])
-    assert len(body["errors"]) == 1
-    error = body["errors"][0]
-    assert error["index"] == 1
-    assert "kv_cache_percentage" in error["error"]
-    assert error["request"] == bad
+    assert body["errors"] == [] and body["failed_predictions"] == 0
+    assert [p["ttft_ms"] for p in body["predictions"]] == ttfts
 
-    # Strict: the same batch is refused whole, naming the entry and field.
-    detail = check_detail(post(predictor, "/predict/bulk/strict", {"requests": mixed}), 422)
-    assert [e["loc"] for e in detail] == [["body", "requests", 1, "kv_cache_percentage"]]
-    assert detail[0]["type"] == "less_than_equal"
+    # An entry that fails request validation fails both endpoints whole, as FastAPI
+    # validates the body before the handler runs (the peer's client expects 422 on
+    # /predict/bulk for a missing field); only errors met while predicting are per entry.
+    bad = dict(ENTRY, kv_cache_percentage=1.5)
+    missing = {k: v for k, v in ENTRY.items() if k != "prefix_cache_score"}
+    for path in ("/predict/bulk", "/predict/bulk/strict"):
+        detail = check_detail(post(predictor, path, {"requests": [entries[0], bad, entries[1]]}), 422)
+        assert [e["loc"] for e in detail] == [["body", "requests", 1, "kv_cache_percentage"]]
+        assert detail[0]["type"] == "less_than_equal"
+        detail = check_detail(post(predictor, path, {"requests": [entries[0], missing]}), 422)
+        assert [(e["type"], e["loc"]) for e in detail] == [("missing", ["body", "requests", 1, "prefix_cache_score"])]
 
 
 @pytest.mark.parametrize(
@@ -406,7 +402,8 @@ def test_calibration_learns_a_slower_pool_rejects_bad_samples_and_persists():
             assert abs(a["tpot_ms"] - b["tpot_ms"]) < 1e-6 * a["tpot_ms"] + 1e-9
         assert get(restarted, "/data/status").json()["calibration"]["ttft"]["samples"] == SAMPLES
         flushed = post(restarted, "/flush").json()
-        assert flushed["samples_flushed"] == 2 * SAMPLES
+        assert flushed["ttft_training_samples_flushed"] == SAMPLES
+        assert flushed["tpot_training_samples_flushed"] == SAMPLES
         assert mape(predict_all(restarted, held_out), truth, "ttft_ms") > 0.15
     finally:
         stop(restarted)
@@ -560,3 +557,183 @@ def test_an_entry_matching_one_mirrored_pod_is_simulated_on_its_mirrored_state(p
     unmatched = post(predictor, "/predict", dict(entry, kv_cache_percentage=0.3)).json()
     assert unmatched["source"] == "aggregates"
     assert mirrored["ttft_ms"] > unmatched["ttft_ms"]
+
+
+# --- the peer's client conventions (llm-d's prediction_server.py and training_server.py) ----
+
+
+def test_probes_and_root_answer_json_as_the_peer(predictor):
+    healthz = get(predictor, "/healthz")
+    assert healthz.status_code == 200
+    assert healthz.headers["content-type"].startswith("application/json")
+    assert healthz.json()["status"] == "ok"
+    readyz = get(predictor, "/readyz")
+    assert readyz.status_code == 200
+    body = readyz.json()
+    assert body["status"] == "ready"
+    assert body["model_type"] == "ditto-simulation"
+    assert body["objective_type"] == "mean" and body["quantile"] == 0.9
+    root = get(predictor, "/")
+    assert root.status_code == 200, root.text
+    body = root.json()
+    assert isinstance(body["message"], str) and body["message"]
+    assert body["model_type"] == "ditto-simulation"
+    assert body["objective_type"] == "mean"
+    assert body["quantile"] == 0.9
+    assert body["is_ready"] is True
+    # Training samples apply at once: nothing to sync. ditto is its own training server.
+    assert body["sync_interval"] == 0
+    assert body["training_server"] == predictor.url
+    assert get(predictor, "/status").json()["training_server_url"] == predictor.url
+
+
+def training_entries(server, count, seed=3):
+    """Entries whose measured latencies are the twin's own (mean) answers, 1.2x slower."""
+    batch = entries(random.Random(seed), count)
+    simulated = predict_all(server, batch)
+    return [dict(entry, actual_ttft_ms=5.0 + 1.2 * s["ttft_ms"], actual_tpot_ms=1.2 * s["tpot_ms"])
+            for entry, s in zip(batch, simulated)]
+
+
+def test_data_status_and_flush_speak_the_peer_shapes(predictor):
+    def data_status():
+        response = get(predictor, "/data/status")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    status = data_status()
+    assert status["training_data"] == {"ttft_samples": 0, "tpot_samples": 0, "total_samples": 0}
+    assert status["test_data"] == {"ttft_samples": 0, "tpot_samples": 0, "total_samples": 0}
+    assert status["ensemble"]["ensemble_mode"] is False
+    assert status["ensemble"]["ensemble_active"] is False
+    assert status["model_type"] == "ditto-simulation"
+
+    batch = training_entries(predictor, 30)
+    response = post(predictor, "/add_training_data_bulk", {"entries": batch})
+    assert response.status_code == 202, response.text
+    assert response.json()["message"] == "Accepted 30 training samples."
+    status = data_status()
+    # Training data: the samples the calibration absorbed. Test data: the samples each
+    # calibrated prediction was scored on before it absorbed them (the rolling error window).
+    assert status["training_data"] == {"ttft_samples": 30, "tpot_samples": 30, "total_samples": 60}
+    assert status["test_data"] == {"ttft_samples": 30, "tpot_samples": 30, "total_samples": 60}
+    assert status["calibration"]["ttft"]["samples"] == 30
+    assert status["model_ready"] is True
+    datetime.datetime.fromisoformat(status["last_retrain"])
+
+    # Flush only the training data, with the peer's body: the fit is forgotten, the error
+    # window kept.
+    flushed = post(predictor, "/flush", {"flush_training_data": True, "flush_test_data": False,
+                                         "flush_metrics": False, "reason": "new deployment"})
+    assert flushed.status_code == 200, flushed.text
+    body = flushed.json()
+    assert body["success"] is True
+    assert body["reason"] == "new deployment"
+    assert body["ttft_training_samples_flushed"] == 30 and body["tpot_training_samples_flushed"] == 30
+    assert body["ttft_test_samples_flushed"] == 0 and body["tpot_test_samples_flushed"] == 0
+    assert body["metrics_cleared"] is False
+    assert isinstance(body["message"], str) and body["message"]
+    datetime.datetime.fromisoformat(body["flushed_at"])
+    status = data_status()
+    assert status["training_data"]["total_samples"] == 0
+    assert status["test_data"]["total_samples"] == 60
+    assert status["calibration"]["ttft"]["scale"] == 1.0 and status["calibration"]["ttft"]["overhead_ms"] == 0.0
+
+    # An empty body flushes everything (the peer's defaults are all true).
+    assert post(predictor, "/add_training_data_bulk", {"entries": batch[:10]}).status_code == 202
+    body = requests.post(predictor.url + "/flush", timeout=TIMEOUT).json()
+    assert body["ttft_training_samples_flushed"] == 10 and body["tpot_training_samples_flushed"] == 10
+    assert body["ttft_test_samples_flushed"] == 40 and body["tpot_test_samples_flushed"] == 40
+    assert body["metrics_cleared"] is True and body["reason"] is None
+    status = data_status()
+    assert status["training_data"]["total_samples"] == 0 and status["test_data"]["total_samples"] == 0
+    assert status["calibration"]["ttft"]["rolling_ape"] is None
+
+    # A body that is not the peer's FlushRequest is a FastAPI 422 naming the field.
+    detail = check_detail(post(predictor, "/flush", {"flush_metrics": "maybe"}), 422)
+    assert detail[0]["loc"] == ["body", "flush_metrics"] and detail[0]["type"] == "bool_parsing"
+    detail = check_detail(post(predictor, "/flush", {"reason": 5}), 422)
+    assert detail[0]["loc"] == ["body", "reason"] and detail[0]["type"] == "string_type"
+
+
+def test_models_list_and_model_info_describe_the_calibration(predictor):
+    response = get(predictor, "/models/list")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model_type"] == "ditto-simulation"
+    datetime.datetime.fromisoformat(body["server_time"])
+    models = body["models"]
+    # The calibration of each phase is the model; the peer's scalers and gated ensembles
+    # are listed (its client expects them) and do not exist.
+    for name in ("ttft", "tpot"):
+        assert models[name]["exists"] is True and models[name]["size_bytes"] > 0, models
+        datetime.datetime.fromisoformat(models[name]["last_modified"])
+    for name in ("ttft_scaler", "tpot_scaler", "ttft_gated", "tpot_gated"):
+        assert models[name] == {"exists": False, "size_bytes": 0, "last_modified": None}, models
+
+    info = get(predictor, "/model/ttft/info")
+    assert info.status_code == 200, info.text
+    before = info.json()
+    assert before["model_name"] == "ttft" and before["exists"] is True
+    assert before["size_bytes"] > 0 and before["model_type"] == "ditto-simulation"
+    assert before["quantile"] == 0.9 and before["downloadable"] is False
+    assert post(predictor, "/add_training_data_bulk", {"entries": training_entries(predictor, 5)}).status_code == 202
+    after = get(predictor, "/model/ttft/info").json()
+    assert after["last_modified"] > before["last_modified"]
+
+    assert check_detail(get(predictor, "/model/nope/info"), 404) == "Unknown model: nope"
+    assert check_detail(get(predictor, "/model/ttft_gated/info"), 404) == "Model ttft_gated not found"
+    check_detail(get(predictor, "/model/ttft/download"), 404)
+
+
+def test_metrics_carry_the_peer_series(predictor):
+    assert post(predictor, "/add_training_data_bulk", {"entries": training_entries(predictor, 7)}).status_code == 202
+    text = get(predictor, "/metrics").text
+    for line in ('model_type{type="ditto-simulation"} 1', 'objective_type{type="mean"} 1', "model_quantile 0.9",
+                 "ensemble_active 0", "ensemble_mode 0", 'training_samples_count{model="ttft"} 7',
+                 'training_samples_count{model="tpot"} 7'):
+        assert re.search("^" + re.escape(line) + "$", text, re.M), line
+    # ditto's own series stay beside them.
+    assert 'ditto_calibration_samples{phase="ttft"} 7' in text
+
+
+@pytest.mark.parametrize("objective", ["mean", "quantile"])
+def test_after_training_predictions_rise_strictly_with_tokens_in_flight(objective):
+    """The peer's check: training latencies linear in prefill_tokens_in_flight (TTFT) and
+    decode_tokens_in_flight (TPOT), then predictions at three in-flight levels, all else
+    fixed, must rise strictly."""
+    server = start("--latency-objective-type", objective, "--predictor-replications", "4")
+    rng = random.Random(7)
+    kv, itl, nrw, nrr, ntg, pcs = 0.5, 200, 3, 1, 5, 0.5
+    base = {"kv_cache_percentage": kv, "input_token_length": itl, "num_request_waiting": nrw,
+            "num_request_running": nrr, "num_tokens_generated": ntg, "prefix_cache_score": pcs}
+    batch = []
+    for _ in range(300):
+        prefill, decode = rng.randint(0, 10_000), rng.randint(0, 3_000)
+        batch.append(dict(
+            base, prefill_tokens_in_flight=prefill, decode_tokens_in_flight=decode,
+            actual_ttft_ms=max(1.0, 100.0 + itl * 2.0 + nrw * 3.0 + nrr * 4.0 + kv * 50.0 + pcs * 30.0
+                               + prefill * 0.05 + rng.gauss(0, 5)),
+            actual_tpot_ms=max(1.0, 10.0 + kv * 100.0 + itl * 0.5 + ntg + nrr * 5.0 + decode * 0.02
+                               + rng.gauss(0, 5)),
+        ))
+    try:
+        for start_index in range(0, len(batch), 50):
+            response = post(server, "/add_training_data_bulk", {"entries": batch[start_index:start_index + 50]})
+            assert response.status_code == 202, response.text
+        status = get(server, "/data/status").json()
+        assert status["training_data"]["ttft_samples"] > 250, status
+        cases = [dict(base, prefill_tokens_in_flight=tif, decode_tokens_in_flight=tif // 3)
+                 for tif in (0, 5_000, 10_000)]
+        response = post(server, "/predict/bulk/strict", {"requests": cases})
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        ttft = [p["ttft_ms"] for p in predictions]
+        tpot = [p["tpot_ms"] for p in predictions]
+        assert ttft[0] < ttft[1] < ttft[2], ttft
+        assert tpot[0] < tpot[1] < tpot[2], tpot
+        assert all(p["objective_type"] == objective for p in predictions)
+        # Calibrated: the TTFT answers moved to the trained scale (hundreds of ms).
+        assert ttft[0] > 300, ttft
+    finally:
+        stop(server)

@@ -61,3 +61,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "ditto.httpScheme" -}}
 {{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}
+
+{{/* "true" when the live mirror finds pods through the Kubernetes API. */}}
+{{- define "ditto.kubeDiscovery" -}}
+{{- if and .Values.mirror.enabled (or .Values.mirror.podsSelector .Values.mirror.inferencePool) -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end }}

@@ -75,9 +75,18 @@ pub struct PoolSpec {
     /// Number of instances (default 1).
     #[serde(default = "one")]
     pub replicas: u32,
-    /// Embedded model name (default llama-3.1-8b-instruct).
+    /// Model name (default llama-3.1-8b-instruct): an embedded one, one under the model
+    /// directory (`DIR/<name>/config.json`, name normalised as for the embedded ones), or
+    /// only a display name when `model_config` is given.
     #[serde(default = "default_model")]
     pub model: String,
+    /// Path of a HuggingFace `config.json` for the model (parsed as `ditto run --model`).
+    #[serde(default)]
+    pub model_config: Option<String>,
+    /// The text of a HuggingFace `config.json` (SyncClusterConfig's `model_config_json`;
+    /// not a YAML field).
+    #[serde(skip)]
+    pub model_config_json: Option<String>,
     /// Embedded GPU name (default H100).
     #[serde(default = "default_gpu")]
     pub gpu: String,
@@ -91,6 +100,12 @@ pub struct PoolSpec {
     /// Explicit blackbox coefficients (then `latency_model` must be `blackbox`).
     #[serde(default)]
     pub coefficients: Option<CoefficientsSpec>,
+    /// The calibrated model's coefficients fitted for this pool: the `coefficients:` map of
+    /// a `ditto calibrate --out` file, pasted as is (then `latency_model` must be
+    /// `calibrated`; absent: the embedded fit). How a platform team puts its own fit in the
+    /// chart's values (docs/fidelity.md).
+    #[serde(default)]
+    pub calibrated_coefficients: Option<std::collections::BTreeMap<String, f64>>,
     /// Cost per instance-hour (default 0).
     #[serde(default)]
     pub cost_per_hour: f64,
@@ -158,8 +173,17 @@ pub fn default_cluster() -> ClusterConfig {
         .expect("the embedded default cluster is valid (tested in cluster_spec)")
 }
 
-/// Parses and resolves a cluster YAML document.
+/// Parses and resolves a cluster YAML document (models: embedded, or `model_config` files).
 pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError> {
+    parse_cluster_yaml_with(text, None)
+}
+
+/// Parses and resolves a cluster YAML document; a `model:` that is not embedded is looked up
+/// as `model_dir/<normalised name>/config.json` (`ditto serve --model-dir`).
+pub fn parse_cluster_yaml_with(
+    text: &str,
+    model_dir: Option<&std::path::Path>,
+) -> Result<ClusterConfig, ClusterSpecError> {
     let file: ClusterFile =
         serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
     if file.pools.is_empty() {
@@ -174,7 +198,11 @@ pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError>
                 format!("duplicate pool {:?}", pool.name),
             ));
         }
-        let template = resolve_pool(pool, &path)?;
+        let mut pool = pool.clone();
+        if pool.model_config_json.is_none() {
+            pool.model_config_json = read_model_config(&pool, &path, model_dir)?;
+        }
+        let template = resolve_pool(&pool, &path)?;
         for replica in 0..pool.replicas {
             let mut instance = template.clone();
             instance.id = format!("{}-{replica}", pool.name);
@@ -204,6 +232,38 @@ pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError>
     })
 }
 
+/// The `config.json` text for a pool whose model is not embedded: its `model_config` file,
+/// else `model_dir/<normalised model>/config.json` when that exists (`None`: use the
+/// embedded catalog).
+fn read_model_config(
+    pool: &PoolSpec,
+    path: &str,
+    model_dir: Option<&std::path::Path>,
+) -> Result<Option<String>, ClusterSpecError> {
+    if let Some(file) = &pool.model_config {
+        return std::fs::read_to_string(file)
+            .map(Some)
+            .map_err(|err| invalid(format!("{path}.model_config"), format!("{file}: {err}")));
+    }
+    let Some(dir) = model_dir else {
+        return Ok(None);
+    };
+    if catalog::model(&pool.model).is_ok() {
+        return Ok(None);
+    }
+    let file = dir
+        .join(catalog::normalize_model_name(&pool.model))
+        .join("config.json");
+    match std::fs::read_to_string(&file) {
+        Ok(text) => Ok(Some(text)),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(err) => Err(invalid(
+            format!("{path}.model"),
+            format!("{}: {err}", file.display()),
+        )),
+    }
+}
+
 /// Builds one instance of `pool` (its id is set by the caller).
 pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, ClusterSpecError> {
     if pool.name.trim().is_empty() {
@@ -224,8 +284,21 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
             "must be a non-negative number",
         ));
     }
-    let arch = catalog::model(&pool.model)
-        .map_err(|err| invalid(format!("{path}.model"), err.to_string()))?;
+    let arch = match &pool.model_config_json {
+        Some(json) => catalog::parse_model_config(&pool.model, json).map_err(|err| {
+            let field = if pool.model_config.is_some() {
+                "model_config"
+            } else if path.starts_with("instances") {
+                // SyncClusterConfig's text.
+                "model_config_json"
+            } else {
+                "model"
+            };
+            invalid(format!("{path}.{field}"), err.to_string())
+        })?,
+        None => catalog::model(&pool.model)
+            .map_err(|err| invalid(format!("{path}.model"), err.to_string()))?,
+    };
     let gpu =
         catalog::gpu(&pool.gpu).map_err(|err| invalid(format!("{path}.gpu"), err.to_string()))?;
     let kind = LatencyKind::parse(&pool.latency_model).ok_or_else(|| {
@@ -237,8 +310,31 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
             ),
         )
     })?;
-    let latency = match &pool.coefficients {
-        Some(coefficients) => {
+    let latency = match (&pool.coefficients, &pool.calibrated_coefficients) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                format!("{path}.calibrated_coefficients"),
+                "give `coefficients` (blackbox) or `calibrated_coefficients`, not both",
+            ));
+        }
+        (None, Some(map)) => {
+            if kind != LatencyKind::Calibrated {
+                return Err(invalid(
+                    format!("{path}.calibrated_coefficients"),
+                    "calibrated coefficients need latency_model: calibrated",
+                ));
+            }
+            let coefficients = catalog::calibrated::from_map(map).map_err(|err| match err {
+                catalog::calibrated::CalibratedFileError::Coefficient { name, problem } => {
+                    invalid(format!("{path}.calibrated_coefficients.{name}"), problem)
+                }
+                other => invalid(format!("{path}.calibrated_coefficients"), other.to_string()),
+            })?;
+            catalog::calibrated_model(&arch, &gpu, pool.tp, coefficients).map_err(|err| {
+                invalid(format!("{path}.calibrated_coefficients"), err.to_string())
+            })?
+        }
+        (Some(coefficients), None) => {
             if kind != LatencyKind::Blackbox {
                 return Err(invalid(
                     format!("{path}.coefficients"),
@@ -250,7 +346,7 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
                     .map_err(|err| invalid(format!("{path}.coefficients"), err.to_string()))?,
             )
         }
-        None => catalog::latency_model(kind, &arch, &gpu, pool.tp)
+        (None, None) => catalog::latency_model(kind, &arch, &gpu, pool.tp)
             .map_err(|err| invalid(format!("{path}.latency_model"), err.to_string()))?,
     };
     let engine = resolve_engine(

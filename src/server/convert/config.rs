@@ -124,6 +124,9 @@ fn instance_from_proto(
         name: spec.id.clone(),
         replicas: 1,
         model: or_default(&spec.model, "llama-3.1-8b-instruct"),
+        model_config: None,
+        model_config_json: (!spec.model_config_json.trim().is_empty())
+            .then(|| spec.model_config_json.clone()),
         gpu: or_default(&spec.gpu, "H100"),
         tp,
         latency_model,
@@ -131,6 +134,7 @@ fn instance_from_proto(
             alpha: c.alpha.clone(),
             beta: c.beta.clone(),
         }),
+        calibrated_coefficients: None,
         cost_per_hour: spec.cost_per_hour,
         engine: engine_from_proto(spec.engine.as_ref(), &join(path, "engine"))?,
     };
@@ -344,6 +348,7 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
         address: address.to_owned(),
         role: role.to_owned(),
         model: instance.model.clone(),
+        model_config_json: String::new(),
         gpu: instance.gpu.clone(),
         tp: i64::from(instance.tp),
         engine: Some(proto::EngineLimits {

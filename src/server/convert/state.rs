@@ -264,7 +264,7 @@ fn instance_to_proto(
         }),
         cached_blocks: state.cached_blocks.len() as u64,
         cached_block_hashes: if include_block_hashes {
-            state.cached_blocks.clone()
+            publisher_hashes(state)
         } else {
             Vec::new()
         },
@@ -272,7 +272,26 @@ fn instance_to_proto(
         kv_event_gaps: state.kv_event_gaps,
         address: address.to_owned(),
         stale_reason: state.stale_reason.clone().unwrap_or_default(),
+        capped: state.capped.clone().unwrap_or_default(),
     }
+}
+
+/// The cached blocks as their publisher named them: blocks the mirror keys by their token
+/// ids are mapped back to the publisher's hash (see `twin::store::kv`).
+fn publisher_hashes(state: &crate::twin::snapshot::InstanceState) -> Vec<u64> {
+    if state.block_aliases.is_empty() {
+        return state.cached_blocks.clone();
+    }
+    let by_key: std::collections::HashMap<u64, u64> = state
+        .block_aliases
+        .iter()
+        .map(|(hash, key)| (*key, *hash))
+        .collect();
+    state
+        .cached_blocks
+        .iter()
+        .map(|key| by_key.get(key).copied().unwrap_or(*key))
+        .collect()
 }
 
 /// Encodes a snapshot with every signal's age measured from `now_us`.

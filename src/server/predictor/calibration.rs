@@ -1,21 +1,22 @@
 //! The server's online calibration: the pure [`OnlineCalibration`] behind a mutex, its
-//! Prometheus export, and its file (JSON, written atomically after every training call that
-//! changed it, read at startup).
+//! Prometheus export, and its persistence (`calibration_file`: written after every training
+//! call that changed it, read at startup).
 //!
 //! One calibration per server, for the pool predictions are simulated on: the entries the
 //! router posts carry no pod or pool id. TTFT learns from entries of monolithic and prefill
 //! pods, TPOT from monolithic and decode pods (`pod_type`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use prometheus::{GaugeVec, IntCounterVec, Opts};
-use serde::{Deserialize, Serialize};
-use thiserror::Error;
+use serde::Serialize;
 
-use crate::sim::latency::online::{
-    CalibrationState, OnlineCalibration, Phase, PhaseState, Rejection,
-};
+pub use super::calibration_file::{CalibrationFileError, load};
+use super::calibration_file::{phase_file, save};
+
+use crate::sim::latency::online::{CalibrationState, OnlineCalibration, Phase, Rejection};
 use crate::telemetry::Metrics;
 use crate::twin::question::{Distribution, RoutingAnswer};
 
@@ -24,119 +25,13 @@ pub const LAMBDA: f64 = 0.999;
 /// Samples in the rolling error window.
 pub const ERROR_WINDOW: usize = 200;
 
-/// Why the calibration file cannot be used.
-#[derive(Debug, Error)]
-pub enum CalibrationFileError {
-    /// Reading or writing failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The content is not a calibration.
-    #[error("{path}: not a ditto calibration file: {reason}")]
-    Format {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PhaseFile {
-    overhead_ms: f64,
-    scale: f64,
-    samples: u64,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CalibrationFile {
-    version: u32,
-    ttft: PhaseFile,
-    tpot: PhaseFile,
-    /// Whether the TTFT samples measured E2E (absent in older files: false).
-    #[serde(default)]
-    ttft_is_e2e: bool,
-}
-
-fn to_file(state: &CalibrationState) -> CalibrationFile {
-    let phase = |p: &PhaseState| PhaseFile {
-        overhead_ms: p.overhead_ms,
-        scale: p.scale,
-        samples: p.samples,
-    };
-    CalibrationFile {
-        version: 1,
-        ttft: phase(&state.ttft),
-        tpot: phase(&state.tpot),
-        ttft_is_e2e: state.ttft_is_e2e,
-    }
-}
-
-/// Reads a calibration file; `Ok(None)` when it does not exist yet.
-pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(CalibrationFileError::Io {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    let bad = |reason: String| CalibrationFileError::Format {
-        path: path.to_owned(),
-        reason,
-    };
-    let file: CalibrationFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    if file.version != 1 {
-        return Err(bad(format!("version {} (expected 1)", file.version)));
-    }
-    let phase = |name: &str, p: PhaseFile| {
-        if p.overhead_ms.is_finite() && p.scale.is_finite() {
-            Ok(PhaseState {
-                overhead_ms: p.overhead_ms,
-                scale: p.scale,
-                samples: p.samples,
-            })
-        } else {
-            Err(bad(format!("{name}: coefficients must be finite")))
-        }
-    };
-    Ok(Some(CalibrationState {
-        ttft: phase("ttft", file.ttft)?,
-        tpot: phase("tpot", file.tpot)?,
-        ttft_is_e2e: file.ttft_is_e2e,
-    }))
-}
-
-fn save(path: &Path, state: &CalibrationState) -> Result<(), CalibrationFileError> {
-    let io = |source| CalibrationFileError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let text = serde_json::to_string_pretty(&to_file(state)).map_err(|e| {
-        CalibrationFileError::Format {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        }
-    })?;
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    std::fs::write(&temporary, text).map_err(io)?;
-    std::fs::rename(&temporary, path).map_err(io)
-}
-
 /// The calibration metrics.
 #[derive(Clone, Debug)]
 struct CalibrationMetrics {
     ttft_is_e2e: prometheus::Gauge,
+    /// The peer's `training_samples_count{model}` (its per-bucket series summed: ditto does
+    /// not bucket).
+    peer_samples: GaugeVec,
     samples: GaugeVec,
     rejected: IntCounterVec,
     coefficient: GaugeVec,
@@ -179,6 +74,15 @@ impl CalibrationMetrics {
             "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
              no TPOT in its samples), so TTFT answers are calibrated E2E; else 0.",
         )?;
+        let peer_samples = GaugeVec::new(
+            Opts::new(
+                "training_samples_count",
+                "llm-d latency predictor compatibility: training samples held, by model \
+                 (ttft, tpot); ditto's are the samples its calibration absorbed.",
+            ),
+            &["model"],
+        )?;
+        metrics.register(Box::new(peer_samples.clone()))?;
         metrics.register(Box::new(ttft_is_e2e.clone()))?;
         metrics.register(Box::new(samples.clone()))?;
         metrics.register(Box::new(rejected.clone()))?;
@@ -186,6 +90,7 @@ impl CalibrationMetrics {
         metrics.register(Box::new(ape.clone()))?;
         Ok(Self {
             ttft_is_e2e,
+            peer_samples,
             samples,
             rejected,
             coefficient,
@@ -215,11 +120,52 @@ pub struct Absorbed {
     pub rejected: u64,
 }
 
+/// What a flush forgot (the peer's `/flush` answer).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flushed {
+    /// TTFT samples behind the forgotten fit.
+    pub ttft_training: u64,
+    /// TPOT samples behind the forgotten fit.
+    pub tpot_training: u64,
+    /// TTFT samples dropped from the error window.
+    pub ttft_test: u64,
+    /// TPOT samples dropped from the error window.
+    pub tpot_test: u64,
+}
+
+/// What to flush: the peer's `FlushRequest` mapped onto the calibration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushRequest {
+    /// The fits (back to the identity).
+    pub training: bool,
+    /// The error windows (the held-out scores behind the rolling APE).
+    pub test: bool,
+    /// The per-phase rejected counts of `/data/status` (Prometheus counters never reset).
+    pub metrics: bool,
+}
+
+/// One phase of the calibration described as the peer's model files are
+/// (`/models/list`, `/model/{name}/info`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelFile {
+    /// Bytes of the phase's part of the calibration file.
+    pub size_bytes: u64,
+    /// Unix µs of the last change (absorb, flush, reload), else of the start.
+    pub last_modified_us: u64,
+}
+
 /// The server's calibration.
 #[derive(Debug)]
 pub struct Calibrator {
     inner: Mutex<OnlineCalibration>,
     path: Option<PathBuf>,
+    /// Serialises file writes: each write takes the state under it, so the last write
+    /// holds the latest state.
+    writing: Mutex<()>,
+    /// Unix µs of the last change.
+    changed_at_us: AtomicU64,
+    /// Unix µs of the last absorbed sample (0: none since start).
+    trained_at_us: AtomicU64,
     metrics: CalibrationMetrics,
 }
 
@@ -237,6 +183,9 @@ impl Calibrator {
         let calibrator = Self {
             inner: Mutex::new(calibration),
             path,
+            writing: Mutex::new(()),
+            changed_at_us: AtomicU64::new(crate::server::deadline::wall_now_us()),
+            trained_at_us: AtomicU64::new(0),
             metrics: CalibrationMetrics::register(metrics)?,
         };
         calibrator.export(&calibrator.lock());
@@ -277,7 +226,7 @@ impl Calibrator {
     /// or not); a change of mode forgets the TTFT fit first.
     pub fn absorb(&self, samples: &[(Phase, f64, f64)], ttft_is_e2e: bool) -> Absorbed {
         let mut absorbed = Absorbed::default();
-        let state = {
+        {
             let mut calibration = self.lock();
             if samples.iter().any(|(phase, ..)| *phase == Phase::Ttft) {
                 calibration.set_ttft_is_e2e(ttft_is_e2e);
@@ -292,10 +241,12 @@ impl Calibrator {
                 }
             }
             self.export(&calibration);
-            calibration.state()
-        };
+        }
         if absorbed.accepted > 0 {
-            self.persist(&state);
+            let now = crate::server::deadline::wall_now_us();
+            self.trained_at_us.store(now, Ordering::Relaxed);
+            self.changed_at_us.store(now, Ordering::Relaxed);
+            self.persist();
         }
         absorbed
     }
@@ -342,18 +293,38 @@ impl Calibrator {
             .inc();
     }
 
-    /// Forgets everything learnt (and persists the identity); returns the samples dropped.
-    pub fn reset(&self) -> u64 {
-        let (dropped, state) = {
+    /// Forgets what `request` says (persisting the result); returns what was forgotten.
+    pub fn flush(&self, request: FlushRequest) -> Flushed {
+        let flushed = {
             let mut calibration = self.lock();
-            let dropped =
-                calibration.phase(Phase::Ttft).samples() + calibration.phase(Phase::Tpot).samples();
-            calibration.reset();
+            let (ttft, tpot) = (
+                calibration.phase(Phase::Ttft),
+                calibration.phase(Phase::Tpot),
+            );
+            let flushed = Flushed {
+                ttft_training: if request.training { ttft.samples() } else { 0 },
+                tpot_training: if request.training { tpot.samples() } else { 0 },
+                ttft_test: if request.test {
+                    ttft.evaluated() as u64
+                } else {
+                    0
+                },
+                tpot_test: if request.test {
+                    tpot.evaluated() as u64
+                } else {
+                    0
+                },
+            };
+            calibration.forget(request.training, request.test, request.metrics);
             self.export(&calibration);
-            (dropped, calibration.state())
+            flushed
         };
-        self.persist(&state);
-        dropped
+        self.changed_at_us
+            .store(crate::server::deadline::wall_now_us(), Ordering::Relaxed);
+        if request.training {
+            self.persist();
+        }
+        flushed
     }
 
     /// Re-reads the file (if one is configured and exists); true when it was loaded.
@@ -367,7 +338,46 @@ impl Calibrator {
         let mut calibration = self.lock();
         *calibration = OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW);
         self.export(&calibration);
+        self.changed_at_us
+            .store(crate::server::deadline::wall_now_us(), Ordering::Relaxed);
         Ok(true)
+    }
+
+    /// Unix µs of the last absorbed sample, `None` before the first since start.
+    pub fn trained_at_us(&self) -> Option<u64> {
+        match self.trained_at_us.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(at),
+        }
+    }
+
+    /// The phase's calibration described as a model file.
+    pub fn model_file(&self, phase: Phase) -> ModelFile {
+        let state = self.lock().state();
+        let phase_state = match phase {
+            Phase::Ttft => state.ttft,
+            Phase::Tpot => state.tpot,
+        };
+        let size_bytes = serde_json::to_vec(&phase_file(phase, &phase_state))
+            .map_or(0, |bytes| bytes.len() as u64);
+        ModelFile {
+            size_bytes,
+            last_modified_us: self.changed_at_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Samples behind each phase's fit and in each phase's error window:
+    /// `((ttft, tpot) absorbed, (ttft, tpot) evaluated)`.
+    pub fn sample_counts(&self) -> ((u64, u64), (u64, u64)) {
+        let calibration = self.lock();
+        let (ttft, tpot) = (
+            calibration.phase(Phase::Ttft),
+            calibration.phase(Phase::Tpot),
+        );
+        (
+            (ttft.samples(), tpot.samples()),
+            (ttft.evaluated() as u64, tpot.evaluated() as u64),
+        )
     }
 
     /// A JSON summary for `/data/status` and `/status`.
@@ -405,6 +415,10 @@ impl Calibrator {
                 .with_label_values(&[name])
                 .set(c.samples() as f64);
             self.metrics
+                .peer_samples
+                .with_label_values(&[name])
+                .set(c.samples() as f64);
+            self.metrics
                 .coefficient
                 .with_label_values(&[name, "overhead_ms"])
                 .set(overhead);
@@ -419,11 +433,124 @@ impl Calibrator {
         }
     }
 
-    fn persist(&self, state: &CalibrationState) {
-        if let Some(path) = &self.path
-            && let Err(err) = save(path, state)
-        {
+    /// Writes the current state to the file, if one is configured. Writes are serialised
+    /// and each takes the state under the write lock, so the file ends with the latest.
+    fn persist(&self) {
+        let Some(path) = &self.path else {
+            return;
+        };
+        let _writing = self
+            .writing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let state = self.lock().state();
+        if let Err(err) = save(path, &state) {
             tracing::warn!(%err, "cannot persist the calibration");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ditto-calibration-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir.join("calibration.json")
+    }
+
+    #[test]
+    fn concurrent_training_never_leaves_a_torn_file() {
+        // D2: eight trainers persisting at once while a reader reads the file: every read
+        // is a whole calibration file.
+        let path = scratch("torn");
+        let metrics = Metrics::new().expect("metrics");
+        let calibrator =
+            Arc::new(Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator"));
+        let done = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (path, done) = (path.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let (mut reads, mut torn) = (0u64, Vec::new());
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(text) = std::fs::read_to_string(&path) {
+                        reads += 1;
+                        if serde_json::from_str::<super::super::calibration_file::CalibrationFile>(
+                            &text,
+                        )
+                        .is_err()
+                        {
+                            torn.push(text);
+                        }
+                    }
+                }
+                (reads, torn)
+            })
+        };
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let calibrator = Arc::clone(&calibrator);
+                std::thread::spawn(move || {
+                    for i in 0..150 {
+                        let simulated = 10.0 + f64::from(w * 150 + i % 97);
+                        calibrator.absorb(
+                            &[
+                                (Phase::Ttft, simulated, 1.3 * simulated),
+                                (Phase::Tpot, simulated / 10.0, simulated / 8.0),
+                            ],
+                            false,
+                        );
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.join().expect("writer");
+        }
+        done.store(true, Ordering::Relaxed);
+        let (reads, torn) = reader.join().expect("reader");
+        assert!(reads > 0);
+        assert!(
+            torn.is_empty(),
+            "{} of {reads} reads were not a calibration, e.g. {:?}",
+            torn.len(),
+            torn.first()
+        );
+        // The file holds the last state, and no temporary file is left behind.
+        let loaded = load(&path).expect("loads").expect("exists");
+        assert_eq!(loaded.ttft.samples, 8 * 150);
+        let dir = path.parent().expect("dir");
+        let names: Vec<_> = std::fs::read_dir(dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("calibration.json")]);
+    }
+
+    #[test]
+    fn what_the_server_writes_it_can_read_back() {
+        // A fit driven out of the accepted range (anti-correlated samples drive the raw
+        // scale negative) is persisted clamped, so a restart never refuses the server's own
+        // file.
+        let path = scratch("roundtrip");
+        let metrics = Metrics::new().expect("metrics");
+        let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let samples: Vec<_> = (0..20)
+            .map(|i| {
+                let simulated = 10.0 + f64::from(i);
+                (Phase::Ttft, simulated, 200.0 - 5.0 * simulated)
+            })
+            .collect();
+        calibrator.absorb(&samples, false);
+        let state = load(&path).expect("readable").expect("exists");
+        assert!(state.ttft.scale > 0.0, "{state:?}");
     }
 }

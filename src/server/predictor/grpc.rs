@@ -8,7 +8,7 @@ use tonic::Status;
 
 use super::Predictor;
 use super::handlers::train_entries;
-use super::schema::{MAX_REQUESTS_PER_POD, TrainingEntry};
+use super::schema::{MAX_REQUESTS_PER_POD, MAX_TOKENS_PER_POD, TrainingEntry};
 use crate::server::proto;
 use crate::twin::aggregate::{PodAggregates, PodType};
 
@@ -50,6 +50,13 @@ pub fn samples_from_proto(
                     Err(invalid(at(field), "must be at most 4096"))
                 }
             };
+            let tokens = |value: u64, field: &str| {
+                if value <= MAX_TOKENS_PER_POD {
+                    Ok(value)
+                } else {
+                    Err(invalid(at(field), "must be at most 4294967295"))
+                }
+            };
             let pod_type = PodType::parse(&sample.pod_type).ok_or_else(|| {
                 invalid(at("pod_type"), "must be \"\", \"prefill\" or \"decode\"")
             })?;
@@ -62,8 +69,14 @@ pub fn samples_from_proto(
                     num_tokens_generated: sample.num_tokens_generated,
                     prefix_cache_score: unit(sample.prefix_cache_score, "prefix_cache_score")?,
                     pod_type,
-                    prefill_tokens_in_flight: sample.prefill_tokens_in_flight,
-                    decode_tokens_in_flight: sample.decode_tokens_in_flight,
+                    prefill_tokens_in_flight: tokens(
+                        sample.prefill_tokens_in_flight,
+                        "prefill_tokens_in_flight",
+                    )?,
+                    decode_tokens_in_flight: tokens(
+                        sample.decode_tokens_in_flight,
+                        "decode_tokens_in_flight",
+                    )?,
                     encoder_input_size: 0,
                     encoder_matched_size: 0,
                 },

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -50,29 +50,34 @@ struct BulkError {
 }
 
 /// A JSON response (axum's `Json` needs a feature the server does not otherwise use).
-fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
+pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
         Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response(),
     }
 }
 
-fn ok_json(body: impl Serialize) -> Response {
+pub(super) fn ok_json(body: impl Serialize) -> Response {
     json_response(StatusCode::OK, &body)
 }
 
-fn detail(status: StatusCode, detail: impl Into<String>) -> Response {
-    json_response(status, &json!({ "detail": detail.into() }))
+/// A FastAPI error body, `{"detail": "..."}`, the message cut to
+/// [`crate::server::error::MESSAGE_CHARS_MAX`] characters.
+pub(super) fn detail(status: StatusCode, detail: impl Into<String>) -> Response {
+    json_response(
+        status,
+        &json!({ "detail": crate::server::error::shorten(&detail.into()) }),
+    )
 }
 
-fn unprocessable(errors: Vec<FieldError>) -> Response {
+pub(super) fn unprocessable(errors: Vec<FieldError>) -> Response {
     json_response(
         StatusCode::UNPROCESSABLE_ENTITY,
         &json!({ "detail": errors }),
     )
 }
 
-fn objective_type(objective: Objective) -> &'static str {
+pub(super) fn objective_type(objective: Objective) -> &'static str {
     match objective {
         Objective::Mean => "mean",
         Objective::Quantile(_) => "quantile",
@@ -316,10 +321,11 @@ fn unservable(loc: Vec<Value>) -> FieldError {
     }
 }
 
-/// `POST /predict/bulk`: per-entry errors reported beside the predictions.
+/// `POST /predict/bulk`: errors met while predicting are reported per entry beside the
+/// predictions; invalid entries fail the call (422).
 pub async fn predict_bulk(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let response = bulk(&predictor, &body, false).await;
+    let response = bulk_lenient(&predictor, &body).await;
     predictor.observe("http:/predict/bulk", started, response.status());
     response
 }
@@ -327,20 +333,20 @@ pub async fn predict_bulk(State(predictor): State<Arc<Predictor>>, body: Bytes) 
 /// `POST /predict/bulk/strict`: one invalid entry fails the whole batch (the EPP's call).
 pub async fn predict_bulk_strict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
     let started = Instant::now();
-    let response = bulk(&predictor, &body, true).await;
+    let response = bulk_strict(&predictor, &body).await;
     predictor.observe("http:/predict/bulk/strict", started, response.status());
     response
 }
 
 /// The entries of a bulk body under `field`, validated; 413 over the limit.
 // The error is the finished response, built once per failed call: its size is no cost.
-#[allow(clippy::type_complexity, clippy::result_large_err)]
+#[allow(clippy::result_large_err)]
 fn bulk_entries<T>(
     predictor: &Predictor,
     body: &[u8],
     field: &str,
     parse: fn(&Value, &[Value]) -> Result<T, Vec<FieldError>>,
-) -> Result<(Vec<Value>, Vec<Result<T, Vec<FieldError>>>), Response> {
+) -> Result<Vec<Result<T, Vec<FieldError>>>, Response> {
     let value = schema::parse_body(body).map_err(unprocessable)?;
     let object = schema::object(&value, &[Value::from("body")]).map_err(unprocessable)?;
     let items = schema::list(object, field).map_err(unprocessable)?;
@@ -364,143 +370,138 @@ fn bulk_entries<T>(
             )
         })
         .collect();
-    Ok((items.clone(), parsed))
+    Ok(parsed)
 }
 
-async fn bulk(predictor: &Arc<Predictor>, body: &[u8], strict: bool) -> Response {
+/// The entries of a bulk prediction body, every one validated: any invalid entry fails
+/// the whole call with 422 naming each bad field (FastAPI validates the body before the
+/// handler runs, on both bulk endpoints).
+#[allow(clippy::result_large_err)]
+fn valid_bulk_entries(predictor: &Predictor, body: &[u8]) -> Result<Vec<PodAggregates>, Response> {
+    let parsed = bulk_entries(predictor, body, "requests", schema::aggregates)?;
+    if parsed.iter().any(Result::is_err) {
+        return Err(unprocessable(
+            parsed
+                .into_iter()
+                .filter_map(Result::err)
+                .flatten()
+                .collect(),
+        ));
+    }
+    Ok(parsed.into_iter().filter_map(Result::ok).collect())
+}
+
+/// What predicting one valid entry gave.
+enum Outcome {
+    /// A prediction.
+    Predicted(Box<PredictionOut>),
+    /// The pod cannot hold the request (a 422 in the strict call).
+    Unservable(FieldError),
+    /// The simulation failed.
+    Failed(TwinError),
+}
+
+/// Simulates valid bulk entries and maps each result; a failure of the whole call (no
+/// config yet, the pool saturated, the deadline) is the response.
+#[allow(clippy::result_large_err)]
+async fn predict_entries(
+    predictor: &Arc<Predictor>,
+    entries: Vec<PodAggregates>,
+) -> Result<Vec<Outcome>, Response> {
+    let (snapshot, results) = simulate(predictor, entries, predictor.options.objective).await?;
+    Ok(results
+        .into_iter()
+        .enumerate()
+        .map(|(index, result)| match result {
+            Ok((prediction, source)) if prediction.valid => {
+                Outcome::Predicted(Box::new(predictor.out(&snapshot, &prediction, source)))
+            }
+            Ok(_) => Outcome::Unservable(unservable(vec![
+                Value::from("body"),
+                Value::from("requests"),
+                Value::from(index),
+                Value::from("input_token_length"),
+            ])),
+            Err(err) => Outcome::Failed(err),
+        })
+        .collect())
+}
+
+/// The strict bulk call: every entry predicted, or the call fails (422 for invalid or
+/// unservable entries, the simulation's status otherwise).
+async fn bulk_strict(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
     let started = Instant::now();
-    let (items, parsed) = match bulk_entries(predictor, body, "requests", schema::aggregates) {
-        Ok(done) => done,
+    let outcomes = match valid_bulk_entries(predictor, body) {
+        Ok(entries) => match predict_entries(predictor, entries).await {
+            Ok(outcomes) => outcomes,
+            Err(response) => return response,
+        },
         Err(response) => return response,
     };
-    if strict && parsed.iter().any(Result::is_err) {
-        let errors = parsed
-            .into_iter()
-            .filter_map(Result::err)
-            .flatten()
-            .collect();
-        return unprocessable(errors);
-    }
-    let total = parsed.len();
-    let mut errors: Vec<BulkError> = Vec::new();
-    let mut valid_indices = Vec::with_capacity(total);
-    let mut entries = Vec::with_capacity(total);
-    for (index, result) in parsed.into_iter().enumerate() {
-        match result {
-            Ok(entry) => {
-                valid_indices.push(index);
-                entries.push(entry);
-            }
-            Err(field_errors) => errors.push(BulkError {
-                index,
-                error: field_errors
-                    .iter()
-                    .map(FieldError::line)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-                request: items[index].clone(),
-            }),
+    let total = outcomes.len();
+    let mut predictions = Vec::with_capacity(total);
+    let mut unservable = Vec::new();
+    for outcome in outcomes {
+        match outcome {
+            Outcome::Predicted(prediction) => predictions.push(prediction),
+            Outcome::Unservable(error) => unservable.push(error),
+            Outcome::Failed(err) => return twin_error(&err),
         }
     }
-    let mut predictions: Vec<Option<PredictionOut>> = (0..total).map(|_| None).collect();
-    if !entries.is_empty() {
-        let (snapshot, results) =
-            match simulate(predictor, entries, predictor.options.objective).await {
-                Ok(done) => done,
-                Err(response) => return response,
-            };
-        let mut strict_errors = Vec::new();
-        for (index, result) in valid_indices.into_iter().zip(results) {
-            match result {
-                Ok((prediction, source)) if prediction.valid => {
-                    predictions[index] = Some(predictor.out(&snapshot, &prediction, source));
-                }
-                Ok(_) => {
-                    let loc = vec![
-                        Value::from("body"),
-                        Value::from("requests"),
-                        Value::from(index),
-                        Value::from("input_token_length"),
-                    ];
-                    if strict {
-                        strict_errors.push(unservable(loc));
-                    } else {
-                        errors.push(BulkError {
-                            index,
-                            error: unservable(loc).line(),
-                            request: items[index].clone(),
-                        });
-                    }
-                }
-                Err(err) if strict => return twin_error(&err),
-                Err(err) => errors.push(BulkError {
-                    index,
-                    error: err.to_string(),
-                    request: items[index].clone(),
-                }),
-            }
-        }
-        if !strict_errors.is_empty() {
-            return unprocessable(strict_errors);
-        }
+    if !unservable.is_empty() {
+        return unprocessable(unservable);
     }
-    errors.sort_by_key(|e| e.index);
-    let failed = errors.len();
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
-    if strict {
-        ok_json(json!({
-            "predictions": predictions,
-            "total_requests": total,
-            "successful_predictions": total,
-            "failed_predictions": 0,
-            "processing_time_ms": elapsed_ms,
-        }))
-    } else {
-        ok_json(json!({
-            "predictions": predictions,
-            "errors": errors,
-            "total_requests": total,
-            "successful_predictions": total - failed,
-            "failed_predictions": failed,
-            "processing_time_ms": elapsed_ms,
-        }))
-    }
-}
-
-/// `GET /status`.
-pub async fn status(State(predictor): State<Arc<Predictor>>) -> Response {
-    let options = &predictor.options;
     ok_json(json!({
-        "is_ready": predictor.shared.is_ready(),
-        "model_type": MODEL_TYPE,
-        "objective_type": objective_type(options.objective),
-        "quantile": options.quantile,
-        "last_model_load": iso8601(predictor.started_at_us),
-        "training_server_url": "",
-        "models_exist": {},
-        "ensemble_active": false,
-        "replications": options.replications,
-        "calibration": predictor.calibrator.summary(),
+        "predictions": predictions,
+        "total_requests": total,
+        "successful_predictions": total,
+        "failed_predictions": 0,
+        "processing_time_ms": started.elapsed().as_secs_f64() * 1000.0,
     }))
 }
 
-/// `POST /reload`: re-reads the calibration file (there is no model to sync).
-pub async fn reload(State(predictor): State<Arc<Predictor>>) -> Response {
-    match predictor.calibrator.reload() {
-        Ok(loaded) => ok_json(json!({
-            "synced": false,
-            "loaded": loaded,
-            "is_ready": predictor.shared.is_ready(),
-            "model_type": MODEL_TYPE,
-            "objective_type": objective_type(predictor.options.objective),
-            "quantile": predictor.options.quantile,
-            "last_load_time": iso8601(predictor.started_at_us),
-        })),
-        Err(err) => detail(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("Error reloading models: {err}"),
-        ),
+/// The lenient bulk call: an entry that cannot be predicted (unservable, or its simulation
+/// failed) is reported in `errors` beside the others' predictions, with the request as the
+/// peer echoes it (its known fields only).
+async fn bulk_lenient(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
+    let started = Instant::now();
+    let entries = match valid_bulk_entries(predictor, body) {
+        Ok(entries) => entries,
+        Err(response) => return response,
+    };
+    let echoes: Vec<Value> = entries.iter().map(schema::echo).collect();
+    let outcomes = match predict_entries(predictor, entries).await {
+        Ok(outcomes) => outcomes,
+        Err(response) => return response,
+    };
+    let total = outcomes.len();
+    let mut predictions = Vec::with_capacity(total);
+    let mut errors = Vec::new();
+    for ((index, outcome), request) in outcomes.into_iter().enumerate().zip(echoes) {
+        let error = match outcome {
+            Outcome::Predicted(prediction) => {
+                predictions.push(Some(prediction));
+                continue;
+            }
+            Outcome::Unservable(error) => error.line(),
+            Outcome::Failed(err) => crate::server::error::shorten(&err.to_string()),
+        };
+        predictions.push(None);
+        errors.push(BulkError {
+            index,
+            error,
+            request,
+        });
     }
+    let failed = errors.len();
+    ok_json(json!({
+        "predictions": predictions,
+        "errors": errors,
+        "total_requests": total,
+        "successful_predictions": total - failed,
+        "failed_predictions": failed,
+        "processing_time_ms": started.elapsed().as_secs_f64() * 1000.0,
+    }))
 }
 
 /// `POST /add_training_data_bulk`: measured latencies calibrate the simulation. Malformed
@@ -516,7 +517,7 @@ pub async fn add_training_data_bulk(
 }
 
 async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
-    let (_, parsed) = match bulk_entries(predictor, body, "entries", schema::training_entry) {
+    let parsed = match bulk_entries(predictor, body, "entries", schema::training_entry) {
         Ok(done) => done,
         Err(response) => {
             if response.status() == StatusCode::UNPROCESSABLE_ENTITY {
@@ -549,44 +550,5 @@ async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
             "samples_absorbed": absorbed.accepted,
             "samples_rejected": absorbed.rejected,
         }),
-    )
-}
-
-/// `GET /data/status`: what the calibration has learnt.
-pub async fn data_status(State(predictor): State<Arc<Predictor>>) -> Response {
-    ok_json(json!({
-        "model_type": MODEL_TYPE,
-        "calibration": predictor.calibrator.summary(),
-    }))
-}
-
-/// `POST /flush`: forgets the calibration (back to the uncalibrated simulation).
-pub async fn flush(State(predictor): State<Arc<Predictor>>) -> Response {
-    let dropped = predictor.calibrator.reset();
-    ok_json(json!({
-        "success": true,
-        "message": "Calibration reset to the uncalibrated simulation",
-        "samples_flushed": dropped,
-    }))
-}
-
-/// `GET /model/download/info`: ditto has no tree model to download.
-pub async fn download_info(State(predictor): State<Arc<Predictor>>) -> Response {
-    ok_json(json!({
-        "model_type": MODEL_TYPE,
-        "downloadable": false,
-        "available_endpoints": {},
-        "message": "ditto predicts by simulating the pod, not with a regressor: there is no \
-                    XGBoost model to download; keep LATENCY_USE_NATIVE_XGBOOST=false and call \
-                    /predict/bulk/strict",
-        "calibration": predictor.calibrator.summary(),
-    }))
-}
-
-/// `GET /model/{name}/xgb/json`: 404, there are no trees.
-pub async fn no_trees(Path(name): Path<String>) -> Response {
-    detail(
-        StatusCode::NOT_FOUND,
-        format!("no {name} tree model: ditto predicts by simulation"),
     )
 }

@@ -1,9 +1,10 @@
 //! llm-d's latency predictor HTTP API, answered by the twin: the prediction server's
-//! `POST /predict`, `/predict/bulk`, `/predict/bulk/strict`, `GET /status`, `POST /reload`
-//! and the training server's `POST /add_training_data_bulk`, `GET /data/status`,
-//! `POST /flush`, `GET /model/download/info`, on the HTTP port beside `/metrics` (the
-//! existing `/healthz` and `/readyz` serve as the probes), so the router's
-//! `PREDICTION_SERVER_URL` and `TRAINING_SERVER_URL` can both point at ditto.
+//! `POST /predict`, `/predict/bulk`, `/predict/bulk/strict`, `GET /status`, `POST /reload`,
+//! `GET /` and the training server's `POST /add_training_data_bulk`, `GET /data/status`,
+//! `POST /flush`, `GET /models/list`, `/model/{name}/info`, `/model/download/info`, on the
+//! HTTP port beside `/metrics` (`/healthz` and `/readyz` answer the peer's JSON, see
+//! `compat`), so the router's `PREDICTION_SERVER_URL` and `TRAINING_SERVER_URL` can both
+//! point at ditto.
 //!
 //! Each entry is a candidate pod described by aggregates. It is matched to a mirrored pod
 //! when exactly one fresh mirrored instance reports the same waiting and running counts and
@@ -16,6 +17,8 @@
 //! entries are simulated in parallel on the simulation pool.
 
 pub mod calibration;
+pub mod calibration_file;
+pub mod compat;
 pub mod grpc;
 pub mod handlers;
 pub mod loadgen;
@@ -68,6 +71,9 @@ pub struct PredictorOptions {
     pub initial_calibration: Option<CalibrationState>,
     /// Seed of every simulation (same inputs, same answer).
     pub seed: u64,
+    /// Bounds of request bodies (the server's `--http-max-body-bytes` and
+    /// `--http-body-read-timeout-ms`).
+    pub body: crate::server::http_conn::BodyLimits,
 }
 
 impl Default for PredictorOptions {
@@ -84,6 +90,7 @@ impl Default for PredictorOptions {
             calibration_file: None,
             initial_calibration: None,
             seed: 0x01a7_e2c7,
+            body: crate::server::http_conn::BodyLimits::DEFAULT,
         }
     }
 }
@@ -125,6 +132,11 @@ impl Predictor {
             options.initial_calibration.take(),
             options.calibration_file.clone(),
             &shared.metrics,
+        )?;
+        compat::register_peer_metrics(
+            &shared.metrics,
+            handlers::objective_type(options.objective),
+            options.quantile,
         )?;
         Ok(Self {
             shared,
@@ -267,9 +279,10 @@ pub fn calibrated(raw: Estimate, coefficients: (f64, f64)) -> Estimate {
     }
 }
 
-/// The predictor's fixed paths (the HTTP metrics' route label; `/model/{name}/xgb/json`
-/// counts as `other`).
-pub const ROUTES: [&str; 9] = [
+/// The predictor's fixed paths (the HTTP metrics' route label; `/model/{name}/...` counts
+/// as `other`).
+pub const ROUTES: [&str; 11] = [
+    "/",
     "/predict",
     "/predict/bulk",
     "/predict/bulk/strict",
@@ -278,25 +291,80 @@ pub const ROUTES: [&str; 9] = [
     "/add_training_data_bulk",
     "/data/status",
     "/flush",
+    "/models/list",
     "/model/download/info",
 ];
 
-/// The predictor's routes (bodies up to 64 MiB: 10 000 entries fit).
+/// The predictor route `path` belongs to, as a metric label: a fixed path, a
+/// `/model/{name}/...` template, or `other` (a client must not grow the label set).
+pub fn route_label(path: &str) -> &'static str {
+    if let Some(route) = ROUTES.iter().copied().find(|route| *route == path) {
+        return route;
+    }
+    let Some(rest) = path.strip_prefix("/model/") else {
+        return "other";
+    };
+    match rest.split_once('/').map(|(_, tail)| tail) {
+        Some("info") => "/model/{name}/info",
+        Some("download") => "/model/{name}/download",
+        Some("xgb/json") => "/model/{name}/xgb/json",
+        _ => "other",
+    }
+}
+
+/// `GET /healthz` with the peer's JSON body (a probe: never behind the bearer token).
+pub fn healthz() -> axum::response::Response {
+    compat::healthz()
+}
+
+/// `GET /readyz` with the peer's JSON body (a probe: never behind the bearer token).
+pub fn readyz(predictor: &Predictor) -> axum::response::Response {
+    compat::readyz(predictor)
+}
+
+/// The predictor's routes, their bodies read within the options' [`BodyLimits`]
+/// (`server::http_conn::limit_body`: 413 over the size, 408 past the read timeout).
+///
+/// [`BodyLimits`]: crate::server::http_conn::BodyLimits
 pub fn router(predictor: Arc<Predictor>) -> Router {
+    let body_limits = predictor.options.body;
     Router::new()
+        .route("/", get(compat::root))
         .route("/predict", post(handlers::predict))
         .route("/predict/bulk", post(handlers::predict_bulk))
         .route("/predict/bulk/strict", post(handlers::predict_bulk_strict))
-        .route("/status", get(handlers::status))
-        .route("/reload", post(handlers::reload))
+        .route("/status", get(compat::status))
+        .route("/reload", post(compat::reload))
         .route(
             "/add_training_data_bulk",
             post(handlers::add_training_data_bulk),
         )
-        .route("/data/status", get(handlers::data_status))
-        .route("/flush", post(handlers::flush))
-        .route("/model/download/info", get(handlers::download_info))
-        .route("/model/{name}/xgb/json", get(handlers::no_trees))
-        .layer(DefaultBodyLimit::max(64 * 1024 * 1024))
+        .route("/data/status", get(compat::data_status))
+        .route("/flush", post(compat::flush))
+        .route("/models/list", get(compat::models_list))
+        .route("/model/download/info", get(compat::download_info))
+        .route("/model/{name}/info", get(compat::model_info))
+        .route("/model/{name}/download", get(compat::not_downloadable))
+        .route("/model/{name}/xgb/json", get(compat::not_downloadable))
+        .layer(axum::middleware::from_fn_with_state(
+            body_limits,
+            crate::server::http_conn::limit_body,
+        ))
+        .layer(DefaultBodyLimit::disable())
         .with_state(predictor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_label;
+
+    #[test]
+    fn route_labels_are_a_fixed_set() {
+        assert_eq!(route_label("/predict/bulk"), "/predict/bulk");
+        assert_eq!(route_label("/model/download/info"), "/model/download/info");
+        assert_eq!(route_label("/model/ttft/info"), "/model/{name}/info");
+        assert_eq!(route_label("/model/x9/xgb/json"), "/model/{name}/xgb/json");
+        assert_eq!(route_label("/model/a/b/c"), "other");
+        assert_eq!(route_label("/scanner/probe"), "other");
+    }
 }

@@ -15,6 +15,39 @@ use crate::twin::aggregate::{PodAggregates, PodType};
 
 /// Most waiting or running requests one entry may report: ditto simulates each of them.
 pub const MAX_REQUESTS_PER_POD: u64 = 4_096;
+/// Most tokens (in flight, or of an encoder input) one entry may report: 4096 requests of
+/// a million-token context fit; 1e18 is not a pod.
+pub const MAX_TOKENS_PER_POD: u64 = u32::MAX as u64;
+/// Longest `input` echoed in a validation error, in JSON bytes: FastAPI echoes what it
+/// refused, but a hostile 10 MB value must not come back.
+pub const ECHO_BYTES_MAX: usize = 256;
+
+/// `input` as echoed in an error: itself when short; else a string cut to
+/// [`ECHO_BYTES_MAX`] bytes, or a description of the object or list.
+pub fn bounded_input(input: Value) -> Value {
+    let size = serde_json::to_vec(&input).map_or(usize::MAX, |bytes| bytes.len());
+    if size <= ECHO_BYTES_MAX {
+        return input;
+    }
+    match input {
+        Value::String(text) => {
+            let mut end = ECHO_BYTES_MAX.min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            Value::String(format!("{}… ({} bytes)", &text[..end], text.len()))
+        }
+        Value::Object(map) => Value::String(format!(
+            "<object of {} fields, {size} bytes: not echoed>",
+            map.len()
+        )),
+        Value::Array(items) => Value::String(format!(
+            "<list of {} items, {size} bytes: not echoed>",
+            items.len()
+        )),
+        other => other,
+    }
+}
 
 /// One pydantic-style validation error.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -34,12 +67,13 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    fn new(kind: &'static str, loc: Vec<Value>, msg: impl Into<String>, input: Value) -> Self {
+    /// An error without `ctx`; `input` is bounded ([`bounded_input`]).
+    pub fn new(kind: &'static str, loc: Vec<Value>, msg: impl Into<String>, input: Value) -> Self {
         Self {
             kind,
             loc,
             msg: msg.into(),
-            input,
+            input: bounded_input(input),
             ctx: None,
         }
     }
@@ -318,6 +352,7 @@ pub fn aggregates(value: &Value, base: &[Value]) -> Result<PodAggregates, Vec<Fi
         errors: Vec::new(),
     };
     let counts = MAX_REQUESTS_PER_POD;
+    let tokens = MAX_TOKENS_PER_POD;
     let u32_max = u64::from(u32::MAX);
     let aggregates = PodAggregates {
         kv_cache_percentage: fields.float("kv_cache_percentage", Some(1.0), true),
@@ -327,16 +362,39 @@ pub fn aggregates(value: &Value, base: &[Value]) -> Result<PodAggregates, Vec<Fi
         num_tokens_generated: fields.int("num_tokens_generated", u32_max, true) as u32,
         prefix_cache_score: fields.float("prefix_cache_score", Some(1.0), true),
         pod_type: fields.pod_type(),
-        prefill_tokens_in_flight: fields.int("prefill_tokens_in_flight", u64::MAX, false),
-        decode_tokens_in_flight: fields.int("decode_tokens_in_flight", u64::MAX, false),
-        encoder_input_size: fields.int("encoder_input_size", u64::MAX, false),
-        encoder_matched_size: fields.int("encoder_matched_size", u64::MAX, false),
+        prefill_tokens_in_flight: fields.int("prefill_tokens_in_flight", tokens, false),
+        decode_tokens_in_flight: fields.int("decode_tokens_in_flight", tokens, false),
+        encoder_input_size: fields.int("encoder_input_size", tokens, false),
+        encoder_matched_size: fields.int("encoder_matched_size", tokens, false),
     };
     if fields.errors.is_empty() {
         Ok(aggregates)
     } else {
         Err(fields.errors)
     }
+}
+
+/// A valid entry as the peer echoes a request in a lenient bulk call's `errors`: its known
+/// fields only (pydantic drops the rest).
+pub fn echo(entry: &PodAggregates) -> Value {
+    let pod_type = match entry.pod_type {
+        PodType::Monolithic => "",
+        PodType::Prefill => "prefill",
+        PodType::Decode => "decode",
+    };
+    json!({
+        "kv_cache_percentage": entry.kv_cache_percentage,
+        "input_token_length": entry.input_token_length,
+        "num_request_waiting": entry.num_request_waiting,
+        "num_request_running": entry.num_request_running,
+        "num_tokens_generated": entry.num_tokens_generated,
+        "prefix_cache_score": entry.prefix_cache_score,
+        "pod_type": pod_type,
+        "prefill_tokens_in_flight": entry.prefill_tokens_in_flight,
+        "decode_tokens_in_flight": entry.decode_tokens_in_flight,
+        "encoder_matched_size": entry.encoder_matched_size,
+        "encoder_input_size": entry.encoder_input_size,
+    })
 }
 
 /// A training entry: the aggregates at dispatch and the measured latencies (ms; value checks

@@ -53,14 +53,22 @@ pub fn block_key(spec: &RequestSpec, parent: u64, block_index: u32, block_size: 
             keys[block_index as usize]
         }
         PromptContent::Tokens(tokens) if end <= prompt_end => {
-            let mut state = combine(parent, TAG_TOKENS);
-            for &token in &tokens[start as usize..end as usize] {
-                state = combine(state, u64::from(token));
-            }
-            state
+            token_block_key(parent, &tokens[start as usize..end as usize])
         }
         _ => private_key(spec.id.0, block_index),
     }
+}
+
+/// Key of a full block of real tokens `tokens` whose parent block has key `parent` (the
+/// first block's parent is [`ROOT_KEY`]): the key the engine gives a prompt's block when the
+/// request carries token ids, and the key the mirror gives a block a vLLM pod published
+/// with its token ids, so both meet in one cache whatever vLLM's own hash seed.
+pub fn token_block_key(parent: u64, tokens: &[u32]) -> u64 {
+    let mut state = combine(parent, TAG_TOKENS);
+    for &token in tokens {
+        state = combine(state, u64::from(token));
+    }
+    state
 }
 
 /// Key of a private block: unique to (request, index), so it needs no parent chain (the

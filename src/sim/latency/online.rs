@@ -39,7 +39,7 @@ impl Phase {
     }
 
     /// The largest plausible measurement, ms: anything above is a broken sample.
-    fn ceiling_ms(self) -> f64 {
+    pub fn ceiling_ms(self) -> f64 {
         match self {
             Phase::Ttft => 600_000.0,
             Phase::Tpot => 60_000.0,
@@ -77,7 +77,10 @@ impl Rejection {
 pub const OUTLIER_RATIO: f64 = 20.0;
 const SETTLED_AFTER: u64 = 20;
 /// The smallest scale applied: a fit must never invert the order of two predictions.
-const MIN_SCALE: f64 = 0.05;
+pub const MIN_SCALE: f64 = 0.05;
+/// The largest scale a persisted calibration may hold: a simulation 10 000 times too fast
+/// is a misconfigured model, not something to calibrate away.
+pub const MAX_SCALE: f64 = 1e4;
 const PRIOR_VARIANCE: f64 = 1e6;
 
 /// The persisted part of one phase's calibration.
@@ -226,6 +229,22 @@ impl PhaseCalibration {
     fn reset(&mut self) {
         *self = PhaseCalibration::new(self.phase, IDENTITY, self.lambda, self.window);
     }
+
+    /// Samples in the error window: each was scored against the calibrated prediction
+    /// before it was absorbed (held-out data, as a test set is).
+    pub fn evaluated(&self) -> usize {
+        self.errors.len()
+    }
+
+    /// Forgets the fit (back to the identity, no samples), keeping the error window and the
+    /// rejected count.
+    fn forget_fit(&mut self) {
+        let errors = std::mem::take(&mut self.errors);
+        let rejected = self.rejected;
+        self.reset();
+        self.errors = errors;
+        self.rejected = rejected;
+    }
 }
 
 const IDENTITY: PhaseState = PhaseState {
@@ -308,6 +327,25 @@ impl OnlineCalibration {
             ttft: self.ttft.state(),
             tpot: self.tpot.state(),
             ttft_is_e2e: self.ttft_is_e2e,
+        }
+    }
+
+    /// Forgets selectively: the fits (back to the identity, and to TTFT samples measuring
+    /// TTFT), the error windows, the rejected counts.
+    pub fn forget(&mut self, fits: bool, evaluations: bool, rejected: bool) {
+        for phase in [&mut self.ttft, &mut self.tpot] {
+            if fits {
+                phase.forget_fit();
+            }
+            if evaluations {
+                phase.errors.clear();
+            }
+            if rejected {
+                phase.rejected = 0;
+            }
+        }
+        if fits {
+            self.ttft_is_e2e = false;
         }
     }
 

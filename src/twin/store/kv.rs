@@ -5,41 +5,91 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::cluster::config::InstanceConfig;
+use crate::sim::kv::hash::{ROOT_KEY, token_block_key};
 use crate::twin::error::TwinError;
 use crate::twin::snapshot::InstanceState;
 
 use super::{KvEvent, KvEventBatch, KvGap};
 
-/// One instance's cached blocks in storage order, with O(log n) updates.
+/// One instance's cached blocks in storage order, with O(log n) updates. A block is known
+/// by the hash its publisher gave it (what removals and parents name) and kept under its
+/// *key*: derived from its token ids when the publisher sent them
+/// ([`crate::sim::kv::hash::token_block_key`], chained from its parent's key), else the
+/// publisher's hash. Memory: two hashes and a stamp per block, never the tokens.
 #[derive(Clone, Debug, Default)]
 pub(super) struct KvIndex {
-    stamp_of: HashMap<u64, u64>,
+    /// Publisher hash -> (stamp, key).
+    stamp_of: HashMap<u64, (u64, u64)>,
+    /// Stamp -> publisher hash, in storage order.
     pub(super) by_stamp: BTreeMap<u64, u64>,
     next_stamp: u64,
+    /// Blocks whose key differs from their publisher hash.
+    keyed_by_tokens: usize,
 }
 
 impl KvIndex {
-    fn store(&mut self, hash: u64) {
-        if let Some(old) = self.stamp_of.insert(hash, self.next_stamp) {
+    fn store(&mut self, hash: u64, key: u64) {
+        if let Some((old, old_key)) = self.stamp_of.insert(hash, (self.next_stamp, key)) {
             self.by_stamp.remove(&old);
+            self.keyed_by_tokens -= usize::from(old_key != hash);
         }
+        self.keyed_by_tokens += usize::from(key != hash);
         self.by_stamp.insert(self.next_stamp, hash);
         self.next_stamp += 1;
     }
 
     fn remove(&mut self, hash: u64) {
-        if let Some(stamp) = self.stamp_of.remove(&hash) {
+        if let Some((stamp, key)) = self.stamp_of.remove(&hash) {
             self.by_stamp.remove(&stamp);
+            self.keyed_by_tokens -= usize::from(key != hash);
         }
     }
 
     fn clear(&mut self) {
         self.stamp_of.clear();
         self.by_stamp.clear();
+        self.keyed_by_tokens = 0;
     }
 
+    /// The key a stored block is kept under.
+    fn key_of(&self, hash: u64) -> Option<u64> {
+        self.stamp_of.get(&hash).map(|&(_, key)| key)
+    }
+
+    /// Drops the least recently stored blocks until at most `capacity` remain (the pod's
+    /// own LRU would have evicted them; their removals were missed); returns how many.
+    pub(super) fn evict_to(&mut self, capacity: usize) -> usize {
+        let mut evicted = 0;
+        while self.by_stamp.len() > capacity {
+            let Some((_, hash)) = self.by_stamp.pop_first() else {
+                break;
+            };
+            if let Some((_, key)) = self.stamp_of.remove(&hash) {
+                self.keyed_by_tokens -= usize::from(key != hash);
+            }
+            evicted += 1;
+        }
+        evicted
+    }
+
+    /// The cached blocks' keys, least recently stored first.
     pub(super) fn blocks(&self) -> Vec<u64> {
-        self.by_stamp.values().copied().collect()
+        self.by_stamp
+            .values()
+            .map(|hash| self.key_of(*hash).unwrap_or(*hash))
+            .collect()
+    }
+
+    /// Publisher hash -> key of the blocks keyed by their tokens (empty when none is).
+    pub(super) fn aliases(&self) -> HashMap<u64, u64> {
+        if self.keyed_by_tokens == 0 {
+            return HashMap::new();
+        }
+        self.stamp_of
+            .iter()
+            .filter(|(hash, (_, key))| **hash != *key)
+            .map(|(hash, (_, key))| (*hash, *key))
+            .collect()
     }
 }
 
@@ -123,12 +173,36 @@ pub(super) fn check_kv_batch(
     }
 }
 
-pub(super) fn apply_kv(index: &mut KvIndex, events: &[KvEvent]) {
+/// Applies `events` to `index`; token ids key blocks of `block_size` tokens (the instance's,
+/// which [`check_kv_batch`] holds every event to).
+pub(super) fn apply_kv(index: &mut KvIndex, events: &[KvEvent], block_size: u32) {
     for event in events {
         match event {
-            KvEvent::Stored { block_hashes, .. } => {
-                for &hash in block_hashes {
-                    index.store(hash);
+            KvEvent::Stored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                ..
+            } => {
+                // The chain's key before the first block: the root for a first block, the
+                // parent's key when the parent is cached here; an unknown parent (its store
+                // was missed) leaves the run keyed by publisher hashes only.
+                let mut parent = match parent_block_hash {
+                    None => Some(ROOT_KEY),
+                    Some(hash) => index.key_of(*hash),
+                };
+                let size = block_size as usize;
+                let with_tokens = size > 0 && token_ids.len() == block_hashes.len() * size;
+                for (position, &hash) in block_hashes.iter().enumerate() {
+                    let key = match parent.filter(|_| with_tokens) {
+                        Some(parent_key) => {
+                            let tokens = &token_ids[position * size..(position + 1) * size];
+                            token_block_key(parent_key, tokens)
+                        }
+                        None => hash,
+                    };
+                    parent = parent.and(Some(key));
+                    index.store(hash, key);
                 }
             }
             KvEvent::Removed { block_hashes } => {
@@ -138,5 +212,78 @@ pub(super) fn apply_kv(index: &mut KvIndex, events: &[KvEvent]) {
             }
             KvEvent::AllCleared => index.clear(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::sim::kv::hash::block_key;
+    use crate::sim::{PromptContent, RequestId, RequestSpec, SloClass};
+
+    fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
+        KvEvent::Stored {
+            block_hashes: hashes,
+            parent_block_hash: parent,
+            token_ids: tokens,
+            block_size: 4,
+        }
+    }
+
+    #[test]
+    fn blocks_published_with_tokens_are_keyed_as_the_engine_keys_a_prompt() {
+        let tokens: Vec<u32> = (100..112).collect();
+        let mut index = KvIndex::default();
+        // Two events chained by the publisher's (seeded, unknowable) hashes.
+        apply_kv(
+            &mut index,
+            &[stored(vec![901, 902], None, tokens[..8].to_vec())],
+            4,
+        );
+        apply_kv(
+            &mut index,
+            &[stored(vec![903], Some(902), tokens[8..].to_vec())],
+            4,
+        );
+        let spec = RequestSpec {
+            id: RequestId(1),
+            arrival_us: 0,
+            input_tokens: 12,
+            output_tokens: 1,
+            max_tokens: 1,
+            slo_class: SloClass::default(),
+            priority: 0,
+            deadline_us: None,
+            content: PromptContent::Tokens(Arc::from(tokens.as_slice())),
+        };
+        let mut parent = ROOT_KEY;
+        let mut expected = Vec::new();
+        for block in 0..3 {
+            parent = block_key(&spec, parent, block, 4);
+            expected.push(parent);
+        }
+        assert_eq!(index.blocks(), expected);
+        assert_eq!(index.aliases().get(&903), Some(&expected[2]));
+        // Removal and parents still go by the publisher's hash.
+        apply_kv(
+            &mut index,
+            &[KvEvent::Removed {
+                block_hashes: vec![901],
+            }],
+            4,
+        );
+        assert_eq!(index.blocks(), expected[1..].to_vec());
+        // A run whose parent was never seen keeps its publisher hashes.
+        apply_kv(
+            &mut index,
+            &[stored(vec![990], Some(777), tokens[..4].to_vec())],
+            4,
+        );
+        assert_eq!(index.blocks().last(), Some(&990));
+        assert_eq!(index.evict_to(1), 2);
+        assert_eq!(index.blocks(), vec![990]);
+        assert!(index.aliases().is_empty());
     }
 }

@@ -112,6 +112,8 @@ pub struct KvApplied {
     pub generation: u64,
     /// The gap this batch revealed, if any.
     pub gap: Option<KvGap>,
+    /// Blocks evicted to fit the instance's `num_gpu_blocks` (capped application only).
+    pub evicted: u64,
 }
 
 /// The result of a config sync.

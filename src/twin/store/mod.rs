@@ -286,8 +286,21 @@ impl MirrorStore {
         Ok(generation)
     }
 
-    /// Applies one KV event batch atomically.
+    /// Applies one KV event batch atomically; more cached blocks than the instance's
+    /// `num_gpu_blocks` is an error.
     pub fn apply_kv_events(&self, batch: KvEventBatch) -> Result<KvApplied, TwinError> {
+        self.apply_kv_batch(batch, false)
+    }
+
+    /// Applies one KV event batch atomically, as a pulling edge does: more cached blocks
+    /// than the instance's `num_gpu_blocks` (their removals were missed) evicts the least
+    /// recently stored ones, as the pod's LRU would have (counted in
+    /// [`KvApplied::evicted`]), instead of refusing the batch.
+    pub fn apply_kv_events_capped(&self, batch: KvEventBatch) -> Result<KvApplied, TwinError> {
+        self.apply_kv_batch(batch, true)
+    }
+
+    fn apply_kv_batch(&self, batch: KvEventBatch, cap: bool) -> Result<KvApplied, TwinError> {
         let mut writer = lock(&self.writer);
         let latest = writer.latest.clone().ok_or_else(no_config)?;
         let snapshot = &latest.snapshot;
@@ -303,9 +316,15 @@ impl MirrorStore {
         }
         let gap = check_kv_batch(old, config, &batch)?;
         let mut kv_index = writer.kv.get(index).cloned().unwrap_or_default();
-        apply_kv(&mut kv_index, &batch.events);
+        apply_kv(&mut kv_index, &batch.events, config.engine.block_size);
+        let capacity = config.engine.num_gpu_blocks as usize;
+        let evicted = if cap {
+            kv_index.evict_to(capacity) as u64
+        } else {
+            0
+        };
         let cached = kv_index.by_stamp.len();
-        if cached > config.engine.num_gpu_blocks as usize {
+        if cached > capacity {
             return Err(TwinError::invalid(
                 "events",
                 format!(
@@ -317,6 +336,7 @@ impl MirrorStore {
         }
         let mut state = (**old).clone();
         state.cached_blocks = kv_index.blocks();
+        state.block_aliases = Arc::new(kv_index.aliases());
         state.kv_events_at_us = batch.ts_us;
         state.kv_event_seq = batch.seq;
         if let Some(gap) = &gap {
@@ -333,7 +353,11 @@ impl MirrorStore {
         next.inherit_memo(snapshot);
         let generation = next.generation;
         self.publish(&mut writer, next, Arc::clone(&latest.addresses));
-        Ok(KvApplied { generation, gap })
+        Ok(KvApplied {
+            generation,
+            gap,
+            evicted,
+        })
     }
 
     /// Sets (or clears, with `None`) why the feeding edge holds `instance_id` stale; a new
@@ -343,16 +367,36 @@ impl MirrorStore {
         instance_id: &str,
         reason: Option<String>,
     ) -> Result<u64, TwinError> {
+        self.set_note(instance_id, reason, |state| &mut state.stale_reason)
+    }
+
+    /// Sets (or clears, with `None`) what the feeding edge capped to the instance's limits
+    /// in its last observation (e.g. `gauges.running 300 capped to max_num_seqs 256`); the
+    /// instance is not stale for it. A new generation only when the note changes.
+    pub fn set_capped_note(
+        &self,
+        instance_id: &str,
+        note: Option<String>,
+    ) -> Result<u64, TwinError> {
+        self.set_note(instance_id, note, |state| &mut state.capped)
+    }
+
+    fn set_note(
+        &self,
+        instance_id: &str,
+        value: Option<String>,
+        slot: impl Fn(&mut InstanceState) -> &mut Option<String>,
+    ) -> Result<u64, TwinError> {
         let mut writer = lock(&self.writer);
         let latest = writer.latest.clone().ok_or_else(no_config)?;
         let snapshot = &latest.snapshot;
         let index = instance_index(&writer, instance_id)?;
         let old = &snapshot.instances[index];
-        if old.stale_reason == reason {
+        let mut state = (**old).clone();
+        if *slot(&mut state) == value {
             return Ok(snapshot.generation);
         }
-        let mut state = (**old).clone();
-        state.stale_reason = reason;
+        *slot(&mut state) = value;
         let mut instances = snapshot.instances.clone();
         instances[index] = Arc::new(state);
         let mut next = MirrorSnapshot {

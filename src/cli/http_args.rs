@@ -1,0 +1,66 @@
+//! The `ditto serve` flags bounding the HTTP listener against slow and greedy clients
+//! (`server::http_conn`).
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::serve::ServeCommandError;
+use crate::server::http_conn::{BodyLimits, HttpLimits};
+
+/// Most connections the cap may be set to (each holds a file descriptor and a task).
+const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
+/// Flags of the HTTP listener.
+#[derive(Clone, Debug, Args)]
+pub struct HttpArgs {
+    /// Longest a client may take to send a request's headers, milliseconds; an idle
+    /// keep-alive connection is closed after it too.
+    #[arg(long, env = "DITTO_HTTP_HEADER_READ_TIMEOUT_MS", default_value_t = HttpLimits::DEFAULT.header_read_timeout.as_millis() as u64)]
+    pub http_header_read_timeout_ms: u64,
+    /// Longest a client may take to send a request body, milliseconds (then 408).
+    #[arg(long, env = "DITTO_HTTP_BODY_READ_TIMEOUT_MS", default_value_t = BodyLimits::DEFAULT.read_timeout.as_millis() as u64)]
+    pub http_body_read_timeout_ms: u64,
+    /// Largest request body, bytes (more, or a Content-Length announcing more: 413).
+    #[arg(long, env = "DITTO_HTTP_MAX_BODY_BYTES", default_value_t = BodyLimits::DEFAULT.max_bytes)]
+    pub http_max_body_bytes: usize,
+    /// Most HTTP connections open at once; a connection beyond is closed on arrival.
+    #[arg(long, env = "DITTO_HTTP_MAX_CONNECTIONS", default_value_t = HttpLimits::DEFAULT.max_connections)]
+    pub http_max_connections: usize,
+}
+
+fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
+    ServeCommandError::BadFlag {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+impl HttpArgs {
+    /// The listener's bounds, or the flag that is out of range.
+    pub fn limits(&self) -> Result<HttpLimits, ServeCommandError> {
+        if self.http_header_read_timeout_ms == 0 {
+            return Err(bad("http-header-read-timeout-ms", "must be at least 1"));
+        }
+        if self.http_body_read_timeout_ms == 0 {
+            return Err(bad("http-body-read-timeout-ms", "must be at least 1"));
+        }
+        if self.http_max_body_bytes == 0 {
+            return Err(bad("http-max-body-bytes", "must be at least 1"));
+        }
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.http_max_connections) {
+            return Err(bad(
+                "http-max-connections",
+                format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
+            ));
+        }
+        Ok(HttpLimits {
+            header_read_timeout: Duration::from_millis(self.http_header_read_timeout_ms),
+            max_connections: self.http_max_connections,
+            body: BodyLimits {
+                max_bytes: self.http_max_body_bytes,
+                read_timeout: Duration::from_millis(self.http_body_read_timeout_ms),
+            },
+        })
+    }
+}

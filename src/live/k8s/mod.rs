@@ -1,0 +1,115 @@
+//! Kubernetes discovery: the pods of a label selector, or of an InferencePool, listed and
+//! watched through the API server the way llm-d's EPP finds them (modelservice creates no
+//! Service for its vLLM pods, so DNS cannot).
+//!
+//! - `selector`: parsing and matching label selectors (pure).
+//! - `endpoint`: pod object -> mirrored or not, and where its metrics are; InferencePool
+//!   object -> selector and target port (pure).
+//! - `watch`: the edge: kube-rs's watcher (list with `resourceVersion`, watch, bookmarks,
+//!   relist on 410 Gone, backoff on errors) feeding [`KubeNews`] to the live coordinator.
+//!
+//! Instance ids are `namespace/name`: stable for a pod that keeps its name (a StatefulSet
+//! pod rescheduled with a new IP keeps its id), unlike `ip:port`.
+
+pub mod endpoint;
+pub mod selector;
+pub mod watch;
+
+use std::time::Duration;
+
+pub use endpoint::{PodView, PoolTarget, PoolVersion};
+pub use selector::LabelSelector;
+
+/// A Kubernetes pod source: exactly one of `selector` and `inference_pool`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeSource {
+    /// The namespace (`None`: the client's: the kubeconfig context's, or the service
+    /// account's in a pod).
+    pub namespace: Option<String>,
+    /// A label selector (`--pods-selector`).
+    pub selector: Option<LabelSelector>,
+    /// An InferencePool to follow (`--inference-pool`): its selector and target port.
+    pub inference_pool: Option<String>,
+    /// The pods' metrics port (required with a selector; with an InferencePool it overrides
+    /// the pool's target port, e.g. 8200 under modelservice whose proxy holds 8000).
+    pub port: Option<u16>,
+}
+
+/// What Kubernetes discovery tells the live coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeNews {
+    /// The complete current view of a source's pods (after a list or any watch event).
+    Pods {
+        /// Index of the source.
+        source: usize,
+        /// Every pod the source selects, served or not.
+        pods: Vec<PodView>,
+    },
+    /// The source cannot be followed right now: its pods keep their last state, stale.
+    Outage {
+        /// Index of the source.
+        source: usize,
+        /// Why (names the missing permission on a 403).
+        reason: String,
+    },
+}
+
+/// How long a start-up check may wait for the API server.
+pub const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks a Kubernetes source before serving: the client config loads (in-cluster, else
+/// `KUBECONFIG` / `~/.kube/config`) and a named InferencePool exists. An unreachable or
+/// failing API server is not fatal (discovery retries at run time); a missing kubeconfig or
+/// InferencePool is. Errors are (flag or field, reason). Runs on its own thread and runtime,
+/// so it can be called from anywhere.
+pub fn preflight(source: &KubeSource, field: &str) -> Result<(), (String, String)> {
+    let source = source.clone();
+    let field = field.to_owned();
+    let pool_field = field.clone();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| (field.clone(), format!("cannot start a runtime: {err}")))?;
+        runtime.block_on(async {
+            let client = watch::client()
+                .await
+                .map_err(|reason| (field.clone(), reason))?;
+            let Some(pool) = &source.inference_pool else {
+                return Ok(());
+            };
+            let namespace = source
+                .namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned());
+            match tokio::time::timeout(
+                PREFLIGHT_TIMEOUT,
+                watch::find_pool(&client, &namespace, pool),
+            )
+            .await
+            {
+                Ok(Ok(Some(_))) => Ok(()),
+                Ok(Ok(None)) => Err((
+                    pool_field,
+                    format!(
+                        "no InferencePool {pool:?} in namespace {namespace:?} (tried {})",
+                        PoolVersion::ALL
+                            .map(|v| format!("{}/{}", v.group(), v.version()))
+                            .join(" and ")
+                    ),
+                )),
+                Ok(Err(err)) => {
+                    tracing::warn!(%pool, %err, "live mirror: cannot check the InferencePool at start; discovery retries");
+                    Ok(())
+                }
+                Err(_) => {
+                    tracing::warn!(%pool, "live mirror: the API server did not answer at start; discovery retries");
+                    Ok(())
+                }
+            }
+        })
+    });
+    thread
+        .join()
+        .unwrap_or_else(|_| Err((String::new(), "start-up check panicked".to_owned())))
+}

@@ -1,0 +1,322 @@
+//! `ditto bench`'s KV-event lines: how many KV events per pod the live mirror sustains, at
+//! what CPU, and the mirror's memory per cached block.
+//!
+//! - **Sustained**: `pods` publishers (the `zeromq` crate's PUB, one loopback address each,
+//!   as vLLM's ZmqEventPublisher) each store `blocks_per_s` blocks per second with their
+//!   token ids, in 10 batches per second (evicting the oldest past a steady cache of 2,000
+//!   blocks), mirrored by the live mirror over ZMQ. Reported: blocks mirrored per second,
+//!   the process CPU (publishers included: an upper bound), and the mirror's own CPU (decode
+//!   and store apply of the same batches, timed alone).
+//! - **Memory per cached block**: the resident memory one instance's mirror takes per
+//!   cached block (index, snapshot list, token-key aliases and the store's kept history).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmpv::Value;
+use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
+
+use super::bench::{process_cpu_s, rss_mb};
+use super::config::{Discovery, KvEndpoints, LiveConfig, LiveSource};
+use super::kv_wire::decode_batch;
+use super::pod::wall_now_us;
+use crate::cluster::spec::default_cluster;
+use crate::telemetry::Metrics;
+use crate::twin::snapshot::TwinSettings;
+use crate::twin::store::{KvEventBatch, MirrorStore, StoreLimits};
+
+/// Batches per second each fake pod publishes.
+const BATCHES_PER_S: u64 = 10;
+/// Blocks each fake pod keeps cached (older ones are removed).
+const STEADY_BLOCKS: u64 = 2_000;
+/// Tokens per block.
+const BLOCK_SIZE: u64 = 16;
+
+/// What the KV-event bench measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvBench {
+    /// Fake pods.
+    pub pods: usize,
+    /// Blocks each stored per second (target).
+    pub blocks_per_s: u64,
+    /// Measured wall time.
+    pub wall: Duration,
+    /// Blocks mirrored per second per pod (stored blocks of applied batches).
+    pub mirrored_per_pod_s: f64,
+    /// Process CPU, cores (publishers included).
+    pub process_cores: f64,
+    /// The mirror's decode + apply CPU for the same load, cores.
+    pub mirror_cores: f64,
+    /// Resident memory per cached block, bytes.
+    pub bytes_per_block: f64,
+    /// Cached blocks the memory was measured with.
+    pub measured_blocks: u64,
+}
+
+impl KvBench {
+    /// The bench's report lines.
+    pub fn rows(&self) -> String {
+        format!(
+            "{} pods x {} blocks/s for {:.1} s: {:.0} blocks mirrored per pod per s; CPU {:.2} cores (publishers included), mirror decode+apply {:.3} cores\nmirror memory: {:.0} bytes per cached block ({} blocks on one instance)",
+            self.pods,
+            self.blocks_per_s,
+            self.wall.as_secs_f64(),
+            self.mirrored_per_pod_s,
+            self.process_cores,
+            self.mirror_cores,
+            self.bytes_per_block,
+            self.measured_blocks,
+        )
+    }
+}
+
+/// One pod's stream of batches: block `n` has hash `base + n` and chains to `n - 1`.
+struct Stream {
+    base: u64,
+    next_block: u64,
+    seq: u64,
+}
+
+impl Stream {
+    fn batch(&mut self, blocks: u64) -> (u64, Vec<u8>) {
+        let first = self.next_block;
+        self.next_block += blocks;
+        let hashes: Vec<Value> = (first..self.next_block)
+            .map(|n| Value::from(self.base + n))
+            .collect();
+        let tokens: Vec<Value> = (0..blocks * BLOCK_SIZE)
+            .map(|t| Value::from((first * BLOCK_SIZE + t) % 128_000))
+            .collect();
+        let parent = if first == 0 {
+            Value::Nil
+        } else {
+            Value::from(self.base + first - 1)
+        };
+        let mut events = vec![Value::Array(vec![
+            Value::from("BlockStored"),
+            Value::Array(hashes),
+            parent,
+            Value::Array(tokens),
+            Value::from(BLOCK_SIZE),
+            Value::Nil,
+            Value::from("GPU"),
+        ])];
+        if self.next_block > STEADY_BLOCKS {
+            let gone = (first.saturating_sub(STEADY_BLOCKS)..self.next_block - STEADY_BLOCKS)
+                .map(|n| Value::from(self.base + n))
+                .collect();
+            events.push(Value::Array(vec![
+                Value::from("BlockRemoved"),
+                Value::Array(gone),
+                Value::from("GPU"),
+            ]));
+        }
+        let batch = Value::Array(vec![Value::F64(1.0), Value::Array(events), Value::from(0)]);
+        let mut payload = Vec::new();
+        let _ = rmpv::encode::write_value(&mut payload, &batch);
+        let seq = self.seq;
+        self.seq += 1;
+        (seq, payload)
+    }
+}
+
+/// Runs the sustained-load and memory measurements.
+pub async fn kv_bench(
+    pods: usize,
+    blocks_per_s: u64,
+    duration: Duration,
+) -> Result<KvBench, String> {
+    let per_batch = blocks_per_s.div_ceil(BATCHES_PER_S).max(1);
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.1.1:0").map_err(|e| e.to_string())?;
+        listener.local_addr().map_err(|e| e.to_string())?.port()
+    };
+    let mut publishers = Vec::with_capacity(pods);
+    let mut ids = Vec::with_capacity(pods);
+    for index in 0..pods {
+        let host = format!("127.0.1.{}", index + 1);
+        let mut socket = PubSocket::new();
+        socket
+            .bind(&format!("tcp://{host}:{port}"))
+            .await
+            .map_err(|err| format!("bind {host}:{port}: {err}"))?;
+        publishers.push(socket);
+        ids.push(format!("{host}:9"));
+    }
+    let cluster = default_cluster();
+    let mut template = cluster.instances[0].clone();
+    template.engine.num_gpu_blocks = 30_000;
+    let source = LiveSource {
+        name: "bench".to_owned(),
+        discovery: Discovery::Static(ids),
+        template,
+        kv: Some(KvEndpoints {
+            events: format!("tcp://{{ip}}:{port}"),
+            replay: None,
+            topic: String::new(),
+            dp_size: 1,
+        }),
+        scrape_interval: Some(Duration::from_secs(3_600)),
+    };
+    let mut config = LiveConfig::new(vec![source], cluster, TwinSettings::defaults());
+    config.scrape_interval = Duration::from_secs(3_600);
+    let metrics = Metrics::new().map_err(|err| err.to_string())?;
+    let store = Arc::new(MirrorStore::new(StoreLimits::DEFAULT));
+    let live = super::start(config, Arc::clone(&store), &metrics).map_err(|err| err.to_string())?;
+    // Let the subscriptions join (ZMQ's slow joiner) before the measured run.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut streams: Vec<Stream> = (0..pods)
+        .map(|index| Stream {
+            base: (index as u64 + 1) << 40,
+            next_block: 0,
+            seq: 0,
+        })
+        .collect();
+    let stored_before = stored_blocks(&store);
+    let cpu_start = process_cpu_s();
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1_000 / BATCHES_PER_S));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while started.elapsed() < duration {
+        tick.tick().await;
+        for (socket, stream) in publishers.iter_mut().zip(&mut streams) {
+            let (seq, payload) = stream.batch(per_batch);
+            let message = ZmqMessage::try_from(vec![
+                bytes::Bytes::from_static(b"kv@bench"),
+                bytes::Bytes::from(seq.to_be_bytes().to_vec()),
+                bytes::Bytes::from(payload),
+            ])
+            .map_err(|err| err.to_string())?;
+            socket.send(message).await.map_err(|err| err.to_string())?;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let wall = started.elapsed();
+    let cpu = process_cpu_s() - cpu_start;
+    let mirrored = stored_blocks(&store).saturating_sub(stored_before);
+    drop(live);
+    drop(publishers);
+
+    let mirror_cores = decode_apply_cores(pods, per_batch)?;
+    let (bytes_per_block, measured_blocks) = memory_per_block()?;
+    Ok(KvBench {
+        pods,
+        blocks_per_s,
+        wall,
+        mirrored_per_pod_s: mirrored as f64 / pods as f64 / wall.as_secs_f64(),
+        process_cores: cpu / wall.as_secs_f64(),
+        mirror_cores,
+        bytes_per_block,
+        measured_blocks,
+    })
+}
+
+/// Blocks stored so far over every mirrored instance, from the store's sequence numbers.
+fn stored_blocks(store: &MirrorStore) -> u64 {
+    store.latest().map_or(0, |stored| {
+        stored
+            .snapshot
+            .instances
+            .iter()
+            .map(|state| state.kv_event_seq)
+            .sum::<u64>()
+    })
+}
+
+/// The mirror's CPU (decode and store apply, no sockets) for one second of the load,
+/// in cores: every pod's 10 batches decoded and applied, timed over several seconds' worth.
+fn decode_apply_cores(pods: usize, per_batch: u64) -> Result<f64, String> {
+    let store = single_instance_store(pods)?;
+    let mut streams: Vec<Stream> = (0..pods)
+        .map(|index| Stream {
+            base: (index as u64 + 1) << 40,
+            next_block: 0,
+            seq: 0,
+        })
+        .collect();
+    let seconds = 5;
+    let payloads: Vec<Vec<(usize, u64, Vec<u8>)>> = (0..seconds * BATCHES_PER_S)
+        .map(|_| {
+            streams
+                .iter_mut()
+                .enumerate()
+                .map(|(pod, stream)| {
+                    let (seq, payload) = stream.batch(per_batch);
+                    (pod, seq, payload)
+                })
+                .collect()
+        })
+        .collect();
+    let cpu_start = process_cpu_s();
+    let started = Instant::now();
+    for (ts_us, round) in (wall_now_us() + 1..).zip(&payloads) {
+        for (pod, seq, payload) in round {
+            let batch = decode_batch(*seq, payload).map_err(|err| err.to_string())?;
+            store
+                .apply_kv_events_capped(KvEventBatch {
+                    instance_id: format!("bench-{pod}"),
+                    seq: *seq,
+                    ts_us,
+                    events: batch.events,
+                })
+                .map_err(|err| err.to_string())?;
+        }
+    }
+    let cpu = (process_cpu_s() - cpu_start).max(started.elapsed().as_secs_f64().min(0.01));
+    Ok(cpu / seconds as f64)
+}
+
+fn single_instance_store(instances: usize) -> Result<MirrorStore, String> {
+    let mut cluster = default_cluster();
+    let mut template = cluster.instances[0].clone();
+    template.engine.num_gpu_blocks = 400_000;
+    cluster.instances = (0..instances)
+        .map(|index| {
+            let mut instance = template.clone();
+            instance.id = format!("bench-{index}");
+            instance
+        })
+        .collect();
+    let store = MirrorStore::new(StoreLimits::DEFAULT);
+    store
+        .sync_config(cluster, TwinSettings::defaults(), Vec::new())
+        .map_err(|err| err.to_string())?;
+    Ok(store)
+}
+
+/// Resident bytes per cached block: one instance filled with 200,000 blocks stored with
+/// their token ids (in 1,000 batches, as a pod publishes them).
+fn memory_per_block() -> Result<(f64, u64), String> {
+    let blocks = 200_000u64;
+    let store = single_instance_store(1)?;
+    let mut stream = Stream {
+        base: 1 << 40,
+        next_block: 0,
+        seq: 0,
+    };
+    let before = rss_mb();
+    let mut ts_us = wall_now_us();
+    // Batches of 200 blocks; no removals (the stream evicts past 2,000: keep it off).
+    let mut stored = 0;
+    while stored < blocks {
+        let first = stream.next_block;
+        let (seq, payload) = stream.batch(200);
+        let mut batch = decode_batch(seq, &payload).map_err(|err| err.to_string())?;
+        batch.events.truncate(1);
+        ts_us += 1;
+        store
+            .apply_kv_events_capped(KvEventBatch {
+                instance_id: "bench-0".to_owned(),
+                seq,
+                ts_us,
+                events: batch.events,
+            })
+            .map_err(|err| err.to_string())?;
+        stored += stream.next_block - first;
+    }
+    let after = rss_mb();
+    Ok((
+        (after - before).max(0.0) * 1024.0 * 1024.0 / blocks as f64,
+        blocks,
+    ))
+}

@@ -1,0 +1,234 @@
+//! The HTTP listener's connection handling, bounded against slow and greedy clients: a cap
+//! on open connections (beyond it a new connection is closed at once and counted), a
+//! timeout on reading each request's headers (hyper's; it also closes idle keep-alive
+//! connections), and, for the routes that read a body, a limit on its size (413, at once
+//! when `Content-Length` announces more) and a timeout on receiving it (408).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use prometheus::{IntCounter, IntGauge};
+use tokio::sync::{Semaphore, watch};
+
+use crate::telemetry::Metrics;
+
+/// Bounds of the HTTP listener (`--http-*` flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Longest a client may take to send a request's headers (and longest an idle
+    /// keep-alive connection stays open).
+    pub header_read_timeout: Duration,
+    /// Most connections open at once; beyond, new ones are closed at once.
+    pub max_connections: usize,
+    /// How the routes that read a body bound it.
+    pub body: BodyLimits,
+}
+
+/// Bounds of a request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Largest body, bytes (more: 413).
+    pub max_bytes: usize,
+    /// Longest a client may take to send the whole body (more: 408).
+    pub read_timeout: Duration,
+}
+
+impl BodyLimits {
+    /// 64 MiB (a 10 000-entry bulk call is about 3 MB) within 30 s.
+    pub const DEFAULT: Self = Self {
+        max_bytes: 64 * 1024 * 1024,
+        read_timeout: Duration::from_secs(30),
+    };
+}
+
+impl HttpLimits {
+    /// Headers within 10 s, 1024 connections, [`BodyLimits::DEFAULT`].
+    pub const DEFAULT: Self = Self {
+        header_read_timeout: Duration::from_secs(10),
+        max_connections: 1024,
+        body: BodyLimits::DEFAULT,
+    };
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// The connection metrics.
+#[derive(Clone, Debug)]
+pub struct ConnectionMetrics {
+    open: IntGauge,
+    refused: IntCounter,
+}
+
+impl ConnectionMetrics {
+    /// Registers `ditto_http_connections` and `ditto_http_connections_refused_total`.
+    pub fn register(metrics: &Metrics) -> Result<Self, prometheus::Error> {
+        let open = IntGauge::new(
+            "ditto_http_connections",
+            "HTTP connections open (at most --http-max-connections).",
+        )?;
+        let refused = IntCounter::new(
+            "ditto_http_connections_refused_total",
+            "HTTP connections closed on arrival because --http-max-connections were open.",
+        )?;
+        metrics.register(Box::new(open.clone()))?;
+        metrics.register(Box::new(refused.clone()))?;
+        Ok(Self { open, refused })
+    }
+}
+
+/// Decrements the open-connection gauge when a connection's task ends, however it ends.
+struct OpenConnection(IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// Serves `router` over HTTP/1.1 on `listener` within `limits` until `stop` resolves; then
+/// stops accepting, lets every connection finish its request in flight, and returns once
+/// all are closed.
+pub async fn serve<L>(
+    mut listener: L,
+    router: Router,
+    limits: HttpLimits,
+    metrics: ConnectionMetrics,
+    stop: impl Future<Output = ()> + Send,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+{
+    // Permits are u32 (acquire_many); the flag is validated far below.
+    let capacity = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
+    let slots = Arc::new(Semaphore::new(capacity as usize));
+    let (stopping, stopped) = watch::channel(false);
+    tokio::pin!(stop);
+    loop {
+        let (io, _peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            metrics.refused.inc();
+            drop(io);
+            continue;
+        };
+        metrics.open.inc();
+        let open = OpenConnection(metrics.open.clone());
+        let service = TowerToHyperService::new(router.clone());
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _open = open;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read_timeout)
+                .keep_alive(true);
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            tokio::pin!(connection);
+            let stop = async move {
+                // An error means the sender is gone, which also means stop.
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, "HTTP connection ended with an error");
+                    }
+                }
+                () = stop => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stopping.send(true);
+    // Every connection holds a slot until it closes.
+    let _all_closed = slots.acquire_many(capacity).await;
+    Ok(())
+}
+
+fn refusal(status: StatusCode, detail: String) -> Response {
+    let body = serde_json::json!({ "detail": detail }).to_string();
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            // The rest of the body is not read: the connection cannot be reused.
+            (header::CONNECTION, "close"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// Reads the request body within `limits` before the handler runs: 413 (JSON `detail`)
+/// when `Content-Length` announces more than the limit or more arrives, 408 when the body
+/// does not arrive within the read timeout, 400 when the connection fails mid-body.
+pub async fn limit_body(
+    State(limits): State<BodyLimits>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let too_large = || {
+        refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "request body larger than {} bytes (--http-max-body-bytes)",
+                limits.max_bytes
+            ),
+        )
+    };
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if announced.is_some_and(|length| length > limits.max_bytes as u64) {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, limits.max_bytes);
+    match tokio::time::timeout(limits.read_timeout, read).await {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Ok(Err(err)) => {
+            let over = std::error::Error::source(&err)
+                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
+                || err.into_inner().is::<http_body_util::LengthLimitError>();
+            if over {
+                too_large()
+            } else {
+                refusal(
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read".to_owned(),
+                )
+            }
+        }
+        Err(_) => refusal(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "request body not received within {} ms (--http-body-read-timeout-ms)",
+                limits.read_timeout.as_millis()
+            ),
+        ),
+    }
+}

@@ -1,0 +1,221 @@
+//! The calibration file: JSON, written atomically (serialised by the caller), read at
+//! start and on `/reload` with every coefficient range-checked, so the server never starts
+//! on a torn file or absurd coefficients, and always reads back what it wrote.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::sim::latency::online::{CalibrationState, MAX_SCALE, MIN_SCALE, Phase, PhaseState};
+
+/// Why the calibration file cannot be used.
+#[derive(Debug, Error)]
+pub enum CalibrationFileError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The content is not a calibration.
+    #[error("{path}: not a ditto calibration file: {reason}")]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PhaseFile {
+    overhead_ms: f64,
+    scale: f64,
+    samples: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CalibrationFile {
+    version: u32,
+    ttft: PhaseFile,
+    tpot: PhaseFile,
+    /// Whether the TTFT samples measured E2E (absent in older files: false).
+    #[serde(default)]
+    ttft_is_e2e: bool,
+}
+
+/// A phase's coefficients as persisted: within the ranges [`load`] accepts, so the server
+/// can always read back what it wrote (a raw fit can leave them: anti-correlated samples
+/// drive the scale below the floor that is applied anyway).
+pub(super) fn phase_file(phase: Phase, p: &PhaseState) -> PhaseFile {
+    let ceiling = phase.ceiling_ms();
+    PhaseFile {
+        overhead_ms: p.overhead_ms.clamp(-ceiling, ceiling),
+        scale: p.scale.clamp(MIN_SCALE, MAX_SCALE),
+        samples: p.samples,
+    }
+}
+
+fn to_file(state: &CalibrationState) -> CalibrationFile {
+    CalibrationFile {
+        version: 1,
+        ttft: phase_file(Phase::Ttft, &state.ttft),
+        tpot: phase_file(Phase::Tpot, &state.tpot),
+        ttft_is_e2e: state.ttft_is_e2e,
+    }
+}
+
+/// One phase of a file, range-checked: the scale in [`MIN_SCALE`, `MAX_SCALE`] (the floor
+/// is what answers apply: below it, or zero or negative, is not what the server writes),
+/// the overhead within ± the phase's largest plausible latency. Errors name the field
+/// (`ttft.scale`).
+fn checked_phase(phase: Phase, p: &PhaseFile) -> Result<PhaseState, String> {
+    let name = phase.as_str();
+    let ceiling = phase.ceiling_ms();
+    if !p.scale.is_finite() || !(MIN_SCALE..=MAX_SCALE).contains(&p.scale) {
+        return Err(format!(
+            "{name}.scale: {} is outside [{MIN_SCALE}, {MAX_SCALE}]",
+            p.scale
+        ));
+    }
+    if !p.overhead_ms.is_finite() || p.overhead_ms.abs() > ceiling {
+        return Err(format!(
+            "{name}.overhead_ms: {} is outside [-{ceiling}, {ceiling}]",
+            p.overhead_ms
+        ));
+    }
+    Ok(PhaseState {
+        overhead_ms: p.overhead_ms,
+        scale: p.scale,
+        samples: p.samples,
+    })
+}
+
+/// Reads a calibration file; `Ok(None)` when it does not exist yet. A file that is not a
+/// calibration, or holds coefficients out of range, is an error naming the file and the
+/// field: the server refuses to start on it rather than guess (writes are atomic, so only
+/// something else can have damaged it; move it aside to start uncalibrated).
+pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(CalibrationFileError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    let bad = |reason: String| CalibrationFileError::Format {
+        path: path.to_owned(),
+        reason,
+    };
+    let file: CalibrationFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if file.version != 1 {
+        return Err(bad(format!("version {} (expected 1)", file.version)));
+    }
+    Ok(Some(CalibrationState {
+        ttft: checked_phase(Phase::Ttft, &file.ttft).map_err(bad)?,
+        tpot: checked_phase(Phase::Tpot, &file.tpot).map_err(bad)?,
+        ttft_is_e2e: file.ttft_is_e2e,
+    }))
+}
+
+/// Temporary files of concurrent saves never collide (the caller serialises saves too).
+static TEMPORARY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `state` to `path` atomically: a unique temporary file beside it, written and
+/// fsynced, renamed over `path`, then the directory fsynced, so a reader (or a crash at any
+/// moment) sees the old file or the new one, never a torn or empty one.
+pub(super) fn save(path: &Path, state: &CalibrationState) -> Result<(), CalibrationFileError> {
+    let io = |source| CalibrationFileError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let text = serde_json::to_string_pretty(&to_file(state)).map_err(|e| {
+        CalibrationFileError::Format {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        }
+    })?;
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        TEMPORARY_SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    let temporary = PathBuf::from(temporary);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&temporary, path)
+    })();
+    if let Err(err) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(io(err));
+    }
+    let directory = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(directory)
+        .and_then(|dir| dir.sync_all())
+        .map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ditto-calibration-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir.join("calibration.json")
+    }
+
+    fn file_text(ttft: (f64, f64), tpot: (f64, f64)) -> String {
+        serde_json::json!({
+            "version": 1,
+            "ttft": {"overhead_ms": ttft.0, "scale": ttft.1, "samples": 3},
+            "tpot": {"overhead_ms": tpot.0, "scale": tpot.1, "samples": 3},
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn absurd_coefficients_are_refused_naming_the_field() {
+        // D3: finite but absurd values, each named with its phase.
+        let path = scratch("absurd");
+        for (text, field) in [
+            (file_text((0.0, 1e308), (0.0, 1.0)), "ttft.scale"),
+            (file_text((-1e300, 1.0), (0.0, 1.0)), "ttft.overhead_ms"),
+            (file_text((0.0, 1.0), (0.0, -5.0)), "tpot.scale"),
+            (file_text((0.0, 1.0), (0.0, 0.0)), "tpot.scale"),
+            (file_text((0.0, 1.0), (1e9, 1.0)), "tpot.overhead_ms"),
+        ] {
+            std::fs::write(&path, &text).expect("write");
+            let err = load(&path).expect_err(&text).to_string();
+            assert!(err.contains(field), "{err} should name {field}");
+            assert!(err.contains(&path.display().to_string()), "{err}");
+        }
+        std::fs::write(&path, file_text((12.0, 1.3), (-0.5, 0.9))).expect("write");
+        let state = load(&path).expect("in range").expect("exists");
+        assert_eq!((state.ttft.overhead_ms, state.ttft.scale), (12.0, 1.3));
+    }
+}

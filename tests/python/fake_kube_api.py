@@ -1,0 +1,327 @@
+"""A stand-in Kubernetes API server on loopback, written from the API's documented wire format
+(https://kubernetes.io/docs/reference/using-api/api-concepts/), for ditto's pod discovery.
+
+- `GET /api/v1/namespaces/NS/pods?labelSelector=...`: a `PodList` whose
+  `metadata.resourceVersion` is the store's current version (equality-based selectors).
+- `...&watch=true&resourceVersion=RV`: a chunked stream of JSON lines
+  `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": ...}` with every change after RV
+  (a pod leaving the selector arrives as DELETED, entering as ADDED, as the API server filters);
+  `BOOKMARK` objects carry only `metadata.resourceVersion` (sent when `allowWatchBookmarks` is
+  set). A version older than the last compaction gets an `ERROR` event with a 410 `Status`
+  (reason `Expired`) and the stream ends, which the client must answer with a new list.
+- InferencePools under `/apis/GROUP/VERSION/namespaces/NS/inferencepools[/NAME]` (get, list and
+  watch with `fieldSelector=metadata.name=NAME`), served only for the versions configured.
+- Faults: `fail(kind, code, times)` answers the next requests of a kind with a `Status` of that
+  code (403 `Forbidden` with the API server's message, 500 `InternalError`); `end_watches()`
+  closes every open watch cleanly; `expire(change)` applies a change without a watch event
+  (as if compacted away) and sends 410 to every open watch.
+"""
+
+import json
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+POOL_GROUPS = {"v1": "inference.networking.k8s.io", "v1alpha2": "inference.networking.x-k8s.io"}
+
+
+def matches(selector, labels):
+    """Equality-based label selectors: `k=v`, `k==v`, `k!=v`, comma-joined."""
+    if not selector:
+        return True
+    for requirement in selector.split(","):
+        requirement = requirement.strip()
+        if "!=" in requirement:
+            key, value = requirement.split("!=", 1)
+            if labels.get(key.strip()) == value.strip():
+                return False
+        elif "=" in requirement:
+            key, value = requirement.replace("==", "=").split("=", 1)
+            if labels.get(key.strip()) != value.strip():
+                return False
+        elif requirement.startswith("!"):
+            if requirement[1:] in labels:
+                return False
+        elif requirement not in labels:
+            return False
+    return True
+
+
+def status(code, reason, message):
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class Store:
+    """Objects of one kind with a resourceVersion log."""
+
+    def __init__(self, api):
+        self.api = api
+        self.objects = {}  # (namespace, name) -> object
+        self.log = []  # (rv, old, new)
+
+    def put(self, obj, silent=False):
+        meta = obj["metadata"]
+        k = (meta["namespace"], meta["name"])
+        old = self.objects.get(k)
+        rv = self.api.bump()
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(rv)
+        obj["metadata"].setdefault("uid", f"uid-{meta['name']}-{rv}")
+        self.objects[k] = obj
+        if not silent:
+            self.log.append((rv, old, obj))
+        return obj
+
+    def delete(self, namespace, name, silent=False):
+        old = self.objects.pop((namespace, name), None)
+        if old is None:
+            return
+        rv = self.api.bump()
+        gone = json.loads(json.dumps(old))
+        gone["metadata"]["resourceVersion"] = str(rv)
+        if not silent:
+            self.log.append((rv, old, None))
+        return gone
+
+
+class FakeKubeApi:
+    def __init__(self, pool_versions=("v1",)):
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.compacted = 0
+        self.pods = Store(self)
+        self.pools = Store(self)
+        self.pool_versions = pool_versions
+        self.faults = {}  # kind -> [code, times]
+        self.requests = []  # (kind, query dict)
+        self.generation = 0  # bumped to end open watches
+        self.expired_generation = 0
+        handler = make_handler(self)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def bump(self):
+        self.rv += 1
+        return self.rv
+
+    def kubeconfig(self, path, namespace="llm-d"):
+        with open(path, "w") as f:
+            f.write(
+                "apiVersion: v1\nkind: Config\n"
+                f"clusters:\n- name: fake\n  cluster:\n    server: http://127.0.0.1:{self.port}\n"
+                "users:\n- name: tester\n  user: {}\n"
+                f"contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: tester\n    namespace: {namespace}\n"
+                "current-context: fake\n"
+            )
+        return path
+
+    # --- pods -----------------------------------------------------------------------------
+    def pod(self, name, ip, labels, ready=True, phase="Running", namespace="llm-d", silent=False):
+        obj = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                         "creationTimestamp": "2026-11-25T10:00:00Z"},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                     "ports": [{"containerPort": 8200, "protocol": "TCP"}]}]},
+            "status": {
+                "phase": phase, "podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True"},
+                    {"type": "Ready", "status": "True" if ready else "False"},
+                ],
+            },
+        }
+        if not ip:
+            del obj["status"]["podIP"]
+        with self.lock:
+            self.pods.put(obj, silent=silent)
+            self.lock.notify_all()
+
+    def delete_pod(self, name, namespace="llm-d", silent=False):
+        with self.lock:
+            self.pods.delete(namespace, name, silent=silent)
+            self.lock.notify_all()
+
+    def pool(self, name, labels, port, namespace="llm-d"):
+        with self.lock:
+            for version in self.pool_versions:
+                if version == "v1":
+                    spec = {"selector": {"matchLabels": labels}, "targetPorts": [{"number": port}],
+                            "endpointPickerRef": {"name": f"{name}-epp", "port": {"number": 9002}}}
+                else:
+                    spec = {"selector": labels, "targetPortNumber": port,
+                            "extensionRef": {"name": f"{name}-epp"}}
+                obj = {"apiVersion": f"{POOL_GROUPS[version]}/{version}", "kind": "InferencePool",
+                       "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+                self.pools.put(obj)
+            self.lock.notify_all()
+
+    # --- faults ---------------------------------------------------------------------------
+    def fail(self, kind, code, times):
+        with self.lock:
+            self.faults[kind] = [code, times]
+
+    def end_watches(self):
+        with self.lock:
+            self.generation += 1
+            self.lock.notify_all()
+
+    def expire(self, change):
+        """Applies `change()` (silent changes) and expires every older resourceVersion."""
+        with self.lock:
+            change()
+            self.compacted = self.rv
+            self.expired_generation += 1
+            self.lock.notify_all()
+
+    def count(self, kind, watch):
+        with self.lock:
+            return sum(1 for k, q in self.requests if k == kind and (q.get("watch") in ("true", "1")) == watch)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def make_handler(api):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def send_json(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            url = urllib.parse.urlparse(self.path)
+            query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
+            parts = url.path.strip("/").split("/")
+            # /api/v1/namespaces/NS/pods  |  /apis/G/V/namespaces/NS/inferencepools[/NAME]
+            if parts[:2] == ["api", "v1"] and len(parts) == 5 and parts[2] == "namespaces" and parts[4] == "pods":
+                kind, namespace, store, name = "pods", parts[3], api.pods, None
+                select = lambda obj: matches(query.get("labelSelector", ""), obj["metadata"].get("labels", {}))  # noqa: E731
+                list_kind = "PodList"
+            elif (
+                len(parts) in (6, 7) and parts[0] == "apis" and parts[3] == "namespaces" and parts[5] == "inferencepools"
+                and parts[2] in api.pool_versions and POOL_GROUPS.get(parts[2]) == parts[1]
+            ):
+                kind, namespace, store = "inferencepools", parts[4], api.pools
+                name = parts[6] if len(parts) == 7 else None
+                version = parts[2]
+                field = query.get("fieldSelector", "")
+                wanted = field.split("=", 1)[1] if field.startswith("metadata.name=") else None
+                select = lambda obj: obj["apiVersion"].endswith("/" + version) and (  # noqa: E731
+                    wanted is None or obj["metadata"]["name"] == wanted)
+                list_kind = "InferencePoolList"
+            else:
+                self.send_json(404, status(404, "NotFound", "the server could not find the requested resource"))
+                return
+            with api.lock:
+                api.requests.append((kind, query))
+                fault = api.faults.get(kind)
+                if fault and fault[1] > 0:
+                    fault[1] -= 1
+                    code = fault[0]
+                else:
+                    code = None
+            if code == 403:
+                self.send_json(403, status(403, "Forbidden",
+                    f'{kind} is forbidden: User "system:serviceaccount:{namespace}:ditto" cannot '
+                    f'{"watch" if query.get("watch") else "list"} resource "{kind}" in API group "" in the namespace "{namespace}"'))
+                return
+            if code is not None:
+                self.send_json(code, status(code, "InternalError", "Internal error occurred: etcdserver: request timed out"))
+                return
+            if name is not None:
+                with api.lock:
+                    obj = store.objects.get((namespace, name))
+                    found = obj is not None and select(obj)
+                if not found:
+                    self.send_json(404, status(404, "NotFound", f'{kind}.{parts[1]} "{name}" not found'))
+                else:
+                    self.send_json(200, obj)
+                return
+            if query.get("watch") in ("true", "1"):
+                self.watch(store, namespace, select, query)
+                return
+            with api.lock:
+                items = [o for (ns, _), o in sorted(store.objects.items()) if ns == namespace and select(o)]
+                body = {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(api.rv)}, "items": items}
+            self.send_json(200, body)
+
+        def chunk(self, obj):
+            data = (json.dumps(obj) + "\n").encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def watch(self, store, namespace, select, query):
+            since = int(query.get("resourceVersion") or 0)
+            bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+            timeout = float(query.get("timeoutSeconds") or 290)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            deadline = time.monotonic() + timeout
+            with api.lock:
+                generation, expired = api.generation, api.expired_generation
+                gone = since < api.compacted and since != 0
+            try:
+                if gone:
+                    self.chunk({"type": "ERROR", "object": status(410, "Expired",
+                               f"too old resource version: {since} ({api.compacted})")})
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                cursor = since
+                if bookmarks:
+                    with api.lock:
+                        rv = api.rv
+                    self.chunk({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
+                                "metadata": {"resourceVersion": str(max(cursor, since))}}})
+                while time.monotonic() < deadline:
+                    with api.lock:
+                        pending = [(rv, old, new) for rv, old, new in store.log if rv > cursor]
+                        if not pending:
+                            api.lock.wait(timeout=0.2)
+                        ended = api.generation != generation
+                        expired_now = api.expired_generation != expired
+                    for rv, old, new in pending:
+                        cursor = rv
+                        obj = new if new is not None else old
+                        if obj["metadata"]["namespace"] != namespace:
+                            continue
+                        was, now = old is not None and select(old), new is not None and select(new)
+                        if new is None:
+                            gone_obj = json.loads(json.dumps(old))
+                            gone_obj["metadata"]["resourceVersion"] = str(rv)
+                            if was:
+                                self.chunk({"type": "DELETED", "object": gone_obj})
+                        elif was and now:
+                            self.chunk({"type": "MODIFIED", "object": new})
+                        elif now:
+                            self.chunk({"type": "ADDED", "object": new})
+                        elif was:
+                            self.chunk({"type": "DELETED", "object": new})
+                    if expired_now:
+                        self.chunk({"type": "ERROR", "object": status(410, "Expired",
+                                   f"too old resource version: {cursor} ({api.compacted})")})
+                        break
+                    if ended:
+                        break
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    return Handler

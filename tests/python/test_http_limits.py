@@ -1,0 +1,235 @@
+"""ditto serve's HTTP side tried as a hostile client would (issue 22, section 2): slow
+clients (headers or body trickled, connections hoarded), huge values echoed in errors,
+absurd in-flight token counts, and calibration files with absurd values. Each limit is set
+small by its flag so the test runs in seconds; docs/operations.md lists the defaults.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+
+import grpc
+import pytest
+import requests
+
+from conftest import Server
+
+TIMEOUT = 30
+HEADER_TIMEOUT_MS = 1000
+BODY_TIMEOUT_MS = 1000
+MAX_CONNECTIONS = 8
+MAX_BODY = 1024 * 1024
+
+ENTRY = {
+    "kv_cache_percentage": 0.3,
+    "input_token_length": 800,
+    "num_request_waiting": 2,
+    "num_request_running": 10,
+    "num_tokens_generated": 0,
+    "prefix_cache_score": 0.5,
+}
+
+
+def start(*args):
+    server = Server(extra_args=args)
+    server.wait_serving()
+    server.url = f"http://127.0.0.1:{server.http_port}"
+    return server
+
+
+def stop(server):
+    output = server.output()
+    code = server.terminate()
+    os.unlink(server.log.name)
+    assert code == 0, f"ditto serve exited {code}:\n{output}"
+
+
+@pytest.fixture
+def limited():
+    server = start(
+        "--http-header-read-timeout-ms", str(HEADER_TIMEOUT_MS),
+        "--http-body-read-timeout-ms", str(BODY_TIMEOUT_MS),
+        "--http-max-connections", str(MAX_CONNECTIONS),
+        "--http-max-body-bytes", str(MAX_BODY),
+    )
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+def connect(server):
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
+    return sock
+
+
+def read_until_closed(sock, bound_s):
+    """Everything the server sends until it closes the connection, or None if it is still
+    open after bound_s."""
+    sock.settimeout(bound_s)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except socket.timeout:
+        return None
+    except ConnectionResetError:
+        return data
+
+
+def test_a_client_that_never_finishes_its_headers_is_disconnected(limited):
+    sock = connect(limited)
+    sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    # Closed once the header timeout passes (the bound is generous: a loaded CI machine).
+    assert read_until_closed(sock, 15) is not None, "still open long after the header read timeout"
+    sock.close()
+    assert requests.get(limited.url + "/healthz", timeout=TIMEOUT).status_code == 200
+
+
+def test_a_body_announced_larger_than_the_limit_is_refused_at_once(limited):
+    sock = connect(limited)
+    sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 10000000000\r\n\r\n{")
+    answer = read_until_closed(sock, 15)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"detail" in answer
+    sock.close()
+    # A body over the limit without a Content-Length (chunked) is cut off too.
+    def chunks():
+        for _ in range(MAX_BODY // 65536 + 2):
+            yield b" " * 65536
+    response = requests.post(limited.url + "/predict", data=chunks(),
+                             headers={"content-type": "application/json"}, timeout=TIMEOUT)
+    assert response.status_code == 413, response.text
+
+
+def test_a_body_that_stops_arriving_gets_408(limited):
+    sock = connect(limited)
+    sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 1000\r\n\r\n{")
+    answer = read_until_closed(sock, 15)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 408"), answer
+    sock.close()
+
+
+def test_connections_beyond_the_cap_are_refused_and_served_again_once_freed(limited):
+    hoarded = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            sock = connect(limited)
+            sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+            hoarded.append(sock)
+        time.sleep(0.3)
+        refused = False
+        for _ in range(20):
+            try:
+                response = requests.get(limited.url + "/healthz", timeout=5)
+            except requests.ConnectionError:
+                refused = True
+                break
+            time.sleep(0.05)
+        assert refused, "a connection beyond --http-max-connections was served"
+    finally:
+        for sock in hoarded:
+            sock.close()
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if requests.get(limited.url + "/healthz", timeout=5).status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, "the freed connections were not reused"
+        time.sleep(0.1)
+    text = requests.get(limited.url + "/metrics", timeout=TIMEOUT).text
+    assert "ditto_http_connections_refused_total" in text
+
+
+def test_a_huge_invalid_value_is_not_echoed_back(limited):
+    huge = "x" * (MAX_BODY - 1000)
+    response = requests.post(limited.url + "/predict", json=dict(ENTRY, kv_cache_percentage=huge), timeout=TIMEOUT)
+    assert response.status_code == 422
+    assert len(response.content) < 4096, len(response.content)
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["body", "kv_cache_percentage"] and detail[0]["type"] == "float_type"
+    assert isinstance(detail[0]["input"], str) and len(detail[0]["input"]) < 512
+    # A missing field echoes the whole object in FastAPI: bounded too.
+    body = {k: v for k, v in ENTRY.items() if k != "prefix_cache_score"}
+    body["padding"] = huge
+    response = requests.post(limited.url + "/predict", json=body, timeout=TIMEOUT)
+    assert response.status_code == 422
+    assert len(response.content) < 4096, len(response.content)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prefill_tokens_in_flight", 10**18),
+    ("decode_tokens_in_flight", 2**63),
+    ("encoder_input_size", 2**40),
+])
+def test_in_flight_token_counts_are_bounded(limited, field, value):
+    response = requests.post(limited.url + "/predict", json=dict(ENTRY, **{field: value}), timeout=TIMEOUT)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert detail[0]["loc"] == ["body", field] and detail[0]["type"] == "less_than_equal", detail
+    assert detail[0]["ctx"]["le"] == 4294967295
+
+
+def test_grpc_training_samples_bound_tokens_in_flight_too(limited):
+    from ditto.v1 import twin_pb2 as pb
+
+    sample = pb.TrainingSample(**ENTRY, prefill_tokens_in_flight=10**18, actual_ttft_ms=100.0, actual_tpot_ms=10.0)
+    with pytest.raises(grpc.RpcError) as caught:
+        limited.twin.AddTrainingSamples(pb.AddTrainingSamplesRequest(samples=[sample]), timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("samples[0].prefill_tokens_in_flight"), caught.value.details()
+
+
+def calibration_file(ttft=None, tpot=None):
+    phase = {"overhead_ms": 0.0, "scale": 1.0, "samples": 10}
+    content = {"version": 1, "ttft": dict(phase, **(ttft or {})), "tpot": dict(phase, **(tpot or {}))}
+    handle = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+    with handle:
+        json.dump(content, handle)
+    return handle.name
+
+
+@pytest.mark.parametrize("ttft, tpot, field", [
+    ({"scale": 1e308}, None, "ttft.scale"),
+    ({"overhead_ms": -1e300}, None, "ttft.overhead_ms"),
+    (None, {"scale": -5.0}, "tpot.scale"),
+    (None, {"scale": 0.0}, "tpot.scale"),
+])
+def test_a_calibration_file_with_absurd_values_is_refused_naming_the_field(ttft, tpot, field):
+    path = calibration_file(ttft, tpot)
+    server = Server(extra_args=("--calibration-file", path))
+    try:
+        try:
+            code = server.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait(timeout=30)
+            raise AssertionError(f"ditto serve started on {field} out of range:\n{server.output()}")
+        output = server.output()
+        assert code == 64, (code, output)
+        assert path in output and field in output, output
+    finally:
+        server.channel.close()
+        os.unlink(server.log.name)
+        os.unlink(path)
+
+
+def test_a_calibration_file_in_range_loads():
+    path = calibration_file({"scale": 1.3, "overhead_ms": 12.0}, {"scale": 0.9, "overhead_ms": -0.5})
+    server = start("--calibration-file", path)
+    try:
+        calibration = requests.get(server.url + "/data/status", timeout=TIMEOUT).json()["calibration"]
+        assert calibration["ttft"]["scale"] == 1.3 and calibration["tpot"]["overhead_ms"] == -0.5
+    finally:
+        stop(server)
+        os.unlink(path)
