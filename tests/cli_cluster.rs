@@ -1,14 +1,10 @@
 //! `ditto run` in cluster mode, end to end through the binary.
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
 
-fn ditto(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use common::cli::ditto;
+use std::process::Output;
 
 fn json(output: &Output) -> serde_json::Value {
     assert!(

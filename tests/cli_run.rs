@@ -1,14 +1,10 @@
 //! The `ditto run` binary end to end: default run, determinism, golden digest, bad input.
 #![allow(clippy::unwrap_used)]
 
-use std::process::{Command, Output};
+mod common;
 
-fn ditto(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(args)
-        .output()
-        .unwrap()
-}
+use common::cli::ditto;
+use std::process::Output;
 
 fn fnv1a64(bytes: &[u8]) -> u64 {
     ditto::sim::rng::fnv1a64(bytes)

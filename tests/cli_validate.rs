@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::cli::ditto;
 
 use serde_json::Value;
 
@@ -43,13 +45,6 @@ const FIRST_FOUR: [&str; 4] = [
     "h100-llama2-7b-tp1-general",
     "h100-mixtral8x7b-tp2-general",
 ];
-
-fn ditto(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ditto"))
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn runs() -> Vec<String> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gt");

@@ -12,6 +12,8 @@
 //! of bytes from outside the gRPC API (vLLM's KV-event wire format, the latency predictor
 //! API's JSON) are fuzzed in `tests/fuzz_wire.rs`.
 
+mod common;
+
 use std::sync::Arc;
 
 use ditto::server::convert::config::cluster_from_proto;
@@ -185,8 +187,9 @@ fn mutate(mut bytes: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
     bytes
 }
 
-/// A refusal is the client's fault, short, non-empty, and names the field when invalid.
-fn assert_clear(err: &TwinError) {
+/// A refusal is the client's fault, short, non-empty, and names the field when invalid: a
+/// path in `message`, the type the client sent.
+fn assert_clear(err: &TwinError, message: &str) {
     let status = status_from(err);
     assert!(
         matches!(
@@ -200,16 +203,21 @@ fn assert_clear(err: &TwinError) {
     );
     assert!(!status.message().is_empty());
     assert!(status.message().chars().count() <= 300, "{status:?}");
-    if let TwinError::InvalidArgument { field, .. } = err {
+    if let TwinError::InvalidField { path: field, .. } = err {
         assert!(!field.is_empty(), "{err:?} names no field");
+        common::wire::assert_field_path(message, field);
     }
 }
 
 /// Runs `write` on the store; on refusal the error must be clear and the mirror unchanged.
-fn write_checked<T>(store: &MirrorStore, write: impl FnOnce(&MirrorStore) -> Result<T, TwinError>) {
+fn write_checked<T>(
+    store: &MirrorStore,
+    message: &str,
+    write: impl FnOnce(&MirrorStore) -> Result<T, TwinError>,
+) {
     let before = store.latest().unwrap();
     if let Err(err) = write(store) {
-        assert_clear(&err);
+        assert_clear(&err, message);
         let after = store.latest().unwrap();
         assert!(
             Arc::ptr_eq(&before.snapshot, &after.snapshot),
@@ -221,26 +229,30 @@ fn write_checked<T>(store: &MirrorStore, write: impl FnOnce(&MirrorStore) -> Res
 fn update_checked(message: &proto::InstanceStateUpdate) {
     let store = store();
     match update_from_proto(message) {
-        Ok(update) => write_checked(&store, |store| store.apply_state(update)),
-        Err(err) => assert_clear(&err),
+        Ok(update) => write_checked(&store, "ditto.v1.InstanceStateUpdate", |store| {
+            store.apply_state(update)
+        }),
+        Err(err) => assert_clear(&err, "ditto.v1.InstanceStateUpdate"),
     }
 }
 
 fn kv_checked(message: &proto::KvEventBatch) {
     let store = store();
     match kv_batch_from_proto(message) {
-        Ok(batch) => write_checked(&store, |store| store.apply_kv_events(batch)),
-        Err(err) => assert_clear(&err),
+        Ok(batch) => write_checked(&store, "ditto.v1.KvEventBatch", |store| {
+            store.apply_kv_events(batch)
+        }),
+        Err(err) => assert_clear(&err, "ditto.v1.KvEventBatch"),
     }
 }
 
 fn config_checked(message: &proto::ClusterConfig) {
     let store = store();
     match cluster_from_proto(message) {
-        Ok(decoded) => write_checked(&store, |store| {
+        Ok(decoded) => write_checked(&store, "ditto.v1.ClusterConfig", |store| {
             store.sync_config(decoded.cluster, decoded.settings, decoded.addresses)
         }),
-        Err(err) => assert_clear(&err),
+        Err(err) => assert_clear(&err, "ditto.v1.ClusterConfig"),
     }
 }
 
@@ -250,10 +262,10 @@ fn question_checked(message: &proto::PredictRoutingRequest) {
     match routing_from_proto(message, &limits) {
         Ok(decoded) => {
             if let Err(err) = decoded.resolve(&store.latest().unwrap(), &limits, NOW_US) {
-                assert_clear(&err);
+                assert_clear(&err, "ditto.v1.PredictRoutingRequest");
             }
         }
-        Err(err) => assert_clear(&err),
+        Err(err) => assert_clear(&err, "ditto.v1.PredictRoutingRequest"),
     }
 }
 
@@ -263,10 +275,10 @@ fn forecast_checked(message: &proto::ForecastCapacityRequest) {
     match forecast_from_proto(message, &limits) {
         Ok(decoded) => {
             if let Err(err) = decoded.resolve(&store.latest().unwrap(), NOW_US) {
-                assert_clear(&err);
+                assert_clear(&err, "ditto.v1.ForecastCapacityRequest");
             }
         }
-        Err(err) => assert_clear(&err),
+        Err(err) => assert_clear(&err, "ditto.v1.ForecastCapacityRequest"),
     }
 }
 

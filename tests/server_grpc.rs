@@ -6,101 +6,18 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::server::{Harness, http_get};
+use common::within;
 use ditto::server::proto;
-use ditto::server::proto::twin_client::TwinClient;
-use ditto::server::{RunningServer, ServerOptions, start};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::StreamExt;
 use tonic::Code;
-use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 const A: &str = "ns/vllm-0:8000";
 const B: &str = "ns/vllm-1:8000";
-
-/// A server on free local ports and a connected client.
-struct Harness {
-    server: RunningServer,
-    channel: Channel,
-    twin: TwinClient<Channel>,
-}
-
-impl Harness {
-    async fn start(synced: bool) -> Harness {
-        let local = "127.0.0.1:0".parse().unwrap();
-        let mut options = ServerOptions::new(local, local);
-        options.drain = Duration::from_millis(500);
-        let server = start(options).await.unwrap();
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-        let mut twin = TwinClient::new(channel.clone());
-        if synced {
-            let ack = twin.sync_cluster_config(config()).await.unwrap();
-            assert!(ack.get_ref().changed);
-        }
-        Harness {
-            server,
-            channel,
-            twin,
-        }
-    }
-
-    async fn snapshot(&mut self, generation: u64) -> Result<proto::ClusterSnapshot, tonic::Status> {
-        let request = proto::GetSnapshotRequest {
-            generation,
-            now_us: 2_000_000,
-            include_block_hashes: true,
-        };
-        self.twin
-            .get_snapshot(request)
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn push(
-        &mut self,
-        updates: Vec<proto::InstanceStateUpdate>,
-    ) -> Result<proto::PushAck, tonic::Status> {
-        self.twin
-            .push_instance_state(tokio_stream::iter(updates))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn push_kv(
-        &mut self,
-        batches: Vec<proto::KvEventBatch>,
-    ) -> Result<proto::PushAck, tonic::Status> {
-        self.twin
-            .push_kv_events(tokio_stream::iter(batches))
-            .await
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn health(&self, service: &str) -> i32 {
-        let mut health = HealthClient::new(self.channel.clone());
-        let request = tonic_health::pb::HealthCheckRequest {
-            service: service.to_owned(),
-        };
-        health.check(request).await.unwrap().into_inner().status
-    }
-
-    async fn stop(self) {
-        self.server.shutdown().await.unwrap();
-    }
-}
-
-/// Runs a test body with an upper bound, so a bug shows as a failure, not a hang.
-async fn within<F: std::future::Future<Output = ()>>(body: F) {
-    tokio::time::timeout(Duration::from_secs(120), body)
-        .await
-        .expect("the test finished within its bound");
-}
 
 fn instance(id: &str) -> proto::InstanceSpec {
     proto::InstanceSpec {
@@ -224,7 +141,7 @@ fn check<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, field
 #[tokio::test(flavor = "multi_thread")]
 async fn health_turns_serving_once_a_config_is_synced() {
     within(async {
-        let mut h = Harness::start(false).await;
+        let mut h = Harness::start(None, |_| {}).await;
         let not_serving = ServingStatus::NotServing as i32;
         assert_eq!(h.health("").await, not_serving);
         assert_eq!(h.health("ditto.v1.Twin").await, not_serving);
@@ -263,7 +180,7 @@ async fn health_turns_serving_once_a_config_is_synced() {
 #[tokio::test(flavor = "multi_thread")]
 async fn config_sync_is_versioned_and_idempotent() {
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let again = h
             .twin
             .sync_cluster_config(config())
@@ -308,7 +225,7 @@ async fn config_sync_is_versioned_and_idempotent() {
 async fn pushed_state_and_events_are_mirrored_with_ages() {
     use proto::request_event::Event;
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let mut first = full_update(
             A,
             1_000_000,
@@ -396,7 +313,7 @@ async fn pushed_state_and_events_are_mirrored_with_ages() {
 async fn kv_events_follow_the_cache_and_report_gaps() {
     use proto::kv_event::Event;
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let first = kv(
             1,
             1_000_000,
@@ -468,7 +385,7 @@ async fn kv_events_follow_the_cache_and_report_gaps() {
 async fn bad_state_updates_are_invalid_and_change_nothing() {
     use proto::request_event::Event;
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         h.push(vec![full_update(
             A,
             1_000_000,
@@ -573,7 +490,7 @@ async fn bad_state_updates_are_invalid_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_configs_are_invalid_and_change_nothing() {
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let before = h.snapshot(0).await.unwrap();
         let mut negative_tp = config();
         negative_tp.instances[0].tp = -1;
@@ -627,7 +544,7 @@ async fn bad_configs_are_invalid_and_change_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_questions_get_invalid_argument_or_resource_exhausted() {
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let limits = ditto::twin::Limits::DEFAULT;
         let with = |edit: &dyn Fn(&mut proto::PredictRoutingRequest)| {
             let mut question = routing_question();
@@ -786,7 +703,7 @@ async fn bad_questions_get_invalid_argument_or_resource_exhausted() {
 async fn the_prediction_stream_answers_each_question_in_order() {
     use proto::predict_routing_stream_response::Result as Outcome;
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let mut bad = routing_question();
         bad.request_id = "bad".into();
         bad.request.as_mut().unwrap().prompt_tokens = -1;
@@ -831,7 +748,7 @@ async fn the_prediction_stream_answers_each_question_in_order() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_push_stream_past_its_deadline_ends_with_deadline_exceeded() {
     within(async {
-        let mut h = Harness::start(true).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         // The client sends one update and then keeps the stream open without sending more.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         tx.send(full_update(A, 1_000_000, vec![], vec![]))
@@ -906,7 +823,7 @@ async fn service_names(h: &Harness, v1: bool) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reflection_v1_and_v1alpha_list_the_twin() {
     within(async {
-        let h = Harness::start(true).await;
+        let h = Harness::start(Some(config()), |_| {}).await;
         for v1 in [true, false] {
             let names = service_names(&h, v1).await;
             assert!(names.iter().any(|n| n == "ditto.v1.Twin"), "{names:?}");
@@ -920,19 +837,10 @@ async fn reflection_v1_and_v1alpha_list_the_twin() {
     .await;
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_health_and_readiness_over_http() {
     within(async {
-        let mut h = Harness::start(false).await;
+        let mut h = Harness::start(None, |_| {}).await;
         let http = h.server.http_addr();
         assert!(http_get(http, "/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(http_get(http, "/readyz").await.starts_with("HTTP/1.1 503"));
@@ -964,7 +872,7 @@ async fn metrics_health_and_readiness_over_http() {
 #[tokio::test(flavor = "multi_thread")]
 async fn shutdown_reports_not_serving_then_stops_accepting() {
     within(async {
-        let h = Harness::start(true).await;
+        let h = Harness::start(Some(config()), |_| {}).await;
         let grpc = h.server.grpc_addr();
         let mut health = HealthClient::new(h.channel.clone());
         let request = tonic_health::pb::HealthCheckRequest {

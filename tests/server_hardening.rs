@@ -7,59 +7,15 @@
 
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
+mod common;
+
+use common::server::{Harness, Raw};
+use common::within;
+use ditto::server::ServerOptions;
 use ditto::server::proto;
-use ditto::server::proto::twin_client::TwinClient;
-use ditto::server::{RunningServer, ServerOptions, start};
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::Channel;
 
 const A: &str = "ns/vllm-0:8000";
-
-struct Harness {
-    server: RunningServer,
-    channel: Channel,
-    twin: TwinClient<Channel>,
-}
-
-impl Harness {
-    async fn start(edit: impl FnOnce(&mut ServerOptions)) -> Harness {
-        let local = "127.0.0.1:0".parse().unwrap();
-        let mut options = ServerOptions::new(local, local);
-        options.drain = Duration::from_millis(500);
-        edit(&mut options);
-        let server = start(options).await.unwrap();
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-        let mut twin = TwinClient::new(channel.clone());
-        twin.sync_cluster_config(config()).await.unwrap();
-        Harness {
-            server,
-            channel,
-            twin,
-        }
-    }
-
-    async fn snapshot(&mut self) -> proto::ClusterSnapshot {
-        let request = proto::GetSnapshotRequest {
-            generation: 0,
-            now_us: 2_000_000,
-            include_block_hashes: true,
-        };
-        self.twin.get_snapshot(request).await.unwrap().into_inner()
-    }
-}
-
-async fn within<F: std::future::Future<Output = ()>>(body: F) {
-    tokio::time::timeout(Duration::from_secs(120), body)
-        .await
-        .expect("the test finished within its bound");
-}
 
 fn instance(id: &str) -> proto::InstanceSpec {
     proto::InstanceSpec {
@@ -134,7 +90,7 @@ fn one_slot(options: &mut ServerOptions) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_whose_client_went_away_frees_its_simulation_slot() {
     within(async {
-        let h = Harness::start(one_slot).await;
+        let h = Harness::start(Some(config()), one_slot).await;
         let mut heavy = h.twin.clone();
         let call = tokio::spawn(async move { heavy.forecast_capacity(heavy_forecast()).await });
         // Wait until the forecast is in flight, then the client goes away.
@@ -158,7 +114,7 @@ async fn a_call_whose_client_went_away_frees_its_simulation_slot() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_past_its_deadline_frees_its_simulation_slot() {
     within(async {
-        let h = Harness::start(one_slot).await;
+        let h = Harness::start(Some(config()), one_slot).await;
         let mut twin = h.twin.clone();
         let status = twin
             .forecast_capacity(with_timeout(heavy_forecast(), Duration::from_millis(300)))
@@ -176,7 +132,7 @@ async fn a_call_past_its_deadline_frees_its_simulation_slot() {
 #[tokio::test(flavor = "multi_thread")]
 async fn huge_distribution_parameters_are_invalid_naming_the_field() {
     within(async {
-        let mut h = Harness::start(|_| {}).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         use proto::length_distribution::Dist;
         let cases = [
             (
@@ -217,7 +173,7 @@ async fn huge_distribution_parameters_are_invalid_naming_the_field() {
 #[tokio::test(flavor = "multi_thread")]
 async fn error_messages_stay_short() {
     within(async {
-        let mut h = Harness::start(|_| {}).await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
         let mut question = heavy_forecast();
         question.stages[0].duration_s = 1e300;
         let status = h.twin.forecast_capacity(question).await.unwrap_err();
@@ -246,8 +202,8 @@ async fn error_messages_stay_short() {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_or_unprintable_ids_are_invalid_and_change_nothing() {
     within(async {
-        let mut h = Harness::start(|_| {}).await;
-        let before = h.snapshot().await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
+        let before = h.snapshot(0).await.unwrap();
         let huge = "i".repeat(1024 * 1024);
         // Config: a 1 MB instance id, an id with a newline, a huge address.
         let mut bad = config();
@@ -342,7 +298,7 @@ async fn oversized_or_unprintable_ids_are_invalid_and_change_nothing() {
             "{status:?}"
         );
         assert_eq!(
-            h.snapshot().await,
+            h.snapshot(0).await.unwrap(),
             before,
             "a rejected write changed the mirror"
         );
@@ -350,47 +306,11 @@ async fn oversized_or_unprintable_ids_are_invalid_and_change_nothing() {
     .await;
 }
 
-/// A codec sending and receiving raw bytes, to put undecodable messages on the wire.
-#[derive(Clone, Copy, Default)]
-struct Raw;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        buf.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        let bytes = buf.chunk().to_vec();
-        buf.advance(bytes.len());
-        Ok(Some(bytes))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_protobuf_bytes_are_invalid_argument() {
     within(async {
-        let mut h = Harness::start(|_| {}).await;
-        let before = h.snapshot().await;
+        let mut h = Harness::start(Some(config()), |_| {}).await;
+        let before = h.snapshot(0).await.unwrap();
         // Field 1 (length-delimited) claiming more bytes than follow; a bad wire type.
         let garbage: [&[u8]; 2] = [&[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x01], &[0x0f, 0x01]];
         let methods = [
@@ -427,7 +347,7 @@ async fn undecodable_protobuf_bytes_are_invalid_argument() {
             assert_eq!(status.code(), Code::InvalidArgument, "{method}: {status:?}");
         }
         assert_eq!(
-            h.snapshot().await,
+            h.snapshot(0).await.unwrap(),
             before,
             "a rejected write changed the mirror"
         );

@@ -6,72 +6,13 @@
 
 use std::time::Duration;
 
+mod common;
+
+use common::server::Harness;
+use common::within;
 use ditto::server::proto;
-use ditto::server::proto::twin_client::TwinClient;
-use ditto::server::{RunningServer, ServerOptions, start};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::Code;
-use tonic::transport::Channel;
-
-struct Harness {
-    server: RunningServer,
-    twin: TwinClient<Channel>,
-}
-
-impl Harness {
-    async fn start(instances: usize, edit: impl FnOnce(&mut ServerOptions)) -> Harness {
-        let local = "127.0.0.1:0".parse().unwrap();
-        let mut options = ServerOptions::new(local, local);
-        options.drain = Duration::from_millis(500);
-        edit(&mut options);
-        let server = start(options).await.unwrap();
-        let channel =
-            tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-        let mut twin = TwinClient::new(channel)
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .max_encoding_message_size(64 * 1024 * 1024);
-        twin.sync_cluster_config(config(instances)).await.unwrap();
-        Harness { server, twin }
-    }
-
-    async fn generation(&mut self) -> u64 {
-        let request = proto::GetSnapshotRequest {
-            generation: 0,
-            now_us: 2_000_000,
-            include_block_hashes: false,
-        };
-        self.twin
-            .get_snapshot(request)
-            .await
-            .unwrap()
-            .into_inner()
-            .generation
-    }
-
-    async fn metrics(&self) -> String {
-        let mut stream = tokio::net::TcpStream::connect(self.server.http_addr())
-            .await
-            .unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await.unwrap();
-        text
-    }
-}
-
-async fn within<F: std::future::Future<Output = ()>>(body: F) {
-    tokio::time::timeout(Duration::from_secs(120), body)
-        .await
-        .expect("the test finished within its bound");
-}
 
 fn id(index: usize) -> String {
     format!("ns/vllm-{index}:8000")
@@ -144,7 +85,7 @@ fn exhausted<T: std::fmt::Debug>(result: Result<T, tonic::Status>, names: &str) 
 async fn a_message_one_byte_over_the_size_limit_is_resource_exhausted() {
     within(async {
         const LIMIT: usize = 64 * 1024;
-        let mut h = Harness::start(1, |o| o.max_message_bytes = LIMIT).await;
+        let mut h = Harness::start(Some(config(1)), |o| o.max_message_bytes = LIMIT).await;
         // Requests with 20-byte ids, then the first id lengthened byte by byte until the
         // message is exactly at the limit.
         let mut count = 1;
@@ -186,7 +127,7 @@ async fn a_message_one_byte_over_the_size_limit_is_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn candidates_and_replications_one_over_are_resource_exhausted() {
     within(async {
-        let mut h = Harness::start(3, |o| {
+        let mut h = Harness::start(Some(config(3)), |o| {
             o.service.twin.max_candidates = 2;
             o.service.twin.max_replications = 3;
         })
@@ -212,7 +153,7 @@ async fn candidates_and_replications_one_over_are_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread")]
 async fn instances_requests_and_events_one_over_are_resource_exhausted() {
     within(async {
-        let mut h = Harness::start(1, |o| {
+        let mut h = Harness::start(Some(config(1)), |o| {
             o.store.max_instances = 4;
             o.store.max_requests_per_instance = 5;
             o.store.max_events_per_update = 2;
@@ -309,7 +250,7 @@ fn heavy_forecast() -> proto::ForecastCapacityRequest {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_call_beyond_the_simulation_queue_is_resource_exhausted_at_once() {
     within(async {
-        let h = Harness::start(1, |o| {
+        let h = Harness::start(Some(config(1)), |o| {
             o.service.max_concurrent_simulations = 1;
             o.service.max_queued_simulations = 1;
         })
@@ -357,7 +298,10 @@ async fn a_call_beyond_the_simulation_queue_is_resource_exhausted_at_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_horizon_one_millisecond_over_is_resource_exhausted() {
     within(async {
-        let mut h = Harness::start(1, |o| o.service.twin.max_horizon_us = 2_000_000).await;
+        let mut h = Harness::start(Some(config(1)), |o| {
+            o.service.twin.max_horizon_us = 2_000_000
+        })
+        .await;
         let with_horizon = |horizon_ms: f64| {
             let mut message = question(1, 1);
             message.options.as_mut().unwrap().horizon_ms = horizon_ms;

@@ -186,12 +186,9 @@ fn nothing_is_accepted_before_a_config() {
     let store = MirrorStore::new(StoreLimits::DEFAULT);
     assert!(matches!(
         store.apply_state(running("a", 1, 1)),
-        Err(TwinError::FailedPrecondition(_))
+        Err(TwinError::NotSynced)
     ));
-    assert!(matches!(
-        store.snapshot(0),
-        Err(TwinError::FailedPrecondition(_))
-    ));
+    assert!(matches!(store.snapshot(0), Err(TwinError::NotSynced)));
     assert!(store.latest().is_none());
 }
 

@@ -142,7 +142,7 @@ fn bad_forecast_questions_name_the_field() {
     cases.push((q, "quantiles[0]"));
     for (q, field) in cases {
         match forecast_capacity(&snapshot, &q, &Limits::DEFAULT) {
-            Err(TwinError::InvalidArgument { field: got, .. }) => assert_eq!(got, field),
+            Err(TwinError::InvalidField { path: got, .. }) => assert_eq!(got, field),
             other => panic!("{field}: {other:?}"),
         }
     }
@@ -150,12 +150,12 @@ fn bad_forecast_questions_name_the_field() {
     q.replications = 1_000;
     assert!(matches!(
         forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
-        Err(TwinError::ResourceExhausted(_))
+        Err(TwinError::OverLimit(_))
     ));
     let mut q = question(vec![1]);
     q.stages = vec![(10.0, 1e7)];
     assert!(matches!(
         forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
-        Err(TwinError::ResourceExhausted(_))
+        Err(TwinError::OverLimit(_))
     ));
 }

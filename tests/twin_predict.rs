@@ -401,19 +401,19 @@ fn bounded_work_and_bad_questions() {
     let mut q = question(cut, OutputLength::Point(300), 1);
     q.candidates = vec!["vllm-9".into()];
     assert!(
-        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidArgument { field, .. }) if field == "candidates[0]")
+        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidField { path, .. }) if path == "candidates[0]")
     );
     let mut q = question(cut, OutputLength::Point(300), 1);
     q.now_us = cut - 1;
     assert!(
-        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidArgument { field, .. }) if field == "now_us")
+        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidField { path, .. }) if path == "now_us")
     );
     let q = question(cut, OutputLength::Point(300), 1000);
     assert!(matches!(
         predict_routing(&snapshot, &q, &Limits::DEFAULT),
-        Err(TwinError::ResourceExhausted(_))
+        Err(TwinError::OverLimit(_))
     ));
-    // A tiny event budget ends the call with ResourceExhausted, never a hang.
+    // A tiny event budget ends the call with EventBudget (RESOURCE_EXHAUSTED), never a hang.
     let tight = Limits {
         max_events_per_call: 5_000,
         ..Limits::DEFAULT
@@ -421,7 +421,7 @@ fn bounded_work_and_bad_questions() {
     let q = question(cut, OutputLength::Point(300), 1);
     assert!(matches!(
         predict_routing(&snapshot, &q, &tight),
-        Err(TwinError::ResourceExhausted(_))
+        Err(TwinError::EventBudget { .. })
     ));
     // A deadline already past ends it with DeadlineExceeded.
     let late = Limits {
@@ -430,7 +430,7 @@ fn bounded_work_and_bad_questions() {
     };
     assert!(matches!(
         predict_routing(&snapshot, &q, &late),
-        Err(TwinError::DeadlineExceeded { .. })
+        Err(TwinError::Deadline { .. })
     ));
 }
 

@@ -98,7 +98,7 @@ fn roll_forward_is_bounded_by_the_event_budget() {
     };
     assert!(matches!(
         predict_routing(&snapshot, &question, &limits),
-        Err(TwinError::ResourceExhausted(_))
+        Err(TwinError::EventBudget { .. })
     ));
     // With room, the same question is answered.
     assert!(predict_routing(&snapshot, &question, &Limits::DEFAULT).is_ok());
@@ -132,7 +132,7 @@ fn duplicate_block_keys_are_refused_not_a_panic() {
     question.request.block_hashes = vec![1, 2, 1];
     assert!(matches!(
         predict_routing(&snapshot, &question, &Limits::DEFAULT),
-        Err(TwinError::InvalidArgument { field, .. }) if field == "request.block_hashes"
+        Err(TwinError::InvalidField { path, .. }) if path == "request.block_hashes"
     ));
 }
 
@@ -252,7 +252,7 @@ fn forecast_variants_configured_alike_are_refused() {
     };
     assert!(matches!(
         forecast_capacity(&snapshot, &question, &Limits::DEFAULT),
-        Err(TwinError::InvalidArgument { field, .. }) if field == "variants[1].template_instance_id"
+        Err(TwinError::InvalidField { path, .. }) if path == "variants[1].template_instance_id"
     ));
 }
 

@@ -3,14 +3,15 @@
 //!
 //! Schema: `version: 1`, an optional free-text `provenance`, and `coefficients:` mapping
 //! every name in [`COEFFICIENT_NAMES`] to a finite, non-negative number. Unknown or missing
-//! names are errors that name the key.
+//! names are errors that name the key, except the [`OPTIONAL_COEFFICIENTS`] added after
+//! files were written: a file without one keeps the predictions it was fitted with.
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
 use crate::sim::latency::CalibratedCoefficients;
-use crate::sim::latency::calibrated::{COEFFICIENT_NAMES, COEFFICIENTS};
+use crate::sim::latency::calibrated::{COEFFICIENT_NAMES, COEFFICIENTS, OPTIONAL_COEFFICIENTS};
 
 /// Why a coefficients file was rejected.
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +68,13 @@ pub fn from_map(
     }
     let mut values = [0.0; COEFFICIENTS];
     for (slot, name) in values.iter_mut().zip(COEFFICIENT_NAMES) {
+        let optional = OPTIONAL_COEFFICIENTS
+            .iter()
+            .find(|(optional, _)| *optional == name)
+            .map(|(_, value)| *value);
         let value = *coefficients
             .get(name)
+            .or(optional.as_ref())
             .ok_or_else(|| CalibratedFileError::Coefficient {
                 name: name.to_string(),
                 problem: "missing".into(),
@@ -120,5 +126,8 @@ mod tests {
         let err = parse(&text.replace("  kv: 1.000000", "  kv: -1")).unwrap_err();
         assert!(err.to_string().contains(">= 0"), "{err}");
         assert!(parse("version: 2\ncoefficients: {}\n").is_err());
+        // A file written before `allreduce_link` existed still parses, with the term off.
+        let old = parse(&text.replace("  allreduce_link: 1.000000\n", "")).unwrap();
+        assert_eq!(old.get("allreduce_link"), Some(0.0));
     }
 }

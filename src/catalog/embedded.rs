@@ -72,6 +72,9 @@ pub(crate) static BLIS_GPUS_JSON: &str = include_str!("../../data/hardware_confi
 /// GPUs ditto adds from public datasheets, in the same schema.
 pub(crate) static ADDED_GPUS_JSON: &str = include_str!("../../data/hardware_config.added.json");
 
+/// Per-GPU interconnect bandwidth for tensor-parallel all-reduces (ditto's, with sources).
+pub(crate) static INTERCONNECT_JSON: &str = include_str!("../../data/gpu_interconnect.json");
+
 /// BLIS's per (model, GPU, TP, vLLM version) blackbox alpha/beta coefficients.
 pub(crate) static BLACKBOX_YAML: &str =
     include_str!("../../data/coefficients/blis-blackbox-alpha-beta.yaml");

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::CatalogError;
-use super::embedded::{ADDED_GPUS_JSON, BLIS_GPUS_JSON};
+use super::embedded::{ADDED_GPUS_JSON, BLIS_GPUS_JSON, INTERCONNECT_JSON};
 use crate::sim::latency::GpuSpec;
 
 /// Extra spellings accepted for a GPU name (lowercase alias, canonical name).
@@ -40,8 +40,59 @@ struct RawGpu {
     memory_gib: f64,
 }
 
-/// Parses both embedded files into one table sorted by name; a name in both is an error.
+/// One entry of `gpu_interconnect.json`.
+#[derive(Deserialize)]
+struct RawInterconnect {
+    /// Per-direction GPU-to-GPU bandwidth, GB/s.
+    #[serde(rename = "InterconnectGBs")]
+    interconnect_gbs: f64,
+}
+
+/// Parses both embedded files into one table sorted by name (a name in both is an error),
+/// with each GPU's interconnect bandwidth from `gpu_interconnect.json` (a GPU without an
+/// entry there is an error too).
 pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
+    let mut table = parse_tables()?;
+    add_interconnect(&mut table, "gpu_interconnect.json", INTERCONNECT_JSON)?;
+    Ok(table)
+}
+
+/// Sets every GPU's `interconnect_gbs` from `json` (name -> `{"InterconnectGBs": ..}`;
+/// keys starting with `_` are comments).
+fn add_interconnect(
+    table: &mut [GpuSpec],
+    file: &'static str,
+    json: &str,
+) -> Result<(), CatalogError> {
+    let raw: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
+    let mut links = BTreeMap::new();
+    for (name, value) in raw {
+        if name.starts_with('_') {
+            continue;
+        }
+        let entry: RawInterconnect = serde_json::from_value(value)
+            .map_err(|source| CatalogError::GpuJson { file, source })?;
+        links.insert(name.to_ascii_lowercase(), entry.interconnect_gbs);
+    }
+    for gpu in table.iter_mut() {
+        let Some(&gbs) = links.get(&gpu.name.to_ascii_lowercase()) else {
+            return Err(bad(gpu, "InterconnectGBs", format!("missing from {file}")));
+        };
+        if !(gbs.is_finite() && gbs > 0.0) {
+            return Err(bad(
+                gpu,
+                "InterconnectGBs",
+                format!("must be finite and > 0, got {gbs}"),
+            ));
+        }
+        gpu.interconnect_gbs = gbs;
+    }
+    Ok(())
+}
+
+/// Parses BLIS's file and ditto's additions into one table sorted by name.
+fn parse_tables() -> Result<Vec<GpuSpec>, CatalogError> {
     let mut table = parse_file("hardware_config.json", BLIS_GPUS_JSON)?;
     for gpu in parse_file("hardware_config.added.json", ADDED_GPUS_JSON)? {
         if table
@@ -74,6 +125,7 @@ fn parse_file(file: &'static str, json: &str) -> Result<Vec<GpuSpec>, CatalogErr
             mfu_prefill: entry.mfu_prefill,
             mfu_decode: entry.mfu_decode,
             memory_gib: entry.memory_gib,
+            interconnect_gbs: 0.0,
         };
         check(&gpu)?;
         table.push(gpu);
@@ -163,6 +215,37 @@ mod tests {
         assert_eq!(h100.mfu_decode, 0.30);
         assert_eq!(find(&table, "A100").unwrap().name, "A100-80");
         assert!(find(&table, "TPU").is_none());
+        // Every GPU has its link bandwidth; NVLink parts far above PCIe ones.
+        assert_eq!(h100.interconnect_gbs, 450.0);
+        assert!(table.iter().all(|gpu| gpu.interconnect_gbs > 0.0));
+        assert!(
+            find(&table, "A100").unwrap().interconnect_gbs
+                > 5.0 * find(&table, "L40S").unwrap().interconnect_gbs
+        );
+    }
+
+    #[test]
+    fn interconnect_entries_are_required_and_positive() {
+        let mut table = parse_tables().unwrap();
+        let err = add_interconnect(
+            &mut table,
+            "t.json",
+            r#"{"H100": {"InterconnectGBs": 450}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("InterconnectGBs") && err.contains("t.json"),
+            "{err}"
+        );
+        let err = add_interconnect(
+            &mut table[..1],
+            "t.json",
+            r#"{"A100-80": {"InterconnectGBs": 0}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("> 0"), "{err}");
     }
 
     #[test]

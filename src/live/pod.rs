@@ -13,8 +13,9 @@ use tokio::time::MissedTickBehavior;
 use super::config::LiveConfig;
 use super::rebuild::rebuild;
 use super::scrape::{ScrapeError, Scraper};
-use super::text::{RestartMarks, parse_metrics};
+use super::text::{RestartMarks, TextError, parse_metrics};
 use crate::telemetry::live::LiveMetrics;
+use crate::twin::TwinError;
 use crate::twin::snapshot::Gauges;
 use crate::twin::store::{InstanceUpdate, MirrorStore};
 
@@ -149,12 +150,38 @@ impl Pod {
     }
 }
 
-fn scrape_result(err: &ScrapeError) -> &'static str {
-    match err {
-        ScrapeError::Timeout(_) => "timeout",
-        ScrapeError::Connection(_) => "connection",
-        ScrapeError::Status(_) => "status",
-        ScrapeError::Body(_) => "body",
+/// Why a scrape left nothing new in the mirror.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeFailure {
+    /// The page could not be fetched.
+    #[error(transparent)]
+    Fetch(#[from] ScrapeError),
+    /// The page is not the Prometheus text format vLLM serves.
+    #[error(transparent)]
+    Parse(#[from] TextError),
+    /// No config is synced yet.
+    #[error("the mirror has no config yet")]
+    NoConfig,
+    /// The synced config does not list this pod yet.
+    #[error("the pod is not in the synced config yet")]
+    NotInConfig,
+    /// The store refused the state built from the page.
+    #[error("the mirror rejected the scraped state: {0}")]
+    Rejected(#[source] TwinError),
+}
+
+impl ScrapeFailure {
+    /// The `result` label of `ditto_live_scrapes_total` (and the span) for this failure.
+    pub fn result(&self) -> &'static str {
+        match self {
+            ScrapeFailure::Fetch(ScrapeError::Timeout(_)) => "timeout",
+            ScrapeFailure::Fetch(ScrapeError::Connection(_)) => "connection",
+            ScrapeFailure::Fetch(ScrapeError::Status(_)) => "status",
+            ScrapeFailure::Fetch(ScrapeError::Body(_)) => "body",
+            ScrapeFailure::Parse(_) => "parse",
+            ScrapeFailure::NoConfig | ScrapeFailure::NotInConfig => "pending",
+            ScrapeFailure::Rejected(_) => "rejected",
+        }
     }
 }
 
@@ -199,7 +226,7 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
             "ditto.scrape.result",
             outcome
                 .as_ref()
-                .map_or_else(|(result, _)| *result, |_| "ok"),
+                .map_or_else(ScrapeFailure::result, |_| "ok"),
         );
         drop(span);
         pod.metrics
@@ -217,12 +244,12 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
                     .observe(started.elapsed().as_secs_f64());
                 pod.set_health(|h| h.metrics = None);
             }
-            Err((result, reason)) => {
+            Err(failure) => {
                 pod.metrics
                     .scrapes
-                    .with_label_values(&[pod.id.as_str(), result])
+                    .with_label_values(&[pod.id.as_str(), failure.result()])
                     .inc();
-                pod.set_health(|h| h.metrics = Some(format!("metrics: {reason}")));
+                pod.set_health(|h| h.metrics = Some(format!("metrics: {failure}")));
             }
         }
     }
@@ -249,12 +276,9 @@ async fn scrape_once(
     last_at_us: u64,
     seen: &mut Seen,
     news: &mpsc::Sender<PodNews>,
-) -> Result<u64, (&'static str, String)> {
-    let text = scraper
-        .scrape()
-        .await
-        .map_err(|err| (scrape_result(&err), err.to_string()))?;
-    let metrics = parse_metrics(&text).map_err(|err| ("parse", err.to_string()))?;
+) -> Result<u64, ScrapeFailure> {
+    let text = scraper.scrape().await?;
+    let metrics = parse_metrics(&text)?;
     let marks = metrics.restart_marks();
     if seen
         .marks
@@ -299,7 +323,7 @@ async fn scrape_once(
     // Observed now, after the page arrived: as close as possible to what it describes.
     let at_us = wall_now_us().max(last_at_us + 1);
     let Some(stored) = pod.store.latest() else {
-        return Err(("pending", "the mirror has no config yet".to_owned()));
+        return Err(ScrapeFailure::NoConfig);
     };
     let snapshot = &stored.snapshot;
     let Some(index) = snapshot
@@ -308,10 +332,7 @@ async fn scrape_once(
         .iter()
         .position(|instance| instance.id == pod.id)
     else {
-        return Err((
-            "pending",
-            "the pod is not in the synced config yet".to_owned(),
-        ));
+        return Err(ScrapeFailure::NotInConfig);
     };
     let engine = &snapshot.config.instances[index].engine;
     let state = &snapshot.instances[index];
@@ -373,12 +394,7 @@ async fn scrape_once(
     match applied {
         Ok(true) if rebuilt => pod.last_rebuild_us.store(at_us, Ordering::Relaxed),
         Ok(_) => {}
-        Err(err) => {
-            return Err((
-                "rejected",
-                format!("the mirror rejected the scraped state: {err}"),
-            ));
-        }
+        Err(err) => return Err(ScrapeFailure::Rejected(err)),
     }
     Ok(at_us)
 }

@@ -1,5 +1,7 @@
 //! Time at the gRPC edge: the server's wall clock, the client's `grpc-timeout`, and the
-//! deadline a prediction or forecast works against. Only the server reads the wall clock.
+//! deadline a prediction or forecast works against. Only the edge reads the wall clock: the
+//! server here, and the live mirror (`live::pod::wall_now_us`) when it stamps what it
+//! scraped; `sim` and `twin` are given every time they use.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -1,10 +1,13 @@
-//! The one place where the twin's errors become gRPC statuses, and the server's own
-//! startup errors.
+//! Why a call failed, by kind ([`CallError`]: the twin's errors and the server's own), and
+//! its one mapping to gRPC ([`CallError::code`], [`status_from`]); the latency predictor's
+//! handlers map the same kinds to HTTP JSON once (`predictor::handlers::error_response`).
+//! Also the server's startup errors.
 //!
-//! Mapping: `InvalidArgument` → INVALID_ARGUMENT (message `field.path: reason`), `NotFound`
-//! → NOT_FOUND, `FailedPrecondition` → FAILED_PRECONDITION, `ResourceExhausted` →
-//! RESOURCE_EXHAUSTED, `DeadlineExceeded` → DEADLINE_EXCEEDED, `Cancelled` → CANCELLED. Anything else that goes wrong
-//! inside the server (a panicked simulation task) is INTERNAL.
+//! gRPC mapping: `InvalidField` → INVALID_ARGUMENT (message `field.path: reason`),
+//! `NotFound` → NOT_FOUND, `NotSynced` and `Unsimulable` → FAILED_PRECONDITION, `OverLimit`,
+//! `EventBudget` and a full simulation queue → RESOURCE_EXHAUSTED, `Deadline` →
+//! DEADLINE_EXCEEDED, `Cancelled` → CANCELLED, unavailable → UNAVAILABLE; a simulation task
+//! that panicked is INTERNAL.
 
 use std::net::SocketAddr;
 
@@ -13,8 +16,9 @@ use tonic::{Code, Status};
 
 use crate::twin::TwinError;
 
-/// Longest status message, in characters: an error echoes what the client sent (an id, a
-/// number), and a hostile value must not make a huge reply or log line.
+/// Longest status message, in characters (the ellipsis marking a cut included): an
+/// error echoes what the client sent (an id, a number), and a hostile value must not make a
+/// huge reply or log line.
 pub const MESSAGE_CHARS_MAX: usize = 256;
 
 /// `message` cut to at most [`MESSAGE_CHARS_MAX`] characters, the ellipsis marking a cut
@@ -29,37 +33,89 @@ pub fn shorten(message: &str) -> String {
     }
 }
 
+/// Why a call failed.
+#[derive(Debug, Error)]
+pub enum CallError {
+    /// The twin refused the update or the question.
+    #[error(transparent)]
+    Twin(#[from] TwinError),
+    /// Every simulation slot is busy and the bounded queue for one is full.
+    #[error(
+        "all {slots} simulation slots are busy and {waiting} calls already wait for one; \
+         retry later or add replicas"
+    )]
+    Busy {
+        /// Simulation slots.
+        slots: usize,
+        /// Calls allowed to wait.
+        waiting: usize,
+    },
+    /// The call's deadline passed outside a simulation (waiting, reading a stream).
+    #[error("deadline exceeded {0}")]
+    Deadline(String),
+    /// The service cannot answer now (no config synced, a part not running).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A task of the server failed (a panicked simulation): the server's fault.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+    /// An error met at message `index` of a client stream.
+    #[error("stream message {index}: {source}")]
+    InStream {
+        /// The message's index.
+        index: u64,
+        /// What went wrong with it.
+        source: Box<CallError>,
+    },
+}
+
+impl CallError {
+    /// `err` met at message `index` of a client stream.
+    pub fn in_stream(err: impl Into<CallError>, index: u64) -> Self {
+        CallError::InStream {
+            index,
+            source: Box::new(err.into()),
+        }
+    }
+
+    /// The gRPC code of this kind of error (the one mapping to gRPC).
+    pub fn code(&self) -> Code {
+        match self {
+            CallError::Twin(err) => match err {
+                TwinError::InvalidField { .. } => Code::InvalidArgument,
+                TwinError::NotFound { .. } => Code::NotFound,
+                TwinError::NotSynced | TwinError::Unsimulable(_) => Code::FailedPrecondition,
+                TwinError::OverLimit(_) | TwinError::EventBudget { .. } => Code::ResourceExhausted,
+                TwinError::Deadline { .. } => Code::DeadlineExceeded,
+                TwinError::Cancelled { .. } => Code::Cancelled,
+            },
+            CallError::Busy { .. } => Code::ResourceExhausted,
+            CallError::Deadline(_) => Code::DeadlineExceeded,
+            CallError::Unavailable(_) => Code::Unavailable,
+            CallError::Internal(_) => Code::Internal,
+            CallError::InStream { source, .. } => source.code(),
+        }
+    }
+
+    /// Whether this is a call's simulation event budget running out.
+    pub fn is_event_budget(&self) -> bool {
+        match self {
+            CallError::Twin(TwinError::EventBudget { .. }) => true,
+            CallError::InStream { source, .. } => source.is_event_budget(),
+            _ => false,
+        }
+    }
+}
+
+impl From<CallError> for Status {
+    fn from(err: CallError) -> Status {
+        Status::new(err.code(), shorten(&err.to_string()))
+    }
+}
+
 /// The gRPC status of a twin error (its message cut to [`MESSAGE_CHARS_MAX`] characters).
 pub fn status_from(err: &TwinError) -> Status {
-    let code = match err {
-        TwinError::InvalidArgument { .. } => Code::InvalidArgument,
-        TwinError::NotFound { .. } => Code::NotFound,
-        TwinError::FailedPrecondition(_) => Code::FailedPrecondition,
-        TwinError::ResourceExhausted(_) => Code::ResourceExhausted,
-        TwinError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-        TwinError::Cancelled { .. } => Code::Cancelled,
-    };
-    Status::new(code, shorten(&err.to_string()))
-}
-
-/// The gRPC status of a twin error met while handling message `index` of a client stream:
-/// the same code, with the message's index in front.
-pub fn stream_status_from(err: &TwinError, index: u64) -> Status {
-    let status = status_from(err);
-    Status::new(
-        status.code(),
-        shorten(&format!("stream message {index}: {}", status.message())),
-    )
-}
-
-/// DEADLINE_EXCEEDED for a call whose deadline passed before or while it ran.
-pub fn deadline_status(what: &str) -> Status {
-    Status::deadline_exceeded(format!("deadline exceeded {what}"))
-}
-
-/// INTERNAL for a simulation task that did not finish (it panicked or was cancelled).
-pub fn internal_status(what: &str) -> Status {
-    Status::internal(format!("internal error: {what}"))
+    Status::from(CallError::Twin(err.clone()))
 }
 
 /// Why the server could not start or stopped with an error.
@@ -104,40 +160,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_twin_error_has_its_code() {
+    fn every_error_kind_has_its_code() {
         let cases = [
             (
-                TwinError::invalid("instances[2].tp", "bad"),
+                TwinError::invalid("instances[2].tp", "bad").into(),
                 Code::InvalidArgument,
             ),
             (
                 TwinError::NotFound {
                     what: "generation",
                     id: "7".into(),
-                },
+                }
+                .into(),
                 Code::NotFound,
             ),
+            (TwinError::NotSynced.into(), Code::FailedPrecondition),
             (
-                TwinError::FailedPrecondition("x".into()),
+                TwinError::Unsimulable("x".into()).into(),
                 Code::FailedPrecondition,
             ),
             (
-                TwinError::ResourceExhausted("x".into()),
+                TwinError::OverLimit("x".into()).into(),
                 Code::ResourceExhausted,
             ),
             (
-                TwinError::DeadlineExceeded { events: 3 },
+                TwinError::EventBudget { events: 3 }.into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                TwinError::Deadline { events: 3 }.into(),
                 Code::DeadlineExceeded,
             ),
-            (TwinError::Cancelled { events: 3 }, Code::Cancelled),
+            (TwinError::Cancelled { events: 3 }.into(), Code::Cancelled),
+            (
+                CallError::Busy {
+                    slots: 1,
+                    waiting: 2,
+                },
+                Code::ResourceExhausted,
+            ),
+            (CallError::Deadline("x".into()), Code::DeadlineExceeded),
+            (CallError::Unavailable("x".into()), Code::Unavailable),
+            (CallError::Internal("x"), Code::Internal),
         ];
         for (err, code) in cases {
-            assert_eq!(status_from(&err).code(), code, "{err}");
+            assert_eq!(err.code(), code, "{err}");
+            assert_eq!(Status::from(err).code(), code);
         }
         let status = status_from(&TwinError::invalid("instances[2].tp", "bad"));
         assert_eq!(status.message(), "instances[2].tp: bad");
-        let status = stream_status_from(&TwinError::invalid("seq", "bad"), 4);
+        let status = Status::from(CallError::in_stream(TwinError::invalid("seq", "bad"), 4));
+        assert_eq!(status.code(), Code::InvalidArgument);
         assert_eq!(status.message(), "stream message 4: seq: bad");
+        assert!(CallError::in_stream(TwinError::EventBudget { events: 1 }, 0).is_event_budget());
+        assert!(!CallError::from(TwinError::OverLimit("event budget".into())).is_event_budget());
     }
 
     #[test]
@@ -152,7 +228,7 @@ mod tests {
             MESSAGE_CHARS_MAX
         );
         assert_eq!(shorten(&"é".repeat(MESSAGE_CHARS_MAX)).chars().count(), 256);
-        let streamed = stream_status_from(&long, u64::MAX);
+        let streamed = Status::from(CallError::in_stream(long, u64::MAX));
         assert!(streamed.message().chars().count() <= MESSAGE_CHARS_MAX);
         assert_eq!(shorten("short"), "short");
     }

@@ -16,6 +16,7 @@ use prometheus::IntCounterVec;
 
 use super::auth::AuthPolicy;
 use super::deadline::wall_now_us;
+use super::observe::{HttpObserver, observe_http};
 use super::service::Shared;
 
 /// The HTTP routes over the server's shared state, with the latency predictor API
@@ -53,7 +54,13 @@ pub fn router(
                 guard_predictor,
             ),
         ))
-        .layer(axum::middleware::from_fn_with_state(shared, observe))
+        .layer(axum::middleware::from_fn_with_state(
+            HttpObserver {
+                metrics: Arc::clone(&shared.metrics),
+                predictor_routes: Arc::from(super::predictor::RPC_ROUTES),
+            },
+            observe_http,
+        ))
 }
 
 /// The latency predictor API's paths that change state (training samples, flush, reload):
@@ -73,45 +80,15 @@ async fn guard_predictor(
     if auth.allows(write, request.headers()) {
         next.run(request).await
     } else {
-        // The route's template (`/model/{name}/info`), not the path: a client must not grow
-        // the label set.
-        rejections
-            .with_label_values(&[super::predictor::route_label(&path)])
-            .inc();
+        // The route the router matched (`/model/{name}/info`), not the path: a client must
+        // not grow the label set.
+        let route = request
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or("other", axum::extract::MatchedPath::as_str);
+        rejections.with_label_values(&[route]).inc();
         unauthorized()
     }
-}
-
-/// Counts every HTTP request and its duration by route (the server's own paths, else
-/// `other`, so a scanner cannot grow the label set) and status code, in a span.
-async fn observe(
-    State(shared): State<Arc<Shared>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let route = match request.uri().path() {
-        "/metrics" => "/metrics",
-        "/healthz" => "/healthz",
-        "/readyz" => "/readyz",
-        path => super::predictor::ROUTES
-            .iter()
-            .copied()
-            .find(|route| *route == path)
-            .unwrap_or("other"),
-    };
-    let span = super::spans::http_request(request.method(), route, request.headers());
-    let started = std::time::Instant::now();
-    let response = tracing::Instrument::instrument(next.run(request), span.clone()).await;
-    span.record(
-        "http.response.status_code",
-        i64::from(response.status().as_u16()),
-    );
-    shared.metrics.observe_http(
-        route,
-        response.status().as_u16(),
-        started.elapsed().as_secs_f64(),
-    );
-    response
 }
 
 /// 401 with the scheme to use.

@@ -3,8 +3,9 @@
 //!
 //! The only layer (with `telemetry`) that knows tokio, tonic and prost. Service handlers are
 //! adapters: decode and validate (`convert`), call the store or a simulation on the blocking
-//! pool, encode; errors map to gRPC codes in one place (`error`). Startup and shutdown live
-//! in `run`; `client` is the small client `ditto predict` uses.
+//! pool, encode; errors are kinds (`error::CallError`) mapped to gRPC codes in one place
+//! (`error`); spans, timing and counts of every call are one layer (`observe`). Startup and
+//! shutdown live in `run`; `client` is the small client `ditto predict` uses.
 
 pub mod auth;
 pub mod client;
@@ -18,6 +19,7 @@ pub mod http_conn;
 pub mod lifecycle;
 pub mod load;
 pub mod loadgen;
+pub mod observe;
 pub mod predictor;
 pub mod run;
 pub mod service;

@@ -23,6 +23,7 @@ use super::error::ServeError;
 use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
 use super::lifecycle::{DrainGate, Lifecycle};
+use super::observe::ObserveGrpc;
 use super::proto::twin_server::TwinServer;
 use super::service::{ServiceLimits, Shared, TwinService};
 use super::tls::{self, TlsAcceptors, TlsFiles};
@@ -203,6 +204,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let auth = Arc::new(options.auth);
     let twin = AuthGate::new(twin, Arc::clone(&auth), rejections.clone());
     let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
+    let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
     let grpc_addr = grpc_listener
@@ -219,7 +221,6 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         })?;
     let (stop, stop_rx) = watch::channel(false);
     let routes = Server::builder()
-        .trace_fn(super::spans::grpc_request)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -11,13 +11,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use prometheus::IntGauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::Status;
-
-use super::error::{deadline_status, internal_status, status_from};
+use super::error::CallError;
 use crate::twin::TwinError;
 use crate::twin::limits::CancelFlag;
+use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Slots for simulations and the bounded wait for one.
 #[derive(Debug)]
@@ -49,14 +47,9 @@ impl SimulationPool {
         }
     }
 
-    /// Runs `work` on rayon's pool in a slot, within `deadline`; `on_error` sees the
-    /// simulation's own error before it becomes a status. A panic is INTERNAL.
-    pub async fn run<T, F>(
-        &self,
-        deadline: Instant,
-        work: F,
-        on_error: impl FnOnce(&TwinError),
-    ) -> Result<T, Status>
+    /// Runs `work` on rayon's pool in a slot, within `deadline`. A panic is INTERNAL; a full
+    /// queue is `Busy`.
+    pub async fn run<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>
     where
         T: Send + 'static,
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
@@ -77,34 +70,33 @@ impl SimulationPool {
             let _ = done.send(result);
         });
         match tokio::time::timeout_at(deadline, task).await {
-            Err(_) => Err(deadline_status("while simulating")),
-            Ok(Err(_) | Ok(Err(_))) => Err(internal_status("the simulation task failed")),
-            Ok(Ok(Ok(result))) => result.map_err(|err| {
-                on_error(&err);
-                status_from(&err)
-            }),
+            Err(_) => Err(CallError::Deadline("while simulating".to_owned())),
+            Ok(Err(_) | Ok(Err(_))) => Err(CallError::Internal("the simulation task failed")),
+            Ok(Ok(Ok(result))) => result.map_err(CallError::Twin),
         }
     }
 
     /// A slot: at once if one is free, else after waiting within `deadline` if fewer than
     /// `max_waiting` calls wait already, else RESOURCE_EXHAUSTED.
-    async fn slot(&self, deadline: tokio::time::Instant) -> Result<OwnedSemaphorePermit, Status> {
+    async fn slot(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<OwnedSemaphorePermit, CallError> {
         if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
             return Ok(permit);
         }
         // Counted until this future ends or is dropped (a call cut while it waits).
         let _waiting = WaitingGuard::enter(&self.waiting, &self.waiting_gauge);
         if self.waiting.load(Ordering::SeqCst) > self.max_waiting {
-            return Err(Status::resource_exhausted(format!(
-                "all {} simulation slots are busy and {} calls already wait for one; \
-                 retry later or add replicas",
-                self.size, self.max_waiting
-            )));
+            return Err(CallError::Busy {
+                slots: self.size,
+                waiting: self.max_waiting,
+            });
         }
         tokio::time::timeout_at(deadline, Arc::clone(&self.slots).acquire_owned())
             .await
-            .map_err(|_| deadline_status("while waiting for a simulation slot"))?
-            .map_err(|_| internal_status("the simulation pool is closed"))
+            .map_err(|_| CallError::Deadline("while waiting for a simulation slot".to_owned()))?
+            .map_err(|_| CallError::Internal("the simulation pool is closed"))
     }
 }
 

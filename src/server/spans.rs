@@ -10,24 +10,12 @@ use tracing::Span;
 
 use crate::telemetry::otel;
 
-/// Longest method name put in a span name (a path no service serves may be anything).
-const METHOD_MAX: usize = 64;
-
-/// The span of one gRPC request (tonic's `trace_fn`): `ditto.v1.Twin/<Method>`, server kind,
-/// continuing the caller's trace; health and reflection calls get none.
-pub fn grpc_request(request: &http::Request<()>) -> Span {
+/// The span of one `ditto.v1.Twin` call to `method` (one of `observe::TWIN_METHODS`, or
+/// `other`): `ditto.v1.Twin/<Method>`, server kind, continuing the caller's trace.
+pub fn grpc_request(method: &str, headers: &http::HeaderMap) -> Span {
     if !otel::active() {
         return Span::none();
     }
-    let Some(method) = request.uri().path().strip_prefix("/ditto.v1.Twin/") else {
-        return Span::none();
-    };
-    let method = if method.len() <= METHOD_MAX && method.bytes().all(|b| b.is_ascii_alphanumeric())
-    {
-        method
-    } else {
-        "unknown"
-    };
     let span = tracing::info_span!(
         "rpc",
         otel.name = %format_args!("ditto.v1.Twin/{method}"),
@@ -36,12 +24,12 @@ pub fn grpc_request(request: &http::Request<()>) -> Span {
         rpc.service = "ditto.v1.Twin",
         rpc.method = %method,
     );
-    otel::parent_from_headers(&span, request.headers());
+    otel::parent_from_headers(&span, headers);
     span
 }
 
-/// The span of one HTTP request on `route` (one of the served paths, or `other`).
-pub fn http_request(method: &http::Method, route: &'static str, headers: &http::HeaderMap) -> Span {
+/// The span of one HTTP request on `route` (the route the router matched, or `other`).
+pub fn http_request(method: &http::Method, route: &str, headers: &http::HeaderMap) -> Span {
     if !otel::active() {
         return Span::none();
     }
@@ -50,7 +38,7 @@ pub fn http_request(method: &http::Method, route: &'static str, headers: &http::
         otel.name = %format_args!("{method} {route}"),
         otel.kind = "server",
         http.request.method = %method,
-        http.route = route,
+        http.route = %route,
         http.response.status_code = tracing::field::Empty,
     );
     otel::parent_from_headers(&span, headers);

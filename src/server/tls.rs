@@ -56,9 +56,42 @@ pub enum TlsError {
         /// What is wrong with it.
         reason: String,
     },
-    /// rustls refused the combination (e.g. a key that does not match the certificate).
+    /// The key does not belong to the certificate (or rustls cannot tell).
+    #[error("{key} and {cert}: certificate and key do not match: {reason}")]
+    Mismatch {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// What rustls said.
+        reason: String,
+    },
+    /// rustls refused a configuration that no file is to blame for.
     #[error("TLS configuration: {0}")]
     Config(String),
+}
+
+impl TlsError {
+    /// The error of rustls refusing the certificate chain in `cert` with the key in `key`,
+    /// naming the file to blame: an undecodable certificate names the certificate, keys
+    /// that disagree name both, anything else is the key's (rustls parses it first).
+    fn certified_key(err: &rustls::Error, cert: &Path, key: &Path) -> Self {
+        match err {
+            rustls::Error::InvalidCertificate(_) => TlsError::File {
+                path: cert.to_owned(),
+                reason: format!("not a usable certificate: {err}"),
+            },
+            rustls::Error::InconsistentKeys(_) => TlsError::Mismatch {
+                cert: cert.to_owned(),
+                key: key.to_owned(),
+                reason: err.to_string(),
+            },
+            _ => TlsError::File {
+                path: key.to_owned(),
+                reason: format!("not a usable private key: {err}"),
+            },
+        }
+    }
 }
 
 /// The rustls acceptors of both listeners.
@@ -97,8 +130,8 @@ impl TlsAcceptors {
             }
             None => None,
         };
-        let grpc = config(&certs, &key, roots.clone(), true, b"h2")?;
-        let http = config(&certs, &key, roots, false, b"http/1.1")?;
+        let grpc = config(files, &certs, &key, roots.clone(), true, b"h2")?;
+        let http = config(files, &certs, &key, roots, false, b"http/1.1")?;
         Ok(Self {
             grpc: TlsAcceptor::from(Arc::new(grpc)),
             http: TlsAcceptor::from(Arc::new(http)),
@@ -122,6 +155,7 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 fn config(
+    files: &TlsFiles,
     certs: &[CertificateDer<'static>],
     key: &PrivateKeyDer<'static>,
     client_roots: Option<Arc<RootCertStore>>,
@@ -140,16 +174,20 @@ fn config(
             } else {
                 verifier.allow_unauthenticated()
             };
-            let verifier = verifier
-                .build()
-                .map_err(|err| TlsError::Config(format!("client CA: {err}")))?;
+            let verifier = verifier.build().map_err(|err| match &files.client_ca {
+                Some(path) => TlsError::File {
+                    path: path.clone(),
+                    reason: format!("not a usable client CA: {err}"),
+                },
+                None => TlsError::Config(format!("client CA: {err}")),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
         .with_single_cert(certs.to_vec(), key.clone_key())
-        .map_err(|err| TlsError::Config(format!("certificate and key: {err}")))?;
+        .map_err(|err| TlsError::certified_key(&err, &files.cert, &files.key))?;
     config.alpn_protocols = vec![alpn.to_vec()];
     Ok(config)
 }
@@ -176,13 +214,13 @@ pub fn client_connector(
     let mut config = match identity {
         Some((cert, key)) => {
             let chain = read_certs(cert)?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|err| TlsError::File {
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|err| TlsError::File {
                 path: key.to_owned(),
                 reason: format!("no usable private key: {err}"),
             })?;
             builder
-                .with_client_auth_cert(chain, key)
-                .map_err(|err| TlsError::Config(format!("client certificate and key: {err}")))?
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|err| TlsError::certified_key(&err, cert, key))?
         }
         None => builder.with_no_client_auth(),
     };

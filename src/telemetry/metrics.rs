@@ -60,6 +60,8 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     /// HTTP request duration by route and status code, seconds.
     pub http_duration: HistogramVec,
+    /// Answers sent on prediction streams, by code (`Ok` or the question's error code).
+    pub stream_answers: IntCounterVec,
     /// Simulations running now (each holds a slot).
     pub simulations_running: IntGauge,
     /// Calls waiting for a simulation slot now.
@@ -190,6 +192,7 @@ impl Metrics {
             instances_by_freshness: more.instances_by_freshness,
             http_requests: more.http_requests,
             http_duration: more.http_duration,
+            stream_answers: more.stream_answers,
         })
     }
 
@@ -303,6 +306,7 @@ struct More {
     instances_by_freshness: IntGaugeVec,
     http_requests: IntCounterVec,
     http_duration: HistogramVec,
+    stream_answers: IntCounterVec,
 }
 
 impl More {
@@ -360,6 +364,13 @@ impl More {
                 .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
                 &["route", "code"],
             )?,
+            stream_answers: IntCounterVec::new(
+                Opts::new(
+                    "ditto_stream_answers_total",
+                    "Answers sent on PredictRoutingStream calls, by code (Ok or the question's gRPC code).",
+                ),
+                &["code"],
+            )?,
         })
     }
 
@@ -373,6 +384,9 @@ impl More {
         registry.register(Box::new(self.instances_by_freshness.clone()))?;
         registry.register(Box::new(self.http_requests.clone()))?;
         registry.register(Box::new(self.http_duration.clone()))?;
+        registry.register(Box::new(self.stream_answers.clone()))?;
+        // Exported from the start, so the alert's ratio has a series before the first stream.
+        self.stream_answers.with_label_values(&["Ok"]);
         Ok(())
     }
 }

@@ -159,7 +159,7 @@ fn restore_error(err: SimError, state: &InstanceState, index: usize, path: &str)
             TwinError::invalid(format!("{path}.{list}[{position}].{field}"), reason)
         }
         // The store accepted this state, so a mismatch here is the mirror's, not the caller's.
-        SimError::InvalidState { field, reason } => TwinError::FailedPrecondition(format!(
+        SimError::InvalidState { field, reason } => TwinError::Unsimulable(format!(
             "mirrored state of {path}.{field} cannot be simulated: {reason}"
         )),
         other => TwinError::invalid(path, other.to_string()),

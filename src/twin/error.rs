@@ -1,17 +1,20 @@
-//! Errors of the twin, classified the way the gRPC layer reports them.
+//! Errors of the twin, by what went wrong (not by how a transport reports it: the server
+//! maps each kind once per transport, `server::error` for gRPC and the latency predictor's
+//! handlers for HTTP JSON).
 
 use thiserror::Error;
 
 /// Why the twin refused an update or a question.
 #[derive(Clone, Debug, Error, PartialEq)]
 pub enum TwinError {
-    /// Bad input; `field` is the path of the offending field (e.g. `instances[2].tp`).
-    #[error("{field}: {reason}")]
-    InvalidArgument {
+    /// Bad input; `path` is the offending field's path in the caller's message (e.g.
+    /// `instances[2].tp`).
+    #[error("{path}: {why}")]
+    InvalidField {
         /// Field path.
-        field: String,
+        path: String,
         /// What is wrong.
-        reason: String,
+        why: String,
     },
     /// An id that does not exist (instance, variant, generation).
     #[error("{what} not found: {id}")]
@@ -21,15 +24,26 @@ pub enum TwinError {
         /// The id.
         id: String,
     },
-    /// Nothing to work on yet (no config synced).
+    /// Nothing to work on yet: no cluster config has been synced.
+    #[error("no cluster config has been synced yet")]
+    NotSynced,
+    /// The mirror holds a state the engine cannot simulate (the store accepted it, so the
+    /// fault is the mirror's, not the caller's).
     #[error("{0}")]
-    FailedPrecondition(String),
-    /// A limit (candidates, replications, horizon, events) was exceeded.
+    Unsimulable(String),
+    /// A configured limit (candidates, replications, horizon, instances, events in a
+    /// message, ...) was exceeded; the message names it.
     #[error("{0}")]
-    ResourceExhausted(String),
+    OverLimit(String),
+    /// The call's simulation event budget ran out.
+    #[error("the simulation event budget of this call ran out after {events} events")]
+    EventBudget {
+        /// Events processed before it ran out.
+        events: u64,
+    },
     /// The call's deadline passed.
     #[error("deadline exceeded after {events} simulation events")]
-    DeadlineExceeded {
+    Deadline {
         /// Events processed before giving up.
         events: u64,
     },
@@ -42,11 +56,11 @@ pub enum TwinError {
 }
 
 impl TwinError {
-    /// An `InvalidArgument` error.
-    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        TwinError::InvalidArgument {
-            field: field.into(),
-            reason: reason.into(),
+    /// An `InvalidField` error.
+    pub fn invalid(path: impl Into<String>, why: impl Into<String>) -> Self {
+        TwinError::InvalidField {
+            path: path.into(),
+            why: why.into(),
         }
     }
 }

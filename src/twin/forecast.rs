@@ -118,6 +118,9 @@ fn total(replicas: &[(String, u32)]) -> u32 {
     replicas.iter().map(|(_, n)| n).sum()
 }
 
+/// Highest arrival rate of a forecast stage, requests per second.
+pub const STAGE_RATE_MAX_RPS: f64 = 1e6;
+
 /// Checks the question; returns the template instance index of each variant.
 fn validate(
     snapshot: &MirrorSnapshot,
@@ -130,7 +133,7 @@ fn validate(
     let mut horizon_us: u64 = 0;
     let mut expected_arrivals = 0.0;
     for (index, &(rate, duration_s)) in question.stages.iter().enumerate() {
-        if !(rate.is_finite() && rate > 0.0 && rate <= 1e6) {
+        if !(rate.is_finite() && rate > 0.0 && rate <= STAGE_RATE_MAX_RPS) {
             return Err(TwinError::invalid(
                 format!("stages[{index}].rate"),
                 "must be in (0, 1e6] requests per second",
@@ -146,7 +149,7 @@ fn validate(
         expected_arrivals += rate * duration_s;
     }
     if horizon_us > limits.max_horizon_us {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "the forecast spans {} s, beyond the limit of {} s",
             horizon_us / 1_000_000,
             limits.max_horizon_us / 1_000_000
@@ -155,7 +158,7 @@ fn validate(
     if expected_arrivals * f64::from(question.replications)
         > limits.max_events_per_call as f64 / 10.0
     {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "about {expected_arrivals:.0} arrivals per replication is too much work for one call"
         )));
     }
@@ -171,7 +174,7 @@ fn validate(
         return Err(TwinError::invalid("replications", "must be at least 1"));
     }
     if question.replications > limits.max_replications {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} replications exceed the limit of {}",
             question.replications, limits.max_replications
         )));
@@ -289,7 +292,7 @@ fn candidate_counts(
                 extended.push(count);
                 next.push(extended);
                 if next.len() > max {
-                    return Err(TwinError::ResourceExhausted(format!(
+                    return Err(TwinError::OverLimit(format!(
                         "more than {max} replica combinations"
                     )));
                 }

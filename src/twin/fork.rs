@@ -393,7 +393,7 @@ fn background_arrivals(
     }
     let expected = rate_per_us * question.options.horizon_us as f64;
     if expected > BACKGROUND_ARRIVALS_MAX as f64 {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "about {expected:.0} background arrivals per fork exceed the limit of {BACKGROUND_ARRIVALS_MAX}; shorten the horizon"
         )));
     }

@@ -8,7 +8,9 @@
 //! can change its batch (a drain); both are exact, and [`Forking::Plain`] turns them off for
 //! comparison.
 //!
-//! Forks run in parallel across cores and never touch the snapshot. Each replication draws
+//! Forks run in parallel across cores and never change the snapshot's mirrored state; the
+//! only thing they write is its memo (`memo`: baselines, restored engines and checkpoints
+//! shared by questions on the same snapshot, behind its own lock). Each replication draws
 //! unknown output lengths from its own seeded stream, so an answer is reproducible from the
 //! snapshot generation and seed it reports. Work is bounded by the call's limits (events,
 //! horizon) and deadline.
@@ -160,7 +162,7 @@ fn validate(
             .collect::<Result<_, _>>()?
     };
     if candidates.len() > limits.max_candidates as usize {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} candidates exceed the limit of {}",
             candidates.len(),
             limits.max_candidates
@@ -174,7 +176,7 @@ fn validate(
         ));
     }
     if options.replications > limits.max_replications {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "{} replications exceed the limit of {}",
             options.replications, limits.max_replications
         )));
@@ -183,7 +185,7 @@ fn validate(
         return Err(TwinError::invalid("options.horizon_ms", "must be positive"));
     }
     if options.horizon_us > limits.max_horizon_us {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "horizon of {} ms exceeds the limit of {} ms",
             options.horizon_us / 1000,
             limits.max_horizon_us / 1000

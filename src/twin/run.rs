@@ -50,9 +50,7 @@ impl EventBudget {
         if self.take(events) {
             Ok(())
         } else {
-            Err(TwinError::ResourceExhausted(format!(
-                "the simulation event budget of this call ran out after {done} events"
-            )))
+            Err(TwinError::EventBudget { events: done })
         }
     }
 
@@ -76,9 +74,7 @@ impl EventBudget {
 
     fn check_deadline(&self, events: u64) -> Result<(), TwinError> {
         match self.deadline {
-            Some(deadline) if Instant::now() >= deadline => {
-                Err(TwinError::DeadlineExceeded { events })
-            }
+            Some(deadline) if Instant::now() >= deadline => Err(TwinError::Deadline { events }),
             _ => Ok(()),
         }
     }

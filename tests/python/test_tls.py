@@ -7,6 +7,7 @@ environment names the Helm chart uses (DITTO_TLS_CERT_FILE, DITTO_TLS_KEY_FILE,
 DITTO_TLS_CLIENT_CA_FILE).
 """
 
+import base64
 import datetime
 import http.client
 import ipaddress
@@ -290,11 +291,45 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
     mismatched = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": other_key})
     assert mismatched.returncode == 64, mismatched.stderr
     assert "certificate and key" in mismatched.stderr
+    assert other_key in mismatched.stderr and pki["tls.crt"] in mismatched.stderr, mismatched.stderr
     # A file that is missing.
     missing = os.path.join(pki["dir"], "absent.key")
     absent = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": missing})
     assert absent.returncode == 64, absent.stderr
     assert missing in absent.stderr
+    # PEM blocks whose bodies are base64 but not DER (rustls: BadEncoding), and bodies that
+    # are not base64 at all: each names its file.
+    not_der = base64.encodebytes(b"not a DER structure, just bytes" * 4)
+    for name, label, body in [
+        ("baddercert.crt", b"CERTIFICATE", not_der),
+        ("badb64cert.crt", b"CERTIFICATE", b"@@@@ not base64 @@@@\n"),
+    ]:
+        path = os.path.join(pki["dir"], name)
+        with open(path, "wb") as handle:
+            handle.write(b"-----BEGIN " + label + b"-----\n" + body + b"-----END " + label + b"-----\n")
+        bad = run_serve([], {"DITTO_TLS_CERT_FILE": path, "DITTO_TLS_KEY_FILE": pki["tls.key"]})
+        assert bad.returncode == 64, bad.stderr
+        assert path in bad.stderr, bad.stderr
+    for name, label, body in [
+        ("baddernkey.key", b"PRIVATE KEY", not_der),
+        ("badb64key.key", b"PRIVATE KEY", b"@@@@ not base64 @@@@\n"),
+    ]:
+        path = os.path.join(pki["dir"], name)
+        with open(path, "wb") as handle:
+            handle.write(b"-----BEGIN " + label + b"-----\n" + body + b"-----END " + label + b"-----\n")
+        bad = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": path})
+        assert bad.returncode == 64, bad.stderr
+        assert path in bad.stderr, bad.stderr
+    # A client CA whose body is not DER.
+    path = os.path.join(pki["dir"], "badca.crt")
+    with open(path, "wb") as handle:
+        handle.write(b"-----BEGIN CERTIFICATE-----\n" + not_der + b"-----END CERTIFICATE-----\n")
+    bad = run_serve(
+        [],
+        {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": pki["tls.key"], "DITTO_TLS_CLIENT_CA_FILE": path},
+    )
+    assert bad.returncode == 64, bad.stderr
+    assert path in bad.stderr, bad.stderr
     # A certificate without its key is a flag error naming the missing flag.
     alone = run_serve(["--tls-cert-file", pki["tls.crt"]], {})
     assert alone.returncode == 64, alone.stderr

@@ -50,7 +50,7 @@ pub fn cluster_from_proto(message: &proto::ClusterConfig) -> Result<DecodedConfi
         ));
     }
     if message.instances.len() > INSTANCES_MAX as usize {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "instances: {} instances exceed the limit of {INSTANCES_MAX}",
             message.instances.len()
         )));
@@ -217,9 +217,9 @@ fn routing_from_proto(router: Option<&proto::RouterPolicy>) -> Result<RoutingPol
         picker: Some(router.picker.trim().to_owned()).filter(|p| !p.is_empty()),
     };
     resolve_routing(&spec).map_err(|err| match spec_error(err) {
-        TwinError::InvalidArgument { field, reason } => TwinError::InvalidArgument {
-            field: field.replacen("routing", "router", 1),
-            reason,
+        TwinError::InvalidField { path, why } => TwinError::InvalidField {
+            path: path.replacen("routing", "router", 1),
+            why,
         },
         other => other,
     })

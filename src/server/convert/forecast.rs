@@ -3,6 +3,7 @@
 //! template ids against the snapshot, and encoding the answer.
 
 use crate::twin::TwinError;
+use crate::twin::forecast::STAGE_RATE_MAX_RPS;
 use crate::twin::limits::Limits;
 use crate::twin::question::{
     ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, VariantCandidates,
@@ -35,14 +36,25 @@ fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64,
     let mut out = Vec::with_capacity(stages.len());
     for (index, stage) in stages.iter().enumerate() {
         let path = format!("stages[{index}]");
-        let rate = non_negative(stage.rate_rps, &join(&path, "rate_rps"))?;
+        // Checked here, not only in the twin, so the error names the wire's field.
+        let rate = positive(stage.rate_rps, &join(&path, "rate_rps"))?;
+        if rate > STAGE_RATE_MAX_RPS {
+            return Err(TwinError::invalid(
+                join(&path, "rate_rps"),
+                format!(
+                    "{} must be at most {} requests per second",
+                    super::num(rate),
+                    super::num(STAGE_RATE_MAX_RPS)
+                ),
+            ));
+        }
         let duration = positive(stage.duration_s, &join(&path, "duration_s"))?;
         total_s += duration;
         out.push((rate, duration));
     }
     let limit_s = limits.max_horizon_us as f64 / 1e6;
     if total_s > limit_s {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "stages: {} s in all exceed the horizon limit of {} s",
             super::num(total_s),
             super::num(limit_s)

@@ -60,7 +60,7 @@ pub struct DecodedRouting {
 }
 
 pub(super) fn exhausted(field: &str, value: u64, limit: u64) -> TwinError {
-    TwinError::ResourceExhausted(format!("{field}: {value} exceeds the limit of {limit}"))
+    TwinError::OverLimit(format!("{field}: {value} exceeds the limit of {limit}"))
 }
 
 pub(super) fn quantiles_from(values: &[f64], path: &str) -> Result<Vec<f64>, TwinError> {
@@ -555,13 +555,13 @@ mod tests {
             ..proto::PredictOptions::default()
         });
         let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
-        assert!(matches!(err, TwinError::ResourceExhausted(_)), "{err}");
+        assert!(matches!(err, TwinError::OverLimit(_)), "{err}");
         let mut message = question();
         message.candidate_instance_ids = (0..=Limits::DEFAULT.max_candidates)
             .map(|i| format!("i{i}"))
             .collect();
         let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
-        assert!(matches!(err, TwinError::ResourceExhausted(_)), "{err}");
+        assert!(matches!(err, TwinError::OverLimit(_)), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `AddTrainingSamples`: the gRPC twin of `POST /add_training_data_bulk`. Samples are
-//! validated with field paths (INVALID_ARGUMENT names the first bad field), then simulated
+//! validated with field paths (`TwinError::InvalidField`, INVALID_ARGUMENT naming the first bad field), then simulated
 //! and absorbed like the HTTP entries.
 
 use std::sync::Arc;
@@ -9,23 +9,25 @@ use tonic::Status;
 use super::Predictor;
 use super::handlers::train_entries;
 use super::schema::{MAX_REQUESTS_PER_POD, MAX_TOKENS_PER_POD, TrainingEntry};
+use crate::server::error::status_from;
 use crate::server::proto;
+use crate::twin::TwinError;
 use crate::twin::aggregate::{PodAggregates, PodType};
 
-fn invalid(field: String, reason: &str) -> Status {
-    Status::invalid_argument(format!("{field}: {reason}"))
+fn invalid(field: String, reason: &str) -> TwinError {
+    TwinError::invalid(field, reason)
 }
 
 /// The samples of `message` as training entries, or INVALID_ARGUMENT naming the field.
 pub fn samples_from_proto(
     message: &proto::AddTrainingSamplesRequest,
     max_samples: usize,
-) -> Result<Vec<TrainingEntry>, Status> {
+) -> Result<Vec<TrainingEntry>, TwinError> {
     if message.samples.is_empty() {
         return Err(invalid("samples".to_owned(), "at least one sample"));
     }
     if message.samples.len() > max_samples {
-        return Err(Status::resource_exhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "samples: {} exceed the limit of {max_samples}",
             message.samples.len()
         )));
@@ -93,8 +95,11 @@ pub async fn add_training_samples(
     predictor: &Arc<Predictor>,
     message: &proto::AddTrainingSamplesRequest,
 ) -> Result<proto::AddTrainingSamplesResponse, Status> {
-    let entries = samples_from_proto(message, predictor.options().max_bulk_entries)?;
-    let absorbed = train_entries(predictor, &entries).await?;
+    let entries = samples_from_proto(message, predictor.options().max_bulk_entries)
+        .map_err(|err| status_from(&err))?;
+    let absorbed = train_entries(predictor, &entries)
+        .await
+        .map_err(Status::from)?;
     Ok(proto::AddTrainingSamplesResponse {
         samples_absorbed: absorbed.accepted,
         samples_rejected: absorbed.rejected,

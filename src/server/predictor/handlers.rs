@@ -17,6 +17,7 @@ use super::calibration::Absorbed;
 use super::schema::{self, FieldError, TrainingEntry, iso8601};
 use super::{Predictor, Source, calibrated};
 use crate::server::deadline::wall_now_us;
+use crate::server::error::CallError;
 use crate::sim::latency::online::Phase;
 use crate::twin::aggregate::{AggregatePrediction, Estimate, Objective, PodAggregates};
 use crate::twin::{MirrorSnapshot, TwinError};
@@ -84,27 +85,24 @@ pub(super) fn objective_type(objective: Objective) -> &'static str {
     }
 }
 
-fn twin_error(err: &TwinError) -> Response {
-    match err {
-        TwinError::InvalidArgument { .. } => {
-            detail(StatusCode::UNPROCESSABLE_ENTITY, err.to_string())
-        }
-        TwinError::ResourceExhausted(_) => detail(StatusCode::SERVICE_UNAVAILABLE, err.to_string()),
-        TwinError::DeadlineExceeded { .. } => detail(StatusCode::GATEWAY_TIMEOUT, err.to_string()),
-        _ => detail(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+/// The HTTP status of a failed call, by its kind (the one mapping of `CallError` to HTTP):
+/// bad input 422, a missing id 404, an overloaded or not yet ready server 503, a deadline
+/// 504, anything else 500.
+pub(crate) fn http_status(err: &CallError) -> StatusCode {
+    match err.code() {
+        tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
+        tonic::Code::NotFound => StatusCode::NOT_FOUND,
+        tonic::Code::ResourceExhausted
+        | tonic::Code::Unavailable
+        | tonic::Code::FailedPrecondition => StatusCode::SERVICE_UNAVAILABLE,
+        tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-fn status_error(status: &tonic::Status) -> Response {
-    let code = match status.code() {
-        tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        tonic::Code::ResourceExhausted | tonic::Code::Unavailable => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
-        tonic::Code::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    detail(code, status.message().to_owned())
+/// A failed call as the peer's JSON error: its HTTP status and `detail`.
+pub(crate) fn error_response(err: &CallError) -> Response {
+    detail(http_status(err), err.to_string())
 }
 
 type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
@@ -116,9 +114,9 @@ pub(crate) async fn simulate_entries(
     predictor: &Arc<Predictor>,
     entries: Vec<PodAggregates>,
     objective: Objective,
-) -> Result<(Arc<MirrorSnapshot>, Simulated), tonic::Status> {
+) -> Result<(Arc<MirrorSnapshot>, Simulated), CallError> {
     let Some(stored) = predictor.shared.store.latest() else {
-        return Err(tonic::Status::unavailable("Models not ready"));
+        return Err(CallError::Unavailable("Models not ready".to_owned()));
     };
     let snapshot = Arc::clone(&stored.snapshot);
     let deadline = Instant::now() + predictor.shared.limits.max_call;
@@ -147,7 +145,7 @@ async fn simulate(
 ) -> Result<(Arc<MirrorSnapshot>, Simulated), Response> {
     simulate_entries(predictor, entries, objective)
         .await
-        .map_err(|status| status_error(&status))
+        .map_err(|err| error_response(&err))
 }
 
 /// Entries in one training call that must all lack a TPOT before the calibration takes the
@@ -192,7 +190,7 @@ pub(crate) fn e2e_estimate(prediction: &AggregatePrediction, output_tokens: u32)
 pub(crate) async fn train_entries(
     predictor: &Arc<Predictor>,
     entries: &[TrainingEntry],
-) -> Result<Absorbed, tonic::Status> {
+) -> Result<Absorbed, CallError> {
     let e2e = ttft_measures_e2e(entries, predictor.calibrator.ttft_is_e2e());
     let output_tokens = predictor.options.output_tokens;
     let aggregates = entries.iter().map(|e| e.aggregates).collect();
@@ -265,12 +263,6 @@ impl Predictor {
             },
         }
     }
-
-    fn observe(&self, route: &str, started: Instant, status: StatusCode) {
-        self.shared
-            .metrics
-            .observe_rpc(route, status.as_str(), started.elapsed().as_secs_f64());
-    }
 }
 
 const UNSERVABLE: &str =
@@ -278,10 +270,7 @@ const UNSERVABLE: &str =
 
 /// `POST /predict`: one entry.
 pub async fn predict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = predict_one(&predictor, &body).await;
-    predictor.observe("http:/predict", started, response.status());
-    response
+    predict_one(&predictor, &body).await
 }
 
 async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
@@ -306,7 +295,7 @@ async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
             Value::from("body"),
             Value::from("input_token_length"),
         ])]),
-        Some(Err(err)) => twin_error(&err),
+        Some(Err(err)) => error_response(&err.into()),
         None => detail(StatusCode::INTERNAL_SERVER_ERROR, "no prediction"),
     }
 }
@@ -324,18 +313,12 @@ fn unservable(loc: Vec<Value>) -> FieldError {
 /// `POST /predict/bulk`: errors met while predicting are reported per entry beside the
 /// predictions; invalid entries fail the call (422).
 pub async fn predict_bulk(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = bulk_lenient(&predictor, &body).await;
-    predictor.observe("http:/predict/bulk", started, response.status());
-    response
+    bulk_lenient(&predictor, &body).await
 }
 
 /// `POST /predict/bulk/strict`: one invalid entry fails the whole batch (the EPP's call).
 pub async fn predict_bulk_strict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let response = bulk_strict(&predictor, &body).await;
-    predictor.observe("http:/predict/bulk/strict", started, response.status());
-    response
+    bulk_strict(&predictor, &body).await
 }
 
 /// The entries of a bulk body under `field`, validated; 413 over the limit.
@@ -445,7 +428,7 @@ async fn bulk_strict(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         match outcome {
             Outcome::Predicted(prediction) => predictions.push(prediction),
             Outcome::Unservable(error) => unservable.push(error),
-            Outcome::Failed(err) => return twin_error(&err),
+            Outcome::Failed(err) => return error_response(&err.into()),
         }
     }
     if !unservable.is_empty() {
@@ -510,10 +493,7 @@ pub async fn add_training_data_bulk(
     State(predictor): State<Arc<Predictor>>,
     body: Bytes,
 ) -> Response {
-    let started = Instant::now();
-    let response = train(&predictor, &body).await;
-    predictor.observe("http:/add_training_data_bulk", started, response.status());
-    response
+    train(&predictor, &body).await
 }
 
 async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
@@ -540,7 +520,7 @@ async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
     let entries: Vec<TrainingEntry> = parsed.into_iter().filter_map(Result::ok).collect();
     let absorbed = match train_entries(predictor, &entries).await {
         Ok(absorbed) => absorbed,
-        Err(status) => return status_error(&status),
+        Err(err) => return error_response(&err),
     };
     json_response(
         StatusCode::ACCEPTED,

@@ -279,38 +279,14 @@ pub fn calibrated(raw: Estimate, coefficients: (f64, f64)) -> Estimate {
     }
 }
 
-/// The predictor's fixed paths (the HTTP metrics' route label; `/model/{name}/...` counts
-/// as `other`).
-pub const ROUTES: [&str; 11] = [
-    "/",
+/// The predictor's calls that are also counted as RPCs (`ditto_rpc_requests_total` with
+/// `rpc="http:<route>"`, by `server::observe`): predictions and training.
+pub const RPC_ROUTES: [&str; 4] = [
     "/predict",
     "/predict/bulk",
     "/predict/bulk/strict",
-    "/status",
-    "/reload",
     "/add_training_data_bulk",
-    "/data/status",
-    "/flush",
-    "/models/list",
-    "/model/download/info",
 ];
-
-/// The predictor route `path` belongs to, as a metric label: a fixed path, a
-/// `/model/{name}/...` template, or `other` (a client must not grow the label set).
-pub fn route_label(path: &str) -> &'static str {
-    if let Some(route) = ROUTES.iter().copied().find(|route| *route == path) {
-        return route;
-    }
-    let Some(rest) = path.strip_prefix("/model/") else {
-        return "other";
-    };
-    match rest.split_once('/').map(|(_, tail)| tail) {
-        Some("info") => "/model/{name}/info",
-        Some("download") => "/model/{name}/download",
-        Some("xgb/json") => "/model/{name}/xgb/json",
-        _ => "other",
-    }
-}
 
 /// `GET /healthz` with the peer's JSON body (a probe: never behind the bearer token).
 pub fn healthz() -> axum::response::Response {
@@ -352,19 +328,4 @@ pub fn router(predictor: Arc<Predictor>) -> Router {
         ))
         .layer(DefaultBodyLimit::disable())
         .with_state(predictor)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::route_label;
-
-    #[test]
-    fn route_labels_are_a_fixed_set() {
-        assert_eq!(route_label("/predict/bulk"), "/predict/bulk");
-        assert_eq!(route_label("/model/download/info"), "/model/download/info");
-        assert_eq!(route_label("/model/ttft/info"), "/model/{name}/info");
-        assert_eq!(route_label("/model/x9/xgb/json"), "/model/{name}/xgb/json");
-        assert_eq!(route_label("/model/a/b/c"), "other");
-        assert_eq!(route_label("/scanner/probe"), "other");
-    }
 }

@@ -4,7 +4,8 @@
 //! Invariants: no lock is held across an `.await` (the store's locks live inside its
 //! synchronous methods); every prediction runs on one immutable snapshot on the simulation
 //! pool, bounded by a semaphore and by the call's deadline; a panic there is an INTERNAL
-//! error, never a crash; every error is mapped by `server::error`. The push streams' side
+//! error, never a crash; every error is a `CallError` mapped to its status by `server::error`;
+//! spans, timing and counts are `server::observe`'s. The push streams' side
 //! (reading a stream within its deadline, applying each message off the async workers) is
 //! in `push.rs`.
 
@@ -26,7 +27,8 @@ use super::convert::forecast::{forecast_answer_to_proto, forecast_from_proto};
 use super::convert::question::{routing_answer_to_proto, routing_from_proto};
 use super::convert::state::snapshot_to_proto;
 use super::deadline::{client_deadline, wall_now_us, work_deadline};
-use super::error::{deadline_status, internal_status, status_from};
+use super::error::{CallError, status_from};
+use super::observe::code_name;
 use super::proto;
 use super::proto::twin_server::{Twin, TwinServer};
 use super::slots::SimulationPool;
@@ -140,56 +142,19 @@ impl TwinService {
     }
 }
 
-fn code_name(code: tonic::Code) -> String {
-    format!("{code:?}")
-}
-
 impl Shared {
-    fn finish<T>(
-        &self,
-        rpc: &str,
-        started: Instant,
-        result: Result<T, Status>,
-    ) -> Result<Response<T>, Status> {
-        let code = match &result {
-            Ok(_) => "Ok".to_owned(),
-            Err(status) => code_name(status.code()),
-        };
-        let elapsed = started.elapsed();
-        self.metrics.observe_rpc(rpc, &code, elapsed.as_secs_f64());
-        if result.is_err() && WRITES.contains(&rpc) {
-            self.metrics
-                .write_rejections
-                .with_label_values(&[rpc, &code])
-                .inc();
-        }
-        result.map(|message| {
-            let mut response = Response::new(message);
-            // Wall time stays out of the message so identical questions get identical bytes.
-            let wall_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-            if let Ok(value) = wall_us.to_string().parse() {
-                response
-                    .metadata_mut()
-                    .insert("x-ditto-wall-time-us", value);
-            }
-            response
-        })
-    }
-
     /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
     /// event-budget exhaustions.
-    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, Status>
+    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>
     where
         T: Send + 'static,
         F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
     {
-        self.pool
-            .run(deadline, work, |err| {
-                if is_budget_exhaustion(err) {
-                    self.metrics.event_budget_exhaustions.inc();
-                }
-            })
-            .await
+        let result = self.pool.run(deadline, work).await;
+        if result.as_ref().is_err_and(CallError::is_event_budget) {
+            self.metrics.event_budget_exhaustions.inc();
+        }
+        result
     }
 
     /// Answers one routing question within `deadline`.
@@ -197,9 +162,9 @@ impl Shared {
         &self,
         message: proto::PredictRoutingRequest,
         deadline: Instant,
-    ) -> Result<proto::PredictRoutingResponse, Status> {
+    ) -> Result<proto::PredictRoutingResponse, CallError> {
         let limits = self.limits.twin.clone();
-        let decoded = routing_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let decoded = routing_from_proto(&message, &limits)?;
         let request_id = decoded.request_id.clone();
         let replications = u64::from(decoded.question.options.replications);
         let shape = (
@@ -236,9 +201,9 @@ impl Shared {
         &self,
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
-    ) -> Result<proto::ForecastCapacityResponse, Status> {
+    ) -> Result<proto::ForecastCapacityResponse, CallError> {
         let limits = self.limits.twin.clone();
-        let decoded = forecast_from_proto(&message, &limits).map_err(|err| status_from(&err))?;
+        let decoded = forecast_from_proto(&message, &limits)?;
         let replications = u64::from(decoded.question.replications);
         let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
         let shape = (decoded.question.replications, (horizon_s * 1e6) as u64);
@@ -273,26 +238,24 @@ impl Shared {
         resolve: impl FnOnce(&StoredSnapshot) -> Result<Q, TwinError>,
         work: fn(&MirrorSnapshot, &Q, &Limits) -> Result<A, TwinError>,
         (replications, horizon_us): (u32, u64),
-    ) -> Result<(A, tracing::Span), Status>
+    ) -> Result<(A, tracing::Span), CallError>
     where
         Q: Send + 'static,
         A: Send + 'static,
     {
         if Instant::now() >= deadline {
-            return Err(deadline_status("before the question was read"));
+            return Err(CallError::Deadline(
+                "before the question was read".to_owned(),
+            ));
         }
         let snapshot_span = spans::snapshot(generation);
-        let stored = snapshot_span
-            .in_scope(|| self.store.snapshot(generation))
-            .map_err(|err| status_from(&err))?;
+        let stored = snapshot_span.in_scope(|| self.store.snapshot(generation))?;
         snapshot_span.record(
             "ditto.generation",
             spans::as_i64(stored.snapshot.generation),
         );
         drop(snapshot_span);
-        let question = spans::resolve()
-            .in_scope(|| resolve(&stored))
-            .map_err(|err| status_from(&err))?;
+        let question = spans::resolve().in_scope(|| resolve(&stored))?;
         let twin = self.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
         let simulation = self.simulate(deadline, move |cancel| {
@@ -307,14 +270,6 @@ impl Shared {
         let answer = tracing::Instrument::instrument(simulation, span.clone()).await?;
         Ok((answer, span))
     }
-}
-
-/// The RPCs that write the mirror (their refusals count in `ditto_write_rejections_total`).
-const WRITES: [&str; 3] = ["SyncClusterConfig", "PushInstanceState", "PushKvEvents"];
-
-/// Whether `err` is a call's simulation event budget running out (`twin::run`'s message).
-fn is_budget_exhaustion(err: &TwinError) -> bool {
-    matches!(err, TwinError::ResourceExhausted(message) if message.contains("event budget"))
 }
 
 fn stream_response(
@@ -335,6 +290,17 @@ fn stream_response(
     }
 }
 
+/// What the reader of a prediction stream hands its writer, in order.
+enum StreamItem {
+    /// A question being answered: its request id and its task.
+    Question(
+        String,
+        tokio::task::JoinHandle<Result<proto::PredictRoutingResponse, Status>>,
+    ),
+    /// The inbound stream failed (e.g. bytes that do not decode): the call ends with it.
+    End(Status),
+}
+
 /// The response stream of `PredictRoutingStream`.
 pub type PredictionStream = Pin<
     Box<
@@ -348,7 +314,6 @@ impl Twin for TwinService {
         &self,
         request: Request<proto::ClusterConfig>,
     ) -> Result<Response<proto::SyncClusterConfigResponse>, Status> {
-        let started = Instant::now();
         let shared = &self.shared;
         let result = cluster_from_proto(request.get_ref())
             .and_then(|decoded| {
@@ -366,7 +331,7 @@ impl Twin for TwinService {
             changed: outcome.changed,
             reset_instance_ids: outcome.reset_instance_ids,
         });
-        shared.finish("SyncClusterConfig", started, result)
+        result.map(Response::new)
     }
 
     async fn push_instance_state(
@@ -379,7 +344,7 @@ impl Twin for TwinService {
             .shared
             .push_states(request.into_inner(), deadline)
             .await;
-        self.shared.finish("PushInstanceState", started, result)
+        result.map(Response::new)
     }
 
     async fn push_kv_events(
@@ -389,14 +354,13 @@ impl Twin for TwinService {
         let started = Instant::now();
         let deadline = client_deadline(request.metadata(), started);
         let result = self.shared.push_kv(request.into_inner(), deadline).await;
-        self.shared.finish("PushKvEvents", started, result)
+        result.map(Response::new)
     }
 
     async fn get_snapshot(
         &self,
         request: Request<proto::GetSnapshotRequest>,
     ) -> Result<Response<proto::ClusterSnapshot>, Status> {
-        let started = Instant::now();
         let message = request.get_ref();
         let result = (|| {
             let now_us = match message.now_us {
@@ -417,14 +381,13 @@ impl Twin for TwinService {
             ))
         })()
         .map_err(|err| status_from(&err));
-        self.shared.finish("GetSnapshot", started, result)
+        result.map(Response::new)
     }
 
     async fn add_training_samples(
         &self,
         request: Request<proto::AddTrainingSamplesRequest>,
     ) -> Result<Response<proto::AddTrainingSamplesResponse>, Status> {
-        let started = Instant::now();
         let result = match self
             .shared
             .predictor
@@ -436,7 +399,7 @@ impl Twin for TwinService {
             }
             None => Err(Status::unavailable("the latency predictor is not running")),
         };
-        self.shared.finish("AddTrainingSamples", started, result)
+        result.map(Response::new)
     }
 
     async fn predict_routing(
@@ -449,8 +412,9 @@ impl Twin for TwinService {
         let result = self
             .shared
             .answer_routing(request.into_inner(), deadline)
-            .await;
-        self.shared.finish("PredictRouting", started, result)
+            .await
+            .map_err(Status::from);
+        result.map(Response::new)
     }
 
     type PredictRoutingStreamStream = PredictionStream;
@@ -467,43 +431,57 @@ impl Twin for TwinService {
         let (job_tx, mut job_rx) = mpsc::channel(in_flight);
         let shared = Arc::clone(&self.shared);
         // Reader: starts each question as it arrives, at most `in_flight` ahead of the writer.
+        // Bytes that do not decode end the stream with their INVALID_ARGUMENT, after the
+        // answers to the questions before them.
         tokio::spawn(async move {
-            while let Ok(Some(message)) = inbound.message().await {
-                let now = Instant::now();
-                let deadline = work_deadline(client, shared.limits.max_call, now);
-                let request_id = message.request_id.clone();
-                let worker = Arc::clone(&shared);
-                let job = tokio::spawn(async move {
-                    let started = Instant::now();
-                    let result = worker.answer_routing(message, deadline).await;
-                    let code = match &result {
-                        Ok(_) => "Ok".to_owned(),
-                        Err(status) => code_name(status.code()),
-                    };
-                    worker.metrics.observe_rpc(
-                        "PredictRoutingStream",
-                        &code,
-                        started.elapsed().as_secs_f64(),
-                    );
-                    result
-                });
-                if job_tx.send((request_id, job)).await.is_err() {
+            loop {
+                let item = match inbound.message().await {
+                    Ok(Some(message)) => {
+                        let deadline =
+                            work_deadline(client, shared.limits.max_call, Instant::now());
+                        let request_id = message.request_id.clone();
+                        let worker = Arc::clone(&shared);
+                        let job = tokio::spawn(async move {
+                            let result = worker
+                                .answer_routing(message, deadline)
+                                .await
+                                .map_err(Status::from);
+                            let code = match &result {
+                                Ok(_) => tonic::Code::Ok,
+                                Err(status) => status.code(),
+                            };
+                            worker
+                                .metrics
+                                .stream_answers
+                                .with_label_values(&[&code_name(code)])
+                                .inc();
+                            result
+                        });
+                        StreamItem::Question(request_id, job)
+                    }
+                    Ok(None) => break,
+                    Err(status) => StreamItem::End(status),
+                };
+                let end = matches!(item, StreamItem::End(_));
+                if job_tx.send(item).await.is_err() || end {
                     break;
                 }
             }
         });
         // Writer: answers in question order.
         tokio::spawn(async move {
-            while let Some((request_id, job)) = job_rx.recv().await {
-                let result = match job.await {
-                    Ok(result) => result,
-                    Err(_) => Err(internal_status("the prediction task failed")),
+            while let Some(item) = job_rx.recv().await {
+                let (reply, end) = match item {
+                    StreamItem::Question(request_id, job) => {
+                        let result = match job.await {
+                            Ok(result) => result,
+                            Err(_) => Err(CallError::Internal("the prediction task failed").into()),
+                        };
+                        (Ok(stream_response(request_id, result)), false)
+                    }
+                    StreamItem::End(status) => (Err(status), true),
                 };
-                if out_tx
-                    .send(Ok(stream_response(request_id, result)))
-                    .await
-                    .is_err()
-                {
+                if out_tx.send(reply).await.is_err() || end {
                     break;
                 }
             }
@@ -522,7 +500,8 @@ impl Twin for TwinService {
         let result = self
             .shared
             .answer_forecast(request.into_inner(), deadline)
-            .await;
-        self.shared.finish("ForecastCapacity", started, result)
+            .await
+            .map_err(Status::from);
+        result.map(Response::new)
     }
 }

@@ -9,7 +9,7 @@ use tonic::{Status, Streaming};
 
 use super::Shared;
 use crate::server::convert::state::{kv_batch_from_proto, update_from_proto};
-use crate::server::error::{deadline_status, internal_status, stream_status_from};
+use crate::server::error::CallError;
 use crate::server::{proto, spans};
 use crate::twin::TwinError;
 use crate::twin::store::{KvEvent, MirrorStore};
@@ -29,7 +29,11 @@ impl Shared {
             Some(deadline) => {
                 tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), stream.message())
                     .await
-                    .map_err(|_| deadline_status(&format!("after {accepted} accepted messages")))?
+                    .map_err(|_| {
+                        Status::from(CallError::Deadline(format!(
+                            "after {accepted} accepted messages"
+                        )))
+                    })?
             }
         }
     }
@@ -53,8 +57,8 @@ impl Shared {
         let applying = spans::apply();
         tokio::task::spawn_blocking(move || applying.in_scope(|| write(&store)))
             .await
-            .map_err(|_| internal_status("the store update task failed"))?
-            .map_err(|err| stream_status_from(&err, accepted))
+            .map_err(|_| Status::from(CallError::Internal("the store update task failed")))?
+            .map_err(|err| CallError::in_stream(err, accepted).into())
     }
 
     pub(super) async fn push_states(
@@ -65,7 +69,7 @@ impl Shared {
         let mut ack = self.empty_ack();
         while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
             let update = update_from_proto(&message)
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+                .map_err(|err| Status::from(CallError::in_stream(err, ack.accepted)))?;
             let generation = self
                 .write_store(ack.accepted, move |store| store.apply_state(update))
                 .await?;
@@ -87,7 +91,7 @@ impl Shared {
         let mut ack = self.empty_ack();
         while let Some(message) = Self::next_message(&mut stream, deadline, ack.accepted).await? {
             let batch = kv_batch_from_proto(&message)
-                .map_err(|err| stream_status_from(&err, ack.accepted))?;
+                .map_err(|err| Status::from(CallError::in_stream(err, ack.accepted)))?;
             let counts = count_kv_events(&batch.events);
             let applied = self
                 .write_store(ack.accepted, move |store| store.apply_kv_events(batch))

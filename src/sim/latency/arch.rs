@@ -93,6 +93,10 @@ pub struct GpuSpec {
     pub mfu_decode: f64,
     /// Device memory, GiB (nominal, as BLIS records it).
     pub memory_gib: f64,
+    /// Per-direction GPU-to-GPU bandwidth a tensor-parallel all-reduce runs over, GB/s
+    /// (NVLink, or PCIe on GPUs without it; `data/gpu_interconnect.json`). 0: unknown, and
+    /// the calibrated model prices no all-reduce bytes.
+    pub interconnect_gbs: f64,
 }
 
 impl ModelArch {
@@ -230,6 +234,7 @@ pub(crate) mod tests {
             mfu_prefill: 0.45,
             mfu_decode: 0.30,
             memory_gib: 80.0,
+            interconnect_gbs: 450.0,
         }
     }
 

@@ -12,9 +12,13 @@
 //!   routed-expert parameters;
 //! - attention FLOPs `t_a = (Σ_prefill chunk·(ctx + chunk/2) + Σ_decode ctx) · 4·L·(H/tp)·dh / peak`;
 //! - KV traffic `t_kv = (Σ context read + T written) · KV bytes per token / bw`;
+//! - all-reduce traffic `t_ar = 2L · T · hidden · activation bytes · 2(tp − 1)/tp / link`:
+//!   two ring all-reduces per layer over the step's activations, on the GPU table's
+//!   per-direction interconnect bandwidth (NVLink, or PCIe where a GPU has none), so the
+//!   term grows with the TP degree and the batch and shrinks with a faster link (0 at tp = 1);
 //!
-//! The step is `c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + max(c_w·t_w, c_f·t_f) +
-//! c_kv·t_kv + c_attn·t_a`, where `c_f·t_f` is `c_flops·t_f,dense + c_moe_flops·t_f,experts` (routed
+//! The step is `c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + c_link·t_ar +
+//! max(c_w·t_w, c_f·t_f) + c_kv·t_kv + c_attn·t_a`, where `c_f·t_f` is `c_flops·t_f,dense + c_moe_flops·t_f,experts` (routed
 //! experts run as grouped GEMMs with few tokens per expert, far below dense GEMMs' tensor-core
 //! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1). The GEMMs are a
 //! roofline (weights stream while the tensor cores work), the rest adds up. The coefficients
@@ -40,7 +44,7 @@ use super::{
 };
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 14;
+pub const COEFFICIENTS: usize = 15;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -59,7 +63,12 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "kv",
     "first_token_us_per_seq",
     "moe_flops",
+    "allreduce_link",
 ];
+
+/// Coefficients a file may omit (added after files were written), with the value that keeps
+/// such a file's predictions what they were.
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 1] = [("allreduce_link", 0.0)];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
 #[allow(missing_docs)]
@@ -78,6 +87,7 @@ pub mod idx {
     pub const KV: usize = 11;
     pub const FIRST_TOKEN_US_PER_SEQ: usize = 12;
     pub const MOE_FLOPS: usize = 13;
+    pub const ALLREDUCE_LINK: usize = 14;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -91,7 +101,7 @@ impl CalibratedCoefficients {
     /// Pure roofline: efficiencies 1, no overheads.
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
-            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0,
         ],
     };
 
@@ -129,6 +139,37 @@ pub struct CalibratedModel {
     attn_us_per_token_ctx: f64,
     /// KV read/write time per token (µs at peak bandwidth).
     kv_us_per_token: f64,
+    /// All-reduce link time per token of a step, all layers (µs at the link's peak); 0 at
+    /// tp = 1 or on a GPU with no known link.
+    allreduce_us_per_token: f64,
+}
+
+/// What makes up the TTFT of one request on an idle server, as the calibrated model prices
+/// it (µs; the parts add up to the TTFT the engine simulates). Each part is its own term, so
+/// a fit moves them apart: the front end is host time the GPU does not change, the prefill
+/// is GPU work that scales with the model, the GPU and the TP degree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnloadedTtft {
+    /// Before the scheduler sees the request: HTTP, tokenisation, the API server's hand-off
+    /// to the engine core (`queue_us + queue_us_per_token·prompt`).
+    pub front_end_us: u64,
+    /// The steps' fixed host and launch part, per prefill chunk: the scheduler, input
+    /// preparation, sampling, kernel launches, the fixed latency of the all-reduces
+    /// (`step_us + seq_us + layer_us·L + allreduce_us·2L`).
+    pub scheduler_us: u64,
+    /// The prefill chunks' GPU work: weights or GEMM FLOPs, attention, KV writes, all-reduce
+    /// bytes over the link (the rest of each chunk's step).
+    pub prefill_us: u64,
+    /// The first sampled token's way to the client: detokenisation and the API server's
+    /// streaming path (`first_token_us_per_seq·1 + output_token_us`).
+    pub first_token_us: u64,
+}
+
+impl UnloadedTtft {
+    /// The whole TTFT.
+    pub fn total_us(&self) -> u64 {
+        self.front_end_us + self.scheduler_us + self.prefill_us + self.first_token_us
+    }
 }
 
 /// A batch reduced to the integer sums the formula needs.
@@ -195,8 +236,16 @@ impl CalibratedModel {
         } else {
             0.0
         };
+        // Ring all-reduce: each GPU sends and receives 2(tp − 1)/tp of the activations.
+        let link_bytes_per_us = gpu.interconnect_gbs * 1e3;
+        let allreduce_us_per_token = if tp_u > 1 && link_bytes_per_us > 0.0 {
+            2.0 * layers * d * arch.bytes_per_param * 2.0 * (tp - 1.0) / tp / link_bytes_per_us
+        } else {
+            0.0
+        };
         CalibratedModel {
             c: coefficients.values,
+            allreduce_us_per_token,
             layers,
             allreduces: if tp_u > 1 { 2.0 * layers } else { 0.0 },
             dense_weight_us: dense_bytes / bytes_per_us,
@@ -272,10 +321,41 @@ impl CalibratedModel {
             + c[SEQ_US] * shape.sequences as f64
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
+            + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
             + (c[WEIGHTS] * weights_us).max(flops_us)
             + c[ATTENTION] * attn_us
             + c[KV] * kv_us;
         us_trunc_from_f64(step).max(1)
+    }
+
+    /// The parts of the TTFT of one `prompt_tokens` request on an idle server whose steps
+    /// take at most `chunk_tokens` tokens (`max_num_batched_tokens`; chunked prefill), with
+    /// nothing cached: see [`UnloadedTtft`].
+    pub fn unloaded_ttft(&self, prompt_tokens: u32, chunk_tokens: u32) -> UnloadedTtft {
+        use idx::*;
+        let c = &self.c;
+        let chunk_tokens = chunk_tokens.max(1);
+        let fixed = c[STEP_US] + c[SEQ_US] + c[LAYER_US] * self.layers;
+        let fixed = fixed + c[ALLREDUCE_US] * self.allreduces;
+        let (mut scheduler_us, mut steps_us, mut done) = (0u64, 0u64, 0u32);
+        while done < prompt_tokens.max(1) {
+            let new = chunk_tokens.min(prompt_tokens.max(1) - done);
+            let step = self.step_us(&[BatchEntry {
+                context_tokens: done,
+                new_tokens: new,
+                prompt_tokens,
+                is_prefill: true,
+            }]);
+            steps_us += step;
+            scheduler_us += us_trunc_from_f64(fixed).min(step);
+            done += new;
+        }
+        UnloadedTtft {
+            front_end_us: self.queueing_us(prompt_tokens),
+            scheduler_us,
+            prefill_us: steps_us - scheduler_us,
+            first_token_us: self.first_token_delay_us(1) + self.output_token_us(),
+        }
     }
 
     /// Delay before the scheduler sees a request of `input_tokens` prompt tokens.
@@ -364,6 +444,92 @@ mod tests {
         let batch = model.step_us(&many);
         // One token reads 2 of 8 experts; 64 tokens read nearly all 8: about 4x the expert bytes.
         assert!(batch > 2 * one, "one {one} batch {batch}");
+    }
+
+    #[test]
+    fn allreduce_link_term_grows_with_tp_and_tokens_and_shrinks_with_the_link() {
+        // Goal: the all-reduce bytes term is physics: 2L ring all-reduces of T·hidden
+        // activations, 2(tp-1)/tp of them over the link each way.
+        // Method: only the link coefficient on; hand-compute llama-3.1-8b at tp 2 and 4.
+        let mut coefficients = CalibratedCoefficients::ROOFLINE;
+        for (i, value) in coefficients.values.iter_mut().enumerate() {
+            *value = if i == idx::ALLREDUCE_LINK { 1.0 } else { 0.0 };
+        }
+        let price = |gpu: &GpuSpec, tp: u32, tokens: u32| {
+            let model = CalibratedModel::new(&llama_8b(), gpu, tp, &coefficients).unwrap();
+            let batch: Vec<BatchEntry> = (0..tokens).map(|_| entry(100, 1, false)).collect();
+            model.step_us(&batch)
+        };
+        let nvlink = h100();
+        // 64 tokens · 2·32 layers · 4096 · 2 bytes · 2·(1/2) / 450 GB/s = 74.6 µs.
+        assert_eq!(price(&nvlink, 2, 64), 74);
+        assert_eq!(price(&nvlink, 4, 64), 111); // 2·(3/4): 1.5×
+        assert_eq!(price(&nvlink, 2, 128), 149);
+        assert_eq!(price(&nvlink, 1, 64), 1); // no all-reduce at tp 1
+        let pcie = GpuSpec {
+            interconnect_gbs: 32.0,
+            ..h100()
+        };
+        assert!(price(&pcie, 2, 64) > 10 * price(&nvlink, 2, 64));
+        let unknown = GpuSpec {
+            interconnect_gbs: 0.0,
+            ..h100()
+        };
+        assert_eq!(price(&unknown, 2, 64), 1);
+    }
+
+    #[test]
+    fn unloaded_ttft_parts_add_up_and_separate_host_from_gpu() {
+        // Goal: the TTFT's parts are explicit: the front end and the steps' host part do
+        // not change with the GPU, the prefill does. Method: coefficients close to the
+        // shipped ones (the engine does not read the catalog) on llama-3.1-8b, H100 against
+        // a GPU with a third of its FLOPs and bandwidth.
+        let mut coefficients = CalibratedCoefficients::ROOFLINE;
+        for (i, value) in [
+            (idx::QUEUE_US, 20_000.0),
+            (idx::POST_DECODE_US, 1_600.0),
+            (idx::STEP_US, 545.0),
+            (idx::SEQ_US, 4.0),
+            (idx::LAYER_US, 17.7),
+            (idx::ALLREDUCE_US, 0.56),
+            (idx::WEIGHTS, 1.26),
+            (idx::FLOPS, 0.75),
+            (idx::KV, 1.08),
+            (idx::FIRST_TOKEN_US_PER_SEQ, 7.7),
+            (idx::MOE_FLOPS, 2.4),
+        ] {
+            coefficients.values[i] = value;
+        }
+        let fast = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+        let slow_gpu = GpuSpec {
+            tflops_peak: h100().tflops_peak / 3.0,
+            bw_peak_tbs: h100().bw_peak_tbs / 3.0,
+            ..h100()
+        };
+        let slow = CalibratedModel::new(&llama_8b(), &slow_gpu, 1, &coefficients).unwrap();
+        let (a, b) = (fast.unloaded_ttft(600, 2048), slow.unloaded_ttft(600, 2048));
+        assert_eq!(a.front_end_us, fast.queueing_us(600));
+        assert_eq!(
+            a.scheduler_us + a.prefill_us,
+            fast.step_us(&[entry(0, 600, true)])
+        );
+        assert_eq!(
+            (a.front_end_us, a.scheduler_us),
+            (b.front_end_us, b.scheduler_us)
+        );
+        assert_eq!(a.first_token_us, b.first_token_us);
+        assert!(b.prefill_us >= 3 * a.prefill_us - 3, "{a:?} {b:?}");
+        assert_eq!(
+            a.total_us(),
+            a.front_end_us + a.scheduler_us + a.prefill_us + a.first_token_us
+        );
+        // Chunked: two steps of 2048 and 952 tokens, each with its fixed part.
+        let chunked = fast.unloaded_ttft(3000, 2048);
+        assert_eq!(chunked.scheduler_us, 2 * a.scheduler_us);
+        assert_eq!(
+            chunked.scheduler_us + chunked.prefill_us,
+            fast.step_us(&[entry(0, 2048, true)]) + fast.step_us(&[entry(2048, 952, true)])
+        );
     }
 
     #[test]

@@ -103,7 +103,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn no_config() -> TwinError {
-    TwinError::FailedPrecondition("no cluster config has been synced yet".to_owned())
+    TwinError::NotSynced
 }
 
 impl MirrorStore {
@@ -169,7 +169,7 @@ impl MirrorStore {
         addresses: Vec<String>,
     ) -> Result<SyncOutcome, TwinError> {
         if cluster.instances.len() > self.limits.max_instances {
-            return Err(TwinError::ResourceExhausted(format!(
+            return Err(TwinError::OverLimit(format!(
                 "instances: {} instances exceed the limit of {}",
                 cluster.instances.len(),
                 self.limits.max_instances
@@ -263,7 +263,7 @@ impl MirrorStore {
         let config = &snapshot.config.instances[index];
         let old = &snapshot.instances[index];
         if update.events.len() > self.limits.max_events_per_update {
-            return Err(TwinError::ResourceExhausted(format!(
+            return Err(TwinError::OverLimit(format!(
                 "events: {} events in one update exceed the limit of {}",
                 update.events.len(),
                 self.limits.max_events_per_update
@@ -308,7 +308,7 @@ impl MirrorStore {
         let config = &snapshot.config.instances[index];
         let old = &snapshot.instances[index];
         if batch.events.len() > self.limits.max_kv_events_per_batch {
-            return Err(TwinError::ResourceExhausted(format!(
+            return Err(TwinError::OverLimit(format!(
                 "events: {} events in one batch exceed the limit of {}",
                 batch.events.len(),
                 self.limits.max_kv_events_per_batch

@@ -382,7 +382,7 @@ pub(super) fn check_state(
 ) -> Result<(), TwinError> {
     let total = state.waiting.len() + state.running.len();
     if total > limits.max_requests_per_instance {
-        return Err(TwinError::ResourceExhausted(format!(
+        return Err(TwinError::OverLimit(format!(
             "requests: {total} requests on one instance exceed the limit of {}",
             limits.max_requests_per_instance
         )));
