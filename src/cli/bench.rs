@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// runs it as a child process.
     #[arg(long, hide = true)]
     pub kv_memory_probe: Option<u64>,
+    /// Internal: serve this many fake vLLM pods on loopback, print their addresses, and
+    /// serve until stdin closes. The live case runs it as a child process, so that its CPU
+    /// is not ditto's.
+    #[arg(long, hide = true)]
+    pub fake_pods: Option<usize>,
     /// Cases to run, comma-separated (default all): offline, whatif (or one of its askings:
     /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load.
     /// One case alone is what a profiler should run.
@@ -99,6 +104,16 @@ impl BenchArgs {
 
 /// Runs the cases asked for (every case by default) and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
+    if let Some(pods) = args.fake_pods {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| CliError::flag("fake-pods", err.to_string()))?;
+        return runtime
+            .block_on(crate::live::bench::serve_fake_pods(pods))
+            .map(|()| String::new())
+            .map_err(|err| CliError::flag("fake-pods", err));
+    }
     if let Some(blocks) = args.kv_memory_probe {
         if blocks == 0 {
             return Err(CliError::flag("kv-memory-probe", "must be at least 1"));
@@ -392,7 +407,7 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
         .max(1);
     let _ = writeln!(
         out,
-        "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (CPU includes serving the fake pods)"
+        "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (the fake pods in their own process: the CPU is ditto's own)"
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
