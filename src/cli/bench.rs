@@ -56,8 +56,13 @@ pub struct BenchArgs {
     /// Concurrent clients of the load case.
     #[arg(long, default_value_t = 32)]
     pub load_clients: usize,
+    /// Internal: print the live mirror's resident bytes per cached block with this many
+    /// blocks on one instance, measured in this (fresh) process, and exit. The KV-event case
+    /// runs it as a child process.
+    #[arg(long, hide = true)]
+    pub kv_memory_probe: Option<u64>,
     /// Cases to run, comma-separated (default all): offline, whatif (or one of its askings:
-    /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, load.
+    /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load.
     /// One case alone is what a profiler should run.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -67,7 +72,7 @@ pub struct BenchArgs {
 }
 
 /// The case names `--cases` accepts.
-const CASES: [&str; 10] = [
+const CASES: [&str; 11] = [
     "offline",
     "whatif",
     "whatif-repeated",
@@ -77,6 +82,7 @@ const CASES: [&str; 10] = [
     "predictor",
     "memory",
     "live",
+    "kv",
     "load",
 ];
 
@@ -93,6 +99,14 @@ impl BenchArgs {
 
 /// Runs the cases asked for (every case by default) and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
+    if let Some(blocks) = args.kv_memory_probe {
+        if blocks == 0 {
+            return Err(CliError::flag("kv-memory-probe", "must be at least 1"));
+        }
+        return crate::live::kv_bench::memory_probe(blocks)
+            .map(|bytes| format!("{bytes:.1}"))
+            .map_err(|err| CliError::flag("kv-memory-probe", err));
+    }
     if let Some(unknown) = args
         .cases
         .iter()
@@ -132,6 +146,9 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     }
     if args.runs("live") {
         live_case(&mut out, args)?;
+    }
+    if args.runs("kv") {
+        kv_case(&mut out, args)?;
     }
     let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
     if seconds > 0 && args.runs("load") {
@@ -389,14 +406,35 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", live.row());
+    Ok(())
+}
+
+/// The live mirror's KV-event case (see `live::kv_bench`).
+fn kv_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
+    let seconds = args
+        .live_seconds
+        .unwrap_or(if args.quick { 2 } else { 10 })
+        .max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::flag("bench", err.to_string()))?;
     let _ = writeln!(
         out,
         "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
     );
+    // A busy pod's cache is full: llama-3.1-8b on an H100 holds 26,312 blocks.
+    let (cached, memory_blocks) = if args.quick {
+        (2_000, 20_000)
+    } else {
+        (26_312, 200_000)
+    };
     let kv = runtime
         .block_on(crate::live::kv_bench::kv_bench(
             100,
             200,
+            cached,
+            memory_blocks,
             Duration::from_secs(seconds),
         ))
         .map_err(|err| CliError::flag("bench", err))?;
