@@ -172,13 +172,13 @@ impl RequestState {
     /// ones among them: private keys are derived when read) and the block table has room
     /// for the whole sequence.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
-        // Room for the whole sequence at once: no regrowth on the hot path (a clone of a
-        // forked engine keeps only the length, so this is checked again there).
-        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
-        if self.blocks.ids.capacity() < most + 1 {
-            self.blocks
-                .ids
-                .reserve_exact(most + 1 - self.blocks.ids.len());
+        // Room for the whole sequence at once, taken when the table is full: no regrowth on
+        // the hot path (a fork's clone keeps the room).
+        if self.blocks.ids.capacity() == self.blocks.ids.len() {
+            self.reserve_table(block_size);
+        }
+        if self.keys.len() as u32 >= full_blocks {
+            return; // (the common call: nothing new to hash)
         }
         let shareable = shareable_blocks(&self.spec, block_size);
         let full_blocks = full_blocks.min(shareable);
@@ -194,6 +194,17 @@ impl RequestState {
             let index = self.keys.len() as u32;
             parent = block_key(&self.spec, parent, index, block_size);
             self.keys.push(parent);
+        }
+    }
+
+    /// Reserves block-table room for the whole sequence (prompt and every output token).
+    #[cold]
+    fn reserve_table(&mut self, block_size: u32) {
+        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
+        if self.blocks.ids.capacity() < most + 1 {
+            self.blocks
+                .ids
+                .reserve_exact(most + 1 - self.blocks.ids.len());
         }
     }
 

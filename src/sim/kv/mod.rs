@@ -26,7 +26,7 @@ pub mod lru;
 
 use std::collections::HashMap;
 
-use hash::BlockKeys;
+use hash::{BlockKeys, private_key};
 
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
@@ -323,8 +323,19 @@ impl KvCache {
             "prefix hits are taken only by a request holding no blocks"
         );
         let required = total_tokens.div_ceil(self.block_size);
-        if hit.blocks() == 0 && required <= table.len() {
-            // The common decode step: the tokens fit the blocks already held.
+        if hit.blocks() == 0 && required <= table.len() + 1 {
+            if required == table.len() + 1 {
+                // The common growth: one fresh block (a decode crossing a block boundary).
+                if self.free_count == 0 {
+                    return false;
+                }
+                let id = self.pop_free();
+                table.ids.push(id);
+                if self.key_one_private_block(table, keys, total_tokens) {
+                    return true;
+                }
+            }
+            // Otherwise the common decode step: the tokens fit the blocks already held.
             self.key_full_blocks(table, keys, total_tokens);
             return true;
         }
@@ -358,9 +369,13 @@ impl KvCache {
             self.stats.cpu_loaded_blocks += 1;
             table.ids.push(id);
         }
-        let virgin = self.take_virgins(fresh - reloaded);
-        table.ids.extend(virgin.clone());
-        for _ in reloaded + virgin.len() as u32..fresh {
+        let mut taken = reloaded;
+        if (self.blocks.len() as u32) < self.total {
+            let virgin = self.take_virgins(fresh - reloaded);
+            taken += virgin.len() as u32;
+            table.ids.extend(virgin);
+        }
+        for _ in taken..fresh {
             let id = self.pop_free();
             table.ids.push(id);
         }
@@ -424,6 +439,34 @@ impl KvCache {
         table.num_keyed = 0;
     }
 
+    /// The decode path's keying in one go: if exactly one more block is full, it is private
+    /// and the key map is empty (so it cannot hold the key), gives it its latent key and
+    /// returns true; otherwise returns false and leaves the work to [`Self::key_full_blocks`].
+    #[inline]
+    fn key_one_private_block(
+        &mut self,
+        table: &mut BlockTable,
+        keys: BlockKeys<'_>,
+        total_tokens: u32,
+    ) -> bool {
+        if !self.prefix_caching {
+            return true;
+        }
+        let index = table.num_keyed;
+        let full = (total_tokens / self.block_size).min(table.len());
+        if full != index + 1 || index < keys.shareable || !self.by_key.is_empty() {
+            return full <= index;
+        }
+        let id = table.ids[index as usize];
+        let block = &mut self.blocks[id as usize];
+        if block.keying == Keying::Unkeyed {
+            block.key = private_key(keys.owner, index);
+            block.keying = Keying::Latent;
+        }
+        table.num_keyed = full;
+        true
+    }
+
     fn key_full_blocks(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, total_tokens: u32) {
         if !self.prefix_caching {
             return;
@@ -432,23 +475,31 @@ impl KvCache {
         if full <= table.num_keyed {
             return;
         }
-        for index in table.num_keyed..full {
+        let shared_end = full.min(keys.shareable);
+        for index in table.num_keyed..shared_end {
+            let id = table.ids[index as usize];
+            if self.blocks[id as usize].keying == Keying::Unkeyed {
+                self.set_key(id, keys.get(index));
+            }
+        }
+        // Private blocks: latent keys. (A key already in the map is this request's own
+        // content cached from before a preemption: the block stays an unkeyed duplicate, as
+        // `set_key` would leave it. An empty map holds none, so it is not probed.)
+        let probe = !self.by_key.is_empty();
+        for index in table.num_keyed.max(shared_end)..full {
             let id = table.ids[index as usize];
             if self.blocks[id as usize].keying != Keying::Unkeyed {
                 continue;
             }
-            let key = keys.get(index);
-            if index < keys.shareable {
-                self.set_key(id, key);
-            } else if !self.by_key.contains_key(&key) {
-                // (A present key means this request's own content is cached from before a
-                // preemption: the block stays an unkeyed duplicate, as `set_key` would leave it.)
-                let block = &mut self.blocks[id as usize];
-                block.key = key;
-                block.keying = Keying::Latent;
+            let key = private_key(keys.owner, index);
+            if probe && self.by_key.contains_key(&key) {
+                continue;
             }
+            let block = &mut self.blocks[id as usize];
+            block.key = key;
+            block.keying = Keying::Latent;
         }
-        table.num_keyed = table.num_keyed.max(full);
+        table.num_keyed = full;
     }
 
     fn set_key(&mut self, id: u32, key: u64) {
