@@ -9,6 +9,7 @@ fn bench_runs_every_case() {
     let out = Command::new(env!("CARGO_BIN_EXE_ditto"))
         .args([
             "bench",
+            "--quick",
             "--offline-requests",
             "300,600",
             "--calls",
@@ -43,9 +44,19 @@ fn bench_runs_every_case() {
         "(256 requests, 30000 blocks",
         "== load: 4 clients on loopback for 1 s",
         "errors 0,",
+        "blocks mirrored per pod per s",
+        "bytes per cached block",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
+    // The KV case mirrored something and measured some memory (the counts, not speed).
+    let figure = |after: &str| -> f64 {
+        let line = text.lines().find(|line| line.contains(after)).unwrap();
+        let before = &line[..line.find(after).unwrap()];
+        before.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    assert!(figure(" blocks mirrored per pod per s") > 0.0, "{text}");
+    assert!(figure(" bytes per cached block") > 0.0, "{text}");
     let bad = Command::new(env!("CARGO_BIN_EXE_ditto"))
         .args(["bench", "--offline-requests", "0"])
         .output()

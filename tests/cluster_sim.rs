@@ -22,6 +22,7 @@ fn instance(index: usize, engine: EngineConfig) -> InstanceConfig {
     InstanceConfig {
         id: format!("i{index}"),
         model: "test".into(),
+        model_config_json: None,
         gpu: "test".into(),
         tp: 1,
         role: InstanceRole::Both,

@@ -45,6 +45,7 @@ fn cluster_config(count: usize) -> ClusterConfig {
             .map(|i| InstanceConfig {
                 id: format!("vllm-{i}"),
                 model: arch.name.clone(),
+                model_config_json: None,
                 gpu: gpu.name.clone(),
                 tp: 1,
                 role: InstanceRole::Both,

@@ -228,3 +228,30 @@ fn a_new_generation_inherits_the_memo_of_unchanged_instances() {
         .unwrap();
     assert!(store.latest().unwrap().snapshot.memo.is_empty());
 }
+
+#[test]
+fn a_cleared_store_refuses_like_a_new_one_and_never_repeats_a_generation() {
+    let store = synced(StoreLimits::DEFAULT);
+    let before = store.apply_state(running("a", 1_000, 2)).unwrap();
+    store.clear();
+    assert!(store.latest().is_none());
+    assert!(matches!(store.snapshot(0), Err(TwinError::NotSynced)));
+    assert!(matches!(
+        store.apply_state(running("a", 2_000, 1)),
+        Err(TwinError::NotSynced)
+    ));
+    let outcome = store
+        .sync_config(cluster(4), TwinSettings::defaults(), Vec::new())
+        .unwrap();
+    assert!(outcome.changed);
+    assert!(outcome.generation > before, "generations must keep rising");
+    // The old instance state is gone: "a" starts empty.
+    let latest = store.latest().unwrap();
+    assert!(
+        latest
+            .snapshot
+            .instances
+            .iter()
+            .all(|i| i.running.is_empty())
+    );
+}

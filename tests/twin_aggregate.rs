@@ -12,6 +12,7 @@ use ditto::twin::aggregate::{
     AggregateOptions, Objective, PodAggregates, PodType, instance_from_aggregates,
     predict_aggregates, single_instance_config,
 };
+use ditto::twin::cached::CachedBlocks;
 use ditto::twin::predict::predict_routing;
 use ditto::twin::question::{
     Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
@@ -71,7 +72,7 @@ fn snapshot() -> MirrorSnapshot {
                 waiting: (0..waiting)
                     .map(|i| observed(format!("w{i}"), prompt, 0, 0))
                     .collect(),
-                cached_blocks: prompt_hashes()[..cached].to_vec(),
+                cached_blocks: CachedBlocks::from_keys(prompt_hashes()[..cached].iter().copied()),
                 ..InstanceState::default()
             })
         })
@@ -241,5 +242,8 @@ fn the_aggregate_state_holds_the_reported_load() {
     assert!((usage - 0.5).abs() < 0.01, "usage {usage}");
     // 62 full blocks in the prompt, half of them cached.
     assert_eq!(request.block_hashes.len(), 62);
-    assert_eq!(state.cached_blocks, request.block_hashes[..31].to_vec());
+    assert_eq!(
+        state.cached_blocks.to_keys(),
+        request.block_hashes[..31].to_vec()
+    );
 }

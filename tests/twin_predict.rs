@@ -14,6 +14,7 @@ use ditto::sim::kv::hash::prompt_block_keys;
 use ditto::sim::latency::LatencyKind;
 use ditto::sim::{Engine, EngineConfig, RequestSpec, SloClass};
 use ditto::twin::Limits;
+use ditto::twin::cached::CachedBlocks;
 use ditto::twin::predict::predict_routing;
 use ditto::twin::question::{
     Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
@@ -36,6 +37,7 @@ fn cluster_config(count: usize) -> ClusterConfig {
             .map(|i| InstanceConfig {
                 id: format!("vllm-{i}"),
                 model: arch.name.clone(),
+                model_config_json: None,
                 gpu: gpu.name.clone(),
                 tp: 1,
                 role: InstanceRole::Both,
@@ -95,7 +97,7 @@ fn observe(engine: &Engine, id: &str, now: u64) -> InstanceState {
         running: observed.running.iter().map(convert).collect(),
         waiting: observed.waiting.iter().map(convert).collect(),
         step_end_us: observed.step_end_us,
-        cached_blocks: observed.cached_keys,
+        cached_blocks: CachedBlocks::from_keys(observed.cached_keys),
         ..InstanceState::default()
     }
 }

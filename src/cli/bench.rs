@@ -56,10 +56,23 @@ pub struct BenchArgs {
     /// Concurrent clients of the load case.
     #[arg(long, default_value_t = 32)]
     pub load_clients: usize,
+    /// Internal: print the live mirror's resident bytes per cached block with this many
+    /// blocks on one instance, measured in this (fresh) process, and exit. The KV-event case
+    /// runs it as a child process.
+    #[arg(long, hide = true)]
+    pub kv_memory_probe: Option<u64>,
 }
 
 /// Runs every case and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
+    if let Some(blocks) = args.kv_memory_probe {
+        if blocks == 0 {
+            return Err(CliError::flag("kv-memory-probe", "must be at least 1"));
+        }
+        return crate::live::kv_bench::memory_probe(blocks)
+            .map(|bytes| format!("{bytes:.1}"))
+            .map_err(|err| CliError::flag("kv-memory-probe", err));
+    }
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -279,10 +292,18 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         out,
         "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
     );
+    // A busy pod's cache is full: llama-3.1-8b on an H100 holds 26,312 blocks.
+    let (cached, memory_blocks) = if args.quick {
+        (2_000, 20_000)
+    } else {
+        (26_312, 200_000)
+    };
     let kv = runtime
         .block_on(crate::live::kv_bench::kv_bench(
             100,
             200,
+            cached,
+            memory_blocks,
             Duration::from_secs(seconds),
         ))
         .map_err(|err| CliError::flag("bench", err))?;

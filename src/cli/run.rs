@@ -184,6 +184,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         let template = InstanceConfig {
             id: String::new(),
             model: arch.name.clone(),
+            model_config_json: None,
             gpu: gpu.name.clone(),
             tp,
             role: InstanceRole::Both,

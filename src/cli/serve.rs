@@ -3,10 +3,11 @@
 //!
 //! With no flags it serves the embedded default cluster (4 x llama-3.1-8b-instruct on H100)
 //! on 0.0.0.0:9010 (gRPC) and 0.0.0.0:9011 (HTTP), ready at once. Every flag has a
-//! `DITTO_*` environment equivalent. Exit codes: 0 after a graceful shutdown, 64 for a bad
-//! flag or cluster file (checked before anything binds), 1 when the server cannot start or
-//! fails. With `--check-config FILE` it only validates (see `cli::check_config`): exit 0, or 2
-//! naming the field.
+//! `DITTO_*` environment equivalent. Exit codes: 0 after a graceful shutdown, 2 for a bad
+//! flag, cluster file, model config, kubeconfig, TLS or calibration file (checked before
+//! anything binds, the message naming the flag or field, as every other ditto command and
+//! clap itself do), 1 when the server cannot start or fails. With `--check-config FILE` it only
+//! validates (see `cli::check_config`): exit 0, or 2 naming the field.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -155,7 +156,9 @@ impl ServeCommandError {
             | ServeCommandError::BadLiveFlag { .. }
             | ServeCommandError::BadConfig { .. }
             | ServeCommandError::Serve(ServeError::Config(_))
-            | ServeCommandError::Serve(ServeError::Tls(_)) => 64,
+            | ServeCommandError::Serve(ServeError::Tls(_)) => {
+                crate::cli::check_config::EXIT_INVALID
+            }
             ServeCommandError::Serve(_) => 1,
         }
     }

@@ -26,6 +26,11 @@ pub struct InstanceConfig {
     pub id: String,
     /// Model name (for reporting).
     pub model: String,
+    /// The HuggingFace `config.json` text the model was read from, when it is not an
+    /// embedded one (`model_config`, `--model-dir`, SyncClusterConfig's `model_config_json`):
+    /// kept so that GetSnapshot can hand back a config that re-syncs as it came. Shared, not
+    /// copied, when instances are cloned.
+    pub model_config_json: Option<std::sync::Arc<str>>,
     /// GPU name (for reporting).
     pub gpu: String,
     /// Tensor-parallel degree.

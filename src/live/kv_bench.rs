@@ -2,13 +2,17 @@
 //! what CPU, and the mirror's memory per cached block.
 //!
 //! - **Sustained**: `pods` publishers (the `zeromq` crate's PUB, one loopback address each,
-//!   as vLLM's ZmqEventPublisher) each store `blocks_per_s` blocks per second with their
-//!   token ids, in 10 batches per second (evicting the oldest past a steady cache of 2,000
-//!   blocks), mirrored by the live mirror over ZMQ. Reported: blocks mirrored per second,
-//!   the process CPU (publishers included: an upper bound), and the mirror's own CPU (decode
-//!   and store apply of the same batches, timed alone).
+//!   as vLLM's ZmqEventPublisher) each first fill a full cache (`cached` blocks: a busy pod
+//!   keeps its cache full, 26,312 blocks for llama-3.1-8b on an H100), then store
+//!   `blocks_per_s` blocks per second with their token ids in 10 batches per second, each
+//!   batch removing as many of the oldest, mirrored by the live mirror over ZMQ. Reported:
+//!   blocks mirrored per pod per second (counted from the batches the store applied), the
+//!   process CPU (publishers included: an upper bound), and the mirror's own CPU (decode and
+//!   store apply of the same batches on full caches, timed alone).
 //! - **Memory per cached block**: the resident memory one instance's mirror takes per
-//!   cached block (index, snapshot list, token-key aliases and the store's kept history).
+//!   cached block (the cached blocks' maps and the store's kept history), measured in a fresh
+//!   process (`ditto bench --kv-memory-probe N`) so that memory freed by the other cases
+//!   cannot hide it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +31,6 @@ use crate::twin::store::{KvEventBatch, MirrorStore, StoreLimits};
 
 /// Batches per second each fake pod publishes.
 const BATCHES_PER_S: u64 = 10;
-/// Blocks each fake pod keeps cached (older ones are removed).
-const STEADY_BLOCKS: u64 = 2_000;
 /// Tokens per block.
 const BLOCK_SIZE: u64 = 16;
 
@@ -39,6 +41,8 @@ pub struct KvBench {
     pub pods: usize,
     /// Blocks each stored per second (target).
     pub blocks_per_s: u64,
+    /// Blocks each pod keeps cached.
+    pub cached: u64,
     /// Measured wall time.
     pub wall: Duration,
     /// Blocks mirrored per second per pod (stored blocks of applied batches).
@@ -57,9 +61,10 @@ impl KvBench {
     /// The bench's report lines.
     pub fn rows(&self) -> String {
         format!(
-            "{} pods x {} blocks/s for {:.1} s: {:.0} blocks mirrored per pod per s; CPU {:.2} cores (publishers included), mirror decode+apply {:.3} cores\nmirror memory: {:.0} bytes per cached block ({} blocks on one instance)",
+            "{} pods x {} blocks/s on full caches of {} blocks, for {:.1} s: {:.0} blocks mirrored per pod per s; CPU {:.2} cores (publishers included), mirror decode+apply {:.3} cores\nmirror memory: {:.0} bytes per cached block ({} blocks on one instance, history included)",
             self.pods,
             self.blocks_per_s,
+            self.cached,
             self.wall.as_secs_f64(),
             self.mirrored_per_pod_s,
             self.process_cores,
@@ -70,14 +75,25 @@ impl KvBench {
     }
 }
 
-/// One pod's stream of batches: block `n` has hash `base + n` and chains to `n - 1`.
+/// One pod's stream of batches: block `n` has hash `base + n` and chains to `n - 1`; past
+/// `cached` blocks, each batch removes as many of the oldest as it stores.
 struct Stream {
     base: u64,
     next_block: u64,
     seq: u64,
+    cached: u64,
 }
 
 impl Stream {
+    fn new(pod: usize, cached: u64) -> Self {
+        Self {
+            base: (pod as u64 + 1) << 40,
+            next_block: 0,
+            seq: 0,
+            cached,
+        }
+    }
+
     fn batch(&mut self, blocks: u64) -> (u64, Vec<u8>) {
         let first = self.next_block;
         self.next_block += blocks;
@@ -101,8 +117,8 @@ impl Stream {
             Value::Nil,
             Value::from("GPU"),
         ])];
-        if self.next_block > STEADY_BLOCKS {
-            let gone = (first.saturating_sub(STEADY_BLOCKS)..self.next_block - STEADY_BLOCKS)
+        if self.next_block > self.cached {
+            let gone = (first.saturating_sub(self.cached)..self.next_block - self.cached)
                 .map(|n| Value::from(self.base + n))
                 .collect();
             events.push(Value::Array(vec![
@@ -120,10 +136,13 @@ impl Stream {
     }
 }
 
-/// Runs the sustained-load and memory measurements.
+/// Runs the sustained-load and memory measurements: `pods` publishers, each with `cached`
+/// blocks cached, storing `blocks_per_s`; memory with `memory_blocks` on one instance.
 pub async fn kv_bench(
     pods: usize,
     blocks_per_s: u64,
+    cached: u64,
+    memory_blocks: u64,
     duration: Duration,
 ) -> Result<KvBench, String> {
     let per_batch = blocks_per_s.div_ceil(BATCHES_PER_S).max(1);
@@ -145,7 +164,7 @@ pub async fn kv_bench(
     }
     let cluster = default_cluster();
     let mut template = cluster.instances[0].clone();
-    template.engine.num_gpu_blocks = 30_000;
+    template.engine.num_gpu_blocks = u32::try_from(cached + blocks_per_s).unwrap_or(u32::MAX);
     let source = LiveSource {
         name: "bench".to_owned(),
         discovery: Discovery::Static(ids),
@@ -165,14 +184,20 @@ pub async fn kv_bench(
     let live = super::start(config, Arc::clone(&store), &metrics).map_err(|err| err.to_string())?;
     // Let the subscriptions join (ZMQ's slow joiner) before the measured run.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut streams: Vec<Stream> = (0..pods)
-        .map(|index| Stream {
-            base: (index as u64 + 1) << 40,
-            next_block: 0,
-            seq: 0,
-        })
-        .collect();
-    let stored_before = stored_blocks(&store);
+    let mut streams: Vec<Stream> = (0..pods).map(|pod| Stream::new(pod, cached)).collect();
+    // Fill every pod's cache (one batch each), then wait until the mirror holds them all.
+    for (socket, stream) in publishers.iter_mut().zip(&mut streams) {
+        let (seq, payload) = stream.batch(cached);
+        send(socket, seq, payload).await?;
+    }
+    let filled = Instant::now();
+    while applied_batches(&store) < pods as u64 {
+        if filled.elapsed() > Duration::from_secs(120) {
+            return Err("the mirror did not take the initial caches within 120 s".to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let batches_before = applied_batches(&store);
     let cpu_start = process_cpu_s();
     let started = Instant::now();
     let mut tick = tokio::time::interval(Duration::from_millis(1_000 / BATCHES_PER_S));
@@ -181,59 +206,67 @@ pub async fn kv_bench(
         tick.tick().await;
         for (socket, stream) in publishers.iter_mut().zip(&mut streams) {
             let (seq, payload) = stream.batch(per_batch);
-            let message = ZmqMessage::try_from(vec![
-                bytes::Bytes::from_static(b"kv@bench"),
-                bytes::Bytes::from(seq.to_be_bytes().to_vec()),
-                bytes::Bytes::from(payload),
-            ])
-            .map_err(|err| err.to_string())?;
-            socket.send(message).await.map_err(|err| err.to_string())?;
+            send(socket, seq, payload).await?;
         }
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     let wall = started.elapsed();
     let cpu = process_cpu_s() - cpu_start;
-    let mirrored = stored_blocks(&store).saturating_sub(stored_before);
+    let mirrored = (applied_batches(&store) - batches_before) * per_batch;
     drop(live);
     drop(publishers);
 
-    let mirror_cores = decode_apply_cores(pods, per_batch)?;
-    let (bytes_per_block, measured_blocks) = memory_per_block()?;
+    let mirror_cores = decode_apply_cores(pods, per_batch, cached)?;
+    let bytes_per_block = memory_in_a_fresh_process(memory_blocks)?;
     Ok(KvBench {
         pods,
         blocks_per_s,
+        cached,
         wall,
         mirrored_per_pod_s: mirrored as f64 / pods as f64 / wall.as_secs_f64(),
         process_cores: cpu / wall.as_secs_f64(),
         mirror_cores,
         bytes_per_block,
-        measured_blocks,
+        measured_blocks: memory_blocks,
     })
 }
 
-/// Blocks stored so far over every mirrored instance, from the store's sequence numbers.
-fn stored_blocks(store: &MirrorStore) -> u64 {
+async fn send(socket: &mut PubSocket, seq: u64, payload: Vec<u8>) -> Result<(), String> {
+    let message = ZmqMessage::try_from(vec![
+        bytes::Bytes::from_static(b"kv@bench"),
+        bytes::Bytes::from(seq.to_be_bytes().to_vec()),
+        bytes::Bytes::from(payload),
+    ])
+    .map_err(|err| err.to_string())?;
+    socket.send(message).await.map_err(|err| err.to_string())
+}
+
+/// KV batches the store has applied over every mirrored instance (the edge numbers them
+/// from 0 and counts missed ones as gaps).
+fn applied_batches(store: &MirrorStore) -> u64 {
     store.latest().map_or(0, |stored| {
         stored
             .snapshot
             .instances
             .iter()
-            .map(|state| state.kv_event_seq)
+            .filter(|state| state.kv_events_at_us > 0)
+            .map(|state| (state.kv_event_seq + 1).saturating_sub(state.kv_event_gaps))
             .sum::<u64>()
     })
 }
 
-/// The mirror's CPU (decode and store apply, no sockets) for one second of the load,
-/// in cores: every pod's 10 batches decoded and applied, timed over several seconds' worth.
-fn decode_apply_cores(pods: usize, per_batch: u64) -> Result<f64, String> {
-    let store = single_instance_store(pods)?;
-    let mut streams: Vec<Stream> = (0..pods)
-        .map(|index| Stream {
-            base: (index as u64 + 1) << 40,
-            next_block: 0,
-            seq: 0,
-        })
-        .collect();
+/// The mirror's CPU (decode and store apply, no sockets) for one second of the load on full
+/// caches, in cores: every pod's 10 batches decoded and applied, timed over several seconds'
+/// worth.
+fn decode_apply_cores(pods: usize, per_batch: u64, cached: u64) -> Result<f64, String> {
+    let store = instances_store(pods, cached + per_batch)?;
+    let mut streams: Vec<Stream> = (0..pods).map(|pod| Stream::new(pod, cached)).collect();
+    let mut ts_us = wall_now_us();
+    for (pod, stream) in streams.iter_mut().enumerate() {
+        let (seq, payload) = stream.batch(cached);
+        ts_us += 1;
+        apply(&store, pod, seq, ts_us, &payload)?;
+    }
     let seconds = 5;
     let payloads: Vec<Vec<(usize, u64, Vec<u8>)>> = (0..seconds * BATCHES_PER_S)
         .map(|_| {
@@ -249,27 +282,40 @@ fn decode_apply_cores(pods: usize, per_batch: u64) -> Result<f64, String> {
         .collect();
     let cpu_start = process_cpu_s();
     let started = Instant::now();
-    for (ts_us, round) in (wall_now_us() + 1..).zip(&payloads) {
+    for (ts_us, round) in (ts_us + 1..).zip(&payloads) {
         for (pod, seq, payload) in round {
-            let batch = decode_batch(*seq, payload).map_err(|err| err.to_string())?;
-            store
-                .apply_kv_events_capped(KvEventBatch {
-                    instance_id: format!("bench-{pod}"),
-                    seq: *seq,
-                    ts_us,
-                    events: batch.events,
-                })
-                .map_err(|err| err.to_string())?;
+            apply(&store, *pod, *seq, ts_us, payload)?;
         }
     }
     let cpu = (process_cpu_s() - cpu_start).max(started.elapsed().as_secs_f64().min(0.01));
     Ok(cpu / seconds as f64)
 }
 
-fn single_instance_store(instances: usize) -> Result<MirrorStore, String> {
+/// Decodes one pod's batch and applies it to instance `bench-{pod}`.
+fn apply(
+    store: &MirrorStore,
+    pod: usize,
+    seq: u64,
+    ts_us: u64,
+    payload: &[u8],
+) -> Result<(), String> {
+    let batch = decode_batch(seq, payload).map_err(|err| err.to_string())?;
+    store
+        .apply_kv_events_capped(KvEventBatch {
+            instance_id: format!("bench-{pod}"),
+            seq,
+            ts_us,
+            events: batch.events,
+        })
+        .map(|_| ())
+        .map_err(|err| err.to_string())
+}
+
+/// A store of `instances` instances `bench-{i}` of `blocks` GPU blocks each.
+fn instances_store(instances: usize, blocks: u64) -> Result<MirrorStore, String> {
     let mut cluster = default_cluster();
     let mut template = cluster.instances[0].clone();
-    template.engine.num_gpu_blocks = 400_000;
+    template.engine.num_gpu_blocks = u32::try_from(blocks).unwrap_or(u32::MAX);
     cluster.instances = (0..instances)
         .map(|index| {
             let mut instance = template.clone();
@@ -284,39 +330,48 @@ fn single_instance_store(instances: usize) -> Result<MirrorStore, String> {
     Ok(store)
 }
 
-/// Resident bytes per cached block: one instance filled with 200,000 blocks stored with
-/// their token ids (in 1,000 batches, as a pod publishes them).
-fn memory_per_block() -> Result<(f64, u64), String> {
-    let blocks = 200_000u64;
-    let store = single_instance_store(1)?;
-    let mut stream = Stream {
-        base: 1 << 40,
-        next_block: 0,
-        seq: 0,
-    };
+/// Resident bytes per cached block, measured by `ditto bench --kv-memory-probe BLOCKS` in
+/// a fresh process (see [`memory_probe`]).
+fn memory_in_a_fresh_process(blocks: u64) -> Result<f64, String> {
+    let exe = std::env::current_exe().map_err(|err| format!("the ditto binary: {err}"))?;
+    let output = std::process::Command::new(exe)
+        .args(["bench", "--kv-memory-probe", &blocks.to_string()])
+        .output()
+        .map_err(|err| format!("the memory probe did not start: {err}"))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "the memory probe failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    text.trim()
+        .parse::<f64>()
+        .map_err(|err| format!("the memory probe printed {text:?}: {err}"))
+}
+
+/// Resident bytes per cached block of one instance filled with `blocks` blocks stored with
+/// their token ids, in batches of 200 as a pod publishes them, then kept full while as many
+/// batches again replace its oldest blocks (so the store's history holds what it keeps in
+/// steady state). Meant for a fresh process: the resident memory's growth is the mirror's.
+pub fn memory_probe(blocks: u64) -> Result<f64, String> {
+    let per_batch = 200;
+    let store = instances_store(1, blocks + per_batch)?;
+    let mut stream = Stream::new(0, blocks);
     let before = rss_mb();
     let mut ts_us = wall_now_us();
-    // Batches of 200 blocks; no removals (the stream evicts past 2,000: keep it off).
-    let mut stored = 0;
-    while stored < blocks {
-        let first = stream.next_block;
-        let (seq, payload) = stream.batch(200);
-        let mut batch = decode_batch(seq, &payload).map_err(|err| err.to_string())?;
-        batch.events.truncate(1);
+    for _ in 0..(blocks.div_ceil(per_batch) * 2) {
+        let (seq, payload) = stream.batch(per_batch);
         ts_us += 1;
-        store
-            .apply_kv_events_capped(KvEventBatch {
-                instance_id: "bench-0".to_owned(),
-                seq,
-                ts_us,
-                events: batch.events,
-            })
-            .map_err(|err| err.to_string())?;
-        stored += stream.next_block - first;
+        apply(&store, 0, seq, ts_us, &payload)?;
     }
     let after = rss_mb();
-    Ok((
-        (after - before).max(0.0) * 1024.0 * 1024.0 / blocks as f64,
-        blocks,
-    ))
+    let cached = store
+        .latest()
+        .map_or(0, |stored| stored.snapshot.instances[0].cached_blocks.len());
+    if cached as u64 != blocks {
+        return Err(format!("the probe cached {cached} blocks, not {blocks}"));
+    }
+    Ok((after - before).max(0.0) * 1024.0 * 1024.0 / blocks as f64)
 }

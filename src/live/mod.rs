@@ -297,6 +297,12 @@ impl Coordinator {
             .map(|entry| entry.pod.address.clone())
             .collect();
         if instances.is_empty() {
+            // Every pod is gone: answer "not synced" (as before the first pod) rather than
+            // simulate pods that no longer exist. Nothing was ever synced when none was found.
+            if self.store.latest().is_some() {
+                self.store.clear();
+                tracing::warn!("live mirror: no pods left; the mirror is empty until one appears");
+            }
             return Ok(());
         }
         let cluster = ClusterConfig {

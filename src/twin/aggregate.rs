@@ -16,6 +16,7 @@ use crate::cluster::config::{ClusterConfig, InstanceConfig};
 use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
 
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
+use super::cached::CachedBlocks;
 use super::error::TwinError;
 use super::limits::Limits;
 use super::question::{CandidateRequest, OutputLength, SloTargets};
@@ -215,7 +216,8 @@ pub fn instance_from_aggregates(
     let hit_blocks = ((aggregates.prefix_cache_score.clamp(0.0, 1.0) * full_blocks as f64).floor()
         as u64)
         .min(free_blocks);
-    let cached_blocks = block_hashes[..hit_blocks as usize].to_vec();
+    let cached_blocks =
+        CachedBlocks::from_keys(block_hashes[..hit_blocks as usize].iter().copied());
     let state = InstanceState {
         instance_id: instance.id.clone(),
         observed_at_us: SYNTHETIC_NOW_US,

@@ -61,7 +61,7 @@ pub fn restore_base(
     let waiting: Vec<RestoredRequest> = state.waiting.iter().map(&mut convert).collect();
     let restore = RestoreState {
         now_us: state.observed_at_us,
-        cached_keys: state.cached_blocks.clone(),
+        cached_keys: state.cached_blocks.to_keys(),
         running,
         waiting,
         step_end_us: state.step_end_us.filter(|&end| end > state.observed_at_us),

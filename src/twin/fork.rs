@@ -21,15 +21,15 @@ use super::sampling::stream;
 use super::snapshot::MirrorSnapshot;
 
 /// A question naming the publisher's block hashes meets the blocks this instance keeps under
-/// their token keys (see `store::kv`): each hash the instance knows is replaced by its key.
+/// their token keys (see `twin::cached`): each hash the instance knows is replaced by its key.
 fn alias_block_keys(spec: &mut RequestSpec, state: &crate::twin::snapshot::InstanceState) {
-    if state.block_aliases.is_empty() {
+    if !state.cached_blocks.has_aliases() {
         return;
     }
     if let crate::sim::PromptContent::BlockKeys(keys) = &spec.content {
         let aliased: Vec<u64> = keys
             .iter()
-            .map(|key| state.block_aliases.get(key).copied().unwrap_or(*key))
+            .map(|&key| state.cached_blocks.key_for(key))
             .collect();
         spec.content = crate::sim::PromptContent::BlockKeys(aliased.into());
     }

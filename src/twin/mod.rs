@@ -7,6 +7,7 @@
 
 pub mod aggregate;
 pub mod build;
+pub mod cached;
 pub mod desired;
 pub mod error;
 pub mod forecast;

@@ -5,11 +5,11 @@
 //! Times are microseconds on the client's clock (for a live cluster: Unix time in µs), the
 //! same clock as the request arrival times and observation times the cluster pushes.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::cluster::config::ClusterConfig;
 use crate::sim::SloClass;
+use crate::twin::cached::CachedBlocks;
 use crate::twin::question::StalePolicy;
 use crate::workload::LengthDist;
 
@@ -73,11 +73,10 @@ pub struct InstanceState {
     pub gauges: Option<Gauges>,
     /// When the gauges were observed (client clock, µs).
     pub gauges_at_us: u64,
-    /// Block hashes cached on the GPU (from KV events), least recently stored first.
-    pub cached_blocks: Vec<u64>,
-    /// The publisher's hash -> the key in `cached_blocks` of each block keyed by its token
-    /// ids (see `store::kv`), so a question naming the publisher's hashes still hits.
-    pub block_aliases: Arc<HashMap<u64, u64>>,
+    /// Blocks cached on the GPU (from KV events), least recently stored first, under their
+    /// keys, with the publisher's hashes so that a question naming them still hits (see
+    /// [`CachedBlocks`]). Shared between snapshots: a copy costs O(1).
+    pub cached_blocks: CachedBlocks,
     /// When the last KV event batch arrived (client clock, µs).
     pub kv_events_at_us: u64,
     /// Sequence number of the last KV event batch applied.

@@ -196,7 +196,7 @@ def test_a_bad_token_source_is_refused_before_binding(token_file):
         text=True,
         timeout=60,
     )
-    assert result.returncode == 64, result.stderr
+    assert result.returncode == 2, result.stderr
     assert "not both" in result.stderr
     assert token not in result.stderr
     env = dict(os.environ)
@@ -209,7 +209,7 @@ def test_a_bad_token_source_is_refused_before_binding(token_file):
         text=True,
         timeout=60,
     )
-    assert result.returncode == 64, result.stderr
+    assert result.returncode == 2, result.stderr
     assert "DITTO_AUTH_TOKEN" in result.stderr
 
 

@@ -14,9 +14,11 @@ import os
 import subprocess
 import tempfile
 
+import grpc
 import pytest
 
 from conftest import BINARY, free_port
+from ditto.v1 import twin_pb2 as pb
 from fake_kube_api import FakeKubeApi
 from test_live import Fake, bounded_until, by_id, eventually, gauges_are, metric, snapshot  # noqa: F401
 
@@ -156,6 +158,38 @@ def test_api_outage_and_forbidden_keep_pods_stale_with_a_reason_and_serving(api,
     server.wait_serving()
 
 
+def test_when_the_last_pod_is_retired_the_mirror_is_empty_until_a_pod_appears(api, pods, kube_serve):
+    k = api()
+    (a,) = pods(1)
+    a.control(gauges=dict(running=3, waiting=0, kv=0.3))
+    k.pod("vllm-a", a.host, LABELS)
+    server = kube_serve(k, "--pods-selector", SELECTOR, "--pods-namespace", "llm-d", "--pods-port", str(pods.port))
+    eventually(server, lambda i: ids(i) == ["llm-d/vllm-a"], "mirrored")
+    assert server.http("/readyz")[0] == 200
+    k.delete_pod("vllm-a")
+
+    def empty():
+        try:
+            snapshot(server)
+            return False
+        except grpc.RpcError as err:
+            return err.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    # After the grace period no answer is simulated on the pod that is gone.
+    bounded_until(empty, "the mirror emptied after the last pod was retired")
+    assert server.http("/readyz")[0] == 503
+    question = pb.PredictRoutingRequest(request=pb.CandidateRequest(prompt_tokens=100, output_tokens=10), request_id="q")
+    with pytest.raises(grpc.RpcError) as caught:
+        server.twin.PredictRouting(question, timeout=10)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+    assert metric(server, "ditto_live_pods") == 0
+    # A new pod fills it again.
+    k.pod("vllm-b", a.host, LABELS)
+    bounded_until(lambda: not empty(), "a config synced again")
+    eventually(server, lambda i: ids(i) == ["llm-d/vllm-b"] and gauges_are(i["llm-d/vllm-b"], 3, 0, 0.3), "vllm-b mirrored")
+    assert server.http("/readyz")[0] == 200
+
+
 @pytest.mark.parametrize("versions", [("v1",), ("v1alpha2",)])
 def test_inference_pool_selector_and_port_are_followed(api, pods, kube_serve, versions):
     k = api(pool_versions=versions)
@@ -195,7 +229,7 @@ def test_bad_kubernetes_input_exits_naming_the_flag(api, tmp_path):
     ]
     for args, kubeconfig, flag in cases:
         done = run(args + ["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"], kubeconfig)
-        assert done.returncode == 64 and flag in done.stderr, (args, done.returncode, done.stderr)
+        assert done.returncode == 2 and flag in done.stderr, (args, done.returncode, done.stderr)
     # --check-config: exit 2 naming the field (a missing InferencePool in sources:, a kubeconfig
     # that cannot be read).
     checked = run(["--check-config", str(config)], good)

@@ -105,6 +105,12 @@ def test_sync_cluster_config_takes_model_config_json():
         message.options.replications = 1
         answer = server.twin.PredictRouting(message, timeout=60)
         assert [c.instance_id for c in answer.candidates] == ["qwen-a"] and answer.candidates[0].valid
+        # GetSnapshot hands the config back with the model's config text, so it re-syncs as is
+        # (without it, `Qwen/Qwen3-32B` is not an embedded model and the sync is refused).
+        echoed = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).config
+        assert json.loads(echoed.instances[0].model_config_json) == json.loads(text)
+        again = server.twin.SyncClusterConfig(echoed, timeout=10)
+        assert not again.changed, "the echoed config differs from the one synced"
         bad = pb.InstanceSpec(id="qwen-b", model="mine", gpu="H200", model_config_json='{"hidden_size": "big"}')
         with pytest.raises(grpc.RpcError) as caught:
             server.twin.SyncClusterConfig(pb.ClusterConfig(instances=[bad]), timeout=10)

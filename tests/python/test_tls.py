@@ -289,13 +289,13 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
     with open(other_key, "wb") as handle:
         handle.write(key)
     mismatched = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": other_key})
-    assert mismatched.returncode == 64, mismatched.stderr
+    assert mismatched.returncode == 2, mismatched.stderr
     assert "certificate and key" in mismatched.stderr
     assert other_key in mismatched.stderr and pki["tls.crt"] in mismatched.stderr, mismatched.stderr
     # A file that is missing.
     missing = os.path.join(pki["dir"], "absent.key")
     absent = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": missing})
-    assert absent.returncode == 64, absent.stderr
+    assert absent.returncode == 2, absent.stderr
     assert missing in absent.stderr
     # PEM blocks whose bodies are base64 but not DER (rustls: BadEncoding), and bodies that
     # are not base64 at all: each names its file.
@@ -308,7 +308,7 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
         with open(path, "wb") as handle:
             handle.write(b"-----BEGIN " + label + b"-----\n" + body + b"-----END " + label + b"-----\n")
         bad = run_serve([], {"DITTO_TLS_CERT_FILE": path, "DITTO_TLS_KEY_FILE": pki["tls.key"]})
-        assert bad.returncode == 64, bad.stderr
+        assert bad.returncode == 2, bad.stderr
         assert path in bad.stderr, bad.stderr
     for name, label, body in [
         ("baddernkey.key", b"PRIVATE KEY", not_der),
@@ -318,7 +318,7 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
         with open(path, "wb") as handle:
             handle.write(b"-----BEGIN " + label + b"-----\n" + body + b"-----END " + label + b"-----\n")
         bad = run_serve([], {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": path})
-        assert bad.returncode == 64, bad.stderr
+        assert bad.returncode == 2, bad.stderr
         assert path in bad.stderr, bad.stderr
     # A client CA whose body is not DER.
     path = os.path.join(pki["dir"], "badca.crt")
@@ -328,11 +328,11 @@ def test_bad_tls_files_fail_at_startup_naming_the_file(pki):
         [],
         {"DITTO_TLS_CERT_FILE": pki["tls.crt"], "DITTO_TLS_KEY_FILE": pki["tls.key"], "DITTO_TLS_CLIENT_CA_FILE": path},
     )
-    assert bad.returncode == 64, bad.stderr
+    assert bad.returncode == 2, bad.stderr
     assert path in bad.stderr, bad.stderr
     # A certificate without its key is a flag error naming the missing flag.
     alone = run_serve(["--tls-cert-file", pki["tls.crt"]], {})
-    assert alone.returncode == 64, alone.stderr
+    assert alone.returncode == 2, alone.stderr
     assert "tls-key-file" in alone.stderr
 
 

@@ -359,6 +359,7 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
     Ok(InstanceConfig {
         id: pool.name.clone(),
         model: arch.name.clone(),
+        model_config_json: pool.model_config_json.as_deref().map(std::sync::Arc::from),
         gpu: gpu.name.clone(),
         tp: pool.tp,
         role: InstanceRole::Both,

@@ -348,7 +348,12 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
         address: address.to_owned(),
         role: role.to_owned(),
         model: instance.model.clone(),
-        model_config_json: String::new(),
+        // A model that is not embedded goes back with its config, so the answer re-syncs.
+        model_config_json: instance
+            .model_config_json
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned(),
         gpu: instance.gpu.clone(),
         tp: i64::from(instance.tp),
         engine: Some(proto::EngineLimits {

@@ -279,19 +279,7 @@ fn instance_to_proto(
 /// The cached blocks as their publisher named them: blocks the mirror keys by their token
 /// ids are mapped back to the publisher's hash (see `twin::store::kv`).
 fn publisher_hashes(state: &crate::twin::snapshot::InstanceState) -> Vec<u64> {
-    if state.block_aliases.is_empty() {
-        return state.cached_blocks.clone();
-    }
-    let by_key: std::collections::HashMap<u64, u64> = state
-        .block_aliases
-        .iter()
-        .map(|(hash, key)| (*key, *hash))
-        .collect();
-    state
-        .cached_blocks
-        .iter()
-        .map(|key| by_key.get(key).copied().unwrap_or(*key))
-        .collect()
+    state.cached_blocks.publisher_hashes()
 }
 
 /// Encodes a snapshot with every signal's age measured from `now_us`.

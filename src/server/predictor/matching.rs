@@ -64,7 +64,9 @@ pub fn predict_mirrored(
     // The prefix the entry reports cached: the new prompt's first blocks, most recent.
     let total = config.instances[0].engine.num_gpu_blocks as usize;
     if state.cached_blocks.len() + synthetic.cached_blocks.len() <= total {
-        state.cached_blocks.extend(synthetic.cached_blocks);
+        state
+            .cached_blocks
+            .extend_keys(synthetic.cached_blocks.keys());
     }
     let view = MirrorSnapshot {
         generation: snapshot.generation,

@@ -1,97 +1,13 @@
-//! KV-event bookkeeping of one instance: the cached blocks in storage order with O(log n)
-//! updates, the checks on a batch (sequence numbers, times, event shapes) and its
-//! application.
-
-use std::collections::{BTreeMap, HashMap};
+//! KV-event bookkeeping of one instance: the checks on a batch (sequence numbers, times,
+//! event shapes) and its application to the instance's [`CachedBlocks`].
 
 use crate::cluster::config::InstanceConfig;
 use crate::sim::kv::hash::{ROOT_KEY, token_block_key};
+use crate::twin::cached::CachedBlocks;
 use crate::twin::error::TwinError;
 use crate::twin::snapshot::InstanceState;
 
 use super::{KvEvent, KvEventBatch, KvGap};
-
-/// One instance's cached blocks in storage order, with O(log n) updates. A block is known
-/// by the hash its publisher gave it (what removals and parents name) and kept under its
-/// *key*: derived from its token ids when the publisher sent them
-/// ([`crate::sim::kv::hash::token_block_key`], chained from its parent's key), else the
-/// publisher's hash. Memory: two hashes and a stamp per block, never the tokens.
-#[derive(Clone, Debug, Default)]
-pub(super) struct KvIndex {
-    /// Publisher hash -> (stamp, key).
-    stamp_of: HashMap<u64, (u64, u64)>,
-    /// Stamp -> publisher hash, in storage order.
-    pub(super) by_stamp: BTreeMap<u64, u64>,
-    next_stamp: u64,
-    /// Blocks whose key differs from their publisher hash.
-    keyed_by_tokens: usize,
-}
-
-impl KvIndex {
-    fn store(&mut self, hash: u64, key: u64) {
-        if let Some((old, old_key)) = self.stamp_of.insert(hash, (self.next_stamp, key)) {
-            self.by_stamp.remove(&old);
-            self.keyed_by_tokens -= usize::from(old_key != hash);
-        }
-        self.keyed_by_tokens += usize::from(key != hash);
-        self.by_stamp.insert(self.next_stamp, hash);
-        self.next_stamp += 1;
-    }
-
-    fn remove(&mut self, hash: u64) {
-        if let Some((stamp, key)) = self.stamp_of.remove(&hash) {
-            self.by_stamp.remove(&stamp);
-            self.keyed_by_tokens -= usize::from(key != hash);
-        }
-    }
-
-    fn clear(&mut self) {
-        self.stamp_of.clear();
-        self.by_stamp.clear();
-        self.keyed_by_tokens = 0;
-    }
-
-    /// The key a stored block is kept under.
-    fn key_of(&self, hash: u64) -> Option<u64> {
-        self.stamp_of.get(&hash).map(|&(_, key)| key)
-    }
-
-    /// Drops the least recently stored blocks until at most `capacity` remain (the pod's
-    /// own LRU would have evicted them; their removals were missed); returns how many.
-    pub(super) fn evict_to(&mut self, capacity: usize) -> usize {
-        let mut evicted = 0;
-        while self.by_stamp.len() > capacity {
-            let Some((_, hash)) = self.by_stamp.pop_first() else {
-                break;
-            };
-            if let Some((_, key)) = self.stamp_of.remove(&hash) {
-                self.keyed_by_tokens -= usize::from(key != hash);
-            }
-            evicted += 1;
-        }
-        evicted
-    }
-
-    /// The cached blocks' keys, least recently stored first.
-    pub(super) fn blocks(&self) -> Vec<u64> {
-        self.by_stamp
-            .values()
-            .map(|hash| self.key_of(*hash).unwrap_or(*hash))
-            .collect()
-    }
-
-    /// Publisher hash -> key of the blocks keyed by their tokens (empty when none is).
-    pub(super) fn aliases(&self) -> HashMap<u64, u64> {
-        if self.keyed_by_tokens == 0 {
-            return HashMap::new();
-        }
-        self.stamp_of
-            .iter()
-            .filter(|(hash, (_, key))| **hash != *key)
-            .map(|(hash, (_, key))| (*hash, *key))
-            .collect()
-    }
-}
 
 /// Checks a KV batch's sequence, time and event shapes; returns the gap it reveals.
 pub(super) fn check_kv_batch(
@@ -175,7 +91,7 @@ pub(super) fn check_kv_batch(
 
 /// Applies `events` to `index`; token ids key blocks of `block_size` tokens (the instance's,
 /// which [`check_kv_batch`] holds every event to).
-pub(super) fn apply_kv(index: &mut KvIndex, events: &[KvEvent], block_size: u32) {
+pub(super) fn apply_kv(index: &mut CachedBlocks, events: &[KvEvent], block_size: u32) {
     for event in events {
         match event {
             KvEvent::Stored {
@@ -235,7 +151,7 @@ mod tests {
     #[test]
     fn blocks_published_with_tokens_are_keyed_as_the_engine_keys_a_prompt() {
         let tokens: Vec<u32> = (100..112).collect();
-        let mut index = KvIndex::default();
+        let mut index = CachedBlocks::default();
         // Two events chained by the publisher's (seeded, unknowable) hashes.
         apply_kv(
             &mut index,
@@ -264,8 +180,8 @@ mod tests {
             parent = block_key(&spec, parent, block, 4);
             expected.push(parent);
         }
-        assert_eq!(index.blocks(), expected);
-        assert_eq!(index.aliases().get(&903), Some(&expected[2]));
+        assert_eq!(index.to_keys(), expected);
+        assert_eq!(index.key_of(903), Some(expected[2]));
         // Removal and parents still go by the publisher's hash.
         apply_kv(
             &mut index,
@@ -274,16 +190,16 @@ mod tests {
             }],
             4,
         );
-        assert_eq!(index.blocks(), expected[1..].to_vec());
+        assert_eq!(index.to_keys(), expected[1..].to_vec());
         // A run whose parent was never seen keeps its publisher hashes.
         apply_kv(
             &mut index,
             &[stored(vec![990], Some(777), tokens[..4].to_vec())],
             4,
         );
-        assert_eq!(index.blocks().last(), Some(&990));
+        assert_eq!(index.to_keys().last(), Some(&990));
         assert_eq!(index.evict_to(1), 2);
-        assert_eq!(index.blocks(), vec![990]);
-        assert!(index.aliases().is_empty());
+        assert_eq!(index.to_keys(), vec![990]);
+        assert!(!index.has_aliases());
     }
 }

@@ -28,7 +28,7 @@ use crate::cluster::config::ClusterConfig;
 use crate::twin::error::TwinError;
 use crate::twin::snapshot::{InstanceState, MirrorSnapshot, TrafficStats, TwinSettings};
 
-use kv::{KvIndex, apply_kv, check_kv_batch};
+use kv::{apply_kv, check_kv_batch};
 use update::{AppliedUpdate, build_state, check_state};
 
 /// Bounds on what the store keeps and accepts.
@@ -89,7 +89,6 @@ struct Writer {
     latest: Option<StoredSnapshot>,
     generation: u64,
     index: HashMap<String, usize>,
-    kv: Vec<KvIndex>,
     arrivals: VecDeque<u64>,
     first_arrival_us: Option<u64>,
     latest_arrival_us: u64,
@@ -160,6 +159,23 @@ impl MirrorStore {
             })
     }
 
+    /// Forgets the config and every instance (the state of a store that was never synced):
+    /// questions and updates fail with `NotSynced` until the next sync. The live mirror calls
+    /// it when its last pod is retired, so that no answer is simulated on pods that are gone.
+    /// The generation counter keeps counting, so generations never repeat.
+    pub fn clear(&self) {
+        let mut writer = lock(&self.writer);
+        let generation = writer.generation;
+        *writer = Writer {
+            generation,
+            ..Writer::default()
+        };
+        self.published
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// Replaces the config. Identical config, settings and addresses keep the generation.
     /// `addresses` is index-aligned with `cluster.instances` (empty: no addresses).
     pub fn sync_config(
@@ -198,7 +214,6 @@ impl MirrorStore {
         }
         let generation = writer.generation + 1;
         let mut instances = Vec::with_capacity(cluster.instances.len());
-        let mut kv = Vec::with_capacity(cluster.instances.len());
         let mut reset = Vec::new();
         for config in &cluster.instances {
             let kept = writer.latest.as_ref().and_then(|latest| {
@@ -210,20 +225,15 @@ impl MirrorStore {
                     reset.push(config.id.clone());
                     return None;
                 }
-                Some((
-                    Arc::clone(state),
-                    writer.kv.get(old).cloned().unwrap_or_default(),
-                ))
+                Some(Arc::clone(state))
             });
-            let (state, index) = kept.unwrap_or_else(|| {
-                let state = InstanceState {
+            let state = kept.unwrap_or_else(|| {
+                Arc::new(InstanceState {
                     instance_id: config.id.clone(),
                     ..InstanceState::default()
-                };
-                (Arc::new(state), KvIndex::default())
+                })
             });
             instances.push(state);
-            kv.push(index);
         }
         let traffic = match &writer.latest {
             Some(latest) => Arc::clone(&latest.snapshot.traffic),
@@ -235,7 +245,6 @@ impl MirrorStore {
             .enumerate()
             .map(|(index, instance)| (instance.id.clone(), index))
             .collect();
-        writer.kv = kv;
         let snapshot = MirrorSnapshot {
             generation,
             config_generation: generation,
@@ -315,7 +324,8 @@ impl MirrorStore {
             )));
         }
         let gap = check_kv_batch(old, config, &batch)?;
-        let mut kv_index = writer.kv.get(index).cloned().unwrap_or_default();
+        // O(1): the blocks are persistent maps shared with the snapshots that hold them.
+        let mut kv_index = old.cached_blocks.clone();
         apply_kv(&mut kv_index, &batch.events, config.engine.block_size);
         let capacity = config.engine.num_gpu_blocks as usize;
         let evicted = if cap {
@@ -323,7 +333,7 @@ impl MirrorStore {
         } else {
             0
         };
-        let cached = kv_index.by_stamp.len();
+        let cached = kv_index.len();
         if cached > capacity {
             return Err(TwinError::invalid(
                 "events",
@@ -335,14 +345,12 @@ impl MirrorStore {
             ));
         }
         let mut state = (**old).clone();
-        state.cached_blocks = kv_index.blocks();
-        state.block_aliases = Arc::new(kv_index.aliases());
+        state.cached_blocks = kv_index;
         state.kv_events_at_us = batch.ts_us;
         state.kv_event_seq = batch.seq;
         if let Some(gap) = &gap {
             state.kv_event_gaps += gap.received_seq - gap.expected_seq;
         }
-        writer.kv[index] = kv_index;
         let mut instances = snapshot.instances.clone();
         instances[index] = Arc::new(state);
         let mut next = MirrorSnapshot {
