@@ -260,6 +260,9 @@ fn bad_input_exits_2_naming_the_problem() {
     let out = ditto(&["calibrate", &dir, "--leave-out", "gpu"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--leave-out"));
+    let out = ditto(&["calibrate", &dir, "--held-out-only"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--held-out-only"));
     let out = ditto(&["calibrate", &dir, "--free", "warp_factor"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("warp_factor"));

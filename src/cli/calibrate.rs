@@ -51,6 +51,10 @@ pub struct CalibrateArgs {
     /// together) or `workload` (all runs of one workload).
     #[arg(long)]
     pub leave_out: Option<String>,
+    /// With `--leave-out`: report only the held-out folds, skipping the fit on every run
+    /// (each fold is a full fit; a held-out report over many runs is long enough already).
+    #[arg(long, conflicts_with = "out")]
+    pub held_out_only: bool,
     /// Instead of one fit: warm-calibrate each run on its first stage (from `--start`,
     /// fitting `--free`, default weights,step_us,queue_us) and report its later stages.
     #[arg(long, conflicts_with_all = ["leave_one_out", "leave_out", "through_stage", "out"])]
@@ -107,8 +111,18 @@ pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
             })
         })
         .collect::<Result<_, _>>()?;
-    let fitted = fit_shown(&targets, &spec, "fit", show)?;
     let mut report = String::new();
+    if args.held_out_only {
+        let Some(kind) = leave_out else {
+            return Err(CliError::flag(
+                "held-out-only",
+                "needs --leave-out (or --leave-one-out)".to_string(),
+            ));
+        };
+        report.push_str(&leave_group_out(args, kind, &runs, &targets, &spec, show)?);
+        return Ok(report);
+    }
+    let fitted = fit_shown(&targets, &spec, "fit", show)?;
     let _ = writeln!(
         report,
         "fitted on {} runs, loss {:.5}",

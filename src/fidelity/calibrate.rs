@@ -1,13 +1,26 @@
 //! Fitting the calibrated model's coefficients to measured runs, by replaying them.
 //!
 //! The loss of a coefficient vector replays every target run with the calibrated model and
-//! sums, over the whole run (weight 2) and each stage (weight 1), the squared log-ratios of
-//! predicted to measured E2E mean and TPOT mean (weight 2), TTFT mean (weight 1) and E2E
-//! and TTFT p90 (weight ½): the field's headline metrics first, the tails as a guide. Stages are scored
-//! separately because each rate stage pins the step time at a different batch size. The
-//! loss is minimised with a bounded Nelder-Mead over the free coefficients (each kept
-//! non-negative by fitting its magnitude), so the fit sees the scheduler's real feedback
-//! (a slower step grows the batch, which slows the step) instead of a linearised proxy.
+//! sums, over the whole run (weight 2) and each stage (weight 1), a robust penalty of the
+//! log-ratios of predicted to measured E2E mean and TPOT mean (weight 2), TTFT mean
+//! (weight 1) and E2E and TTFT p90 (weight ½): the field's headline metrics first, the tails
+//! as a guide. Stages are scored separately because each rate stage pins the step time at a
+//! different batch size. The penalty ([`robust`]) is the squared log-ratio for errors of a
+//! few percent and grows only linearly past [`LOG_SCALE`], so one run far off (a run past
+//! its knee, where a few percent of step time moves a queue by half) cannot outweigh the
+//! runs that are close: the fit aims at the median run, as the goal does.
+//!
+//! An overloaded run (at least [`OVERLOAD_FRACTION`] of its measured requests failed at the
+//! client's timeout) is scored on its TPOT and its timed-out fraction only: its survivors'
+//! E2E and TTFT are a queue of minutes that says how far past the knee the run was, which
+//! the timed-out fraction already says, while their TPOT is the decode step at a full batch
+//! of long contexts, which no other run measures. Every run adds the robust penalty of its
+//! timed-out fraction's miss (predicted − measured, 0 for a run that kept up) times
+//! [`TIMED_OUT_WEIGHT`]. The loss is minimised with a bounded Nelder-Mead over the free
+//! coefficients (each kept non-negative by fitting its magnitude), so the fit sees the
+//! scheduler's real feedback (a slower step grows the batch, which slows the step) instead
+//! of a linearised proxy. The runs of one evaluation replay in parallel (rayon); their
+//! losses add in a fixed order, so the fit is deterministic.
 //!
 //! A summary-only run (no per-request truth; its arrivals and prompts are synthesised from
 //! the workload description) counts [`SUMMARY_ONLY_WEIGHT`] of a replayed run: its error
@@ -24,7 +37,7 @@ use crate::sim::latency::{CalibratedCoefficients, CalibratedModel, GpuSpec, Late
 use super::FidelityError;
 use super::measured::MeasuredRun;
 use super::replay::{self, ReplayOptions};
-use super::score::{self, Metrics};
+use super::score::{self, Metrics, RunScore};
 
 /// One run to fit on, with its GPU and engine configuration resolved.
 #[derive(Clone, Debug)]
@@ -224,42 +237,110 @@ pub fn loss(
     coefficients: &CalibratedCoefficients,
     options: ReplayOptions,
 ) -> Result<f64, FidelityError> {
+    use rayon::prelude::*;
+    let losses: Vec<Result<f64, FidelityError>> = targets
+        .par_iter()
+        .map(|target| target_loss(target, coefficients, options))
+        .collect();
+    // Summed in the targets' order whatever order they finished in: deterministic.
     let mut total = 0.0;
-    for target in targets {
-        let latency = LatencyModel::Calibrated(CalibratedModel::new(
-            &target.run.arch,
-            &target.gpu,
-            target.run.tp,
-            coefficients,
-        )?);
-        let replayed = replay::replay(&target.run, &target.config, latency, options)?;
-        let scored = score::score(&target.run, &replayed);
-        let run_weight = if target.run.has_requests() {
-            1.0
-        } else {
-            SUMMARY_ONLY_WEIGHT
-        };
-        for stage in &scored.stages {
-            // The whole run counts as much as its stages together: it is what is judged.
-            let weight = if stage.stage < 0 { 2.0 } else { 1.0 };
-            total += run_weight * weight * stage_loss(&stage.predicted, &stage.measured);
-        }
-        // Overload: the fraction the client abandoned at its timeout should match the
-        // measured fraction of failed requests (0 for a run that kept up).
-        let measured_failed = scored.timed_out_measured.unwrap_or(0.0);
-        total +=
-            run_weight * TIMED_OUT_WEIGHT * (scored.timed_out_predicted - measured_failed).powi(2);
-        // Requests that never finished for another reason (dropped) are a plain penalty.
-        total += replayed.unfinished.saturating_sub(replayed.timed_out) as f64;
+    for one in losses {
+        total += one?;
     }
     Ok(total)
 }
 
-/// Weight of the squared difference between the predicted and measured timed-out fractions
-/// (a 10-point miss costs 1, about as much as every metric of a two-stage run 25% off).
-pub const TIMED_OUT_WEIGHT: f64 = 100.0;
+/// One run's share of [`loss`].
+fn target_loss(
+    target: &Target,
+    coefficients: &CalibratedCoefficients,
+    options: ReplayOptions,
+) -> Result<f64, FidelityError> {
+    let latency = LatencyModel::Calibrated(CalibratedModel::new(
+        &target.run.arch,
+        &target.gpu,
+        target.run.tp,
+        coefficients,
+    )?);
+    let replayed = replay::replay(&target.run, &target.config, latency, options)?;
+    let scored = score::score(&target.run, &replayed);
+    Ok(score_loss(
+        &scored,
+        target.run.has_requests(),
+        replayed.unfinished.saturating_sub(replayed.timed_out),
+    ))
+}
 
-/// Weighted squared log-ratios of one stage's metrics.
+/// The loss of one scored run (`per_request`: it has per-request truth; `dropped`: requests
+/// the simulation neither completed nor timed out).
+pub fn score_loss(scored: &RunScore, per_request: bool, dropped: u64) -> f64 {
+    let run_weight = if per_request {
+        1.0
+    } else {
+        SUMMARY_ONLY_WEIGHT
+    };
+    let measured_failed = scored.timed_out_measured.unwrap_or(0.0);
+    let overloaded = measured_failed >= OVERLOAD_FRACTION;
+    let mut total = 0.0;
+    for stage in &scored.stages {
+        // The whole run counts as much as its stages together: it is what is judged.
+        let weight = if stage.stage < 0 { 2.0 } else { 1.0 };
+        let metrics = if overloaded {
+            tpot_loss(&stage.predicted, &stage.measured)
+        } else {
+            stage_loss(&stage.predicted, &stage.measured)
+        };
+        total += run_weight * weight * metrics;
+    }
+    // Overload: the fraction the client abandoned at its timeout should match the measured
+    // fraction of failed requests (0 for a run that kept up).
+    total += run_weight
+        * TIMED_OUT_WEIGHT
+        * robust(
+            scored.timed_out_predicted - measured_failed,
+            TIMED_OUT_SCALE,
+        );
+    // Requests that never finished for another reason (dropped) are a plain penalty.
+    total + dropped as f64
+}
+
+/// A run is overloaded, and scored on TPOT and its timed-out fraction only, when at least
+/// this fraction of its measured requests failed.
+pub const OVERLOAD_FRACTION: f64 = 0.05;
+
+/// Weight of the timed-out fraction's miss (a 10-point miss costs about as much as a
+/// two-stage run's every metric 6% off; a 33-point miss as its TPOT 25% off).
+pub const TIMED_OUT_WEIGHT: f64 = 8.0;
+
+/// Scale of the timed-out fraction's robust penalty (10 points).
+const TIMED_OUT_SCALE: f64 = 0.1;
+
+/// Scale of the metrics' robust penalty: log-ratios below it (about 10%) cost their square,
+/// larger ones grow linearly.
+pub const LOG_SCALE: f64 = 0.1;
+
+/// Pseudo-Huber penalty of `residual` at `scale`: `residual²` for small residuals,
+/// `2·scale·|residual|` for large ones, smooth in between (the minimiser needs no kinks).
+pub fn robust(residual: f64, scale: f64) -> f64 {
+    2.0 * scale * scale * ((1.0 + (residual / scale).powi(2)).sqrt() - 1.0)
+}
+
+/// Penalty of one metric: the robust log-ratio, or a large constant when the prediction is
+/// missing (a stage the simulation completed nothing of); 0 when nothing was measured.
+fn metric_loss(predicted: f64, measured: f64) -> f64 {
+    if predicted > 0.0 && measured > 0.0 && predicted.is_finite() && measured.is_finite() {
+        robust((predicted / measured).ln(), LOG_SCALE)
+    } else if measured.is_finite() && measured > 0.0 {
+        MISSING_PENALTY
+    } else {
+        0.0
+    }
+}
+
+/// Penalty of a metric the simulation could not produce (about a 10× miss).
+const MISSING_PENALTY: f64 = 1.0;
+
+/// Weighted robust log-ratios of one stage's metrics.
 fn stage_loss(predicted: &Metrics, measured: &Metrics) -> f64 {
     const WEIGHTS: [f64; 5] = [2.0, 0.5, 1.0, 0.5, 2.0];
     predicted
@@ -267,17 +348,83 @@ fn stage_loss(predicted: &Metrics, measured: &Metrics) -> f64 {
         .iter()
         .zip(measured.named())
         .zip(WEIGHTS)
-        .map(|(((_, p), (_, m)), w)| {
-            if *p > 0.0 && m > 0.0 && p.is_finite() && m.is_finite() {
-                w * (p / m).ln().powi(2)
-            } else if m.is_finite() && m > 0.0 {
-                w * 100.0
-            } else {
-                0.0
-            }
-        })
+        .map(|(((_, p), (_, m)), w)| w * metric_loss(*p, m))
         .sum()
+}
+
+/// An overloaded run's stage: its TPOT only (weight 2, as in [`stage_loss`]).
+fn tpot_loss(predicted: &Metrics, measured: &Metrics) -> f64 {
+    2.0 * metric_loss(predicted.tpot_mean, measured.tpot_mean)
 }
 
 /// The number of coefficients (re-exported for callers that list them).
 pub const COEFFICIENT_COUNT: usize = COEFFICIENTS;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fidelity::score::StageScore;
+
+    fn metrics(e2e: f64, ttft: f64, tpot: f64) -> Metrics {
+        Metrics {
+            e2e_mean: e2e,
+            e2e_p90: e2e * 1.2,
+            ttft_mean: ttft,
+            ttft_p90: ttft * 1.5,
+            tpot_mean: tpot,
+        }
+    }
+
+    fn run(predicted: Metrics, measured: Metrics, timed_out: (f64, f64)) -> RunScore {
+        let stage = |stage| StageScore {
+            stage,
+            count: 10,
+            predicted,
+            measured,
+            ape: predicted.ape(&measured),
+            ks_ttft: None,
+            ks_e2e: None,
+        };
+        RunScore {
+            name: "r".into(),
+            stages: vec![stage(-1), stage(0)],
+            unfinished: 0,
+            timed_out_predicted: timed_out.0,
+            timed_out_measured: Some(timed_out.1),
+        }
+    }
+
+    #[test]
+    fn robust_penalty_is_quadratic_near_zero_and_linear_far_out() {
+        let small = robust(0.01, LOG_SCALE);
+        assert!((small - 0.0001).abs() < 1e-6, "{small}");
+        // Far out it grows like 2·scale·|r|: doubling the residual doubles the penalty.
+        let (far, farther) = (robust(3.0, LOG_SCALE), robust(6.0, LOG_SCALE));
+        assert!((farther / far - 2.0).abs() < 0.05, "{far} {farther}");
+        assert!(farther < 6.0 * 6.0 / 10.0);
+        assert_eq!(robust(0.0, LOG_SCALE), 0.0);
+        assert_eq!(robust(-0.5, LOG_SCALE), robust(0.5, LOG_SCALE));
+    }
+
+    #[test]
+    fn an_overloaded_run_is_scored_on_tpot_and_its_timed_out_fraction_only() {
+        // Goal: survivors' E2E and TTFT of a run past its knee (a queue of minutes) do not
+        // steer the fit; its TPOT and the timed-out fraction do.
+        let measured = metrics(100_000.0, 60_000.0, 30.0);
+        // Same TPOT and timed-out fraction, E2E and TTFT 60% off: no loss at all.
+        let queue_off = run(metrics(40_000.0, 24_000.0, 30.0), measured, (0.5, 0.5));
+        assert_eq!(score_loss(&queue_off, true, 0), 0.0);
+        // TPOT 20% off costs; so does a timed-out fraction 30 points off.
+        let tpot_off = run(metrics(100_000.0, 60_000.0, 24.0), measured, (0.5, 0.5));
+        assert!(score_loss(&tpot_off, true, 0) > 0.01);
+        let fewer = run(metrics(100_000.0, 60_000.0, 30.0), measured, (0.2, 0.5));
+        assert!(score_loss(&fewer, true, 0) > 0.1);
+        // A run that kept up (no failures) is scored on every metric.
+        let kept_up = run(metrics(40_000.0, 24_000.0, 30.0), measured, (0.0, 0.0));
+        assert!(score_loss(&kept_up, true, 0) > 0.1);
+        // A summary-only run counts a quarter; dropped requests are a plain penalty.
+        let quarter = score_loss(&kept_up, false, 0) / score_loss(&kept_up, true, 0);
+        assert!((quarter - SUMMARY_ONLY_WEIGHT).abs() < 1e-12);
+        assert_eq!(score_loss(&queue_off, true, 3), 3.0);
+    }
+}
