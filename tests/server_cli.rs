@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used)]
-//! `ditto serve` and `ditto predict` as processes: bad flags and cluster files exit 64 before
+//! `ditto serve` and `ditto predict` as processes: bad flags and cluster files exit 2 before
 //! binding, addresses come from flags or `DITTO_*` variables, SIGTERM drains and exits 0, and
 //! `ditto predict` talks to the running server.
 
@@ -87,9 +87,9 @@ impl Served {
 }
 
 #[test]
-fn bad_flags_and_cluster_files_exit_64_before_binding() {
+fn bad_flags_and_cluster_files_exit_2_before_binding() {
     let (code, stderr) = finished(serve(&["--config", "/nonexistent/cluster.yaml"], &[]));
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
     assert!(
         stderr.contains("--config /nonexistent/cluster.yaml"),
         "{stderr}"
@@ -100,12 +100,12 @@ fn bad_flags_and_cluster_files_exit_64_before_binding() {
     let bad = dir.join("bad.yaml");
     std::fs::write(&bad, "pools:\n  - name: p\n    tp: 0\n").unwrap();
     let (code, stderr) = finished(serve(&["--config", bad.to_str().unwrap()], &[]));
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("pools[0].tp"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 
     let (code, stderr) = finished(serve(&["--max-candidates", "0"], &[]));
-    assert_eq!(code, 64, "{stderr}");
+    assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("--max-candidates"), "{stderr}");
 }
 

@@ -61,10 +61,59 @@ pub struct BenchArgs {
     /// runs it as a child process.
     #[arg(long, hide = true)]
     pub kv_memory_probe: Option<u64>,
+    /// Internal: serve this many fake vLLM pods on loopback, print their addresses, and
+    /// serve until stdin closes. The live case runs it as a child process, so that its CPU
+    /// is not ditto's.
+    #[arg(long, hide = true)]
+    pub fake_pods: Option<usize>,
+    /// Cases to run, comma-separated (default all): offline, whatif (or one of its askings:
+    /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load.
+    /// One case alone is what a profiler should run.
+    #[arg(long, value_delimiter = ',')]
+    pub cases: Vec<String>,
+    /// The in-process what-if rows to run by replications, comma-separated (default 1,16).
+    #[arg(long, value_delimiter = ',')]
+    pub replications: Vec<u32>,
 }
 
-/// Runs every case and returns the report.
+/// The case names `--cases` accepts.
+const CASES: [&str; 11] = [
+    "offline",
+    "whatif",
+    "whatif-repeated",
+    "whatif-push",
+    "whatif-first",
+    "grpc",
+    "predictor",
+    "memory",
+    "live",
+    "kv",
+    "load",
+];
+
+impl BenchArgs {
+    /// True if case `name` was asked for (every case when none was named).
+    fn runs(&self, name: &str) -> bool {
+        self.cases.is_empty()
+            || self
+                .cases
+                .iter()
+                .any(|case| case == name || (name.starts_with("whatif-") && case == "whatif"))
+    }
+}
+
+/// Runs the cases asked for (every case by default) and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
+    if let Some(pods) = args.fake_pods {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|err| CliError::flag("fake-pods", err.to_string()))?;
+        return runtime
+            .block_on(crate::live::bench::serve_fake_pods(pods))
+            .map(|()| String::new())
+            .map_err(|err| CliError::flag("fake-pods", err));
+    }
     if let Some(blocks) = args.kv_memory_probe {
         if blocks == 0 {
             return Err(CliError::flag("kv-memory-probe", "must be at least 1"));
@@ -73,6 +122,16 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
             .map(|bytes| format!("{bytes:.1}"))
             .map_err(|err| CliError::flag("kv-memory-probe", err));
     }
+    if let Some(unknown) = args
+        .cases
+        .iter()
+        .find(|case| !CASES.contains(&case.as_str()))
+    {
+        return Err(CliError::flag(
+            "cases",
+            format!("unknown case {unknown:?}; known: {}", CASES.join(", ")),
+        ));
+    }
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -80,14 +139,58 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         cores(),
         load_average()
     );
+    if args.runs("offline") {
+        offline_case(&mut out, args)?;
+    }
+    let calls = args.calls.unwrap_or(if args.quick { 100 } else { 1_000 });
+    let known = whatif_snapshot(true);
+    if [
+        "whatif-repeated",
+        "whatif-push",
+        "whatif-first",
+        "grpc",
+        "predictor",
+    ]
+    .iter()
+    .any(|case| args.runs(case))
+    {
+        whatif_cases(&mut out, args, calls, &known)?;
+    }
+    if args.runs("memory") {
+        memory_case(&mut out, &known)?;
+    }
+    if args.runs("live") {
+        live_case(&mut out, args)?;
+    }
+    if args.runs("kv") {
+        kv_case(&mut out, args)?;
+    }
+    let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
+    if seconds > 0 && args.runs("load") {
+        load_case(&mut out, args.load_clients, seconds)?;
+    }
+    Ok(out)
+}
+
+/// Case 1: the BLIS reference run at each size, with per-request, per-event and per-step
+/// costs.
+fn offline_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
     let _ = writeln!(
         out,
         "\n== offline: BLIS reference run (llama-3.1-8b-instruct, H100, TP1, roofline, 20 req/s), after an untimed warm-up run"
     );
     let _ = writeln!(
         out,
-        "{:>10} {:>9} {:>12} {:>12} {:>13} {:>11} {:>12}",
-        "requests", "wall s", "req/s", "steps/s", "events/s", "µs/request", "peak RSS MB"
+        "{:>10} {:>9} {:>12} {:>12} {:>13} {:>11} {:>9} {:>9} {:>12}",
+        "requests",
+        "wall s",
+        "req/s",
+        "steps/s",
+        "events/s",
+        "µs/request",
+        "µs/event",
+        "µs/step",
+        "peak RSS MB"
     );
     let sizes: Vec<u64> = match (&args.offline_requests[..], args.quick) {
         ([], true) => vec![10_000, 100_000],
@@ -113,12 +216,16 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         let counts = engine.counts();
         let us_per_request = wall * 1e6 / size as f64;
         per_request.push(us_per_request);
+        let events = engine.events_processed().max(1) as f64;
+        let steps = counts.steps.max(1) as f64;
         let _ = writeln!(
             out,
-            "{size:>10} {wall:>9.3} {:>12.0} {:>12.0} {:>13.0} {us_per_request:>11.2} {:>12}",
+            "{size:>10} {wall:>9.3} {:>12.0} {:>12.0} {:>13.0} {us_per_request:>11.2} {:>9.3} {:>9.3} {:>12}",
             size as f64 / wall,
             counts.steps as f64 / wall,
             engine.events_processed() as f64 / wall,
+            wall * 1e6 / events,
+            wall * 1e6 / steps,
             peak_rss_mb().map_or("n/a".to_owned(), |mb| format!("{mb:.0}"))
         );
     }
@@ -129,8 +236,17 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
             last / first
         );
     }
+    Ok(())
+}
 
-    let calls = args.calls.unwrap_or(if args.quick { 100 } else { 1_000 });
+/// Case 2: the what-if latencies, in-process, over gRPC and through the latency predictor
+/// API.
+fn whatif_cases(
+    out: &mut String,
+    args: &BenchArgs,
+    calls: u32,
+    known: &MirrorSnapshot,
+) -> Result<(), CliError> {
     let _ = writeln!(
         out,
         "\n== what-if: 4 instances x (128 running + 64 waiting), 2,000-token prompt, 256 output tokens, 4 candidates, {calls} calls"
@@ -140,7 +256,6 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         "{:<52} {:>9} {:>9} {:>9}",
         "case", "p50 ms", "p99 ms", "max ms"
     );
-    let known = whatif_snapshot(true);
     let sampled = whatif_snapshot(false);
     // "Repeated" asks many questions of one snapshot, each at a new "now" up to 100 ms after
     // the observation, as a gateway does between state pushes (restored engines and baseline
@@ -150,19 +265,19 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     for (label, snapshot, replications, asking) in [
         (
             "in-process, 1 replication (known), repeated",
-            &known,
+            known,
             1,
             Asking::Repeated,
         ),
         (
             "in-process, 1 replication (known), after a push",
-            &known,
+            known,
             1,
             Asking::AfterPush,
         ),
         (
             "in-process, 1 replication (known), first question",
-            &known,
+            known,
             1,
             Asking::First,
         ),
@@ -185,6 +300,11 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
             Asking::First,
         ),
     ] {
+        if !args.runs(asking.case())
+            || !(args.replications.is_empty() || args.replications.contains(&replications))
+        {
+            continue;
+        }
         let mut question = whatif_question(replications);
         let mut latencies = Vec::with_capacity(calls as usize);
         let mut current = snapshot.clone();
@@ -222,13 +342,18 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         }
         let _ = writeln!(out, "{}", latency_row(label, &mut latencies));
     }
-    let mut grpc = grpc_whatif_latencies(&known, &whatif_question(1), calls, whatif_now_us)
-        .map_err(|err| CliError::flag("bench", err.to_string()))?;
-    let _ = writeln!(
-        out,
-        "{}",
-        latency_row("gRPC loopback, 1 replication (known), repeated", &mut grpc)
-    );
+    if args.runs("grpc") {
+        let mut grpc = grpc_whatif_latencies(known, &whatif_question(1), calls, whatif_now_us)
+            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        let _ = writeln!(
+            out,
+            "{}",
+            latency_row("gRPC loopback, 1 replication (known), repeated", &mut grpc)
+        );
+    }
+    if !args.runs("predictor") {
+        return Ok(());
+    }
     // The latency predictor API (llm-d's predicted-latency routing): one strict bulk call
     // per routed request, one entry per candidate pod, with the default replications.
     let defaults = crate::server::predictor::PredictorOptions::default();
@@ -247,7 +372,11 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
             )
         );
     }
+    Ok(())
+}
 
+/// Case 3: the memory of one restored instance.
+fn memory_case(out: &mut String, known: &MirrorSnapshot) -> Result<(), CliError> {
     let _ = writeln!(
         out,
         "\n== memory: one mirrored instance (256 requests, 30,000 blocks)"
@@ -255,7 +384,7 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     let mut config = spec::default_cluster().instances[0].clone();
     config.engine.num_gpu_blocks = 30_000;
     let state = whatif_instance(&config.id, 192, 64, true, 9);
-    let outputs = output_draw(&known).map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let outputs = output_draw(known).map_err(|err| CliError::flag("bench", err.to_string()))?;
     let mut rng = stream(1, 0, "bench");
     let engine = restore_instance(&config, &state, 0, &outputs, &mut rng, "bench")
         .map_err(|err| CliError::flag("bench", err.to_string()))?;
@@ -267,14 +396,18 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         engine.kv().total_blocks(),
         engine.kv().used_blocks()
     );
+    Ok(())
+}
 
+/// Case 4: the live mirror scraping fake pods.
+fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
     let seconds = args
         .live_seconds
         .unwrap_or(if args.quick { 2 } else { 10 })
         .max(1);
     let _ = writeln!(
         out,
-        "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (CPU includes serving the fake pods)"
+        "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (the fake pods in their own process: the CPU is ditto's own)"
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -288,6 +421,19 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", live.row());
+    Ok(())
+}
+
+/// The live mirror's KV-event case (see `live::kv_bench`).
+fn kv_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
+    let seconds = args
+        .live_seconds
+        .unwrap_or(if args.quick { 2 } else { 10 })
+        .max(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::flag("bench", err.to_string()))?;
     let _ = writeln!(
         out,
         "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
@@ -308,15 +454,10 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         ))
         .map_err(|err| CliError::flag("bench", err))?;
     let _ = writeln!(out, "{}", kv.rows());
-
-    let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
-    if seconds > 0 {
-        load_case(&mut out, args.load_clients, seconds)?;
-    }
-    Ok(out)
+    Ok(())
 }
 
-/// Case 4: the loopback load run (see `server::load`).
+/// Case 5: the loopback load run (see `server::load`).
 fn load_case(out: &mut String, clients: usize, seconds: u64) -> Result<(), CliError> {
     let _ = writeln!(
         out,
@@ -360,6 +501,17 @@ enum Asking {
     AfterPush,
     /// One question per fresh copy of the snapshot (nothing memoised).
     First,
+}
+
+impl Asking {
+    /// The `--cases` name of this asking.
+    fn case(self) -> &'static str {
+        match self {
+            Asking::Repeated => "whatif-repeated",
+            Asking::AfterPush => "whatif-push",
+            Asking::First => "whatif-first",
+        }
+    }
 }
 
 fn latency_row(label: &str, latencies: &mut [Duration]) -> String {

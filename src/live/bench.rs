@@ -1,9 +1,11 @@
 //! The live mirror's bench case (`ditto bench`): N fake pods on loopback serving a realistic
-//! vLLM `/metrics` page (static bytes, served by axum in this process), mirrored at a given
-//! scrape interval for a while. Reports CPU per pod per second (process CPU, which includes
-//! the fake pods' serving: an upper bound), the freshness lag (mean age of the mirrored
-//! gauges, sampled every 10 ms, and mean scrape-start-to-publish time), and resident memory
-//! at the start and the end of the run (flat memory means no growth per scrape).
+//! vLLM `/metrics` page (static bytes, served by axum in *another process*: `ditto bench
+//! --fake-pods N`, see [`serve_fake_pods`]), mirrored at a given scrape interval for a while.
+//! Reports ditto's own CPU per pod per second (this process's, from /proc: scrape, parse,
+//! rebuild and publish, nothing of the serving), the fake pods' CPU beside it, the freshness
+//! lag (mean age of the mirrored gauges, sampled every 10 ms, and mean scrape-start-to-publish
+//! time), and resident memory at the start and the end of the run (flat memory means no
+//! growth per scrape).
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -30,8 +32,10 @@ pub struct ScrapeBench {
     pub wall: Duration,
     /// Successful scrapes.
     pub scrapes: u64,
-    /// Process CPU seconds per pod per wall second.
+    /// ditto's own CPU seconds (this process) per pod per wall second.
     pub cpu_per_pod_s: f64,
+    /// The fake pods' process CPU seconds per pod per wall second (serving the pages).
+    pub fake_cpu_per_pod_s: f64,
     /// Mean age of the mirrored gauges when sampled, ms.
     pub mean_gauge_age_ms: f64,
     /// Mean scrape start → publish, ms.
@@ -49,12 +53,13 @@ impl ScrapeBench {
         let mut out = String::new();
         let _ = write!(
             out,
-            "{} pods @ {} ms for {:.1} s: {} scrapes, CPU {:.3} ms per pod per s, gauge age {:.1} ms mean, publish lag {:.2} ms mean, RSS {} MB by quarter (page {} kB)",
+            "{} pods @ {} ms for {:.1} s: {} scrapes, ditto's CPU {:.3} ms per pod per s (fake pods' own process {:.3}), gauge age {:.1} ms mean, publish lag {:.2} ms mean, RSS {} MB by quarter (page {} kB)",
             self.pods,
             self.interval.as_millis(),
             self.wall.as_secs_f64(),
             self.scrapes,
             self.cpu_per_pod_s * 1e3,
+            self.fake_cpu_per_pod_s * 1e3,
             self.mean_gauge_age_ms,
             self.mean_publish_lag_ms,
             self.rss_mb
@@ -151,8 +156,13 @@ pub fn vllm_page() -> String {
 }
 
 pub(super) fn process_cpu_s() -> f64 {
-    // /proc/self/stat fields 14 and 15: user and system time in clock ticks (100 Hz on Linux).
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+    cpu_s_of("self")
+}
+
+/// User + system CPU seconds of process `pid` ("self" for this one), from /proc.
+fn cpu_s_of(pid: &str) -> f64 {
+    // /proc/PID/stat fields 14 and 15: user and system time in clock ticks (100 Hz on Linux).
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
@@ -176,12 +186,40 @@ pub(super) fn rss_mb() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// Mirrors `pods` fake pods at `interval` for `duration` (after a 1 s warm-up).
-pub async fn scrape_bench(
+/// `ditto bench --fake-pods N`: serves N fake vLLM pods (the realistic page) on loopback,
+/// prints their addresses on stdout, one a line, then serves until stdin closes, so that
+/// the live case measures ditto's CPU apart from the serving.
+pub async fn serve_fake_pods(pods: usize) -> Result<(), String> {
+    let (addresses, servers) = start_fake_pods(pods).await?;
+    let mut out = String::new();
+    for address in &addresses {
+        let _ = writeln!(out, "{address}");
+    }
+    {
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        stdout
+            .write_all(out.as_bytes())
+            .and_then(|()| stdout.flush())
+            .map_err(|err| err.to_string())?;
+    }
+    // Until the parent closes stdin (or dies).
+    let _ = tokio::task::spawn_blocking(|| {
+        use std::io::Read as _;
+        let mut sink = Vec::new();
+        std::io::stdin().read_to_end(&mut sink)
+    })
+    .await;
+    for server in servers {
+        server.abort();
+    }
+    Ok(())
+}
+
+/// N axum servers of the realistic page on 127.0.0.1 (ephemeral ports).
+async fn start_fake_pods(
     pods: usize,
-    interval: Duration,
-    duration: Duration,
-) -> Result<ScrapeBench, String> {
+) -> Result<(Vec<String>, Vec<tokio::task::JoinHandle<()>>), String> {
     let page: Arc<str> = vllm_page().into();
     let mut addresses = Vec::with_capacity(pods);
     let mut servers = Vec::with_capacity(pods);
@@ -207,6 +245,63 @@ pub async fn scrape_bench(
             let _ = axum::serve(listener, router).await;
         }));
     }
+    Ok((addresses, servers))
+}
+
+/// The fake pods' process: its addresses, its pid, and its stdin (closing it ends it).
+struct FakePods {
+    child: std::process::Child,
+    addresses: Vec<String>,
+}
+
+impl FakePods {
+    fn start(pods: usize) -> Result<Self, String> {
+        use std::io::BufRead as _;
+        let exe = std::env::current_exe().map_err(|err| format!("the ditto binary: {err}"))?;
+        let mut child = std::process::Command::new(exe)
+            .args(["bench", "--fake-pods", &pods.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|err| format!("the fake pods did not start: {err}"))?;
+        let stdout = child.stdout.take().ok_or("the fake pods' stdout")?;
+        let addresses: Vec<String> = std::io::BufReader::new(stdout)
+            .lines()
+            .take(pods)
+            .collect::<Result<_, _>>()
+            .map_err(|err| format!("the fake pods' addresses: {err}"))?;
+        if addresses.len() != pods {
+            let _ = child.kill();
+            return Err(format!(
+                "the fake pods printed {} addresses",
+                addresses.len()
+            ));
+        }
+        Ok(Self { child, addresses })
+    }
+
+    fn cpu_s(&self) -> f64 {
+        cpu_s_of(&self.child.id().to_string())
+    }
+}
+
+impl Drop for FakePods {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Mirrors `pods` fake pods (in their own process) at `interval` for `duration` (after a
+/// 1 s warm-up).
+pub async fn scrape_bench(
+    pods: usize,
+    interval: Duration,
+    duration: Duration,
+) -> Result<ScrapeBench, String> {
+    let fakes = FakePods::start(pods)?;
+    let addresses = fakes.addresses.clone();
+    let page_bytes = vllm_page().len();
     let cluster = default_cluster();
     let template = cluster.instances[0].clone();
     let source = LiveSource {
@@ -226,6 +321,7 @@ pub async fn scrape_bench(
     let lag_before = (live_lag(&metrics), metrics_lag_count(&metrics));
     let mut rss = vec![rss_mb()];
     let cpu_start = process_cpu_s();
+    let fake_cpu_start = fakes.cpu_s();
     let started = Instant::now();
     // Running sums (a sample buffer would grow the very memory measured).
     let (mut age_sum_ms, mut age_count) = (0.0, 0u64);
@@ -247,20 +343,20 @@ pub async fn scrape_bench(
     }
     let wall = started.elapsed();
     let cpu = process_cpu_s() - cpu_start;
+    let fake_cpu = fakes.cpu_s() - fake_cpu_start;
     rss.push(rss_mb());
     let scrapes = metrics_scrapes(&metrics) - scrapes_before;
     let lag_sum = live_lag(&metrics) - lag_before.0;
     let lag_count = metrics_lag_count(&metrics) - lag_before.1;
     drop(live);
-    for server in servers {
-        server.abort();
-    }
+    drop(fakes);
     Ok(ScrapeBench {
         pods,
         interval,
         wall,
         scrapes,
         cpu_per_pod_s: cpu / pods as f64 / wall.as_secs_f64(),
+        fake_cpu_per_pod_s: fake_cpu / pods as f64 / wall.as_secs_f64(),
         mean_gauge_age_ms: age_sum_ms / age_count.max(1) as f64,
         mean_publish_lag_ms: if lag_count > 0 {
             lag_sum / lag_count as f64 * 1e3
@@ -268,7 +364,7 @@ pub async fn scrape_bench(
             0.0
         },
         rss_mb: rss,
-        page_bytes: page.len(),
+        page_bytes,
     })
 }
 

@@ -399,9 +399,9 @@ pub fn predict_on_mirrored(
             Some(record) if record.outcome == Outcome::Dropped => dropped += 1,
             _ => {
                 // Not finished within the horizon: censored there.
-                let censored = ms(horizon_end - now_us);
+                let censored = ms(super::fork::elapsed_us(now_us, horizon_end));
                 let first = engine.live_first_token_us(spec.id);
-                ttft.push(first.map_or(censored, |t| ms(t - now_us)));
+                ttft.push(first.map_or(censored, |t| ms(super::fork::elapsed_us(now_us, t))));
                 tpot.push(censored);
             }
         }

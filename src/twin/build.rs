@@ -20,10 +20,28 @@ pub const MIRRORED_ID_BASE: u64 = 1 << 40;
 /// The engine id of the request a routing question is about.
 pub const QUESTION_REQUEST_ID: u64 = 0;
 
+/// Bits of a mirrored request's id that number it within its instance: each instance has
+/// `1 << MIRRORED_ID_BITS` ids.
+pub const MIRRORED_ID_BITS: u32 = 24;
+
+// The id ranges never overlap: the question's request and synthetic arrivals (background
+// traffic, forecast workloads: ids from 1, at most one per store-limited request) stay below
+// the mirrored ids, each instance's requests (at most the store's per-instance limit) fit its
+// range, and every instance's range fits a u64.
+const _: () = {
+    assert!(QUESTION_REQUEST_ID < MIRRORED_ID_BASE);
+    assert!(super::fork::BACKGROUND_ARRIVALS_MAX < MIRRORED_ID_BASE);
+    assert!(super::store::StoreLimits::DEFAULT.max_requests_per_instance < 1 << MIRRORED_ID_BITS);
+    assert!(
+        (super::store::StoreLimits::DEFAULT.max_instances as u64)
+            < (u64::MAX - MIRRORED_ID_BASE) >> MIRRORED_ID_BITS
+    );
+};
+
 /// Engine ids of mirrored instance `index`'s requests start here: ids stay unique across
 /// instances (requests may move between them in a forecast).
 pub fn mirrored_id_base(index: usize) -> u64 {
-    MIRRORED_ID_BASE + ((index as u64) << 24)
+    MIRRORED_ID_BASE + ((index as u64) << MIRRORED_ID_BITS)
 }
 
 /// An engine in the state `state` (mirrored instance `index`) describes, at its observation
@@ -51,6 +69,16 @@ pub fn restore_base(
     path: &str,
 ) -> Result<Engine, TwinError> {
     let id_base = mirrored_id_base(index);
+    let total = state.running.len() + state.waiting.len();
+    if total >= 1 << MIRRORED_ID_BITS {
+        return Err(TwinError::invalid(
+            path,
+            format!(
+                "{total} requests exceed the {} one instance can mirror",
+                1u64 << MIRRORED_ID_BITS
+            ),
+        ));
+    }
     let mut next_id = id_base;
     let mut convert = |observed: &ObservedRequest| {
         let request = to_restored(observed, next_id, observed.output_tokens.saturating_add(1));

@@ -10,6 +10,7 @@
 
 use crate::cluster::Cluster;
 use crate::cluster::config::{ClusterConfig, InstanceConfig};
+use crate::sim::driver::{self, Supervisor};
 use crate::sim::engine::RestoreState;
 use crate::sim::metrics::{LatencyStats, Outcome, RequestRecord, percentile_of_counts};
 use crate::sim::{Engine, RequestSpec};
@@ -447,32 +448,35 @@ fn run_cluster(
     arrivals: impl Iterator<Item = RequestSpec>,
     budget: &EventBudget,
 ) -> Result<(), TwinError> {
-    let mut arrivals = arrivals.peekable();
-    let mut since_check = 0u64;
-    let mut submitted = 0u64;
-    loop {
-        if since_check == 0 {
-            budget.charge(CLUSTER_CHUNK_EVENTS, cluster.events_processed())?;
-            since_check = CLUSTER_CHUNK_EVENTS;
-        }
-        if let Some(spec) =
-            arrivals.next_if(|s| cluster.next_event_us().is_none_or(|t| s.arrival_us <= t))
-        {
-            cluster
-                .submit(spec)
-                .map_err(|err| TwinError::invalid("workload", err.to_string()))?;
-            submitted += 1;
-            // Submitting is work too (routing, queueing): cancellation and the deadline are
-            // checked between bursts of arrivals as well.
-            if submitted.is_multiple_of(CLUSTER_CHUNK_EVENTS) {
-                budget.check(cluster.events_processed())?;
-            }
-            continue;
-        }
-        if cluster.process_next_event().is_none() {
-            return Ok(());
-        }
-        since_check -= 1;
+    driver::drive(
+        cluster,
+        arrivals,
+        u64::MAX,
+        u64::MAX,
+        &mut ClusterSupervisor { budget },
+    )?;
+    Ok(())
+}
+
+/// A forecast replication's cluster run under its call's [`EventBudget`].
+struct ClusterSupervisor<'a> {
+    budget: &'a EventBudget,
+}
+
+impl Supervisor<Cluster> for ClusterSupervisor<'_> {
+    type Error = TwinError;
+    const CHECK_EVERY: u64 = CLUSTER_CHUNK_EVENTS;
+
+    fn check_events(&mut self, processed: u64) -> Result<(), TwinError> {
+        self.budget.charge(CLUSTER_CHUNK_EVENTS, processed)
+    }
+
+    fn check_arrivals(&mut self, processed: u64) -> Result<(), TwinError> {
+        self.budget.check(processed)
+    }
+
+    fn refused(&mut self, err: crate::sim::SimError) -> TwinError {
+        TwinError::invalid("workload", err.to_string())
     }
 }
 

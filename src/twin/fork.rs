@@ -185,7 +185,8 @@ fn restored_base(
     let base = if treatment == Treatment::UseLast {
         // Take the old observation as the state at `now`.
         let mut shifted = (**state).clone();
-        let shift = question.now_us - shifted.observed_at_us;
+        // (`predict::validate` refuses a "now" before the observation.)
+        let shift = elapsed_us(shifted.observed_at_us, question.now_us);
         shifted.observed_at_us = question.now_us;
         shifted.step_end_us = shifted.step_end_us.map(|end| end + shift);
         restore_base(instance, &shifted, index, &path)?
@@ -302,17 +303,15 @@ fn continuation_pair(
         replication: forks.replication,
         events: skip,
     };
-    let mut engine = match snapshot.memo.checkpoint(&checkpoint_key) {
-        Some(checkpoint) => (*checkpoint).clone(),
-        None => {
-            let engine = match captured {
-                Some((events, copy)) if events == skip => copy,
-                _ => {
-                    let mut engine = forks.fork()?;
-                    run_events(&mut engine, skip, budget)?;
-                    engine
-                }
-            };
+    let mut engine = match (snapshot.memo.checkpoint(&checkpoint_key), captured) {
+        (Some(checkpoint), _) => (*checkpoint).clone(),
+        // The recording just made kept the copy: use it as is. (Remembering it would cost a
+        // clone on the snapshot's first question, the one that counts in serving; a later
+        // question on this snapshot remembers its replayed checkpoint below.)
+        (None, Some((events, copy))) if events == skip => copy,
+        (None, _) => {
+            let mut engine = forks.fork()?;
+            run_events(&mut engine, skip, budget)?;
             if skip > baseline.events_until(now) + CHECKPOINT_MIN_EVENTS {
                 snapshot
                     .memo
@@ -431,6 +430,18 @@ fn background_arrivals(
     Ok(arrivals)
 }
 
+/// Microseconds from `from_us` to `to_us`, which the twin's causality guarantees is not
+/// earlier (a question's "now" is at or after the observation, a horizon ends after "now",
+/// and the question's request sees its first token after it arrives at "now"): asserted in
+/// debug builds, clamped at zero otherwise.
+pub(super) fn elapsed_us(from_us: u64, to_us: u64) -> u64 {
+    debug_assert!(
+        from_us <= to_us,
+        "twin causality: {to_us} µs precedes {from_us} µs"
+    );
+    to_us.saturating_sub(from_us)
+}
+
 fn measure(
     with: &Engine,
     run: &ForkRun,
@@ -465,10 +476,10 @@ fn measure(
         _ => {
             // Not finished within the horizon: E2E and TPOT are censored at the horizon; the
             // first token may still have come.
-            let censored = ms(horizon_end - now);
+            let censored = ms(elapsed_us(now, horizon_end));
             let first = with.live_first_token_us(RequestId(QUESTION_REQUEST_ID));
             outcome.ttft_known = first.is_some();
-            outcome.ttft_ms = first.map_or(censored, |t| ms(t - now));
+            outcome.ttft_ms = first.map_or(censored, |t| ms(elapsed_us(now, t)));
             outcome.e2e_ms = censored;
             outcome.tpot_ms = censored;
             outcome.queue_wait_ms = censored;

@@ -85,9 +85,9 @@ pub fn predict_routing_with(
 ) -> Result<RoutingAnswer, TwinError> {
     let candidates = validate(snapshot, question, limits)?;
     let replications = question.options.replications;
-    let jobs: Vec<(usize, u32)> = candidates
-        .iter()
-        .flat_map(|&index| (0..replications).map(move |r| (index, r)))
+    // (position among the candidates, replication): results come back in this order.
+    let jobs: Vec<(usize, u32)> = (0..candidates.len())
+        .flat_map(|position| (0..replications).map(move |r| (position, r)))
         .collect();
     let budget = EventBudget::for_call(limits);
     let outputs = output_draw(snapshot)?;
@@ -102,13 +102,13 @@ pub fn predict_routing_with(
         budget: &budget,
         forking,
     };
-    let results = super::parallel::map(&jobs, |&(index, replication)| {
-        let position = candidates.iter().position(|&c| c == index).unwrap_or(0);
+    let results = super::parallel::map(&jobs, |&(position, replication)| {
         match treatments[position] {
             Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
-            treatment => simulate(&call, index, replication, treatment),
+            treatment => simulate(&call, candidates[position], replication, treatment),
         }
     });
+    debug_assert_eq!(results.len(), candidates.len() * replications as usize);
     let results: Vec<Outcome1> = results.into_iter().collect::<Result<_, _>>()?;
     let mut predictions = Vec::with_capacity(candidates.len());
     let mut events = 0;
@@ -260,7 +260,7 @@ fn validate(
 
 fn treatment(snapshot: &MirrorSnapshot, question: &RoutingQuestion, index: usize) -> Treatment {
     let state = &snapshot.instances[index];
-    let age = question.now_us - state.observed_at_us;
+    let age = super::fork::elapsed_us(state.observed_at_us, question.now_us);
     let limit = question.options.max_signal_age_us;
     if age <= limit && state.stale_reason.is_none() {
         return Treatment::RollForward;

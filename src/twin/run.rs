@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use crate::sim::driver::{self, Supervisor};
 use crate::sim::engine::{Drain, DrainEnd, ReachLog};
 use crate::sim::metrics::RequestRecord;
 use crate::sim::queue::QueueKey;
@@ -336,42 +337,50 @@ pub fn run_events(engine: &mut Engine, count: u64, budget: &EventBudget) -> Resu
     drive(engine, &[], u64::MAX, count, budget, |_| false)
 }
 
-/// The one loop behind the runners: feeds `arrivals` as their times come, processes every
-/// event at or before `end_us` but no more than `max_events` (calling `after_event` after
-/// each, and stopping when it says so), charges the budget and checks the deadline once per
-/// chunk of events; returns the events processed.
+/// The one loop behind the runners: `sim::driver::drive` (and its tie rule) under the call's
+/// budget, deadline and cancellation flag, charged once per chunk of events, calling
+/// `after_event` after each event (stopping when it says so); returns the events processed.
 fn drive(
     engine: &mut Engine,
     arrivals: &[crate::sim::RequestSpec],
     end_us: u64,
     max_events: u64,
     budget: &EventBudget,
-    mut after_event: impl FnMut(&Engine) -> bool,
+    after_event: impl FnMut(&Engine) -> bool,
 ) -> Result<u64, TwinError> {
-    let mut processed = 0u64;
-    let mut pending = arrivals
-        .iter()
-        .filter(|s| s.arrival_us <= end_us)
-        .peekable();
-    loop {
-        let next = engine.next_event_us();
-        if let Some(spec) = pending.next_if(|spec| next.is_none_or(|t| t >= spec.arrival_us)) {
-            engine
-                .submit(spec.clone())
-                .map_err(|err| TwinError::invalid("background", err.to_string()))?;
-            continue;
-        }
-        if next.is_none_or(|t| t > end_us) || processed == max_events {
-            return Ok(processed);
-        }
-        if processed.is_multiple_of(CHUNK_EVENTS) {
-            budget.charge(CHUNK_EVENTS, processed)?;
-        }
-        engine.process_next_event();
-        processed += 1;
-        if after_event(engine) {
-            return Ok(processed);
-        }
+    let mut supervisor = ForkSupervisor {
+        budget,
+        after_event,
+    };
+    driver::drive(
+        engine,
+        arrivals.iter().cloned(),
+        end_us,
+        max_events,
+        &mut supervisor,
+    )
+}
+
+/// A fork's run under its call's [`EventBudget`].
+struct ForkSupervisor<'a, F> {
+    budget: &'a EventBudget,
+    after_event: F,
+}
+
+impl<F: FnMut(&Engine) -> bool> Supervisor<Engine> for ForkSupervisor<'_, F> {
+    type Error = TwinError;
+    const CHECK_EVERY: u64 = CHUNK_EVENTS;
+
+    fn check_events(&mut self, processed: u64) -> Result<(), TwinError> {
+        self.budget.charge(CHUNK_EVENTS, processed)
+    }
+
+    fn after_event(&mut self, engine: &Engine) -> bool {
+        (self.after_event)(engine)
+    }
+
+    fn refused(&mut self, err: crate::sim::SimError) -> TwinError {
+        TwinError::invalid("background", err.to_string())
     }
 }
 

@@ -15,7 +15,9 @@ pub(super) fn summarize(
     reps: &[Outcome1],
 ) -> CandidatePrediction {
     let instance = &snapshot.config.instances[index];
-    let age_ms = (question.now_us - snapshot.instances[index].observed_at_us) as f64 / 1000.0;
+    let age_ms = super::fork::elapsed_us(snapshot.instances[index].observed_at_us, question.now_us)
+        as f64
+        / 1000.0;
     let quantiles = &question.options.quantiles;
     let dropped = !reps.is_empty() && reps.iter().all(|r| r.dropped);
     let (valid, reason) = match treatment {

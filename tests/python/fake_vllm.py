@@ -26,7 +26,8 @@ vllm/v1/metrics/loggers.py), not from ditto's decoder:
   `map-batch` (the batch itself a map `{ts, events, data_parallel_rank}`). Any other event
   `type` is sent as given (vLLM adds event types: a subscriber must skip them).
 - Block hashes as vLLM computes them (`prompt` command): `hash_block_tokens` chains
-  `sha256(pickle((parent, tuple(tokens), extra_keys)))` from `NONE_HASH`, a per-process random
+  `sha256(pickle((parent, tuple(tokens), extra_keys)))` (or, with `algo: sha256_cbor`,
+  sha256 of the canonical CBOR encoding) from `NONE_HASH`, a per-process random
   32 bytes (vLLM's default without PYTHONHASHSEED), so nobody outside can compute them; sent
   as ints (`maybe_convert_block_hash`: the low 64 bits, big-endian) or as the 32 bytes
   (`VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
@@ -50,6 +51,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import cbor2
 import msgpack
 import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -159,13 +161,22 @@ NONE_HASH = os.urandom(32)
 
 
 def vllm_sha256(value):
-    """vLLM's `sha256` prefix-caching hash: sha256 of the pickled value."""
+    """vLLM's `sha256` prefix-caching hash (vllm/utils/hashing.py): sha256 of the pickled value."""
     return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
-def hash_block_tokens(parent, tokens, extra_keys=None):
+def vllm_sha256_cbor(value):
+    """vLLM's `sha256_cbor` (`--prefix-caching-hash-algo sha256_cbor`, the language-neutral
+    one): sha256 of the canonical CBOR encoding."""
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+HASH_FUNCTIONS = {"sha256": vllm_sha256, "sha256_cbor": vllm_sha256_cbor}
+
+
+def hash_block_tokens(parent, tokens, extra_keys=None, algo="sha256"):
     """vLLM's `hash_block_tokens`: chained from NONE_HASH."""
-    return vllm_sha256((parent or NONE_HASH, tuple(tokens), extra_keys))
+    return HASH_FUNCTIONS[algo]((parent or NONE_HASH, tuple(tokens), extra_keys))
 
 
 def maybe_convert_block_hash(digest, as_int):
@@ -173,12 +184,13 @@ def maybe_convert_block_hash(digest, as_int):
     return int.from_bytes(digest, byteorder="big") & ((1 << 64) - 1) if as_int else digest
 
 
-def prompt_events(token_ids, block_size, as_int, first_block=0):
+def prompt_events(token_ids, block_size, as_int, first_block=0, algo="sha256"):
     """The BlockStored event vLLM publishes when a prompt's full blocks are cached, from
-    block `first_block` on (its parent: the block before, already cached)."""
+    block `first_block` on (its parent: the block before, already cached), hashed with
+    vLLM's prefix-caching hash `algo`."""
     digests, parent = [], None
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash_block_tokens(parent, token_ids[start : start + block_size])
+        parent = hash_block_tokens(parent, token_ids[start : start + block_size], algo=algo)
         digests.append(parent)
     stored = digests[first_block:]
     event = dict(
@@ -354,6 +366,7 @@ def handler(state):
                     state.block_size,
                     prompt.get("hash", "int") == "int",
                     prompt.get("first_block", 0),
+                    prompt.get("algo", "sha256"),
                 )
                 kv = dict(prompt, events=[event])
                 result["seq"] = state.publish_kv(kv)

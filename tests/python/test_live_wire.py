@@ -208,16 +208,16 @@ def test_the_default_topic_filter_accepts_vllm_s_and_llm_d_s_topics(pods, serve_
 # 4. Prefixes keyed by tokens (vLLM hashes from a random seed nobody else knows).
 
 
-@pytest.mark.parametrize("hash_kind", ["int", "bytes"])
-def test_a_prompt_s_tokens_find_the_pod_holding_its_prefix(pods, serve_wire, hash_kind):
+@pytest.mark.parametrize("hash_kind,algo", [("int", "sha256"), ("bytes", "sha256"), ("int", "sha256_cbor"), ("bytes", "sha256_cbor")])
+def test_a_prompt_s_tokens_find_the_pod_holding_its_prefix(pods, serve_wire, hash_kind, algo):
     (a, b), pub, rep = pods(2)
     server = serve_wire("--pods", f"{a.address},{b.address}", *kv_args(pub, rep))
     rng = random.Random(7)
     prompt = [rng.randrange(1, 128_000) for _ in range(1024)]  # 64 blocks of 16
     until_stored(a, server, dict(events=[dict(type="BlockStored", block_hashes=[1])]))
     # b caches the prompt's prefix in two events chained by vLLM's (seeded) hashes.
-    first = until_stored(b, server, dict(token_ids=prompt[:512], hash=hash_kind))
-    b.control(prompt=dict(token_ids=prompt, hash=hash_kind, first_block=32))
+    first = until_stored(b, server, dict(token_ids=prompt[:512], hash=hash_kind, algo=algo))
+    b.control(prompt=dict(token_ids=prompt, hash=hash_kind, first_block=32, algo=algo))
     eventually(server, lambda i: i[b.address].cached_blocks >= 64, "the whole prefix on b")
     question_tokens = prompt + [5] * 100
     cands, answer = ask(server, len(question_tokens), token_ids=question_tokens)

@@ -355,10 +355,12 @@ impl Engine {
         }
         let max_len = self.config.effective_max_model_len();
         for (slot, &(output_tokens, max_tokens)) in lengths.iter().enumerate() {
-            let state = self.slots[slot].as_mut().ok_or(SimError::InvalidState {
-                field: "output_tokens",
-                reason: format!("slot {slot} holds no restored request"),
-            })?;
+            let state = self.slots[slot]
+                .as_mut()
+                .ok_or_else(|| SimError::InvalidState {
+                    field: "output_tokens",
+                    reason: format!("slot {slot} holds no restored request"),
+                })?;
             state.spec.output_tokens = output_tokens;
             state.spec.max_tokens = max_tokens;
             if max_tokens < output_tokens {
