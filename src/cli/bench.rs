@@ -399,20 +399,29 @@ fn memory_case(out: &mut String, known: &MirrorSnapshot) -> Result<(), CliError>
     Ok(())
 }
 
+/// Seconds the live cases run (`--live-seconds`; 10, or 2 with `--quick`).
+fn live_seconds(args: &BenchArgs) -> u64 {
+    args.live_seconds
+        .unwrap_or(if args.quick { 2 } else { 10 })
+        .max(1)
+}
+
+/// A multi-threaded runtime for the cases that serve or scrape on loopback.
+fn bench_runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|err| CliError::flag("bench", err.to_string()))
+}
+
 /// Case 4: the live mirror scraping fake pods.
 fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
-    let seconds = args
-        .live_seconds
-        .unwrap_or(if args.quick { 2 } else { 10 })
-        .max(1);
+    let seconds = live_seconds(args);
     let _ = writeln!(
         out,
         "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (the fake pods in their own process: the CPU is ditto's own)"
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let runtime = bench_runtime()?;
     let live = runtime
         .block_on(crate::live::bench::scrape_bench(
             100,
@@ -426,14 +435,8 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
 
 /// The live mirror's KV-event case (see `live::kv_bench`).
 fn kv_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
-    let seconds = args
-        .live_seconds
-        .unwrap_or(if args.quick { 2 } else { 10 })
-        .max(1);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    let seconds = live_seconds(args);
+    let runtime = bench_runtime()?;
     let _ = writeln!(
         out,
         "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"

@@ -85,6 +85,18 @@ def ids(instances):
     return sorted(instances)
 
 
+def one_pod_mirrored(api, pods, kube_serve, running, kv):
+    """One Ready pod `vllm-a` with these gauges, found by the selector and mirrored."""
+    k = api()
+    (a,) = pods(1)
+    a.control(gauges=dict(running=running, waiting=0, kv=kv))
+    k.pod("vllm-a", a.host, LABELS)
+    server = kube_serve(k, "--pods-selector", SELECTOR, "--pods-namespace", "llm-d", "--pods-port", str(pods.port))
+    eventually(server, lambda i: "llm-d/vllm-a" in i and gauges_are(i["llm-d/vllm-a"], running, 0, kv)
+               and not i["llm-d/vllm-a"].stale_reason, "mirrored")
+    return k, a, server
+
+
 def test_selector_mirrors_ready_pods_and_follows_adds_not_ready_deletes_watch_end_and_410(api, pods, kube_serve):
     k = api()
     a, b, c, d = pods(4)
@@ -129,12 +141,7 @@ def test_selector_mirrors_ready_pods_and_follows_adds_not_ready_deletes_watch_en
 
 
 def test_api_outage_and_forbidden_keep_pods_stale_with_a_reason_and_serving(api, pods, kube_serve):
-    k = api()
-    (a,) = pods(1)
-    a.control(gauges=dict(running=1, waiting=0, kv=0.1))
-    k.pod("vllm-a", a.host, LABELS)
-    server = kube_serve(k, "--pods-selector", SELECTOR, "--pods-namespace", "llm-d", "--pods-port", str(pods.port))
-    eventually(server, lambda i: "llm-d/vllm-a" in i and gauges_are(i["llm-d/vllm-a"], 1, 0, 0.1) and not i["llm-d/vllm-a"].stale_reason, "mirrored")
+    k, _, server = one_pod_mirrored(api, pods, kube_serve, 1, 0.1)
     # 500s: the watch ends and every list/watch fails; the pod keeps its state, stale.
     k.fail("pods", 500, 4)
     k.end_watches()
@@ -159,12 +166,7 @@ def test_api_outage_and_forbidden_keep_pods_stale_with_a_reason_and_serving(api,
 
 
 def test_when_the_last_pod_is_retired_the_mirror_is_empty_until_a_pod_appears(api, pods, kube_serve):
-    k = api()
-    (a,) = pods(1)
-    a.control(gauges=dict(running=3, waiting=0, kv=0.3))
-    k.pod("vllm-a", a.host, LABELS)
-    server = kube_serve(k, "--pods-selector", SELECTOR, "--pods-namespace", "llm-d", "--pods-port", str(pods.port))
-    eventually(server, lambda i: ids(i) == ["llm-d/vllm-a"], "mirrored")
+    k, a, server = one_pod_mirrored(api, pods, kube_serve, 3, 0.3)
     assert server.http("/readyz")[0] == 200
     k.delete_pod("vllm-a")
 
