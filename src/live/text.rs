@@ -172,12 +172,20 @@ const WANTED: [&[(&str, bool)]; 10] = [
 ];
 
 /// True for lines of the families this module reads (the rest is not parsed: a vLLM page
-/// is mostly latency histograms).
+/// is mostly latency histograms). Of the inter-token-latency histogram only its count is
+/// read (a counter that goes back reveals a restart), so of its buckets only `+Inf` is kept:
+/// a quarter of the kept lines fewer to parse on every scrape.
 fn wanted(line: &str) -> bool {
     let Some(name) = line_name(line) else {
         return false;
     };
     let base = family(name);
+    if ITL.iter().any(|(itl, _)| *itl == base)
+        && name.ends_with("_bucket")
+        && !line.trim_start().starts_with('#')
+    {
+        return line.contains("le=\"+Inf\"");
+    }
     WANTED
         .iter()
         .flat_map(|names| names.iter())
@@ -362,6 +370,27 @@ vllm:request_prompt_tokens_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 10.
 vllm:request_prompt_tokens_count{engine=\"0\",model_name=\"m\"} 10.0
 vllm:request_prompt_tokens_sum{engine=\"0\",model_name=\"m\"} 3000.0
 ";
+
+    #[test]
+    fn of_the_itl_histogram_only_the_inf_bucket_is_parsed_and_its_count_read() {
+        let page = format!(
+            "{PAGE}\
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{{engine=\"0\",le=\"0.01\",model_name=\"m\"}} 5.0
+vllm:inter_token_latency_seconds_bucket{{engine=\"0\",le=\"+Inf\",model_name=\"m\"}} 42.0
+vllm:inter_token_latency_seconds_count{{engine=\"0\",model_name=\"m\"}} 42.0
+vllm:inter_token_latency_seconds_sum{{engine=\"0\",model_name=\"m\"}} 1.5
+"
+        );
+        assert!(!wanted(
+            "vllm:inter_token_latency_seconds_bucket{engine=\"0\",le=\"0.01\"} 5.0"
+        ));
+        assert!(wanted(
+            "vllm:inter_token_latency_seconds_bucket{engine=\"0\",le=\"+Inf\"} 42.0"
+        ));
+        assert!(wanted("# TYPE vllm:inter_token_latency_seconds histogram"));
+        assert_eq!(parse_metrics(&page).unwrap().itl_count, Some(42.0));
+    }
 
     #[test]
     fn reads_vllm_names_deprecated_names_and_labels() {
