@@ -149,30 +149,30 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     Ok(Requirement::Exists(check_key(part)?))
 }
 
-/// A name segment: at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
-fn is_name(segment: &str) -> bool {
+/// A segment of 1 to 63 bytes that `allowed` accepts, starting and ending alphanumeric.
+fn is_segment(segment: &str, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = segment.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
         && bytes[0].is_ascii_alphanumeric()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes.iter().all(|&b| allowed(b))
+}
+
+/// A name segment: at most 63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
+fn is_name(segment: &str) -> bool {
+    is_segment(segment, |b| {
+        b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+    })
 }
 
 /// A DNS subdomain (a key's prefix): at most 253 lowercase alphanumerics, `-` and `.`.
 fn is_dns_subdomain(prefix: &str) -> bool {
     prefix.len() <= 253
         && prefix.split('.').all(|label| {
-            let bytes = label.as_bytes();
-            !bytes.is_empty()
-                && bytes.len() <= 63
-                && bytes[0].is_ascii_alphanumeric()
-                && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+            is_segment(label, |b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'
+            })
         })
 }
 

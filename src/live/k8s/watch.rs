@@ -95,6 +95,17 @@ fn key(pod: &Pod) -> String {
 }
 
 impl Follower {
+    /// Tells the coordinator this source is failing (its pods turn stale with `reason`).
+    async fn outage(&mut self, reason: String) {
+        let _ = self
+            .tx
+            .send(KubeNews::Outage {
+                source: self.source,
+                reason,
+            })
+            .await;
+    }
+
     /// Follows `selector` from now on (a fresh list).
     fn retarget(&mut self, selector: LabelSelector, port: u16) {
         self.selector = selector;
@@ -212,13 +223,7 @@ impl Follower {
             tracing::warn!(namespace = %self.namespace, %reason, "live mirror: Kubernetes discovery failing; pods keep their last state, stale");
             self.warned.push(kind);
         }
-        let _ = self
-            .tx
-            .send(KubeNews::Outage {
-                source: self.source,
-                reason,
-            })
-            .await;
+        self.outage(reason).await;
         true
     }
 }
@@ -278,13 +283,7 @@ async fn follow_pool(
             Ok(Some((version, _))) => break version,
             Ok(None) => {
                 let reason = format!("no InferencePool {name:?} in namespace {namespace:?}");
-                let _ = follower
-                    .tx
-                    .send(KubeNews::Outage {
-                        source: follower.source,
-                        reason,
-                    })
-                    .await;
+                follower.outage(reason).await;
             }
             Err(err) => {
                 let reason = match &err {
@@ -295,13 +294,7 @@ async fn follow_pool(
                     err => format!("kubernetes API: {err}"),
                 };
                 tracing::warn!(%reason, "live mirror: cannot read the InferencePool");
-                let _ = follower
-                    .tx
-                    .send(KubeNews::Outage {
-                        source: follower.source,
-                        reason,
-                    })
-                    .await;
+                follower.outage(reason).await;
             }
         }
         tokio::time::sleep(delay).await;
@@ -325,7 +318,7 @@ async fn follow_pool(
                     Ok(Event::Apply(object) | Event::InitApply(object)) => object,
                     Ok(Event::Delete(_)) => {
                         let reason = format!("InferencePool {name:?} deleted");
-                        let _ = follower.tx.send(KubeNews::Outage { source: follower.source, reason }).await;
+                        follower.outage(reason).await;
                         continue;
                     }
                     Ok(Event::Init | Event::InitDone) => continue,
@@ -349,7 +342,7 @@ async fn follow_pool(
                     Err(reason) => {
                         let reason = format!("InferencePool {name:?}: {reason}");
                         tracing::warn!(%reason, "live mirror: unusable InferencePool");
-                        let _ = follower.tx.send(KubeNews::Outage { source: follower.source, reason }).await;
+                        follower.outage(reason).await;
                     }
                 }
             }
