@@ -174,20 +174,23 @@ pub(super) fn save(path: &Path, state: &CalibrationState) -> Result<(), Calibrat
         .map_err(io)
 }
 
+/// Tests' scratch path: `calibration.json` in an empty directory of its own per test name,
+/// process and thread.
+#[cfg(test)]
+pub(super) fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ditto-calibration-{name}-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join("calibration.json")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "ditto-calibration-{name}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        dir.join("calibration.json")
-    }
 
     fn file_text(ttft: (f64, f64), tpot: (f64, f64)) -> String {
         serde_json::json!({
