@@ -11,7 +11,8 @@ use ditto::sim::SloClass;
 use ditto::twin::TwinError;
 use ditto::twin::snapshot::{ObservedRequest, TwinSettings};
 use ditto::twin::store::{
-    InstanceUpdate, MirrorStore, RequestEvent, RequestLists, StoreLimits, TimedRequestEvent,
+    InstanceUpdate, MirrorStore, Publish, RequestEvent, RequestLists, StoreLimits,
+    TimedRequestEvent,
 };
 
 fn cluster(max_num_seqs: i64) -> ditto::cluster::config::ClusterConfig {
@@ -254,4 +255,99 @@ fn a_cleared_store_refuses_like_a_new_one_and_never_repeats_a_generation() {
             .iter()
             .all(|i| i.running.is_empty())
     );
+}
+
+#[test]
+fn staged_writes_are_published_together_in_one_generation() {
+    let store = synced(StoreLimits::DEFAULT);
+    let before = store.latest().unwrap().snapshot;
+    let first = store
+        .write_state(running("a", 1_000, 2), Publish::Staged)
+        .unwrap();
+    let second = store
+        .write_state(running("a", 2_000, 3), Publish::Staged)
+        .unwrap();
+    assert_eq!(
+        (first, second),
+        (before.generation + 1, before.generation + 1)
+    );
+    // Readers see nothing yet; the edge building its next write sees the staged state.
+    assert_eq!(
+        store.latest().unwrap().snapshot.generation,
+        before.generation
+    );
+    assert!(
+        store.latest().unwrap().snapshot.instances[0]
+            .running
+            .is_empty()
+    );
+    let (_, index, current) = store.current_instance("a").unwrap();
+    assert_eq!((index, current.running.len()), (0, 3));
+    assert_eq!(store.publish_staged(), Some(first));
+    let after = store.latest().unwrap().snapshot;
+    assert_eq!(after.generation, first);
+    assert_eq!(after.instances[0].running.len(), 3);
+    assert_eq!(after.instances[0].observed_at_us, 2_000);
+    // The instance nobody wrote is the same object (its memo entries carry over).
+    assert!(Arc::ptr_eq(&after.instances[1], &before.instances[1]));
+    assert_eq!(store.publish_staged(), None, "nothing staged");
+    // Every kept generation is whole: the staged one never showed half its writes.
+    assert!(store.snapshot(first).is_ok());
+}
+
+#[test]
+fn a_write_published_now_or_a_resync_carries_what_was_staged() {
+    let store = synced(StoreLimits::DEFAULT);
+    store
+        .write_state(running("a", 1_000, 2), Publish::Staged)
+        .unwrap();
+    let generation = store.apply_state(running("b", 1_000, 1)).unwrap();
+    let latest = store.latest().unwrap().snapshot;
+    assert_eq!(latest.generation, generation);
+    assert_eq!(
+        (
+            latest.instances[0].running.len(),
+            latest.instances[1].running.len()
+        ),
+        (2, 1)
+    );
+    store
+        .write_state(running("a", 2_000, 4), Publish::Staged)
+        .unwrap();
+    let outcome = store
+        .sync_config(cluster(8), TwinSettings::defaults(), Vec::new())
+        .unwrap();
+    let latest = store.latest().unwrap().snapshot;
+    assert_eq!(latest.generation, outcome.generation);
+    assert_eq!(
+        latest.instances[0].running.len(),
+        4,
+        "kept through the resync"
+    );
+    assert!(
+        store.snapshot(outcome.generation - 1).is_ok(),
+        "staged write published first"
+    );
+    assert_eq!(store.publish_staged(), None);
+}
+
+#[test]
+fn a_rejected_staged_write_leaves_the_staged_snapshot_as_it_was() {
+    let store = synced(StoreLimits::DEFAULT);
+    store
+        .write_state(running("a", 1_000, 2), Publish::Staged)
+        .unwrap();
+    // More running requests than max_num_seqs 4.
+    assert!(matches!(
+        store.write_state(running("a", 2_000, 9), Publish::Staged),
+        Err(TwinError::InvalidField { .. })
+    ));
+    assert!(matches!(
+        store.current_instance("nope"),
+        Err(TwinError::InvalidField { .. })
+    ));
+    store.publish_staged().unwrap();
+    let latest = store.latest().unwrap().snapshot;
+    assert_eq!(latest.instances[0].running.len(), 2);
+    assert_eq!(latest.instances[0].observed_at_us, 1_000);
 }

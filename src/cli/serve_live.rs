@@ -77,6 +77,10 @@ pub struct LiveArgs {
     /// Longest one scrape may take, ms.
     #[arg(long, env = "DITTO_SCRAPE_TIMEOUT_MS", default_value_t = 1000)]
     pub scrape_timeout_ms: u64,
+    /// How often the pods' scrapes and KV batches are published to questions as one new
+    /// snapshot generation, ms (the most a write waits before questions see it).
+    #[arg(long, env = "DITTO_PUBLISH_INTERVAL_MS", default_value_t = 10)]
+    pub publish_interval_ms: u64,
     /// DNS re-resolution period for --pods-dns, ms.
     #[arg(long, env = "DITTO_DNS_INTERVAL_MS", default_value_t = 5000)]
     pub dns_interval_ms: u64,
@@ -293,6 +297,7 @@ pub fn live_config(
     config.scrape_interval = positive(args.scrape_interval_ms, "scrape-interval-ms")?;
     config.scrape_timeout = positive(args.scrape_timeout_ms, "scrape-timeout-ms")?;
     config.dns_interval = positive(args.dns_interval_ms, "dns-interval-ms")?;
+    config.publish_interval = positive(args.publish_interval_ms, "publish-interval-ms")?;
     config.retire_after = Duration::from_millis(args.retire_after_ms);
     config.max_age = MaxAges {
         metrics: max_metrics_age,

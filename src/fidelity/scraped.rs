@@ -21,11 +21,9 @@
 //!
 //! Text in, no I/O. Errors name the file and the series.
 
-use prometheus_parse::Sample;
-
 use super::FidelityError;
 use super::measured::{MeasuredRun, Stage};
-use crate::prom_text::{self, Histogram};
+use crate::prom_text::{self, Histogram, Sample};
 
 /// The scrapes' file names inside a run directory, and the interval file.
 pub const BEFORE_FILE: &str = "metrics_before.txt";
@@ -76,20 +74,19 @@ fn mean(histogram: &Histogram) -> f64 {
     histogram.sum.unwrap_or(f64::NAN) / histogram.count()
 }
 
-/// What one scrape holds.
+/// What one scrape holds (its sample lines, borrowed from the file's text).
 #[derive(Clone, Debug, Default)]
-struct Page {
-    samples: Vec<Sample>,
+struct Page<'a> {
+    samples: Vec<Sample<'a>>,
 }
 
-impl Page {
-    fn parse(file: &str, text: &str) -> Result<Page, FidelityError> {
-        let samples =
-            prom_text::parse(text, |_| true).map_err(|reason| FidelityError::BadFile {
-                file: file.into(),
-                reason,
-            })?;
-        Ok(Page { samples })
+impl<'a> Page<'a> {
+    /// The page's samples. Lines the parser cannot read are skipped, so a bad file shows up
+    /// as a missing series, which the caller names.
+    fn parse(text: &'a str) -> Page<'a> {
+        Page {
+            samples: prom_text::parse(text, |_| true),
+        }
     }
 
     /// The histogram under the first of `names` present, summed over its label sets.
@@ -103,7 +100,7 @@ impl Page {
     fn cache_label(&self, label: &str) -> Option<u32> {
         self.samples
             .iter()
-            .find(|s| s.metric == CACHE_INFO)
+            .find(|s| s.name == CACHE_INFO)
             .and_then(|s| prom_text::label_u32(s, &[label]))
     }
 }
@@ -148,10 +145,8 @@ pub(super) fn apply_scrapes(
             reason: format!("duration_s: {} must be in (0, 1e7)", spec.duration_s),
         });
     }
-    let after = Page::parse(AFTER_FILE, after)?;
-    let before = before
-        .map(|text| Page::parse(BEFORE_FILE, text))
-        .transpose()?;
+    let after = Page::parse(after);
+    let before = before.map(Page::parse);
     let delta = |names: &[&'static str]| -> Result<Histogram, FidelityError> {
         let (name, later) = after
             .histogram(names)
@@ -217,7 +212,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"7462\"} 1.0
 
     #[test]
     fn reads_vllm_histograms_with_colons_and_labels() {
-        let page = Page::parse(AFTER_FILE, PAGE).unwrap();
+        let page = Page::parse(PAGE);
         let (name, h) = page.histogram(E2E).unwrap();
         assert_eq!(name, "vllm:e2e_request_latency_seconds");
         assert_eq!(h.count(), 10.0);
@@ -232,7 +227,7 @@ vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"7462\"} 1.0
 
     #[test]
     fn a_counter_reset_between_scrapes_is_refused() {
-        let page = Page::parse(AFTER_FILE, PAGE).unwrap();
+        let page = Page::parse(PAGE);
         let (_, h) = page.histogram(E2E).unwrap();
         let smaller = Histogram {
             buckets: vec![(1.0, 1.0), (2.0, 1.0), (f64::INFINITY, 1.0)],

@@ -76,12 +76,23 @@ impl ScrapeBench {
 /// A vLLM v1 `/metrics` page of realistic size (the families of `vllm/v1/metrics/loggers.py`
 /// with their label sets and 1-2-5 / latency buckets).
 pub fn vllm_page() -> String {
+    vllm_page_at(0)
+}
+
+/// [`vllm_page`] as a busy pod serves it at its `scrape`-th scrape: gauges move and every
+/// counter and histogram has grown since the scrape before (a busy vLLM pod's page is never
+/// the same twice at 50 ms), so nothing can be skipped as unchanged.
+pub fn vllm_page_at(scrape: u64) -> String {
+    let grown = scrape as f64;
     let labels = r#"engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct""#;
     let mut page = String::new();
     for (name, value) in [
-        ("vllm:num_requests_running", 12.0),
-        ("vllm:num_requests_waiting", 3.0),
-        ("vllm:kv_cache_usage_perc", 0.42),
+        ("vllm:num_requests_running", 12.0 + (scrape % 7) as f64),
+        ("vllm:num_requests_waiting", (scrape % 4) as f64),
+        (
+            "vllm:kv_cache_usage_perc",
+            0.42 + (scrape % 10) as f64 / 100.0,
+        ),
     ] {
         let _ = writeln!(
             page,
@@ -101,7 +112,8 @@ pub fn vllm_page() -> String {
     ] {
         let _ = writeln!(
             page,
-            "# HELP {name} counter\n# TYPE {name} counter\n{name}_total{{{labels}}} 123456.0"
+            "# HELP {name} counter\n# TYPE {name} counter\n{name}_total{{{labels}}} {:?}",
+            123_456.0 + 97.0 * grown
         );
     }
     let tokens = [
@@ -116,21 +128,14 @@ pub fn vllm_page() -> String {
         for (i, le) in bounds.iter().enumerate() {
             let _ = writeln!(
                 page,
-                "{name}_bucket{{{labels},le=\"{le:?}\"}} {}.0",
-                (i + 1) * 10
+                "{name}_bucket{{{labels},le=\"{le:?}\"}} {:?}",
+                ((i + 1) * 10) as f64 + grown * (i + 1) as f64
             );
         }
-        let _ = writeln!(
-            page,
-            "{name}_bucket{{{labels},le=\"+Inf\"}} {}.0",
-            (bounds.len() + 1) * 10
-        );
-        let _ = writeln!(
-            page,
-            "{name}_count{{{labels}}} {}.0",
-            (bounds.len() + 1) * 10
-        );
-        let _ = writeln!(page, "{name}_sum{{{labels}}} 98765.0");
+        let total = ((bounds.len() + 1) * 10) as f64 + grown * (bounds.len() + 1) as f64;
+        let _ = writeln!(page, "{name}_bucket{{{labels},le=\"+Inf\"}} {total:?}");
+        let _ = writeln!(page, "{name}_count{{{labels}}} {total:?}");
+        let _ = writeln!(page, "{name}_sum{{{labels}}} {:?}", 98_765.0 + 3.5 * grown);
     };
     let token_bounds: Vec<f64> = tokens.iter().map(|&t| f64::from(t)).collect();
     for name in [
@@ -216,11 +221,11 @@ pub async fn serve_fake_pods(pods: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// N axum servers of the realistic page on 127.0.0.1 (ephemeral ports).
+/// N axum servers of the realistic page of a busy pod (a new page at every scrape) on
+/// 127.0.0.1 (ephemeral ports).
 async fn start_fake_pods(
     pods: usize,
 ) -> Result<(Vec<String>, Vec<tokio::task::JoinHandle<()>>), String> {
-    let page: Arc<str> = vllm_page().into();
     let mut addresses = Vec::with_capacity(pods);
     let mut servers = Vec::with_capacity(pods);
     for _ in 0..pods {
@@ -233,12 +238,12 @@ async fn start_fake_pods(
                 .map_err(|err| err.to_string())?
                 .to_string(),
         );
-        let body = Arc::clone(&page);
+        let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let router = Router::new().route(
             "/metrics",
             get(move || {
-                let body = Arc::clone(&body);
-                async move { body.to_string() }
+                let scrape = scrapes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                async move { vllm_page_at(scrape) }
             }),
         );
         servers.push(tokio::spawn(async move {

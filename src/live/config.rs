@@ -165,11 +165,16 @@ pub struct LiveConfig {
     pub max_age: MaxAges,
     /// Longest a KV replay may take.
     pub replay_timeout: Duration,
+    /// How often the pods' staged writes (scrapes, KV batches) are published as one new
+    /// generation (see `twin::store::Publish`): the most a write waits before questions see
+    /// it.
+    pub publish_interval: Duration,
 }
 
 impl LiveConfig {
     /// Defaults around `sources` and `cluster`: 50 ms scrapes with a 1 s timeout, DNS every
-    /// 5 s, retire after 30 s, metrics stale after 1 s, no KV age limit, 2 s replays.
+    /// 5 s, retire after 30 s, metrics stale after 1 s, no KV age limit, 2 s replays, writes
+    /// published every 10 ms.
     pub fn new(sources: Vec<LiveSource>, cluster: ClusterConfig, settings: TwinSettings) -> Self {
         Self {
             sources,
@@ -185,6 +190,7 @@ impl LiveConfig {
                 kv_events: None,
             },
             replay_timeout: Duration::from_secs(2),
+            publish_interval: Duration::from_millis(10),
         }
     }
 }

@@ -28,7 +28,7 @@ use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocke
 use super::config::KvEndpoints;
 use super::kv_wire::{KvWireError, WireBatch, decode_batch, decode_seq};
 use super::pod::{Pod, pause, wall_now_us};
-use crate::twin::store::{KvEvent, KvEventBatch};
+use crate::twin::store::{KvEvent, KvEventBatch, Publish};
 
 /// How long a pod's prefix state stays stale after a gap that could not be replayed (then
 /// the blocks stored since are trusted again).
@@ -447,12 +447,15 @@ fn write(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64) {
     let mut sink = pod.kv_sink.lock().unwrap_or_else(PoisonError::into_inner);
     let ts_us = wall_now_us().max(sink.last_ts_us);
     let seq = sink.next_seq + missed;
-    let result = pod.store.apply_kv_events_capped(KvEventBatch {
-        instance_id: pod.id.clone(),
-        seq,
-        ts_us,
-        events,
-    });
+    let result = pod.store.apply_kv_events_capped(
+        KvEventBatch {
+            instance_id: pod.id.clone(),
+            seq,
+            ts_us,
+            events,
+        },
+        Publish::Staged,
+    );
     let outcome = match result {
         Ok(applied) => {
             if applied.evicted > 0 {

@@ -27,7 +27,7 @@ use super::pod::wall_now_us;
 use crate::cluster::spec::default_cluster;
 use crate::telemetry::Metrics;
 use crate::twin::snapshot::TwinSettings;
-use crate::twin::store::{KvEventBatch, MirrorStore, StoreLimits};
+use crate::twin::store::{KvEventBatch, MirrorStore, Publish, StoreLimits};
 
 /// Batches per second each fake pod publishes.
 const BATCHES_PER_S: u64 = 10;
@@ -286,6 +286,8 @@ fn decode_apply_cores(pods: usize, per_batch: u64, cached: u64) -> Result<f64, S
         for (pod, seq, payload) in round {
             apply(&store, *pod, *seq, ts_us, payload)?;
         }
+        // One publish per round, as the live mirror's publish tick does.
+        store.publish_staged();
     }
     let cpu = (process_cpu_s() - cpu_start).max(started.elapsed().as_secs_f64().min(0.01));
     Ok(cpu / seconds as f64)
@@ -301,12 +303,15 @@ fn apply(
 ) -> Result<(), String> {
     let batch = decode_batch(seq, payload).map_err(|err| err.to_string())?;
     store
-        .apply_kv_events_capped(KvEventBatch {
-            instance_id: format!("bench-{pod}"),
-            seq,
-            ts_us,
-            events: batch.events,
-        })
+        .apply_kv_events_capped(
+            KvEventBatch {
+                instance_id: format!("bench-{pod}"),
+                seq,
+                ts_us,
+                events: batch.events,
+            },
+            Publish::Staged,
+        )
         .map(|_| ())
         .map_err(|err| err.to_string())
 }

@@ -54,6 +54,8 @@ pub enum LiveError {
 #[derive(Debug)]
 pub struct LiveHandle {
     coordinator: JoinHandle<()>,
+    /// Publishes the pods' staged writes once per `publish_interval`.
+    publisher: JoinHandle<()>,
     /// Changes after every config sync the live mirror makes (value: the generation).
     pub synced: watch::Receiver<u64>,
 }
@@ -61,6 +63,7 @@ pub struct LiveHandle {
 impl Drop for LiveHandle {
     fn drop(&mut self) {
         self.coordinator.abort();
+        self.publisher.abort();
     }
 }
 
@@ -139,6 +142,10 @@ pub fn start(
     }
     let has_kube = !coordinator.kube_tasks.is_empty();
     drop(kube_news);
+    let publisher = tokio::spawn(publish_loop(
+        Arc::clone(&coordinator.store),
+        coordinator.config.publish_interval,
+    ));
     let task = tokio::spawn(async move {
         let mut ticker = tokio::time::interval(coordinator.config.dns_interval);
         let mut retire_ticker = tokio::time::interval(KUBE_RETIRE_CHECK);
@@ -153,8 +160,21 @@ pub fn start(
     });
     Ok(LiveHandle {
         coordinator: task,
+        publisher,
         synced: synced_rx,
     })
+}
+
+/// Publishes what the pods' tasks staged in the store (scrapes, KV batches) as one new
+/// generation every `interval`: questions see a write at most one interval late, and the
+/// mirror makes one snapshot per tick instead of one per write.
+async fn publish_loop(store: Arc<MirrorStore>, interval: std::time::Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        store.publish_staged();
+    }
 }
 
 /// How often pods that Kubernetes discovery lost are checked for retirement.

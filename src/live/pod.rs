@@ -1,7 +1,7 @@
 //! One mirrored pod: its scrape loop (gauges, cache info, state rebuilt when nobody pushes
 //! per-request state) and its health (why each signal holds it stale), written to the store
-//! through the same entry points the push RPCs use (`MirrorStore::apply_state`,
-//! `apply_kv_events`) plus `set_stale_reason`.
+//! through the same entry points the push RPCs use (`MirrorStore::write_state`,
+//! `apply_kv_events_capped`, staged: published once per tick) plus `set_stale_reason`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,12 +12,12 @@ use tokio::time::MissedTickBehavior;
 
 use super::config::LiveConfig;
 use super::rebuild::rebuild;
-use super::scrape::{ScrapeError, Scraper};
+use super::scrape::{ScrapeError, Scraper, page_text};
 use super::text::{RestartMarks, TextError, parse_metrics};
 use crate::telemetry::live::LiveMetrics;
 use crate::twin::TwinError;
 use crate::twin::snapshot::Gauges;
-use crate::twin::store::{InstanceUpdate, MirrorStore};
+use crate::twin::store::{InstanceUpdate, MirrorStore, Publish};
 
 /// The wall clock in µs since the Unix epoch (the mirror's client clock in live mode).
 pub fn wall_now_us() -> u64 {
@@ -277,8 +277,8 @@ async fn scrape_once(
     seen: &mut Seen,
     news: &mpsc::Sender<PodNews>,
 ) -> Result<u64, ScrapeFailure> {
-    let text = scraper.scrape().await?;
-    let metrics = parse_metrics(&text)?;
+    let body = scraper.scrape().await?;
+    let metrics = parse_metrics(page_text(&body)?)?;
     let marks = metrics.restart_marks();
     if seen
         .marks
@@ -322,20 +322,12 @@ async fn scrape_once(
     }
     // Observed now, after the page arrived: as close as possible to what it describes.
     let at_us = wall_now_us().max(last_at_us + 1);
-    let Some(stored) = pod.store.latest() else {
-        return Err(ScrapeFailure::NoConfig);
+    let (config, index, state) = match pod.store.current_instance(&pod.id) {
+        Ok(current) => current,
+        Err(TwinError::NotSynced) => return Err(ScrapeFailure::NoConfig),
+        Err(_) => return Err(ScrapeFailure::NotInConfig),
     };
-    let snapshot = &stored.snapshot;
-    let Some(index) = snapshot
-        .config
-        .instances
-        .iter()
-        .position(|instance| instance.id == pod.id)
-    else {
-        return Err(ScrapeFailure::NotInConfig);
-    };
-    let engine = &snapshot.config.instances[index].engine;
-    let state = &snapshot.instances[index];
+    let engine = &config.instances[index].engine;
     pod.metrics
         .config_mismatch
         .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
@@ -354,9 +346,6 @@ async fn scrape_once(
             .collect::<Vec<_>>()
             .join("; ")
     });
-    if state.capped != note {
-        let _ = pod.store.set_capped_note(&pod.id, note);
-    }
     // Pushed per-request state is preferred while it is fresh.
     let last_rebuild = pod.last_rebuild_us.load(Ordering::Relaxed);
     let max_age_us = u64::try_from(pod.config.max_age.metrics.as_micros()).unwrap_or(u64::MAX);
@@ -379,15 +368,19 @@ async fn scrape_once(
     // A small update (one instance's gauges and a rebuilt list): applied inline, the store
     // holds its lock for microseconds.
     let with_requests = update.requests.is_some();
-    let applied = match pod.store.apply_state(update.clone()) {
+    // Staged: published with the other pods' writes at the next publish tick.
+    let applied = match pod.store.write_state(update.clone(), Publish::Staged) {
         Ok(_) => Ok(with_requests),
         // A push newer than this scrape won the race: keep it, take the gauges only.
         Err(_) if with_requests => pod
             .store
-            .apply_state(InstanceUpdate {
-                requests: None,
-                ..update
-            })
+            .write_state(
+                InstanceUpdate {
+                    requests: None,
+                    ..update
+                },
+                Publish::Staged,
+            )
             .map(|_| false),
         Err(err) => Err(err),
     };
@@ -395,6 +388,11 @@ async fn scrape_once(
         Ok(true) if rebuilt => pod.last_rebuild_us.store(at_us, Ordering::Relaxed),
         Ok(_) => {}
         Err(err) => return Err(ScrapeFailure::Rejected(err)),
+    }
+    // After the write: a changed note is published at once, with the capped values it
+    // describes (staged just above), never before them.
+    if state.capped != note {
+        let _ = pod.store.set_capped_note(&pod.id, note);
     }
     Ok(at_us)
 }

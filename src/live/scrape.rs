@@ -51,8 +51,9 @@ impl Scraper {
         }
     }
 
-    /// Fetches the page; on any failure the connection is dropped and reopened next time.
-    pub async fn scrape(&mut self) -> Result<String, ScrapeError> {
+    /// Fetches the page's body (its text: [`page_text`]); on any failure the connection is
+    /// dropped and reopened next time.
+    pub async fn scrape(&mut self) -> Result<Bytes, ScrapeError> {
         let result = match tokio::time::timeout(self.timeout, self.fetch()).await {
             Ok(result) => result,
             Err(_) => Err(ScrapeError::Timeout(self.timeout.as_millis())),
@@ -78,7 +79,7 @@ impl Scraper {
         Ok(sender)
     }
 
-    async fn fetch(&mut self) -> Result<String, ScrapeError> {
+    async fn fetch(&mut self) -> Result<Bytes, ScrapeError> {
         if self.connection.as_ref().is_some_and(SendRequest::is_closed) {
             self.connection = None;
         }
@@ -108,6 +109,12 @@ impl Scraper {
         if !status.is_success() {
             return Err(ScrapeError::Status(status.as_u16()));
         }
-        String::from_utf8(body.to_vec()).map_err(|err| ScrapeError::Body(err.to_string()))
+        Ok(body)
     }
+}
+
+/// The text of a fetched body (read in place: a page is tens of kB, scraped 20 times a
+/// second per pod, and is not copied into a `String`).
+pub fn page_text(body: &Bytes) -> Result<&str, ScrapeError> {
+    std::str::from_utf8(body).map_err(|err| ScrapeError::Body(err.to_string()))
 }

@@ -1,7 +1,7 @@
 //! A pod's `/metrics` page → the numbers the mirror needs ([`PodMetrics`]).
 //!
-//! The page is parsed by [`crate::prom_text`] (which handles the `:` in the names); this
-//! module only picks the engine's series. It accepts vLLM's current and deprecated names
+//! The page is parsed by [`crate::prom_text`] (only the lines of the families read here are
+//! read past their name); this module picks the engine's series. It accepts vLLM's current and deprecated names
 //! (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
 //! `vllm:inter_token_latency_seconds` / `vllm:time_per_output_token_seconds`,
 //! `vllm:prefix_cache_*` / `vllm:gpu_prefix_cache_*`), counters with or without `_total`,
@@ -11,18 +11,13 @@
 //! required gauges is an error that names what is missing: the parser skips lines it cannot
 //! read, so garbage or truncated text shows up here.
 
-use prometheus_parse::Sample;
-
-use crate::prom_text::{self, family, line_name, plain_value};
-pub use crate::prom_text::{COLON, Histogram};
+pub use crate::prom_text::Histogram;
+use crate::prom_text::{self, Sample, family};
 use thiserror::Error;
 
 /// Why a page could not be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum TextError {
-    /// The body is not text the parser can read.
-    #[error("metrics text: {0}")]
-    Unreadable(String),
     /// A required gauge is absent (garbage, truncated text, or not a model server).
     #[error("metrics text: no {0} (nor its deprecated or SGLang names)")]
     Missing(&'static str),
@@ -171,21 +166,10 @@ const WANTED: [&[(&str, bool)]; 10] = [
     PROCESS_START,
 ];
 
-/// True for lines of the families this module reads (the rest is not parsed: a vLLM page
-/// is mostly latency histograms). Of the inter-token-latency histogram only its count is
-/// read (a counter that goes back reveals a restart), so of its buckets only `+Inf` is kept:
-/// a quarter of the kept lines fewer to parse on every scrape.
-fn wanted(line: &str) -> bool {
-    let Some(name) = line_name(line) else {
-        return false;
-    };
+/// True for the sample names of the families this module reads (the rest of a vLLM page,
+/// mostly latency histograms, is not read past each line's name).
+fn wanted(name: &str) -> bool {
     let base = family(name);
-    if ITL.iter().any(|(itl, _)| *itl == base)
-        && name.ends_with("_bucket")
-        && !line.trim_start().starts_with('#')
-    {
-        return line.contains("le=\"+Inf\"");
-    }
     WANTED
         .iter()
         .flat_map(|names| names.iter())
@@ -194,7 +178,7 @@ fn wanted(line: &str) -> bool {
 
 /// Parses one `/metrics` page.
 pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
-    let samples = &prom_text::parse(text, wanted).map_err(TextError::Unreadable)?;
+    let samples = &prom_text::parse(text, wanted);
     let mut metrics = PodMetrics::default();
     let mut note = |names: &[(&'static str, bool)], used: &str| {
         if let Some(&(name, true)) = names.iter().find(|(name, _)| *name == used) {
@@ -242,10 +226,10 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         ..PodMetrics::default()
     };
     let engines_of = |names: &[(&str, bool)]| {
-        let mut engines: Vec<&str> = samples
+        let mut engines: Vec<_> = samples
             .iter()
-            .filter(|s| names.iter().any(|(name, _)| s.metric == *name))
-            .filter_map(|s| s.labels.get("engine"))
+            .filter(|s| names.iter().any(|(name, _)| s.name == *name))
+            .filter_map(|s| s.label("engine"))
             .collect();
         engines.sort_unstable();
         engines.dedup();
@@ -257,7 +241,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     };
     if let Some(info) = samples
         .iter()
-        .find(|s| CACHE_INFO.iter().any(|(name, _)| s.metric == *name))
+        .find(|s| CACHE_INFO.iter().any(|(name, _)| s.name == *name))
     {
         metrics.block_size = prom_text::label_u32(info, &["block_size", "page_size"]);
         metrics.num_gpu_blocks = prom_text::label_u32(info, &["num_gpu_blocks", "num_pages"]);
@@ -300,44 +284,37 @@ enum Combine {
 
 /// The first name in `names` with samples, and their sum or mean over label sets.
 fn scalar(
-    samples: &[Sample],
+    samples: &[Sample<'_>],
     names: &[(&'static str, bool)],
     combine: Combine,
 ) -> Option<(&'static str, f64)> {
     names.iter().find_map(|&(name, _)| {
-        let values: Vec<f64> = samples
+        let (count, sum) = samples
             .iter()
-            .filter(|s| s.metric == name)
-            .filter_map(|s| plain_value(&s.value))
-            .collect();
-        if values.is_empty() {
-            return None;
-        }
-        let sum: f64 = values.iter().sum();
-        Some(match combine {
+            .filter(|s| s.name == name)
+            .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
+        (count > 0).then(|| match combine {
             Combine::Sum => (name, sum),
-            Combine::Mean => (name, sum / values.len() as f64),
+            Combine::Mean => (name, sum / f64::from(count)),
         })
     })
 }
 
 /// A counter by its name or its name with `_total`, summed over label sets.
-fn counter(samples: &[Sample], names: &[(&'static str, bool)]) -> Option<(&'static str, f64)> {
+fn counter(samples: &[Sample<'_>], names: &[(&'static str, bool)]) -> Option<(&'static str, f64)> {
     names.iter().find_map(|&(name, _)| {
-        let total = format!("{name}_total");
-        let values: Vec<f64> = samples
+        let (count, sum) = samples
             .iter()
-            .filter(|s| s.metric == name || s.metric == total)
-            .filter_map(|s| plain_value(&s.value))
-            .collect();
-        (!values.is_empty()).then(|| (name, values.iter().sum()))
+            .filter(|s| s.name == name || s.name.strip_suffix("_total") == Some(name))
+            .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
+        (count > 0).then_some((name, sum))
     })
 }
 
 /// The first of `names` published as a histogram (buckets and `_sum` summed over label
 /// sets).
 fn histogram(
-    samples: &[Sample],
+    samples: &[Sample<'_>],
     names: &[(&'static str, bool)],
 ) -> Option<(&'static str, Histogram)> {
     names
@@ -372,7 +349,7 @@ vllm:request_prompt_tokens_sum{engine=\"0\",model_name=\"m\"} 3000.0
 ";
 
     #[test]
-    fn of_the_itl_histogram_only_the_inf_bucket_is_parsed_and_its_count_read() {
+    fn the_itl_count_is_read_and_unread_families_are_not() {
         let page = format!(
             "{PAGE}\
 # TYPE vllm:inter_token_latency_seconds histogram
@@ -382,13 +359,10 @@ vllm:inter_token_latency_seconds_count{{engine=\"0\",model_name=\"m\"}} 42.0
 vllm:inter_token_latency_seconds_sum{{engine=\"0\",model_name=\"m\"}} 1.5
 "
         );
-        assert!(!wanted(
-            "vllm:inter_token_latency_seconds_bucket{engine=\"0\",le=\"0.01\"} 5.0"
-        ));
-        assert!(wanted(
-            "vllm:inter_token_latency_seconds_bucket{engine=\"0\",le=\"+Inf\"} 42.0"
-        ));
-        assert!(wanted("# TYPE vllm:inter_token_latency_seconds histogram"));
+        assert!(wanted("vllm:inter_token_latency_seconds_bucket"));
+        assert!(wanted("vllm:prefix_cache_hits_total"));
+        assert!(!wanted("vllm:e2e_request_latency_seconds_bucket"));
+        assert!(!wanted("vllm:num_preemptions_total"));
         assert_eq!(parse_metrics(&page).unwrap().itl_count, Some(42.0));
     }
 

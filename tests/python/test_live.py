@@ -379,12 +379,13 @@ def test_pushed_state_is_preferred_over_the_rebuild(fakes, serve):
     assert [r.request_id for r in inst.requests.running] == ["pushed-1"], "the push wins while fresh"
 
 
-def test_bad_live_flags_exit_64_naming_the_flag():
+def test_bad_live_flags_exit_2_naming_the_flag():
     for args, flag in [
         (["--pods", "nohost"], "--pods"),
         (["--pods", "a:1", "--kv-events", "ipc://x"], "--kv-events"),
         (["--kv-events", "tcp://{ip}:1"], "--kv-events"),
         (["--pods", "a:1", "--scrape-interval-ms", "0"], "--scrape-interval-ms"),
+        (["--pods", "a:1", "--publish-interval-ms", "0"], "--publish-interval-ms"),
     ]:
         done = subprocess.run([BINARY, "serve", *args], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, (args, done.stderr)

@@ -7,6 +7,13 @@
 //! change (config, state update, KV batch) makes a new generation; the last few snapshots are
 //! kept so a caller can ask for one by generation.
 //!
+//! Publishing: a push RPC's write is published at once (its caller is told the generation
+//! and may ask for it). A pulling edge's writes (the live mirror's scrapes and KV batches,
+//! thousands a second over a hundred pods) are *staged* instead ([`Publish::Staged`]): they
+//! change one unpublished snapshot in place, and [`MirrorStore::publish_staged`], called
+//! once per tick, publishes them all as one generation. So the mirror copies its instance
+//! list and reshapes its memo once per tick, not once per write.
+//!
 //! Concurrency: writers serialise on one mutex and publish by swapping an `Arc` under a
 //! short write lock; readers only clone an `Arc`. No lock is held while anything slow or
 //! asynchronous runs, and predictions never see a snapshot change under them. Knows nothing
@@ -83,10 +90,27 @@ pub struct MirrorStore {
     published: RwLock<VecDeque<StoredSnapshot>>,
 }
 
+/// When readers see a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// In a new generation published before the call returns (push RPCs).
+    Now,
+    /// At the next [`MirrorStore::publish_staged`], with every write staged before it, as one
+    /// generation (the live mirror's pulling edge).
+    Staged,
+}
+
 /// Writer-side state: the latest snapshot plus what is not part of snapshots.
 #[derive(Debug, Default)]
 struct Writer {
+    /// The latest published snapshot.
     latest: Option<StoredSnapshot>,
+    /// Writes not yet published, applied to a private copy of `latest` (its memo is taken
+    /// over from `latest` when it is published).
+    staged: Option<MirrorSnapshot>,
+    /// Arrivals or finished lengths were recorded since the last publish (the traffic
+    /// summary is rebuilt when the staged snapshot is published).
+    traffic_changed: bool,
     generation: u64,
     index: HashMap<String, usize>,
     arrivals: VecDeque<u64>,
@@ -130,6 +154,24 @@ impl MirrorStore {
             .read()
             .unwrap_or_else(PoisonError::into_inner);
         published.back().cloned()
+    }
+
+    /// The config in force, the index of instance `id` in it, and the instance's current
+    /// state, staged writes included: what a pulling edge builds its next write on (the
+    /// published snapshot may not show its last write yet). `NotSynced` before the first
+    /// sync; `InvalidArgument` for an instance the config does not list.
+    pub fn current_instance(
+        &self,
+        id: &str,
+    ) -> Result<(Arc<ClusterConfig>, usize, Arc<InstanceState>), TwinError> {
+        let writer = lock(&self.writer);
+        let current = writer.current().ok_or_else(no_config)?;
+        let index = instance_index(&writer, id)?;
+        Ok((
+            Arc::clone(&current.config),
+            index,
+            Arc::clone(&current.instances[index]),
+        ))
     }
 
     /// The snapshot at `generation` (0: the latest). `FailedPrecondition` before the first
@@ -178,6 +220,7 @@ impl MirrorStore {
 
     /// Replaces the config. Identical config, settings and addresses keep the generation.
     /// `addresses` is index-aligned with `cluster.instances` (empty: no addresses).
+    /// Staged writes are published first.
     pub fn sync_config(
         &self,
         cluster: ClusterConfig,
@@ -198,6 +241,7 @@ impl MirrorStore {
             addresses.into()
         };
         let mut writer = lock(&self.writer);
+        self.publish_staged_locked(&mut writer);
         if let Some(latest) = &writer.latest {
             let snapshot = &latest.snapshot;
             if *snapshot.config == cluster
@@ -263,14 +307,19 @@ impl MirrorStore {
         })
     }
 
-    /// Applies one instance update atomically; returns the new generation.
+    /// Applies one instance update atomically and publishes it; returns the new generation.
     pub fn apply_state(&self, update: InstanceUpdate) -> Result<u64, TwinError> {
+        self.write_state(update, Publish::Now)
+    }
+
+    /// Applies one instance update atomically, published now or staged (see [`Publish`]);
+    /// returns the generation it is (or will be) published in.
+    pub fn write_state(&self, update: InstanceUpdate, publish: Publish) -> Result<u64, TwinError> {
         let mut writer = lock(&self.writer);
-        let latest = writer.latest.clone().ok_or_else(no_config)?;
-        let snapshot = &latest.snapshot;
+        let current = writer.current().ok_or_else(no_config)?;
         let index = instance_index(&writer, &update.instance_id)?;
-        let config = &snapshot.config.instances[index];
-        let old = &snapshot.instances[index];
+        let config = &current.config.instances[index];
+        let old = &current.instances[index];
         if update.events.len() > self.limits.max_events_per_update {
             return Err(TwinError::OverLimit(format!(
                 "events: {} events in one update exceed the limit of {}",
@@ -280,42 +329,39 @@ impl MirrorStore {
         }
         let applied = build_state(old, config, update, &self.limits)?;
         writer.record_traffic(&applied, &self.limits);
-        let traffic = writer.traffic_stats(&self.limits, &snapshot.traffic);
-        let mut instances = snapshot.instances.clone();
-        instances[index] = Arc::new(applied.state);
-        let mut next = MirrorSnapshot {
-            generation: writer.generation + 1,
-            instances,
-            traffic,
-            ..(**snapshot).clone()
-        };
-        next.inherit_memo(snapshot);
-        let generation = next.generation;
-        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
-        Ok(generation)
+        Ok(self.commit(&mut writer, index, applied.state, publish))
     }
 
     /// Applies one KV event batch atomically; more cached blocks than the instance's
     /// `num_gpu_blocks` is an error.
     pub fn apply_kv_events(&self, batch: KvEventBatch) -> Result<KvApplied, TwinError> {
-        self.apply_kv_batch(batch, false)
+        self.apply_kv_batch(batch, false, Publish::Now)
     }
 
     /// Applies one KV event batch atomically, as a pulling edge does: more cached blocks
     /// than the instance's `num_gpu_blocks` (their removals were missed) evicts the least
     /// recently stored ones, as the pod's LRU would have (counted in
     /// [`KvApplied::evicted`]), instead of refusing the batch.
-    pub fn apply_kv_events_capped(&self, batch: KvEventBatch) -> Result<KvApplied, TwinError> {
-        self.apply_kv_batch(batch, true)
+    /// Published now or staged (see [`Publish`]).
+    pub fn apply_kv_events_capped(
+        &self,
+        batch: KvEventBatch,
+        publish: Publish,
+    ) -> Result<KvApplied, TwinError> {
+        self.apply_kv_batch(batch, true, publish)
     }
 
-    fn apply_kv_batch(&self, batch: KvEventBatch, cap: bool) -> Result<KvApplied, TwinError> {
+    fn apply_kv_batch(
+        &self,
+        batch: KvEventBatch,
+        cap: bool,
+        publish: Publish,
+    ) -> Result<KvApplied, TwinError> {
         let mut writer = lock(&self.writer);
-        let latest = writer.latest.clone().ok_or_else(no_config)?;
-        let snapshot = &latest.snapshot;
+        let current = writer.current().ok_or_else(no_config)?;
         let index = instance_index(&writer, &batch.instance_id)?;
-        let config = &snapshot.config.instances[index];
-        let old = &snapshot.instances[index];
+        let config = &current.config.instances[index];
+        let old = &current.instances[index];
         if batch.events.len() > self.limits.max_kv_events_per_batch {
             return Err(TwinError::OverLimit(format!(
                 "events: {} events in one batch exceed the limit of {}",
@@ -351,16 +397,7 @@ impl MirrorStore {
         if let Some(gap) = &gap {
             state.kv_event_gaps += gap.received_seq - gap.expected_seq;
         }
-        let mut instances = snapshot.instances.clone();
-        instances[index] = Arc::new(state);
-        let mut next = MirrorSnapshot {
-            generation: writer.generation + 1,
-            instances,
-            ..(**snapshot).clone()
-        };
-        next.inherit_memo(snapshot);
-        let generation = next.generation;
-        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
+        let generation = self.commit(&mut writer, index, state, publish);
         Ok(KvApplied {
             generation,
             gap,
@@ -396,26 +433,67 @@ impl MirrorStore {
         slot: impl Fn(&mut InstanceState) -> &mut Option<String>,
     ) -> Result<u64, TwinError> {
         let mut writer = lock(&self.writer);
-        let latest = writer.latest.clone().ok_or_else(no_config)?;
-        let snapshot = &latest.snapshot;
+        let current = writer.current().ok_or_else(no_config)?;
         let index = instance_index(&writer, instance_id)?;
-        let old = &snapshot.instances[index];
-        let mut state = (**old).clone();
+        let mut state = (*current.instances[index]).clone();
         if *slot(&mut state) == value {
-            return Ok(snapshot.generation);
+            // Nothing to write; staged writes are published all the same (the caller
+            // expects what it reads next to be current).
+            self.publish_staged_locked(&mut writer);
+            return Ok(writer.generation);
         }
         *slot(&mut state) = value;
-        let mut instances = snapshot.instances.clone();
-        instances[index] = Arc::new(state);
-        let mut next = MirrorSnapshot {
-            generation: writer.generation + 1,
-            instances,
-            ..(**snapshot).clone()
-        };
-        next.inherit_memo(snapshot);
-        let generation = next.generation;
-        self.publish(&mut writer, next, Arc::clone(&latest.addresses));
-        Ok(generation)
+        Ok(self.commit(&mut writer, index, state, Publish::Now))
+    }
+
+    /// Publishes every staged write as one new generation; `None` when nothing was staged.
+    pub fn publish_staged(&self) -> Option<u64> {
+        let mut writer = lock(&self.writer);
+        self.publish_staged_locked(&mut writer)
+    }
+
+    fn publish_staged_locked(&self, writer: &mut Writer) -> Option<u64> {
+        let mut staged = writer.staged.take()?;
+        if std::mem::take(&mut writer.traffic_changed) {
+            staged.traffic = writer.traffic_stats(&self.limits, &staged.traffic);
+        }
+        let latest = writer.latest.as_ref()?;
+        staged.inherit_memo(&latest.snapshot);
+        let addresses = Arc::clone(&latest.addresses);
+        let generation = staged.generation;
+        self.publish(writer, staged, addresses);
+        Some(generation)
+    }
+
+    /// Writes `state` for instance `index` into the staged snapshot (a private copy of the
+    /// latest made by the first write after a publish), then publishes it if asked. Returns
+    /// the generation the write is published in.
+    fn commit(
+        &self,
+        writer: &mut Writer,
+        index: usize,
+        state: InstanceState,
+        publish: Publish,
+    ) -> u64 {
+        let generation = writer.generation + 1;
+        if writer.staged.is_none() {
+            let Some(latest) = &writer.latest else {
+                // Unreachable: every caller found a current snapshot first.
+                return writer.generation;
+            };
+            writer.staged = Some(MirrorSnapshot {
+                generation,
+                memo: Default::default(),
+                ..(*latest.snapshot).clone()
+            });
+        }
+        if let Some(staged) = &mut writer.staged {
+            staged.instances[index] = Arc::new(state);
+        }
+        if publish == Publish::Now {
+            self.publish_staged_locked(writer);
+        }
+        generation
     }
 
     fn publish(&self, writer: &mut Writer, snapshot: MirrorSnapshot, addresses: Arc<[String]>) {
@@ -433,6 +511,15 @@ impl MirrorStore {
         while published.len() > self.limits.history_len {
             published.pop_front();
         }
+    }
+}
+
+impl Writer {
+    /// What the next write applies to: the staged snapshot, else the latest published.
+    fn current(&self) -> Option<&MirrorSnapshot> {
+        self.staged
+            .as_ref()
+            .or_else(|| self.latest.as_ref().map(|latest| &*latest.snapshot))
     }
 }
 
@@ -487,6 +574,10 @@ fn validate_config(cluster: &ClusterConfig, addresses: &[String]) -> Result<(), 
 
 impl Writer {
     fn record_traffic(&mut self, applied: &AppliedUpdate, limits: &StoreLimits) {
+        if applied.arrivals.is_empty() && applied.finished.is_empty() {
+            return;
+        }
+        self.traffic_changed = true;
         for &arrival in &applied.arrivals {
             self.first_arrival_us = Some(self.first_arrival_us.map_or(arrival, |f| f.min(arrival)));
             self.latest_arrival_us = self.latest_arrival_us.max(arrival);

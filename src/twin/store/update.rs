@@ -52,8 +52,14 @@ pub(super) fn build_state(
             ),
         ));
     }
+    // Lists that the update replaces whole are not copied first.
+    let replaced = update.events.is_empty() && update.requests.is_some();
     let mut applied = AppliedUpdate {
-        state: old.clone(),
+        state: if replaced {
+            clone_without_requests(old)
+        } else {
+            old.clone()
+        },
         arrivals: Vec::new(),
         finished: Vec::new(),
     };
@@ -64,15 +70,16 @@ pub(super) fn build_state(
             ("running", &mut lists.running),
         ] {
             for (index, request) in list.iter_mut().enumerate() {
-                let path = format!("requests.{name}[{index}]");
+                // Formatted only for an error (this runs on every scrape).
+                let path = format_args!("requests.{name}[{index}]");
                 normalize_request(request, config, at, &path, name == "waiting")?;
             }
         }
-        let known: HashSet<&str> = applied
-            .state
+        let before = if replaced { old } else { &applied.state };
+        let known: HashSet<&str> = before
             .waiting
             .iter()
-            .chain(&applied.state.running)
+            .chain(&before.running)
             .map(|request| request.request_id.as_str())
             .collect();
         let new_arrivals: Vec<u64> = lists
@@ -97,6 +104,41 @@ pub(super) fn build_state(
         applied.state.gauges_at_us = at;
     }
     Ok(applied)
+}
+
+/// `old` without its waiting and running lists (the fields are listed exhaustively, so a new
+/// field of [`InstanceState`] cannot be forgotten here).
+fn clone_without_requests(old: &InstanceState) -> InstanceState {
+    let InstanceState {
+        instance_id,
+        observed_at_us,
+        waiting: _,
+        running: _,
+        step_end_us,
+        gauges,
+        gauges_at_us,
+        cached_blocks,
+        kv_events_at_us,
+        kv_event_seq,
+        kv_event_gaps,
+        stale_reason,
+        capped,
+    } = old;
+    InstanceState {
+        instance_id: instance_id.clone(),
+        observed_at_us: *observed_at_us,
+        waiting: Vec::new(),
+        running: Vec::new(),
+        step_end_us: *step_end_us,
+        gauges: *gauges,
+        gauges_at_us: *gauges_at_us,
+        cached_blocks: cached_blocks.clone(),
+        kv_events_at_us: *kv_events_at_us,
+        kv_event_seq: *kv_event_seq,
+        kv_event_gaps: *kv_event_gaps,
+        stale_reason: stale_reason.clone(),
+        capped: capped.clone(),
+    }
 }
 
 fn apply_events(
@@ -205,7 +247,7 @@ fn normalize_request(
     request: &mut ObservedRequest,
     config: &InstanceConfig,
     at_us: u64,
-    path: &str,
+    path: &dyn std::fmt::Display,
     waiting: bool,
 ) -> Result<(), TwinError> {
     let bad = |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
@@ -239,7 +281,7 @@ fn normalize_request(
 fn check_request(
     request: &ObservedRequest,
     config: &InstanceConfig,
-    path: &str,
+    path: &dyn std::fmt::Display,
     waiting: bool,
 ) -> Result<(), TwinError> {
     let engine = &config.engine;
@@ -400,7 +442,8 @@ pub(super) fn check_state(
     let mut ids = HashSet::with_capacity(total);
     for (name, list) in [("waiting", &state.waiting), ("running", &state.running)] {
         for (index, request) in list.iter().enumerate() {
-            let path = format!("requests.{name}[{index}]");
+            // The field path is formatted only for an error (this runs on every scrape).
+            let path = format_args!("requests.{name}[{index}]");
             if !ids.insert(request.request_id.as_str()) {
                 return Err(TwinError::invalid(
                     format!("{path}.request_id"),

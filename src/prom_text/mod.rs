@@ -1,0 +1,156 @@
+//! The Prometheus text format as model servers write it: parsing a page with `:` in its
+//! metric names, histograms summed over label sets, and draws from a histogram.
+//!
+//! Shared by the live mirror (`live::text`, a pod's page every 50 ms) and by fidelity runs
+//! known only from scrapes (`fidelity::scraped`). Pure: text in, values out.
+//!
+//! Parsing is [`parse`]'s (no regex, no allocation per line); this module adds what is
+//! built from the samples.
+
+mod parse;
+
+pub use parse::{Sample, parse};
+
+/// Suffixes a family's samples carry beside its own name.
+const SUFFIXES: [&str; 5] = ["_bucket", "_sum", "_count", "_total", "_created"];
+
+/// A cumulative histogram: (upper bound, cumulative count), ascending; the last bound may be
+/// +Inf.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Histogram {
+    /// Buckets, ascending by bound, counts cumulative.
+    pub buckets: Vec<(f64, f64)>,
+    /// The sum of the observations (`_sum`), if published.
+    pub sum: Option<f64>,
+}
+
+impl Histogram {
+    /// Observations counted.
+    pub fn count(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |&(_, count)| count)
+    }
+}
+
+/// A sample name without its family suffix (`_bucket`, `_sum`, `_count`, `_total`,
+/// `_created`).
+pub fn family(name: &str) -> &str {
+    SUFFIXES
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
+}
+
+/// The histogram `name` (its `_bucket` samples by `le`, and its `_sum`), buckets and sums
+/// added over label sets; `None` without buckets. Buckets with a NaN or missing bound or a
+/// negative or non-finite count are dropped.
+pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
+    let mut merged: Vec<(f64, f64)> = Vec::new();
+    let mut found = false;
+    let mut sum: Option<f64> = None;
+    for sample in samples {
+        let Some((family, suffix)) = sample.name.split_at_checked(name.len()) else {
+            continue;
+        };
+        if family != name {
+            continue;
+        }
+        match suffix {
+            "_bucket" => {
+                found = true;
+                let Some(le) = sample.label("le").and_then(|le| parse_bound(&le)) else {
+                    continue;
+                };
+                match merged.iter_mut().find(|(bound, _)| *bound == le) {
+                    Some(slot) => slot.1 += sample.value,
+                    None => merged.push((le, sample.value)),
+                }
+            }
+            "_sum" => *sum.get_or_insert(0.0) += sample.value,
+            _ => {}
+        }
+    }
+    if !found {
+        return None;
+    }
+    merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
+    merged.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Some(Histogram {
+        buckets: merged,
+        sum,
+    })
+}
+
+/// A bucket bound (`le`): a float, `+Inf` as the format writes it.
+fn parse_bound(le: &str) -> Option<f64> {
+    match le.trim() {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        other => other.parse().ok(),
+    }
+}
+
+/// The first of `labels` on `sample` that holds a whole number in 1..=u32::MAX.
+pub fn label_u32(sample: &Sample<'_>, labels: &[&str]) -> Option<u32> {
+    labels
+        .iter()
+        .find_map(|name| sample.label(name))
+        .and_then(|value| value.trim().parse::<f64>().ok())
+        .filter(|value| value.is_finite() && *value >= 1.0 && *value <= f64::from(u32::MAX))
+        .map(|value| value as u32)
+}
+
+/// The factor that makes [`sample`]'s draws average the histogram's true mean (`_sum` /
+/// count): uniform draws inside vLLM's coarse 1-2-5 buckets overshoot skewed lengths.
+pub fn mean_correction(histogram: &Histogram) -> f64 {
+    let count = histogram.count();
+    let Some(sum) = histogram.sum.filter(|sum| *sum > 0.0 && count > 0.0) else {
+        return 1.0;
+    };
+    let mut lower = 0.0;
+    let mut below = 0.0;
+    let mut total = 0.0;
+    for &(upper, cumulative) in &histogram.buckets {
+        let upper_bound = if upper.is_finite() {
+            upper
+        } else {
+            lower * 2.0 + 1.0
+        };
+        total += (cumulative - below).max(0.0) * (lower + upper_bound) / 2.0;
+        if upper.is_finite() {
+            lower = upper;
+        }
+        below = cumulative;
+    }
+    if total <= 0.0 {
+        return 1.0;
+    }
+    // Bounded: a wild _sum must not turn a draw into nonsense.
+    ((sum / count) / (total / count)).clamp(0.25, 4.0)
+}
+
+/// Inverse CDF of a cumulative histogram at `u` in [0, 1): uniform inside the bucket; the
+/// open last bucket (+Inf) reuses the width of the one before it.
+pub fn sample(histogram: &Histogram, u: f64) -> Option<f64> {
+    let total = histogram.count();
+    if total <= 0.0 {
+        return None;
+    }
+    let target = u * total;
+    let mut lower = 0.0;
+    let mut below = 0.0;
+    for &(upper, cumulative) in &histogram.buckets {
+        if cumulative > target && cumulative > below {
+            let upper = if upper.is_finite() {
+                upper
+            } else {
+                lower * 2.0 + 1.0
+            };
+            let within = (target - below) / (cumulative - below);
+            return Some(lower + within * (upper - lower));
+        }
+        if upper.is_finite() {
+            lower = upper;
+        }
+        below = cumulative;
+    }
+    Some(lower)
+}
