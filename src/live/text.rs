@@ -167,9 +167,13 @@ const WANTED: [&[(&str, bool)]; 10] = [
 ];
 
 /// True for the sample names of the families this module reads (the rest of a vLLM page,
-/// mostly latency histograms, is not read past each line's name).
+/// mostly latency histograms, is not read past each line's name). Of the inter-token-latency
+/// histogram only `_count` is read.
 fn wanted(name: &str) -> bool {
     let base = family(name);
+    if name.ends_with("_bucket") && ITL.iter().any(|(itl, _)| *itl == base) {
+        return false;
+    }
     WANTED
         .iter()
         .flat_map(|names| names.iter())
@@ -255,10 +259,22 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     };
     let prompt_tokens = histogram_of(PROMPT);
     let generation_tokens = histogram_of(GENERATION);
-    let itl_count = histogram_of(ITL).map(|h| h.count());
     metrics.prompt_tokens = prompt_tokens;
     metrics.generation_tokens = generation_tokens;
-    metrics.itl_count = itl_count;
+    // Of the inter-token-latency histogram only the count is read (a counter going back is
+    // a restart sign): its `_count` samples; its buckets are not even kept (`wanted`).
+    metrics.itl_count = ITL.iter().find_map(|&(name, deprecated)| {
+        let (count, sum) = samples
+            .iter()
+            .filter(|s| s.name.strip_suffix("_count") == Some(name))
+            .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
+        (count > 0).then(|| {
+            if deprecated {
+                metrics.deprecated.push(name);
+            }
+            sum
+        })
+    });
     for (names, slot) in [
         (PREFIX_QUERIES, &mut metrics.prefix_queries),
         (PREFIX_HITS, &mut metrics.prefix_hits),
@@ -359,7 +375,8 @@ vllm:inter_token_latency_seconds_count{{engine=\"0\",model_name=\"m\"}} 42.0
 vllm:inter_token_latency_seconds_sum{{engine=\"0\",model_name=\"m\"}} 1.5
 "
         );
-        assert!(wanted("vllm:inter_token_latency_seconds_bucket"));
+        assert!(wanted("vllm:inter_token_latency_seconds_count"));
+        assert!(!wanted("vllm:inter_token_latency_seconds_bucket"));
         assert!(wanted("vllm:prefix_cache_hits_total"));
         assert!(!wanted("vllm:e2e_request_latency_seconds_bucket"));
         assert!(!wanted("vllm:num_preemptions_total"));

@@ -46,6 +46,7 @@ pub fn family(name: &str) -> &str {
 pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
     let mut merged: Vec<(f64, f64)> = Vec::new();
     let mut found = false;
+    let mut first_set = true;
     let mut sum: Option<f64> = None;
     for sample in samples {
         let Some((family, suffix)) = sample.name.split_at_checked(name.len()) else {
@@ -60,7 +61,16 @@ pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
                 let Some(le) = sample.label("le").and_then(|le| parse_bound(&le)) else {
                     continue;
                 };
-                match merged.iter_mut().find(|(bound, _)| *bound == le) {
+                // The first label set's buckets come in ascending order and are pushed
+                // without a search; from the first bound that is not above the last one (a
+                // later label set) every bound is looked up.
+                first_set &= merged.last().is_none_or(|&(last, _)| le > last);
+                let slot = if first_set {
+                    None
+                } else {
+                    merged.iter_mut().find(|(bound, _)| *bound == le)
+                };
+                match slot {
                     Some(slot) => slot.1 += sample.value,
                     None => merged.push((le, sample.value)),
                 }
@@ -153,4 +163,35 @@ pub fn sample(histogram: &Histogram, u: f64) -> Option<f64> {
         below = cumulative;
     }
     Some(lower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_adds_its_label_sets_bucket_by_bucket() {
+        let page = "\
+x_bucket{engine=\"0\",le=\"1\"} 2
+x_bucket{engine=\"0\",le=\"5\"} 4
+x_bucket{engine=\"0\",le=\"+Inf\"} 5
+x_sum{engine=\"0\"} 9
+x_bucket{engine=\"1\",le=\"1\"} 1
+x_bucket{engine=\"1\",le=\"2\"} 3
+x_bucket{engine=\"1\",le=\"5\"} 3
+x_bucket{engine=\"1\",le=\"+Inf\"} 7
+x_sum{engine=\"1\"} 20
+x_bucket{engine=\"2\",le=\"NaN\"} 1
+y_bucket{le=\"1\"} 100
+";
+        let samples = parse(page, |_| true);
+        let h = histogram(&samples, "x").expect("buckets");
+        assert_eq!(
+            h.buckets,
+            vec![(1.0, 3.0), (2.0, 3.0), (5.0, 7.0), (f64::INFINITY, 12.0)]
+        );
+        assert_eq!(h.sum, Some(29.0));
+        assert_eq!(h.count(), 12.0);
+        assert_eq!(histogram(&samples, "z"), None);
+    }
 }
