@@ -38,10 +38,18 @@ pub fn rebuild(
     let usable = engine.effective_max_model_len().max(3);
     let running = metrics.running.min(engine.max_num_seqs);
     let mut rng = ChaCha8Rng::seed_from_u64(seed(instance_id, metrics.waiting, running));
-    let mut draw = |histogram: &Option<Histogram>, fallback: u32, max: u32| {
+    // Each histogram's mean correction once per page, not once per draw.
+    let prompt_histogram = metrics
+        .prompt_tokens
+        .as_ref()
+        .map(|h| (h, mean_correction(h)));
+    let output_histogram = metrics
+        .generation_tokens
+        .as_ref()
+        .map(|h| (h, mean_correction(h)));
+    let mut draw = |histogram: Option<(&Histogram, f64)>, fallback: u32, max: u32| {
         let value = histogram
-            .as_ref()
-            .and_then(|h| sample(h, unit(&mut rng)).map(|v| v * mean_correction(h)))
+            .and_then(|(h, correction)| sample(h, unit(&mut rng)).map(|v| v * correction))
             .unwrap_or(f64::from(fallback));
         (value.round() as u32).clamp(1, max)
     };
@@ -49,8 +57,8 @@ pub fn rebuild(
     let mut lengths = |count: u32| -> Vec<(u32, u32)> {
         (0..count)
             .map(|_| {
-                let prompt = draw(&metrics.prompt_tokens, FALLBACK_PROMPT, usable - 2);
-                let output = draw(&metrics.generation_tokens, FALLBACK_OUTPUT, usable - prompt);
+                let prompt = draw(prompt_histogram, FALLBACK_PROMPT, usable - 2);
+                let output = draw(output_histogram, FALLBACK_OUTPUT, usable - prompt);
                 (prompt, output.max(2))
             })
             .collect()

@@ -111,15 +111,28 @@ pub fn parse(text: &str, mut keep: impl FnMut(&str) -> bool) -> Vec<Sample<'_>> 
 fn split_name(line: &str) -> Option<(&str, &str)> {
     let bytes = line.as_bytes();
     let first = *bytes.first()?;
-    if !(first.is_ascii_alphabetic() || first == b'_' || first == b':') {
+    if first.is_ascii_digit() || !NAME_BYTE[usize::from(first)] {
         return None;
     }
     let end = bytes
         .iter()
-        .position(|&b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b':'))
+        .position(|&b| !NAME_BYTE[usize::from(b)])
         .unwrap_or(bytes.len());
     Some(line.split_at(end))
 }
+
+/// The bytes of a metric name, `[a-zA-Z0-9_:]`, as a table (one load a byte: names are
+/// scanned on every scrape).
+const NAME_BYTE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let b = byte as u8;
+        table[byte] = b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+        byte += 1;
+    }
+    table
+};
 
 /// The label text (between the braces) and the value of what follows a name.
 fn labels_and_value(rest: &str) -> Option<(&str, f64)> {
