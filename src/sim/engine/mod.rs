@@ -93,6 +93,8 @@ pub struct Engine {
     mixed_lazy_steps: u64,
     reach: AdmissionReach,
     enqueued: u64,
+    /// Whether inter-token gaps are counted into `metrics.token_gap_counts`.
+    count_gaps: bool,
 }
 
 impl Engine {
@@ -129,6 +131,7 @@ impl Engine {
             mixed_lazy_steps: 0,
             reach: AdmissionReach::Nothing,
             enqueued: 0,
+            count_gaps: true,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -256,6 +259,15 @@ impl Engine {
             + self.scratch_shape.capacity() * std::mem::size_of::<BatchEntry>()
             + self.metrics.records.capacity() * std::mem::size_of::<crate::sim::RequestRecord>()
             + self.metrics.token_gap_counts.capacity() * 17
+    }
+
+    /// Stops counting inter-token gaps and frees the count map's room: for forks whose
+    /// answers read only the records (a routing question's), so that copying one does not
+    /// copy the map and no step updates it. Everything else is unchanged; only the ITL
+    /// aggregates of [`Engine::summary`] come out empty.
+    pub fn skip_token_gaps(&mut self) {
+        self.count_gaps = false;
+        self.metrics.token_gap_counts = Default::default();
     }
 
     /// Events processed so far.

@@ -562,10 +562,20 @@ impl KvCache {
             self.blocks[id as usize].ref_cnt = 1;
             return id;
         }
+        // The least recently freed block: the head, unlinked without the general case.
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
-        self.unlink_free(id);
+        let next = self.blocks[id as usize].next;
+        self.free_head = next;
+        if next == NIL {
+            self.free_tail = NIL;
+        } else {
+            self.blocks[next as usize].prev = NIL;
+        }
+        self.free_count -= 1;
         let block = &mut self.blocks[id as usize];
+        debug_assert_eq!(block.prev, NIL, "the head has no predecessor");
+        block.next = NIL;
         block.ref_cnt = 1;
         let keying = std::mem::replace(&mut block.keying, Keying::Unkeyed);
         if keying != Keying::Unkeyed {
