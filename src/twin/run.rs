@@ -210,6 +210,7 @@ pub fn run_recorded_for(
     };
     // Room for every request present and arriving, so recording never rehashes.
     let counts = engine.counts();
+    baseline.event_times.reserve(64);
     baseline.ends.reserve(
         usize::try_from(counts.queued + counts.running + counts.completed)
             .unwrap_or(0)

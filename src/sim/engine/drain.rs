@@ -37,6 +37,9 @@ pub struct Drain {
     pub steps: Vec<DrainStep>,
 }
 
+/// Most steps a drain reserves room for up front (a longer one grows as it goes).
+const DRAIN_STEPS_RESERVED_MAX: u64 = 4096;
+
 /// One step event of a drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrainStep {
@@ -121,7 +124,12 @@ impl Engine {
         let member_at = |next: usize| &members[(order[next] & u64::from(u32::MAX)) as usize];
         let token_us = self.latency.output_token_us();
         let post_us = self.latency.post_decode_us();
-        let mut drain = Drain::default();
+        // Room for every end and (up to a bound) every step: no growth while draining.
+        let longest = order.last().map_or(0, |&packed| packed >> 32);
+        let mut drain = Drain {
+            ends: Vec::with_capacity(members.len()),
+            steps: Vec::with_capacity(longest.min(DRAIN_STEPS_RESERVED_MAX) as usize),
+        };
         let mut count = window.members;
         let mut context = window.context_sum;
         let mut now = step_end;
