@@ -478,3 +478,43 @@ impl EventDriven for Engine {
         self.now_us = self.now_us.max(time_us);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::latency::{BlackboxCoefficients, LatencyModel};
+    use crate::sim::{Engine, EngineConfig, RequestSpec};
+
+    /// Skipping the gap counts changes nothing but the counts, on the fast path (windows) and
+    /// on the reference stepper alike.
+    #[test]
+    fn skipping_token_gaps_leaves_every_record_alone() {
+        let mut config = EngineConfig::vllm_defaults(2_000, 8192);
+        config.kv_sample_interval_us = 0;
+        let model = LatencyModel::Blackbox(BlackboxCoefficients {
+            alpha: [0.0, 0.0, 0.0],
+            beta: [1_000.0, 1.0, 10.0],
+        });
+        let requests: Vec<RequestSpec> = (0..200u64)
+            .map(|i| {
+                RequestSpec::synthetic(
+                    i,
+                    i * 3_000,
+                    50 + (i as u32 * 37) % 400,
+                    1 + (i as u32 * 13) % 90,
+                )
+            })
+            .collect();
+        for reference in [false, true] {
+            let mut counted = Engine::new(config.clone(), model.clone()).unwrap();
+            counted.set_reference_stepper(reference);
+            let mut skipped = counted.clone();
+            skipped.skip_token_gaps();
+            counted.run(requests.clone(), u64::MAX).unwrap();
+            skipped.run(requests.clone(), u64::MAX).unwrap();
+            assert_eq!(counted.metrics().records, skipped.metrics().records);
+            assert_eq!(counted.kv().stats(), skipped.kv().stats());
+            assert!(!counted.metrics().token_gap_counts.is_empty());
+            assert!(skipped.metrics().token_gap_counts.is_empty());
+        }
+    }
+}
