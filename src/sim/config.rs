@@ -114,6 +114,12 @@ impl EngineConfig {
                 "times block_size must fit in 32 bits of tokens",
             ));
         }
+        if self.num_gpu_blocks > crate::sim::kv::MAX_BLOCKS {
+            return Err(ConfigError::new(
+                "num_gpu_blocks",
+                &format!("must be at most {}", crate::sim::kv::MAX_BLOCKS),
+            ));
+        }
         if self.num_cpu_blocks > 0 && !self.enable_prefix_caching {
             return Err(ConfigError::new(
                 "num_cpu_blocks",

@@ -134,6 +134,53 @@ impl LatencyStats {
         }
     }
 
+    /// [`LatencyStats::from_us`] for whole, non-negative microsecond samples: only the ranks
+    /// the percentiles read are selected, not the whole slice sorted, with the same result
+    /// (while their total is below 2^53 every partial sum is exact, so the order of summing
+    /// cannot matter; above it, the sorted path is taken). `values` ends partially ordered.
+    pub fn from_whole_us(values: &mut [f64]) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        debug_assert!(
+            values.iter().all(|v| v.fract() == 0.0 && *v >= 0.0),
+            "whole, non-negative microseconds"
+        );
+        let total: u128 = values.iter().map(|&v| v as u128).sum();
+        if total >= 1 << f64::MANTISSA_DIGITS {
+            return Self::from_us(values);
+        }
+        let sum = total as f64;
+        let percentiles = [50.0, 90.0, 95.0, 99.0];
+        // Every rank a percentile interpolates between, ascending: each selection leaves the
+        // larger values after its rank, so the next one searches only those.
+        let last = (values.len() - 1) as f64;
+        let mut ranks: Vec<usize> = percentiles
+            .iter()
+            .flat_map(|p| {
+                let rank = p / 100.0 * last;
+                [rank.floor() as usize, rank.ceil() as usize]
+            })
+            .collect();
+        ranks.dedup();
+        let mut start = 0;
+        for &rank in &ranks {
+            if rank >= start {
+                values[start..].select_nth_unstable_by(rank - start, f64::total_cmp);
+                start = rank + 1;
+            }
+        }
+        let quantile = |p: f64| interpolate_sorted(values, p) / 1000.0;
+        Self {
+            count: values.len() as u64,
+            mean: sum / values.len() as f64 / 1000.0,
+            p50: quantile(percentiles[0]),
+            p90: quantile(percentiles[1]),
+            p95: quantile(percentiles[2]),
+            p99: quantile(percentiles[3]),
+        }
+    }
+
     /// Stats of a value -> count map of microsecond samples, reported in milliseconds.
     pub fn from_counts<S: std::hash::BuildHasher>(counts: &HashMap<u64, u64, S>) -> Self {
         let mut pairs: Vec<(u64, u64)> = counts.iter().map(|(&v, &c)| (v, c)).collect();
@@ -417,11 +464,11 @@ impl Summary {
             output_tokens: completed.iter().map(|r| u64::from(r.output_tokens)).sum(),
             sim_duration_us,
             prefix_cache_hit_rate,
-            ttft: LatencyStats::from_us(&mut ttft),
-            e2e: LatencyStats::from_us(&mut e2e),
+            ttft: LatencyStats::from_whole_us(&mut ttft),
+            e2e: LatencyStats::from_whole_us(&mut e2e),
             itl: LatencyStats::from_counts(token_gap_counts),
             tpot: LatencyStats::from_us(&mut tpot),
-            scheduling_delay: LatencyStats::from_us(&mut delay),
+            scheduling_delay: LatencyStats::from_whole_us(&mut delay),
             kv_usage_mean: 0.0,
             kv_usage_peak: 0.0,
             kv_usage_timeline: Vec::new(),
@@ -463,6 +510,29 @@ mod tests {
         assert_eq!(stats.p50, 2.5);
         assert!((stats.p90 - 3.7).abs() < 1e-12);
         assert_eq!(stats.mean, 2.5);
+    }
+
+    #[test]
+    fn selected_ranks_give_the_sorted_stats() {
+        // Sizes around the ranks' edges, repeated values, and a total past 2^53.
+        for len in [1usize, 2, 3, 4, 5, 10, 11, 99, 100, 101, 1_000, 4_099] {
+            let values: Vec<f64> = (0..len as u64)
+                .map(|i| ((i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) % 5_000) as f64)
+                .collect();
+            let mut sorted = values.clone();
+            let mut selected = values.clone();
+            assert_eq!(
+                LatencyStats::from_whole_us(&mut selected),
+                LatencyStats::from_us(&mut sorted),
+                "{len} values"
+            );
+        }
+        let mut huge = vec![2f64.powi(52), 2f64.powi(52), 3.0, 1.0];
+        let mut sorted = huge.clone();
+        assert_eq!(
+            LatencyStats::from_whole_us(&mut huge),
+            LatencyStats::from_us(&mut sorted)
+        );
     }
 
     #[test]

@@ -193,6 +193,9 @@ fn restored_base(
     } else {
         restore_base(instance, state, index, &path)?
     };
+    let mut base = base;
+    // The answer reads only the records: no fork counts inter-token gaps.
+    base.skip_token_gaps();
     let base = Arc::new(base);
     snapshot
         .memo

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::sim::Engine;
 use crate::sim::engine::ReachLog;
+use crate::sim::kv::IdentityBuildHasher;
 
 /// Most baselines one snapshot remembers.
 pub const BASELINE_MEMO_MAX: usize = 4096;
@@ -84,8 +85,9 @@ pub struct BaselineKey {
 #[derive(Clone, Debug, Default)]
 pub struct Baseline {
     /// Of every request that finished: (end time, time of the event that finished it), by
-    /// engine id.
-    pub ends: HashMap<u64, (u64, u64)>,
+    /// engine id (hashed with one multiply: a recording inserts every request, a question
+    /// looks each one up; the map is never iterated, so its order cannot reach output).
+    pub ends: HashMap<u64, (u64, u64), IdentityBuildHasher>,
     /// Time of every event the fork processed, in order.
     pub event_times: Vec<u64>,
     /// The fork ran every event at or before this time.

@@ -208,6 +208,14 @@ pub fn run_recorded_for(
         reach: ReachLog::start(engine),
         ..Baseline::default()
     };
+    // Room for every request present and arriving, so recording never rehashes.
+    let counts = engine.counts();
+    baseline.event_times.reserve(64);
+    baseline.ends.reserve(
+        usize::try_from(counts.queued + counts.running + counts.completed)
+            .unwrap_or(0)
+            .saturating_add(arrivals.len()),
+    );
     let mut seen = 0;
     record_completions(engine, &mut seen, &mut baseline);
     let drains = drains && arrivals.is_empty();

@@ -37,6 +37,9 @@ pub struct Drain {
     pub steps: Vec<DrainStep>,
 }
 
+/// Most steps a drain reserves room for up front (a longer one grows as it goes).
+const DRAIN_STEPS_RESERVED_MAX: u64 = 4096;
+
 /// One step event of a drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DrainStep {
@@ -109,11 +112,24 @@ impl Engine {
         if blocks_needed > u64::from(self.kv.free_blocks()) {
             return None;
         }
-        // Finishing order: by steps left, then batch order (as the window retires them).
-        members.sort_by_key(|member| member.steps_left);
+        // Finishing order: by steps left, then batch order (as the window retires them):
+        // (steps left, batch position) packed in one word, sorted unstably (the keys are
+        // distinct, so the order is the stable sort's) without moving the members.
+        let mut order: Vec<u64> = members
+            .iter()
+            .enumerate()
+            .map(|(position, member)| (u64::from(member.steps_left) << 32) | position as u64)
+            .collect();
+        order.sort_unstable();
+        let member_at = |next: usize| &members[(order[next] & u64::from(u32::MAX)) as usize];
         let token_us = self.latency.output_token_us();
         let post_us = self.latency.post_decode_us();
-        let mut drain = Drain::default();
+        // Room for every end and (up to a bound) every step: no growth while draining.
+        let longest = order.last().map_or(0, |&packed| packed >> 32);
+        let mut drain = Drain {
+            ends: Vec::with_capacity(members.len()),
+            steps: Vec::with_capacity(longest.min(DRAIN_STEPS_RESERVED_MAX) as usize),
+        };
         let mut count = window.members;
         let mut context = window.context_sum;
         let mut now = step_end;
@@ -124,8 +140,8 @@ impl Engine {
                 return Some(drain);
             }
             context += count;
-            while next < members.len() && members[next].steps_left == step {
-                let member = &members[next];
+            while next < order.len() && member_at(next).steps_left == step {
+                let member = member_at(next);
                 let extra = u64::from(step - 1);
                 let emitted = member.emitted_next + extra;
                 let gaps = (now - member.last_emit_step_end_us)

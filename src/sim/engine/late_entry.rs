@@ -206,7 +206,8 @@ impl ReachLog {
     /// A log of the run `engine` is about to make.
     pub fn start(engine: &Engine) -> Self {
         Self {
-            entries: Vec::new(),
+            // Most recordings log tens of events before a drain ends them.
+            entries: Vec::with_capacity(64),
             pending_at_start: engine.step_pending,
             events: 0,
             last_steps: engine.counts.steps,
@@ -246,6 +247,7 @@ impl ReachLog {
     pub fn observe_drain(&mut self, engine: &Engine, drain: &Drain) {
         let max_seqs = engine.config.max_num_seqs;
         let max_tokens = engine.config.max_num_batched_tokens;
+        self.entries.reserve(drain.steps.len());
         for step in &drain.steps {
             self.events += 1;
             let running = step.running_after;

@@ -261,7 +261,7 @@ impl Engine {
         debug_assert!(window.in_flight, "a window step ended with none formed");
         window.in_flight = false;
         let gap = (now - window.prev_end_us).saturating_add(token_us);
-        if window.members > 0 {
+        if window.members > 0 && self.count_gaps {
             *self.metrics.token_gap_counts.entry(gap).or_insert(0) += window.members;
         }
         window.step += 1;
@@ -297,7 +297,9 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, false) {
+            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, false)
+                && self.count_gaps
+            {
                 *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
             }
             if state.generated >= state.target_tokens() {

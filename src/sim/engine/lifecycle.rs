@@ -173,9 +173,11 @@ impl Engine {
             }
             if let Some(gap) = state.emit_token(now, token_us, first_delay_us, record_gaps) {
                 if self.reference {
-                    *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                    if self.count_gaps {
+                        *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;
+                    }
                 } else if gap != run_gap {
-                    if run_count > 0 {
+                    if run_count > 0 && self.count_gaps {
                         *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
                     }
                     run_gap = gap;
@@ -196,7 +198,7 @@ impl Engine {
                 any_finished = true;
             }
         }
-        if run_count > 0 {
+        if run_count > 0 && self.count_gaps {
             *self.metrics.token_gap_counts.entry(run_gap).or_insert(0) += run_count;
         }
         self.in_flight = in_flight;

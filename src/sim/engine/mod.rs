@@ -93,6 +93,8 @@ pub struct Engine {
     mixed_lazy_steps: u64,
     reach: AdmissionReach,
     enqueued: u64,
+    /// Whether inter-token gaps are counted into `metrics.token_gap_counts`.
+    count_gaps: bool,
 }
 
 impl Engine {
@@ -129,6 +131,7 @@ impl Engine {
             mixed_lazy_steps: 0,
             reach: AdmissionReach::Nothing,
             enqueued: 0,
+            count_gaps: true,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -256,6 +259,15 @@ impl Engine {
             + self.scratch_shape.capacity() * std::mem::size_of::<BatchEntry>()
             + self.metrics.records.capacity() * std::mem::size_of::<crate::sim::RequestRecord>()
             + self.metrics.token_gap_counts.capacity() * 17
+    }
+
+    /// Stops counting inter-token gaps and frees the count map's room: for forks whose
+    /// answers read only the records (a routing question's), so that copying one does not
+    /// copy the map and no step updates it. Everything else is unchanged; only the ITL
+    /// aggregates of [`Engine::summary`] come out empty.
+    pub fn skip_token_gaps(&mut self) {
+        self.count_gaps = false;
+        self.metrics.token_gap_counts = Default::default();
     }
 
     /// Events processed so far.
@@ -464,5 +476,45 @@ impl EventDriven for Engine {
     }
     fn advance_clock_to(&mut self, time_us: u64) {
         self.now_us = self.now_us.max(time_us);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::sim::latency::{BlackboxCoefficients, LatencyModel};
+    use crate::sim::{Engine, EngineConfig, RequestSpec};
+
+    /// Skipping the gap counts changes nothing but the counts, on the fast path (windows) and
+    /// on the reference stepper alike.
+    #[test]
+    fn skipping_token_gaps_leaves_every_record_alone() {
+        let mut config = EngineConfig::vllm_defaults(2_000, 8192);
+        config.kv_sample_interval_us = 0;
+        let model = LatencyModel::Blackbox(BlackboxCoefficients {
+            alpha: [0.0, 0.0, 0.0],
+            beta: [1_000.0, 1.0, 10.0],
+        });
+        let requests: Vec<RequestSpec> = (0..200u64)
+            .map(|i| {
+                RequestSpec::synthetic(
+                    i,
+                    i * 3_000,
+                    50 + (i as u32 * 37) % 400,
+                    1 + (i as u32 * 13) % 90,
+                )
+            })
+            .collect();
+        for reference in [false, true] {
+            let mut counted = Engine::new(config.clone(), model.clone()).unwrap();
+            counted.set_reference_stepper(reference);
+            let mut skipped = counted.clone();
+            skipped.skip_token_gaps();
+            counted.run(requests.clone(), u64::MAX).unwrap();
+            skipped.run(requests.clone(), u64::MAX).unwrap();
+            assert_eq!(counted.metrics().records, skipped.metrics().records);
+            assert_eq!(counted.kv().stats(), skipped.kv().stats());
+            assert!(!counted.metrics().token_gap_counts.is_empty());
+            assert!(skipped.metrics().token_gap_counts.is_empty());
+        }
     }
 }

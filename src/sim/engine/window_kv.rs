@@ -9,6 +9,7 @@ use std::cmp::Reverse;
 use super::Engine;
 use super::lazy::{Due, LazyWindow};
 use crate::sim::kv::PrefixHit;
+use crate::sim::kv::hash::BlockKeys;
 use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::state::RequestState;
 
@@ -208,6 +209,21 @@ fn allocate_to(
     block_size: u32,
     prefix_caching: bool,
 ) -> bool {
+    // The common call (a member past its shareable blocks, crossing a block boundary): every
+    // shareable block is keyed, so no key needs computing, and the table has room, so none
+    // needs taking. Straight to the cache, as `allocate_blocks` would go.
+    let shareable = shareable_blocks(&state.spec, block_size);
+    if prefix_caching
+        && state.blocks.num_keyed >= shareable
+        && state.blocks.ids.len() < state.blocks.ids.capacity()
+    {
+        let keys = BlockKeys {
+            shareable_keys: &state.keys,
+            shareable,
+            owner: state.spec.id.0,
+        };
+        return kv.allocate(&mut state.blocks, keys, PrefixHit::default(), total);
+    }
     if prefix_caching {
         state.ensure_keys(total / block_size, block_size);
     }

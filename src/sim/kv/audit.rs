@@ -26,11 +26,16 @@ impl KvCache {
                 return Err(format!("block {cursor} is on the free list twice"));
             }
             on_list[cursor as usize] = true;
-            if self.blocks[cursor as usize].prev != prev {
+            if !self.blocks[cursor as usize].is_free() {
+                return Err(format!(
+                    "block {cursor} is on the free list but not marked free"
+                ));
+            }
+            if self.blocks[cursor as usize].prev() != prev {
                 return Err(format!("free list back link broken at block {cursor}"));
             }
             prev = cursor;
-            cursor = self.blocks[cursor as usize].next;
+            cursor = self.blocks[cursor as usize].next();
             walked += 1;
         }
         if prev != self.free_tail {
@@ -44,19 +49,20 @@ impl KvCache {
             ));
         }
         for (id, block) in self.blocks.iter().enumerate() {
-            if block.ref_cnt != holders[id] {
+            if block.ref_cnt() != holders[id] {
                 return Err(format!(
                     "block {id}: refcount {} but {} requests hold it",
-                    block.ref_cnt, holders[id]
+                    block.ref_cnt(),
+                    holders[id]
                 ));
             }
-            if (block.ref_cnt == 0) != on_list[id] {
+            if (block.ref_cnt() == 0) != on_list[id] {
                 return Err(format!(
                     "block {id}: refcount {} vs free-list membership",
-                    block.ref_cnt
+                    block.ref_cnt()
                 ));
             }
-            match block.keying {
+            match block.keying() {
                 Keying::Mapped if self.by_key.get(&block.key) != Some(&(id as u32)) => {
                     return Err(format!("block {id} has a key missing from the map"));
                 }
@@ -68,7 +74,7 @@ impl KvCache {
         }
         for (key, &id) in &self.by_key {
             let block = &self.blocks[id as usize];
-            if block.keying != Keying::Mapped || block.key != *key {
+            if block.keying() != Keying::Mapped || block.key != *key {
                 return Err(format!("map entry for block {id} disagrees with the block"));
             }
         }

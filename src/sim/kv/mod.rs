@@ -20,48 +20,19 @@
 //! refcount is zero, and every free block is on the free list exactly once.
 
 mod audit;
+mod block;
 pub mod hash;
 mod key_hasher;
 pub mod lru;
 
 use std::collections::HashMap;
 
+use block::{Block, Keying, NIL};
 use hash::{BlockKeys, private_key};
 
+pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
-
-const NIL: u32 = u32::MAX;
-
-/// Whether a block holds a content key, and where that key is findable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Keying {
-    /// Not full yet, prefix caching off, or a duplicate of content cached elsewhere.
-    Unkeyed,
-    /// Keyed and in the lookup map.
-    Mapped,
-    /// Keyed with private content, not in the map (only its owner could look it up).
-    Latent,
-}
-
-/// One GPU block.
-#[derive(Clone, Copy, Debug)]
-struct Block {
-    /// Content key; meaningful unless `keying` is `Unkeyed`.
-    key: u64,
-    /// Requests holding the block; 0 means it is on the free list.
-    ref_cnt: u32,
-    prev: u32,
-    next: u32,
-    keying: Keying,
-}
-
-impl Block {
-    /// The content key, if the block has one.
-    fn key(&self) -> Option<u64> {
-        (self.keying != Keying::Unkeyed).then_some(self.key)
-    }
-}
 
 /// The blocks a request holds, in token order.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -177,6 +148,10 @@ impl KvCache {
     /// `cpu_blocks > 0` adds a CPU offload tier of that many blocks.
     pub fn new(num_blocks: u32, block_size: u32, prefix_caching: bool, cpu_blocks: u32) -> Self {
         debug_assert!(num_blocks > 0, "a KV cache needs blocks");
+        debug_assert!(
+            num_blocks <= MAX_BLOCKS,
+            "block ids fit the free-list links"
+        );
         debug_assert!(block_size > 0, "blocks need tokens");
         Self {
             block_size,
@@ -252,7 +227,7 @@ impl KvCache {
             if let Some(key) = block.key() {
                 keys.push(key);
             }
-            cursor = block.next;
+            cursor = block.next();
         }
         keys
     }
@@ -344,7 +319,7 @@ impl KvCache {
         let hits_on_free_list = (0..hit.gpu_blocks)
             .filter(|&index| {
                 let id = self.by_key[&keys.get(index)];
-                self.blocks[id as usize].ref_cnt == 0
+                self.blocks[id as usize].is_free()
             })
             .count() as u32;
         // (Written without subtraction: repeated keys may count one free block twice.)
@@ -398,7 +373,7 @@ impl KvCache {
             Some(id) => id,
             None => {
                 let id = self.free_head;
-                if id == NIL || self.blocks[id as usize].keying != Keying::Unkeyed {
+                if id == NIL || self.blocks[id as usize].keying() != Keying::Unkeyed {
                     return;
                 }
                 self.unlink_free(id);
@@ -414,9 +389,9 @@ impl KvCache {
     pub fn free_preempted(&mut self, table: &mut BlockTable) {
         for &id in &table.ids {
             let block = self.blocks[id as usize];
-            if block.keying == Keying::Latent {
+            if block.keying() == Keying::Latent {
                 // Its key was absent when latent, and only this request produces it.
-                self.blocks[id as usize].keying = Keying::Unkeyed;
+                self.blocks[id as usize].set_keying(Keying::Unkeyed);
                 self.set_key(id, block.key);
             }
         }
@@ -428,10 +403,7 @@ impl KvCache {
     pub fn free(&mut self, table: &mut BlockTable) {
         for index in (0..table.ids.len()).rev() {
             let id = table.ids[index];
-            let block = &mut self.blocks[id as usize];
-            debug_assert!(block.ref_cnt > 0, "double free of block {id}");
-            block.ref_cnt -= 1;
-            if block.ref_cnt == 0 {
+            if self.blocks[id as usize].drop_holder() {
                 self.push_free(id);
             }
         }
@@ -459,9 +431,9 @@ impl KvCache {
         }
         let id = table.ids[index as usize];
         let block = &mut self.blocks[id as usize];
-        if block.keying == Keying::Unkeyed {
+        if block.keying() == Keying::Unkeyed {
             block.key = private_key(keys.owner, index);
-            block.keying = Keying::Latent;
+            block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
         true
@@ -478,7 +450,7 @@ impl KvCache {
         let shared_end = full.min(keys.shareable);
         for index in table.num_keyed..shared_end {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying == Keying::Unkeyed {
+            if self.blocks[id as usize].keying() == Keying::Unkeyed {
                 self.set_key(id, keys.get(index));
             }
         }
@@ -488,7 +460,7 @@ impl KvCache {
         let probe = !self.by_key.is_empty();
         for index in table.num_keyed.max(shared_end)..full {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying != Keying::Unkeyed {
+            if self.blocks[id as usize].keying() != Keying::Unkeyed {
                 continue;
             }
             let key = private_key(keys.owner, index);
@@ -497,7 +469,7 @@ impl KvCache {
             }
             let block = &mut self.blocks[id as usize];
             block.key = key;
-            block.keying = Keying::Latent;
+            block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
     }
@@ -509,16 +481,18 @@ impl KvCache {
             slot.insert(id);
             let block = &mut self.blocks[id as usize];
             block.key = key;
-            block.keying = Keying::Mapped;
+            block.set_keying(Keying::Mapped);
             self.key_version += 1;
         }
     }
 
     fn acquire(&mut self, id: u32) {
-        if self.blocks[id as usize].ref_cnt == 0 {
+        if self.blocks[id as usize].is_free() {
             self.unlink_free(id);
+            self.blocks[id as usize].set_held(1);
+        } else {
+            self.blocks[id as usize].add_holder();
         }
-        self.blocks[id as usize].ref_cnt += 1;
     }
 
     /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
@@ -528,13 +502,7 @@ impl KvCache {
         if id == self.total {
             return None;
         }
-        self.blocks.push(Block {
-            key: 0,
-            ref_cnt: 0,
-            prev: NIL,
-            next: NIL,
-            keying: Keying::Unkeyed,
-        });
+        self.blocks.push(Block::held(0));
         self.free_count -= 1;
         Some(id)
     }
@@ -543,33 +511,33 @@ impl KvCache {
     fn take_virgins(&mut self, count: u32) -> std::ops::Range<u32> {
         let start = self.blocks.len() as u32;
         let taken = count.min(self.total - start);
-        self.blocks.extend(std::iter::repeat_n(
-            Block {
-                key: 0,
-                ref_cnt: 1,
-                prev: NIL,
-                next: NIL,
-                keying: Keying::Unkeyed,
-            },
-            taken as usize,
-        ));
+        self.blocks
+            .extend(std::iter::repeat_n(Block::held(1), taken as usize));
         self.free_count -= taken;
         start..start + taken
     }
 
     fn pop_free(&mut self) -> u32 {
         if let Some(id) = self.take_virgin() {
-            self.blocks[id as usize].ref_cnt = 1;
+            self.blocks[id as usize].set_held(1);
             return id;
         }
+        // The least recently freed block: the head, unlinked without the general case.
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
-        self.unlink_free(id);
+        let next = self.blocks[id as usize].next();
+        self.free_head = next;
+        if next == NIL {
+            self.free_tail = NIL;
+        } else {
+            self.blocks[next as usize].set_prev(NIL);
+        }
+        self.free_count -= 1;
         let block = &mut self.blocks[id as usize];
-        block.ref_cnt = 1;
-        let keying = std::mem::replace(&mut block.keying, Keying::Unkeyed);
+        debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
+        let (keying, key) = (block.keying(), block.key);
+        *block = Block::held(1);
         if keying != Keying::Unkeyed {
-            let key = block.key;
             if keying == Keying::Mapped {
                 let removed = self.by_key.remove(&key);
                 debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
@@ -584,34 +552,32 @@ impl KvCache {
     }
 
     fn unlink_free(&mut self, id: u32) {
-        let Block { prev, next, .. } = self.blocks[id as usize];
+        let (prev, next) = (
+            self.blocks[id as usize].prev(),
+            self.blocks[id as usize].next(),
+        );
         if prev == NIL {
             self.free_head = next;
         } else {
-            self.blocks[prev as usize].next = next;
+            self.blocks[prev as usize].set_next(next);
         }
         if next == NIL {
             self.free_tail = prev;
         } else {
-            self.blocks[next as usize].prev = prev;
+            self.blocks[next as usize].set_prev(prev);
         }
-        let block = &mut self.blocks[id as usize];
-        block.prev = NIL;
-        block.next = NIL;
+        // Off the list, held by nobody yet (the caller takes it).
+        self.blocks[id as usize].set_held(0);
         self.free_count -= 1;
     }
 
     fn push_free(&mut self, id: u32) {
         let tail = self.free_tail;
-        {
-            let block = &mut self.blocks[id as usize];
-            block.prev = tail;
-            block.next = NIL;
-        }
+        self.blocks[id as usize].set_free(tail, NIL);
         if tail == NIL {
             self.free_head = id;
         } else {
-            self.blocks[tail as usize].next = id;
+            self.blocks[tail as usize].set_next(id);
         }
         self.free_tail = id;
         self.free_count += 1;
