@@ -267,6 +267,7 @@ fn decode_apply_cores(pods: usize, per_batch: u64, cached: u64) -> Result<f64, S
         ts_us += 1;
         apply(&store, pod, seq, ts_us, &payload)?;
     }
+    store.publish_staged();
     let seconds = 5;
     let payloads: Vec<Vec<(usize, u64, Vec<u8>)>> = (0..seconds * BATCHES_PER_S)
         .map(|_| {
@@ -370,6 +371,9 @@ pub fn memory_probe(blocks: u64) -> Result<f64, String> {
         let (seq, payload) = stream.batch(per_batch);
         ts_us += 1;
         apply(&store, 0, seq, ts_us, &payload)?;
+        // Published batch by batch, as the live tick (100 a second) publishes one pod's
+        // 10 batches a second: the kept history holds as many generations as then.
+        store.publish_staged();
     }
     let after = rss_mb();
     let cached = store
