@@ -91,7 +91,8 @@ impl FitSpec {
                 idx::LAYER_US,
                 idx::MOE_FLOPS,
                 idx::ALLREDUCE_LINK,
-                idx::FIRST_TOKEN_STEPS,
+                // Not FIRST_TOKEN_STEPS: one step is structural (docs/fidelity.md); a
+                // fit may free it with `--free`.
             ],
             options: NelderMeadOptions {
                 evaluations_max: 600,
