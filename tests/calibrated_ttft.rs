@@ -9,7 +9,8 @@ use ditto::sim::{Engine, EngineConfig, RequestId, RequestSpec};
 #[test]
 fn an_idle_servers_ttft_is_the_sum_of_its_parts() {
     // Goal: `CalibratedModel::unloaded_ttft` is what the engine simulates (front end,
-    // scheduler step, prefill chunks, first token's streaming path), not a separate story.
+    // scheduler step, prefill chunks, the first token's decode step and streaming path), not
+    // a separate story.
     // Method: the shipped coefficients, one request per engine, prompts below and above the
     // chunk budget, TP 1 and 4, H100 and L40S (a PCIe GPU).
     let coefficients = catalog::calibrated_coefficients().unwrap();
@@ -37,4 +38,37 @@ fn an_idle_servers_ttft_is_the_sum_of_its_parts() {
         );
         assert!(parts.front_end_us > 0 && parts.prefill_us > 0 && parts.scheduler_us > 0);
     }
+}
+
+#[test]
+fn the_first_token_waits_one_decode_step_of_the_model_at_hand() {
+    // Goal: the part of an unloaded TTFT that grows with the model is that model's decode
+    // step (docs/fidelity.md, "Unloaded TTFT, part by part"): the front end is the same for
+    // every model, the first token's part is one decode step of the model and GPU at hand.
+    // Method: the shipped coefficients; Llama-2-7b at TP 1 against Llama-2-70b at TP 4 on
+    // H100, and Llama-2-7b on H100 against L40S (a third of H100's bandwidth).
+    let coefficients = catalog::calibrated_coefficients().unwrap();
+    let parts = |model: &str, gpu: &str, tp: u32| {
+        let arch = catalog::model(model).unwrap();
+        let gpu_spec = catalog::gpu(gpu).unwrap();
+        let model = CalibratedModel::new(&arch, &gpu_spec, tp, &coefficients).unwrap();
+        (
+            model.unloaded_ttft(600, 2048),
+            model.first_token_delay_us(1),
+        )
+    };
+    let (small, small_delay) = parts("llama-2-7b-hf", "H100", 1);
+    let (large, large_delay) = parts("llama-2-70b-hf", "H100", 4);
+    let (slow, _) = parts("llama-2-7b-hf", "L40S", 1);
+    assert_eq!(small.front_end_us, large.front_end_us);
+    assert_eq!(small.first_token_us, small_delay);
+    assert_eq!(large.first_token_us, large_delay);
+    // A decode step is a weight read: 13.5 GB on one H100 (~5 ms at peak), 34.5 GB per GPU
+    // at TP 4 (~13 ms at peak).
+    assert!((4_000..9_000).contains(&small.first_token_us), "{small:?}");
+    assert!(
+        large.first_token_us > 2 * small.first_token_us,
+        "{small:?} {large:?}"
+    );
+    assert!(slow.first_token_us > 2 * small.first_token_us, "{slow:?}");
 }

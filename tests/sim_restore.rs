@@ -14,6 +14,11 @@ fn model() -> LatencyModel {
     })
 }
 
+/// Longest a finished request's end can trail its last engine step in these runs: the
+/// calibrated default's first-token delay (one decode step at this workload's batches) plus
+/// its post-decode time, with room.
+const CLIENT_LAG_US: u64 = 100_000;
+
 fn config() -> EngineConfig {
     let mut config = EngineConfig::vllm_defaults(50_000, 100_000);
     config.max_num_seqs = 24;
@@ -126,12 +131,27 @@ fn a_request_observed_before_its_enqueue_joins_the_queue_when_it_would_have() {
 fn assert_continues_exactly(cut: u64, model: LatencyModel) {
     {
         let (original, restored) = split_run_with(cut, model);
+        // Records are in completion order; the restored engine knows only the requests not
+        // yet finished at the cut. One that finished its last step before the cut can still
+        // reach its client after it (the model's first-token delay, which later tokens
+        // inherit, and its post-decode time), so "finished before" is by the engine's
+        // retirement, not by the client's end: the original's records the restored engine
+        // does not have, a prefix of them, all ended by the cut plus that client-side lag.
+        let restored_ids: Vec<_> = restored.metrics().records.iter().map(|r| r.id).collect();
         let finished_before = original
             .metrics()
             .records
             .iter()
-            .filter(|r| r.end_us <= cut)
+            .take_while(|r| !restored_ids.contains(&r.id))
             .count();
+        for record in &original.metrics().records[..finished_before] {
+            assert!(
+                record.end_us <= cut + CLIENT_LAG_US,
+                "cut {cut}: {:?} ended at {} but is not in the restored engine",
+                record.id,
+                record.end_us
+            );
+        }
         let tail: Vec<_> = original.metrics().records[finished_before..].to_vec();
         let restored_records = &restored.metrics().records;
         assert_eq!(tail.len(), restored_records.len(), "cut {cut}");

@@ -114,6 +114,7 @@ mod tests {
     fn round_trips_and_names_bad_keys() {
         let mut coefficients = CalibratedCoefficients::ROOFLINE;
         coefficients.values[0] = 1234.5;
+        coefficients.values[crate::sim::latency::calibrated::idx::FIRST_TOKEN_STEPS] = 1.0;
         let text = render(&coefficients, "test \"fit\"");
         assert_eq!(parse(&text).unwrap(), coefficients);
         let err = parse(&text.replace("  kv: ", "  kvv: ")).unwrap_err();
@@ -126,8 +127,15 @@ mod tests {
         let err = parse(&text.replace("  kv: 1.000000", "  kv: -1")).unwrap_err();
         assert!(err.to_string().contains(">= 0"), "{err}");
         assert!(parse("version: 2\ncoefficients: {}\n").is_err());
-        // A file written before `allreduce_link` existed still parses, with the term off.
-        let old = parse(&text.replace("  allreduce_link: 1.000000\n", "")).unwrap();
+        // A file written before `allreduce_link` or `first_token_steps` existed still
+        // parses, with the term off.
+        let old = parse(
+            &text
+                .replace("  allreduce_link: 1.000000\n", "")
+                .replace("  first_token_steps: 1.000000\n", ""),
+        )
+        .unwrap();
         assert_eq!(old.get("allreduce_link"), Some(0.0));
+        assert_eq!(old.get("first_token_steps"), Some(0.0));
     }
 }

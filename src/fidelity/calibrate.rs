@@ -91,6 +91,8 @@ impl FitSpec {
                 idx::LAYER_US,
                 idx::MOE_FLOPS,
                 idx::ALLREDUCE_LINK,
+                // Not FIRST_TOKEN_STEPS: one step is structural (docs/fidelity.md); a
+                // fit may free it with `--free`.
             ],
             options: NelderMeadOptions {
                 evaluations_max: 600,
@@ -119,7 +121,8 @@ fn default_scale(index: usize) -> f64 {
         idx::OUTPUT_TOKEN_US | idx::SEQ_US | idx::LAYER_US | idx::ALLREDUCE_US => 10.0,
         idx::POST_DECODE_US | idx::STEP_US => 1_000.0,
         idx::FIRST_TOKEN_US_PER_SEQ => 100.0,
-        // ALLREDUCE_LINK, like the efficiencies: 1 is the link's peak.
+        // ALLREDUCE_LINK, like the efficiencies: 1 is the link's peak; FIRST_TOKEN_STEPS:
+        // one decode step.
         _ => 1.0,
     }
 }

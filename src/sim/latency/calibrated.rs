@@ -30,8 +30,13 @@
 //! reaches the scheduler (HTTP, tokenization); `first_token_us_per_seq · B` before the
 //! client sees the first token of a step of B sequences (vLLM's API server detokenizes and
 //! streams every running sequence's token in one event loop, so a new stream's first chunk
-//! waits behind the others; later tokens inherit the delay); `output_token_us` per streamed
-//! token and `post_decode_us` after the last one.
+//! waits behind the others; later tokens inherit the delay); `first_token_steps` decode
+//! steps of B sequences more before the client sees that first token (the measured runs'
+//! clients see a request's first token one engine step after the step that sampled it: the
+//! low-load TTFT of every model is the front end, the prefill, the wait for the step in
+//! flight and one decode step of that model, see docs/fidelity.md; the step is priced
+//! without its KV reads, whose context the delay does not know); `output_token_us` per
+//! streamed token and `post_decode_us` after the last one.
 //!
 //! Sums are kept in integers until the end so pricing a batch entry by entry and pricing
 //! "batch + n decodes with total context c" ([`CalibratedModel::step_with_decodes_us`]) give
@@ -44,7 +49,7 @@ use super::{
 };
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 15;
+pub const COEFFICIENTS: usize = 16;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -64,11 +69,13 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "first_token_us_per_seq",
     "moe_flops",
     "allreduce_link",
+    "first_token_steps",
 ];
 
 /// Coefficients a file may omit (added after files were written), with the value that keeps
 /// such a file's predictions what they were.
-pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 1] = [("allreduce_link", 0.0)];
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 2] =
+    [("allreduce_link", 0.0), ("first_token_steps", 0.0)];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
 #[allow(missing_docs)]
@@ -88,6 +95,7 @@ pub mod idx {
     pub const FIRST_TOKEN_US_PER_SEQ: usize = 12;
     pub const MOE_FLOPS: usize = 13;
     pub const ALLREDUCE_LINK: usize = 14;
+    pub const FIRST_TOKEN_STEPS: usize = 15;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -101,7 +109,7 @@ impl CalibratedCoefficients {
     /// Pure roofline: efficiencies 1, no overheads.
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
-            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0,
+            0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0,
         ],
     };
 
@@ -160,8 +168,10 @@ pub struct UnloadedTtft {
     /// The prefill chunks' GPU work: weights or GEMM FLOPs, attention, KV writes, all-reduce
     /// bytes over the link (the rest of each chunk's step).
     pub prefill_us: u64,
-    /// The first sampled token's way to the client: detokenisation and the API server's
-    /// streaming path (`first_token_us_per_seq·1 + output_token_us`).
+    /// The first sampled token's way to the client: detokenisation, the API server's
+    /// streaming path, and the decode step after the prefill, which the client waits for
+    /// before it sees the first token (`first_token_us_per_seq·1 + first_token_steps·(one
+    /// decode step of one sequence) + output_token_us`).
     pub first_token_us: u64,
 }
 
@@ -371,7 +381,26 @@ impl CalibratedModel {
 
     /// Delay of a first token made by a step of `batch` sequences (see the module doc).
     pub fn first_token_delay_us(&self, batch: u64) -> u64 {
-        us_trunc_from_f64(self.c[idx::FIRST_TOKEN_US_PER_SEQ] * batch as f64)
+        let per_seq = self.c[idx::FIRST_TOKEN_US_PER_SEQ] * batch as f64;
+        let steps = self.c[idx::FIRST_TOKEN_STEPS];
+        let next_step = if steps > 0.0 {
+            steps * self.decode_step_us(batch.max(1)) as f64
+        } else {
+            0.0
+        };
+        us_trunc_from_f64(per_seq + next_step)
+    }
+
+    /// A decode step of `batch` sequences, their KV reads not counted (the delay knows the
+    /// batch, not its context): the step after a first token, which the client waits for
+    /// before it sees that token (see the module doc).
+    fn decode_step_us(&self, batch: u64) -> u64 {
+        self.price(Shape {
+            sequences: batch,
+            tokens: batch,
+            attn_pairs_x2: batch,
+            kv_tokens: batch,
+        })
     }
 
     /// Time after the last token.
@@ -530,6 +559,35 @@ mod tests {
             chunked.scheduler_us + chunked.prefill_us,
             fast.step_us(&[entry(0, 2048, true)]) + fast.step_us(&[entry(2048, 952, true)])
         );
+    }
+
+    #[test]
+    fn first_token_waits_one_decode_step_of_the_batch() {
+        // Goal: `first_token_steps` delays a first token by that many decode steps of the
+        // batch that made it (weights, host costs, no KV), on top of the per-sequence delay;
+        // 0 (a file without it) leaves the delay as it was.
+        let mut coefficients = CalibratedCoefficients::ROOFLINE;
+        coefficients.values[idx::STEP_US] = 500.0;
+        coefficients.values[idx::SEQ_US] = 4.0;
+        coefficients.values[idx::FIRST_TOKEN_US_PER_SEQ] = 10.0;
+        let off = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+        assert_eq!(off.first_token_delay_us(8), 80);
+        coefficients.values[idx::FIRST_TOKEN_STEPS] = 1.0;
+        let on = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+        for batch in [1u64, 8, 64] {
+            let decodes: Vec<BatchEntry> = (0..batch).map(|_| entry(0, 1, false)).collect();
+            let step = on.step_us(&decodes);
+            let got = on.first_token_delay_us(batch);
+            assert!(
+                got.abs_diff(10 * batch + step) <= 1,
+                "batch {batch}: {got} vs {step}"
+            );
+        }
+        // About one weight read of llama-3.1-8b (15 GB at 3.35 TB/s: 4.5 ms) plus the host.
+        let one = on.first_token_delay_us(1);
+        assert!((4_900..5_100).contains(&one), "{one}");
+        let parts = on.unloaded_ttft(600, 2048);
+        assert_eq!(parts.first_token_us, on.first_token_delay_us(1));
     }
 
     #[test]
