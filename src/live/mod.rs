@@ -48,14 +48,19 @@ pub enum LiveError {
     /// The initial instance set was rejected by the mirror.
     #[error("live mirror config: {0}")]
     Config(#[source] TwinError),
+    /// Its runtime or thread could not be started.
+    #[error("live mirror runtime: {0}")]
+    Runtime(#[source] std::io::Error),
 }
 
-/// The running live mirror; dropping it stops every task.
+/// The running live mirror; dropping it stops every task and its thread.
 #[derive(Debug)]
 pub struct LiveHandle {
     coordinator: JoinHandle<()>,
     /// Publishes the pods' staged writes once per `publish_interval`.
     publisher: JoinHandle<()>,
+    /// Ends the mirror's thread (its runtime drops every task left).
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Changes after every config sync the live mirror makes (value: the generation).
     pub synced: watch::Receiver<u64>,
 }
@@ -64,6 +69,9 @@ impl Drop for LiveHandle {
     fn drop(&mut self) {
         self.coordinator.abort();
         self.publisher.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
@@ -96,13 +104,62 @@ struct Coordinator {
     kube_tasks: tokio::task::JoinSet<()>,
 }
 
-/// Starts the live mirror on the current tokio runtime: static pods are synced into `store`
-/// before this returns (so the server is ready at once); DNS sources follow.
+/// Starts the live mirror on a thread of its own (`ditto-live`, a single-threaded tokio
+/// runtime): static pods are synced into `store` before this returns (so the server is ready
+/// at once); DNS and Kubernetes sources follow.
+///
+/// Why a thread of its own: a hundred pods scraped every 50 ms are thousands of small wake-ups
+/// a second; on the server's multi-threaded runtime they hop between workers (a futex wake
+/// and a context switch each), a quarter of the mirror's CPU (docs/performance.md). On one
+/// thread they do not, and the scrapes never queue behind the questions' tasks.
 pub fn start(
     config: LiveConfig,
     store: Arc<MirrorStore>,
     metrics: &Metrics,
 ) -> Result<LiveHandle, LiveError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(LiveError::Runtime)?;
+    // Every task `spawn_tasks` starts goes to this runtime, driven below on its own thread.
+    let parts = {
+        let _entered = runtime.enter();
+        spawn_tasks(config, store, metrics)
+    };
+    let (coordinator, publisher, synced) = match parts {
+        Ok(parts) => parts,
+        Err(err) => {
+            // Not a blocking drop: the caller may be inside another runtime.
+            runtime.shutdown_background();
+            return Err(err);
+        }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("ditto-live".to_owned())
+        .spawn(move || {
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        })
+        .map_err(LiveError::Runtime)?;
+    Ok(LiveHandle {
+        coordinator,
+        publisher,
+        stop: Some(stop),
+        synced,
+    })
+}
+
+/// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
+type Spawned = (JoinHandle<()>, JoinHandle<()>, watch::Receiver<u64>);
+
+/// The coordinator, the publisher and the pods' tasks, spawned on the entered runtime.
+fn spawn_tasks(
+    config: LiveConfig,
+    store: Arc<MirrorStore>,
+    metrics: &Metrics,
+) -> Result<Spawned, LiveError> {
     let live_metrics = LiveMetrics::register(metrics.registry())?;
     let (news, mut news_rx) = mpsc::channel(256);
     let (synced, synced_rx) = watch::channel(0);
@@ -158,11 +215,7 @@ pub fn start(
             }
         }
     });
-    Ok(LiveHandle {
-        coordinator: task,
-        publisher,
-        synced: synced_rx,
-    })
+    Ok((task, publisher, synced_rx))
 }
 
 /// Publishes what the pods' tasks staged in the store (scrapes, KV batches) as one new

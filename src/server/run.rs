@@ -303,6 +303,7 @@ fn start_live(
             match err {
                 crate::live::LiveError::Config(err) => ServeError::Config(err),
                 crate::live::LiveError::Metrics(err) => ServeError::Metrics(err),
+                crate::live::LiveError::Runtime(err) => ServeError::Runtime(err),
             }
         })?;
     let mut synced = live.synced.clone();
