@@ -51,7 +51,12 @@ async fn the_mirror_scrapes_on_its_own_thread_and_stops_with_its_handle() {
     let metrics = Metrics::new().unwrap();
     let before = threads_named("ditto-live");
     let live = ditto::live::start(config, Arc::clone(&store), &metrics).unwrap();
-    assert_eq!(threads_named("ditto-live"), before + 1);
+    // The new thread names itself once it runs.
+    until(
+        || threads_named("ditto-live") == before + 1,
+        "no ditto-live thread",
+    )
+    .await;
 
     // This test's own runtime has one thread, which only the pod's server and this loop use:
     // the scrapes that fill the mirror run on the mirror's thread.
@@ -70,13 +75,19 @@ async fn the_mirror_scrapes_on_its_own_thread_and_stops_with_its_handle() {
     }
 
     drop(live);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while threads_named("ditto-live") > before {
-        assert!(
-            Instant::now() < deadline,
-            "the mirror's thread outlived its handle"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(
+        || threads_named("ditto-live") == before,
+        "the mirror's thread outlived its handle",
+    )
+    .await;
     server.abort();
+}
+
+/// Waits up to 10 s for `done`.
+async fn until(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
