@@ -92,10 +92,7 @@ pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
 
 /// A bucket bound (`le`): a float, `+Inf` as the format writes it.
 fn parse_bound(le: &str) -> Option<f64> {
-    match le.trim() {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        other => other.parse().ok(),
-    }
+    parse::parse_value(le.trim())
 }
 
 /// The first of `labels` on `sample` that holds a whole number in 1..=u32::MAX.

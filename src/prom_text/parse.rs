@@ -225,13 +225,45 @@ fn unescape(raw: &str) -> Cow<'_, str> {
 }
 
 /// A sample value: a Go float (`+Inf`, `-Inf`, `NaN` as the format writes them).
-fn parse_value(field: &str) -> Option<f64> {
+pub(crate) fn parse_value(field: &str) -> Option<f64> {
     match field {
         "+Inf" | "Inf" => Some(f64::INFINITY),
         "-Inf" => Some(f64::NEG_INFINITY),
         "NaN" => Some(f64::NAN),
-        _ => field.parse().ok(),
+        _ => plain_decimal(field).or_else(|| field.parse().ok()),
     }
+}
+
+/// Powers of ten that are exact in an `f64`.
+const EXACT_POWERS: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// The value of a plain decimal (`123`, `98765.0`, `0.42`: what a model server writes for
+/// counts and gauges) when it is exact to compute, else `None` (the caller's `str::parse`
+/// then reads it). Digits as an integer below 2^53, divided by an exact power of ten: both
+/// operands are exact and IEEE division rounds correctly, so the result is the one
+/// `str::parse` gives (Clinger's fast path), at a fraction of its cost on every scrape.
+fn plain_decimal(field: &str) -> Option<f64> {
+    let (digits, negative) = match field.strip_prefix('-') {
+        Some(rest) => (rest, true),
+        None => (field, false),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    if whole.is_empty() || whole.len() + fraction.len() > 15 {
+        return None;
+    }
+    let mut mantissa: u64 = 0;
+    for byte in whole.bytes().chain(fraction.bytes()) {
+        if !byte.is_ascii_digit() {
+            return None;
+        }
+        mantissa = mantissa * 10 + u64::from(byte - b'0');
+    }
+    // At most 15 digits: below 10^15 < 2^53, exact as an f64.
+    let value = mantissa as f64 / *EXACT_POWERS.get(fraction.len())?;
+    Some(if negative { -value } else { value })
 }
 
 #[cfg(test)]
@@ -258,6 +290,63 @@ mod tests {
         assert!(samples[2].value.is_nan());
         assert_eq!(samples[3].label("a").as_deref(), Some("v"));
         assert_eq!(samples[3].value, f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn plain_decimals_read_exactly_as_str_parse_reads_them() {
+        for text in [
+            "0",
+            "0.0",
+            "1",
+            "-1",
+            "98765.0",
+            "0.42",
+            "-0.001",
+            "123456789012345",
+            "1234567890.12345",
+            "0.00000000000001",
+            "12.50",
+            "-0",
+            "7.",
+        ] {
+            let expected: f64 = text.parse().unwrap();
+            let got = plain_decimal(text).unwrap();
+            assert_eq!(got.to_bits(), expected.to_bits(), "{text}");
+        }
+        // Left to `str::parse`: too many digits, exponents, signs and spellings it knows.
+        for text in [
+            "1234567890123456",
+            "1e3",
+            "+1",
+            ".5",
+            "",
+            "-",
+            "1.2.3",
+            "0x10",
+            "1_0",
+        ] {
+            assert_eq!(plain_decimal(text), None, "{text}");
+        }
+        assert_eq!(parse_value("1e3"), Some(1000.0));
+        assert_eq!(parse_value(".5"), Some(0.5));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_plain_decimal_reads_as_str_parse(
+            whole in 0_u64..10_000_000_000,
+            fraction in "[0-9]{0,6}",
+            negative: bool,
+        ) {
+            let text = format!(
+                "{}{whole}{}{fraction}",
+                if negative { "-" } else { "" },
+                if fraction.is_empty() { "" } else { "." },
+            );
+            let expected: f64 = text.parse().unwrap();
+            let got = parse_value(&text).unwrap();
+            proptest::prop_assert_eq!(got.to_bits(), expected.to_bits(), "{}", text);
+        }
     }
 
     #[test]
