@@ -18,6 +18,7 @@ pub mod kv_bench;
 pub mod kv_wire;
 pub mod pod;
 pub mod rebuild;
+mod runtime;
 pub mod scrape;
 pub mod text;
 
@@ -38,6 +39,8 @@ use crate::twin::store::MirrorStore;
 
 pub use config::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
 use pod::{Health, Pod, PodNews};
+use runtime::publish_loop;
+pub use runtime::start;
 
 /// Why the live mirror could not start.
 #[derive(Debug, Error)]
@@ -102,53 +105,6 @@ struct Coordinator {
     synced: watch::Sender<u64>,
     /// The Kubernetes discovery tasks (aborted with the coordinator).
     kube_tasks: tokio::task::JoinSet<()>,
-}
-
-/// Starts the live mirror on a thread of its own (`ditto-live`, a single-threaded tokio
-/// runtime): static pods are synced into `store` before this returns (so the server is ready
-/// at once); DNS and Kubernetes sources follow.
-///
-/// Why a thread of its own: a hundred pods scraped every 50 ms are thousands of small wake-ups
-/// a second; on the server's multi-threaded runtime they hop between workers (a futex wake
-/// and a context switch each), a quarter of the mirror's CPU (docs/performance.md). On one
-/// thread they do not, and the scrapes never queue behind the questions' tasks.
-pub fn start(
-    config: LiveConfig,
-    store: Arc<MirrorStore>,
-    metrics: &Metrics,
-) -> Result<LiveHandle, LiveError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(LiveError::Runtime)?;
-    // Every task `spawn_tasks` starts goes to this runtime, driven below on its own thread.
-    let parts = {
-        let _entered = runtime.enter();
-        spawn_tasks(config, store, metrics)
-    };
-    let (coordinator, publisher, synced) = match parts {
-        Ok(parts) => parts,
-        Err(err) => {
-            // Not a blocking drop: the caller may be inside another runtime.
-            runtime.shutdown_background();
-            return Err(err);
-        }
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    std::thread::Builder::new()
-        .name("ditto-live".to_owned())
-        .spawn(move || {
-            runtime.block_on(async {
-                let _ = stopped.await;
-            });
-        })
-        .map_err(LiveError::Runtime)?;
-    Ok(LiveHandle {
-        coordinator,
-        publisher,
-        stop: Some(stop),
-        synced,
-    })
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -216,18 +172,6 @@ fn spawn_tasks(
         }
     });
     Ok((task, publisher, synced_rx))
-}
-
-/// Publishes what the pods' tasks staged in the store (scrapes, KV batches) as one new
-/// generation every `interval`: questions see a write at most one interval late, and the
-/// mirror makes one snapshot per tick instead of one per write.
-async fn publish_loop(store: Arc<MirrorStore>, interval: std::time::Duration) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        store.publish_staged();
-    }
 }
 
 /// How often pods that Kubernetes discovery lost are checked for retirement.

@@ -368,19 +368,23 @@ async fn scrape_once(
     // A small update (one instance's gauges and a rebuilt list): applied inline, the store
     // holds its lock for microseconds.
     let with_requests = update.requests.is_some();
-    let gauges_only = InstanceUpdate {
-        instance_id: pod.id.clone(),
-        requests: None,
-        events: Vec::new(),
-        ..update
-    };
+    let (observed_at_us, gauges) = (update.observed_at_us, update.gauges);
     // Staged: published with the other pods' writes at the next publish tick.
     let applied = match pod.store.write_state(update, Publish::Staged) {
         Ok(_) => Ok(with_requests),
         // A push newer than this scrape won the race: keep it, take the gauges only.
         Err(_) if with_requests => pod
             .store
-            .write_state(gauges_only, Publish::Staged)
+            .write_state(
+                InstanceUpdate {
+                    instance_id: pod.id.clone(),
+                    observed_at_us,
+                    requests: None,
+                    gauges,
+                    events: Vec::new(),
+                },
+                Publish::Staged,
+            )
             .map(|_| false),
         Err(err) => Err(err),
     };

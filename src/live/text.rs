@@ -263,18 +263,14 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     metrics.generation_tokens = generation_tokens;
     // Of the inter-token-latency histogram only the count is read (a counter going back is
     // a restart sign): its `_count` samples; its buckets are not even kept (`wanted`).
-    metrics.itl_count = ITL.iter().find_map(|&(name, deprecated)| {
-        let (count, sum) = samples
-            .iter()
-            .filter(|s| s.name.strip_suffix("_count") == Some(name))
-            .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
-        (count > 0).then(|| {
-            if deprecated {
-                metrics.deprecated.push(name);
-            }
-            sum
-        })
-    });
+    if let Some((name, _, count)) = first_with(samples, ITL, |sample, name| {
+        sample.strip_suffix("_count") == Some(name)
+    }) {
+        metrics.itl_count = Some(count);
+        if let Some(&(name, true)) = ITL.iter().find(|(n, _)| *n == name) {
+            metrics.deprecated.push(name);
+        }
+    }
     for (names, slot) in [
         (PREFIX_QUERIES, &mut metrics.prefix_queries),
         (PREFIX_HITS, &mut metrics.prefix_hits),
@@ -304,26 +300,34 @@ fn scalar(
     names: &[(&'static str, bool)],
     combine: Combine,
 ) -> Option<(&'static str, f64)> {
-    names.iter().find_map(|&(name, _)| {
-        let (count, sum) = samples
-            .iter()
-            .filter(|s| s.name == name)
-            .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
-        (count > 0).then(|| match combine {
-            Combine::Sum => (name, sum),
-            Combine::Mean => (name, sum / f64::from(count)),
-        })
+    let (name, count, sum) = first_with(samples, names, |sample, name| sample == name)?;
+    Some(match combine {
+        Combine::Sum => (name, sum),
+        Combine::Mean => (name, sum / f64::from(count)),
     })
 }
 
 /// A counter by its name or its name with `_total`, summed over label sets.
 fn counter(samples: &[Sample<'_>], names: &[(&'static str, bool)]) -> Option<(&'static str, f64)> {
+    first_with(samples, names, |sample, name| {
+        sample == name || sample.strip_suffix("_total") == Some(name)
+    })
+    .map(|(name, _, sum)| (name, sum))
+}
+
+/// The first name in `names` with samples that `of` (sample name, series name) accepts, how
+/// many there are (label sets) and their sum.
+fn first_with(
+    samples: &[Sample<'_>],
+    names: &[(&'static str, bool)],
+    of: impl Fn(&str, &str) -> bool,
+) -> Option<(&'static str, u32, f64)> {
     names.iter().find_map(|&(name, _)| {
         let (count, sum) = samples
             .iter()
-            .filter(|s| s.name == name || s.name.strip_suffix("_total") == Some(name))
+            .filter(|s| of(s.name, name))
             .fold((0_u32, 0.0), |(count, sum), s| (count + 1, sum + s.value));
-        (count > 0).then_some((name, sum))
+        (count > 0).then_some((name, count, sum))
     })
 }
 

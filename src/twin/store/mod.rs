@@ -21,6 +21,7 @@
 
 mod kv;
 mod messages;
+mod traffic;
 mod update;
 
 pub use messages::{
@@ -36,7 +37,7 @@ use crate::twin::error::TwinError;
 use crate::twin::snapshot::{InstanceState, MirrorSnapshot, TrafficStats, TwinSettings};
 
 use kv::{apply_kv, check_kv_batch};
-use update::{AppliedUpdate, build_state, check_state};
+use update::{build_state, check_state};
 
 /// Bounds on what the store keeps and accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -329,7 +330,7 @@ impl MirrorStore {
         }
         let applied = build_state(old, config, update, &self.limits)?;
         writer.record_traffic(&applied, &self.limits);
-        Ok(self.commit(&mut writer, index, applied.state, publish))
+        self.commit(&mut writer, index, applied.state, publish)
     }
 
     /// Applies one KV event batch atomically; more cached blocks than the instance's
@@ -397,7 +398,7 @@ impl MirrorStore {
         if let Some(gap) = &gap {
             state.kv_event_gaps += gap.received_seq - gap.expected_seq;
         }
-        let generation = self.commit(&mut writer, index, state, publish);
+        let generation = self.commit(&mut writer, index, state, publish)?;
         Ok(KvApplied {
             generation,
             gap,
@@ -443,7 +444,7 @@ impl MirrorStore {
             return Ok(writer.generation);
         }
         *slot(&mut state) = value;
-        Ok(self.commit(&mut writer, index, state, Publish::Now))
+        self.commit(&mut writer, index, state, Publish::Now)
     }
 
     /// Publishes every staged write as one new generation; `None` when nothing was staged.
@@ -465,35 +466,22 @@ impl MirrorStore {
         Some(generation)
     }
 
-    /// Writes `state` for instance `index` into the staged snapshot (a private copy of the
-    /// latest made by the first write after a publish), then publishes it if asked. Returns
-    /// the generation the write is published in.
+    /// Writes `state` for instance `index` into the staged snapshot, then publishes it if
+    /// asked. Returns the generation the write is published in.
     fn commit(
         &self,
         writer: &mut Writer,
         index: usize,
         state: InstanceState,
         publish: Publish,
-    ) -> u64 {
-        let generation = writer.generation + 1;
-        if writer.staged.is_none() {
-            let Some(latest) = &writer.latest else {
-                // Unreachable: every caller found a current snapshot first.
-                return writer.generation;
-            };
-            writer.staged = Some(MirrorSnapshot {
-                generation,
-                memo: Default::default(),
-                ..(*latest.snapshot).clone()
-            });
-        }
-        if let Some(staged) = &mut writer.staged {
-            staged.instances[index] = Arc::new(state);
-        }
+    ) -> Result<u64, TwinError> {
+        let staged = writer.staged_mut().ok_or_else(no_config)?;
+        staged.instances[index] = Arc::new(state);
+        let generation = staged.generation;
         if publish == Publish::Now {
             self.publish_staged_locked(writer);
         }
-        generation
+        Ok(generation)
     }
 
     fn publish(&self, writer: &mut Writer, snapshot: MirrorSnapshot, addresses: Arc<[String]>) {
@@ -515,6 +503,20 @@ impl MirrorStore {
 }
 
 impl Writer {
+    /// The staged snapshot: a private copy of the latest, made by the first write after a
+    /// publish (its memo is taken over when it is published). `None` before the first sync.
+    fn staged_mut(&mut self) -> Option<&mut MirrorSnapshot> {
+        if self.staged.is_none() {
+            let latest = self.latest.as_ref()?;
+            self.staged = Some(MirrorSnapshot {
+                generation: self.generation + 1,
+                memo: Default::default(),
+                ..(*latest.snapshot).clone()
+            });
+        }
+        self.staged.as_mut()
+    }
+
     /// What the next write applies to: the staged snapshot, else the latest published.
     fn current(&self) -> Option<&MirrorSnapshot> {
         self.staged
@@ -570,56 +572,4 @@ fn validate_config(cluster: &ClusterConfig, addresses: &[String]) -> Result<(), 
         })?;
     }
     Ok(())
-}
-
-impl Writer {
-    fn record_traffic(&mut self, applied: &AppliedUpdate, limits: &StoreLimits) {
-        if applied.arrivals.is_empty() && applied.finished.is_empty() {
-            return;
-        }
-        self.traffic_changed = true;
-        for &arrival in &applied.arrivals {
-            self.first_arrival_us = Some(self.first_arrival_us.map_or(arrival, |f| f.min(arrival)));
-            self.latest_arrival_us = self.latest_arrival_us.max(arrival);
-            self.arrivals.push_back(arrival);
-        }
-        let horizon = self
-            .latest_arrival_us
-            .saturating_sub(limits.arrivals_window_us);
-        while self.arrivals.len() > limits.arrivals_max
-            || self.arrivals.front().is_some_and(|&front| front < horizon)
-        {
-            self.arrivals.pop_front();
-        }
-        for &lengths in &applied.finished {
-            self.recent_lengths.push_back(lengths);
-        }
-        while self.recent_lengths.len() > limits.recent_lengths_max {
-            self.recent_lengths.pop_front();
-        }
-    }
-
-    /// Arrivals in the last window of client time over the window (shorter at first, at
-    /// least 1 s); reuses `old` when nothing changed.
-    fn traffic_stats(&self, limits: &StoreLimits, old: &Arc<TrafficStats>) -> Arc<TrafficStats> {
-        let Some(first) = self.first_arrival_us else {
-            return Arc::clone(old);
-        };
-        let horizon = self
-            .latest_arrival_us
-            .saturating_sub(limits.arrivals_window_us);
-        let count = self.arrivals.iter().filter(|&&t| t >= horizon).count();
-        let span_us = (self.latest_arrival_us - first)
-            .min(limits.arrivals_window_us)
-            .max(1_000_000);
-        let stats = TrafficStats {
-            arrivals_per_s: count as f64 / (span_us as f64 / 1e6),
-            recent_lengths: self.recent_lengths.iter().copied().collect(),
-        };
-        if **old == stats {
-            Arc::clone(old)
-        } else {
-            Arc::new(stats)
-        }
-    }
 }
