@@ -153,7 +153,7 @@ fn question(now_us: u64) -> RoutingQuestion {
             horizon_us: 600_000_000,
             background: Background::None,
             stale_policy: None,
-            max_signal_age_us: 200_000,
+            max_signal_age_us: Some(200_000),
             seed: 5,
         },
         now_us,

@@ -165,7 +165,7 @@ fn aggregate_prediction_ranks_pods_like_predict_routing() {
             horizon_us: 600_000_000,
             background: Background::None,
             stale_policy: Some(StalePolicy::UseLast),
-            max_signal_age_us: u64::MAX,
+            max_signal_age_us: Some(u64::MAX),
             seed: 3,
         },
         now_us: NOW,

@@ -141,7 +141,7 @@ fn question(now_us: u64, output: OutputLength, replications: u32) -> RoutingQues
             horizon_us: 600_000_000,
             background: Background::None,
             stale_policy: None,
-            max_signal_age_us: 200_000,
+            max_signal_age_us: Some(200_000),
             seed: 77,
         },
         now_us,
@@ -358,7 +358,7 @@ fn stale_policies() {
     }
     // Fresh enough signals are never subject to the policy.
     let mut lenient = ask(StalePolicy::Exclude);
-    lenient.options.max_signal_age_us = 2_000_000;
+    lenient.options.max_signal_age_us = Some(2_000_000);
     let answer = predict_routing(&stale, &lenient, &Limits::DEFAULT).unwrap();
     assert!(answer.candidates.iter().all(|c| c.valid));
 }
@@ -403,7 +403,7 @@ fn bounded_work_and_bad_questions() {
     let mut q = question(cut, OutputLength::Point(300), 1);
     q.candidates = vec!["vllm-9".into()];
     assert!(
-        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidField { path, .. }) if path == "candidates[0]")
+        matches!(predict_routing(&snapshot, &q, &Limits::DEFAULT), Err(TwinError::InvalidField { path, .. }) if path == "candidate_instance_ids[0]")
     );
     let mut q = question(cut, OutputLength::Point(300), 1);
     q.now_us = cut - 1;
@@ -457,4 +457,118 @@ fn baselines_are_shared_across_questions_on_one_snapshot() {
     assert!(fresh.memo.is_empty());
     let cold = predict_routing(&fresh, &second, &Limits::DEFAULT).unwrap();
     assert_eq!(warm, cold);
+}
+
+/// `ValidRouting::new` is the one check of a question: each bad field is named with its wire
+/// path, an over-limit value is OverLimit, and a good question keeps its decided defaults.
+#[test]
+fn every_question_check_names_its_wire_field() {
+    use ditto::twin::TwinError;
+    use ditto::twin::valid::ValidRouting;
+    let cut = 8_000_123;
+    let snapshot = mirror(&cluster_at(cut), 1);
+    let good = || question(cut, OutputLength::Point(300), 2);
+    let edits: Vec<(&str, Box<dyn Fn(&mut RoutingQuestion)>)> = vec![
+        (
+            "request.prompt_tokens",
+            Box::new(|q| q.request.prompt_tokens = 0),
+        ),
+        (
+            "request.output_tokens",
+            Box::new(|q| q.request.output = OutputLength::Point(0)),
+        ),
+        (
+            "request.output_histogram.bins",
+            Box::new(|q| q.request.output = OutputLength::Histogram(vec![])),
+        ),
+        (
+            "request.output_histogram.bins[1].tokens",
+            Box::new(|q| q.request.output = OutputLength::Histogram(vec![(5, 1.0), (0, 1.0)])),
+        ),
+        (
+            "request.output_histogram.bins[0].weight",
+            Box::new(|q| q.request.output = OutputLength::Histogram(vec![(5, f64::NAN)])),
+        ),
+        (
+            "request.output_histogram.bins",
+            Box::new(|q| q.request.output = OutputLength::Histogram(vec![(5, 0.0)])),
+        ),
+        ("request.max_tokens", Box::new(|q| q.request.max_tokens = 0)),
+        (
+            "request.token_ids",
+            Box::new(|q| q.request.token_ids = Some(Arc::from(vec![1u32; 3]))),
+        ),
+        (
+            "request.block_hashes",
+            Box::new(|q| q.request.block_hashes = vec![7, 8, 7]),
+        ),
+        (
+            "options.replications",
+            Box::new(|q| q.options.replications = 0),
+        ),
+        ("options.horizon_ms", Box::new(|q| q.options.horizon_us = 0)),
+        (
+            "options.quantiles[1]",
+            Box::new(|q| q.options.quantiles = vec![0.5, 1.0]),
+        ),
+        (
+            "candidate_instance_ids[1]",
+            Box::new(|q| q.candidates = vec!["vllm-0".into(), "vllm-0".into()]),
+        ),
+        (
+            "candidate_instance_ids[0]",
+            Box::new(|q| q.candidates = vec!["nowhere".into()]),
+        ),
+        ("now_us", Box::new(|q| q.now_us = cut - 1)),
+    ];
+    for (path, edit) in &edits {
+        let mut q = good();
+        edit(&mut q);
+        match ValidRouting::new(q, &snapshot, &Limits::DEFAULT) {
+            Err(TwinError::InvalidField { path: got, .. }) => assert_eq!(&got, path),
+            other => panic!("{path}: expected InvalidField, got {other:?}"),
+        }
+    }
+    let small = Limits {
+        max_candidates: 2,
+        max_replications: 1,
+        max_horizon_us: 1_000,
+        ..Limits::DEFAULT
+    };
+    let over: Vec<(&str, Box<dyn Fn(&mut RoutingQuestion)>)> = vec![
+        (
+            "options.replications",
+            Box::new(|q| q.options.horizon_us = 1_000),
+        ),
+        (
+            "options.horizon_ms",
+            Box::new(|q| q.options.replications = 1),
+        ),
+        (
+            "candidate_instance_ids (empty: every instance)",
+            Box::new(|q| {
+                q.options.replications = 1;
+                q.options.horizon_us = 1_000;
+            }),
+        ),
+    ];
+    for (field, edit) in &over {
+        let mut q = good();
+        edit(&mut q);
+        match ValidRouting::new(q, &snapshot, &small) {
+            Err(TwinError::OverLimit(message)) => {
+                assert!(message.starts_with(&format!("{field}: ")), "{message}")
+            }
+            other => panic!("{field}: expected OverLimit, got {other:?}"),
+        }
+    }
+    let mut q = good();
+    q.options.max_signal_age_us = None;
+    let valid = ValidRouting::new(q, &snapshot, &Limits::DEFAULT).unwrap();
+    assert_eq!(valid.candidates(), &[0, 1, 2]);
+    assert_eq!(
+        valid.max_signal_age_us(),
+        snapshot.settings.max_signal_age_us
+    );
+    assert_eq!(valid.generation(), snapshot.generation);
 }

@@ -178,7 +178,7 @@ pub fn whatif_question(replications: u32) -> RoutingQuestion {
             horizon_us: 60_000_000,
             background: Background::None,
             stale_policy: None,
-            max_signal_age_us: 200_000,
+            max_signal_age_us: Some(200_000),
             seed: 42,
         },
         now_us: WHATIF_NOW_US,

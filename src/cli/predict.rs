@@ -151,7 +151,7 @@ pub fn question(args: &PredictArgs) -> Result<RoutingQuestion, String> {
             horizon_us: (args.horizon_ms * 1000.0).round() as u64,
             background,
             stale_policy,
-            max_signal_age_us: 0,
+            max_signal_age_us: None,
             seed: args.seed,
         },
         now_us: 0,

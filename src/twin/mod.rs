@@ -23,6 +23,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod store;
 mod summary;
+pub mod valid;
 
 pub use error::TwinError;
 pub use limits::Limits;

@@ -18,12 +18,12 @@
 use super::error::TwinError;
 use super::fork::{Call, simulate};
 use super::limits::Limits;
-use super::question::{OutputLength, RoutingAnswer, RoutingQuestion, StalePolicy};
+use super::question::{RoutingAnswer, RoutingQuestion, StalePolicy};
 use super::run::EventBudget;
 use super::sampling::output_draw;
 use super::snapshot::MirrorSnapshot;
-use super::stats::validate_quantiles;
 use super::summary::{recommend, summarize};
+use super::valid::ValidRouting;
 
 /// One replication's outcome on one candidate.
 #[derive(Clone, Debug, Default)]
@@ -67,7 +67,8 @@ pub enum Forking {
     Plain,
 }
 
-/// Answers `question` on `snapshot` within `limits`.
+/// Checks `question` against `snapshot` ([`ValidRouting::new`]) and answers it within
+/// `limits`.
 pub fn predict_routing(
     snapshot: &MirrorSnapshot,
     question: &RoutingQuestion,
@@ -83,7 +84,33 @@ pub fn predict_routing_with(
     limits: &Limits,
     forking: Forking,
 ) -> Result<RoutingAnswer, TwinError> {
-    let candidates = validate(snapshot, question, limits)?;
+    let valid = ValidRouting::new(question.clone(), snapshot, limits)?;
+    predict_valid_with(snapshot, &valid, limits, forking)
+}
+
+/// Answers a checked question on the snapshot it was checked against, within `limits`.
+pub fn predict_valid(
+    snapshot: &MirrorSnapshot,
+    valid: &ValidRouting,
+    limits: &Limits,
+) -> Result<RoutingAnswer, TwinError> {
+    predict_valid_with(snapshot, valid, limits, Forking::Shortcuts)
+}
+
+/// [`predict_valid`] with forks started as `forking` says.
+pub fn predict_valid_with(
+    snapshot: &MirrorSnapshot,
+    valid: &ValidRouting,
+    limits: &Limits,
+    forking: Forking,
+) -> Result<RoutingAnswer, TwinError> {
+    assert_eq!(
+        valid.generation(),
+        snapshot.generation,
+        "a question runs on the snapshot it was checked against"
+    );
+    let question = valid.question();
+    let candidates = valid.candidates();
     let replications = question.options.replications;
     // (position among the candidates, replication): results come back in this order.
     let jobs: Vec<(usize, u32)> = (0..candidates.len())
@@ -93,7 +120,7 @@ pub fn predict_routing_with(
     let outputs = output_draw(snapshot)?;
     let treatments: Vec<Treatment> = candidates
         .iter()
-        .map(|&i| treatment(snapshot, question, i))
+        .map(|&i| treatment(snapshot, valid, i))
         .collect();
     let call = Call {
         snapshot,
@@ -134,134 +161,11 @@ pub fn predict_routing_with(
     })
 }
 
-/// Checks the question; returns the candidate instance indices.
-fn validate(
-    snapshot: &MirrorSnapshot,
-    question: &RoutingQuestion,
-    limits: &Limits,
-) -> Result<Vec<usize>, TwinError> {
-    let instances = &snapshot.config.instances;
-    let candidates: Vec<usize> = if question.candidates.is_empty() {
-        (0..instances.len()).collect()
-    } else {
-        question
-            .candidates
-            .iter()
-            .enumerate()
-            .map(|(position, id)| {
-                instances
-                    .iter()
-                    .position(|instance| &instance.id == id)
-                    .ok_or_else(|| {
-                        TwinError::invalid(
-                            format!("candidates[{position}]"),
-                            format!("unknown instance id {id:?}"),
-                        )
-                    })
-            })
-            .collect::<Result<_, _>>()?
-    };
-    if candidates.len() > limits.max_candidates as usize {
-        return Err(TwinError::OverLimit(format!(
-            "{} candidates exceed the limit of {}",
-            candidates.len(),
-            limits.max_candidates
-        )));
-    }
-    let options = &question.options;
-    if options.replications == 0 {
-        return Err(TwinError::invalid(
-            "options.replications",
-            "must be at least 1",
-        ));
-    }
-    if options.replications > limits.max_replications {
-        return Err(TwinError::OverLimit(format!(
-            "{} replications exceed the limit of {}",
-            options.replications, limits.max_replications
-        )));
-    }
-    if options.horizon_us == 0 {
-        return Err(TwinError::invalid("options.horizon_ms", "must be positive"));
-    }
-    if options.horizon_us > limits.max_horizon_us {
-        return Err(TwinError::OverLimit(format!(
-            "horizon of {} ms exceeds the limit of {} ms",
-            options.horizon_us / 1000,
-            limits.max_horizon_us / 1000
-        )));
-    }
-    validate_quantiles(&options.quantiles, "options.quantiles")?;
-    let request = &question.request;
-    if request.prompt_tokens == 0 {
-        return Err(TwinError::invalid(
-            "request.prompt_tokens",
-            "must be at least 1",
-        ));
-    }
-    match &request.output {
-        OutputLength::Point(0) => {
-            return Err(TwinError::invalid(
-                "request.expected_output",
-                "must be at least 1 token",
-            ));
-        }
-        OutputLength::Histogram(bins) if bins.is_empty() || bins.iter().all(|&(_, w)| w <= 0.0) => {
-            return Err(TwinError::invalid(
-                "request.expected_output",
-                "a histogram needs a bin with positive weight",
-            ));
-        }
-        OutputLength::Histogram(bins)
-            if bins
-                .iter()
-                .any(|&(v, w)| v == 0 || !(w.is_finite() && w >= 0.0)) =>
-        {
-            return Err(TwinError::invalid(
-                "request.expected_output",
-                "bins need positive lengths and non-negative weights",
-            ));
-        }
-        _ => {}
-    }
-    let mut seen = std::collections::HashSet::with_capacity(request.block_hashes.len());
-    if let Some(duplicate) = request.block_hashes.iter().find(|h| !seen.insert(**h)) {
-        return Err(TwinError::invalid(
-            "request.block_hashes",
-            format!("hash {duplicate} appears twice (a prompt's block keys are a hash chain)"),
-        ));
-    }
-    if let Some(tokens) = &request.token_ids
-        && tokens.len() != request.prompt_tokens as usize
-    {
-        return Err(TwinError::invalid(
-            "request.token_ids",
-            format!(
-                "{} ids for prompt_tokens {}",
-                tokens.len(),
-                request.prompt_tokens
-            ),
-        ));
-    }
-    for &index in &candidates {
-        let state = &snapshot.instances[index];
-        if state.observed_at_us > question.now_us {
-            return Err(TwinError::invalid(
-                "now_us",
-                format!(
-                    "{} precedes instance {:?}'s observation at {}",
-                    question.now_us, state.instance_id, state.observed_at_us
-                ),
-            ));
-        }
-    }
-    Ok(candidates)
-}
-
-fn treatment(snapshot: &MirrorSnapshot, question: &RoutingQuestion, index: usize) -> Treatment {
+fn treatment(snapshot: &MirrorSnapshot, valid: &ValidRouting, index: usize) -> Treatment {
+    let question = valid.question();
     let state = &snapshot.instances[index];
     let age = super::fork::elapsed_us(state.observed_at_us, question.now_us);
-    let limit = question.options.max_signal_age_us;
+    let limit = valid.max_signal_age_us();
     if age <= limit && state.stale_reason.is_none() {
         return Treatment::RollForward;
     }

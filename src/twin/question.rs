@@ -84,8 +84,8 @@ pub struct PredictOptions {
     pub background: Background,
     /// Stale-signal policy (the config's default when `None`).
     pub stale_policy: Option<StalePolicy>,
-    /// Signals older than this are stale (µs).
-    pub max_signal_age_us: u64,
+    /// Signals older than this are stale (µs; the snapshot's setting when `None`).
+    pub max_signal_age_us: Option<u64>,
     /// Seed; the answer echoes the seed used.
     pub seed: u64,
 }

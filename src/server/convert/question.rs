@@ -1,11 +1,14 @@
 //! Routing questions between the wire and `twin::question`, and the decoding helpers the
 //! capacity forecasts share.
 //!
-//! Decoding happens in two steps: [`routing_from_proto`] / `forecast::forecast_from_proto` check
-//! everything the message alone decides (ranges, defaults, limits on replications, horizon
-//! and quantiles), then `resolve` checks the question against the snapshot it will run on
-//! (candidate and template ids, "now" not before the observations). Over-limit requests are
-//! RESOURCE_EXHAUSTED; everything else is INVALID_ARGUMENT with the field path.
+//! A routing question is decoded in two steps. [`routing_from_proto`] turns the wire into
+//! domain values: integer ranges, enums, defaults, and caps on the sizes of repeated fields.
+//! [`DecodedRouting::resolve`] then decides "now" from the snapshot it will run on and hands
+//! the question to `twin::valid::ValidRouting::new`, the one place its meaning is checked
+//! (lengths, limits, candidates, decision time). Capacity forecasts
+//! (`forecast::forecast_from_proto`) check what the message alone decides here and the template
+//! ids in `resolve`. Over-limit requests are RESOURCE_EXHAUSTED; everything else is
+//! INVALID_ARGUMENT with the field path.
 
 use std::sync::Arc;
 
@@ -16,11 +19,11 @@ use crate::twin::question::{
     RoutingAnswer, RoutingQuestion, SloTargets,
 };
 use crate::twin::store::StoredSnapshot;
+use crate::twin::valid::ValidRouting;
 
 use super::state::{latest_observation_us, slo_class_from};
 use super::{
-    join, ms_to_us, non_negative, positive, stale_policy_from, stale_policy_to, time_us, tokens,
-    us_to_ms,
+    join, ms_to_us, positive, stale_policy_from, stale_policy_to, time_us, tokens, us_to_ms,
 };
 use crate::server::proto;
 
@@ -48,12 +51,13 @@ pub const REPLICAS_MAX: u32 = crate::twin::forecast::REPLICAS_MAX;
 pub struct DecodedRouting {
     /// Snapshot generation asked for (0: latest).
     pub generation: u64,
-    /// The question; `options.max_signal_age_us` and `now_us` are placeholders until
-    /// [`DecodedRouting::resolve`].
-    pub question: RoutingQuestion,
-    /// The age limit, if the question gave one.
-    pub max_signal_age_us: Option<u64>,
-    /// "Now", if the question gave it.
+    /// The request.
+    pub request: CandidateRequest,
+    /// Candidate instance ids; empty means every instance.
+    pub candidates: Vec<String>,
+    /// Options (the age limit `None` when the question gave none: the snapshot's setting).
+    pub options: PredictOptions,
+    /// "Now", if the question gave it (0 on the wire: the server's clock).
     pub now_us: Option<u64>,
     /// The caller's correlation id.
     pub request_id: String,
@@ -121,43 +125,30 @@ pub(super) fn slo_from(
 fn output_from(message: &proto::CandidateRequest) -> Result<OutputLength, TwinError> {
     use proto::candidate_request::ExpectedOutput;
     match &message.expected_output {
-        Some(ExpectedOutput::OutputTokens(value)) => {
-            let path = "request.output_tokens";
-            let value = tokens(*value, path)?;
-            if value == 0 {
-                return Err(TwinError::invalid(path, "must be at least 1"));
-            }
-            Ok(OutputLength::Point(value))
-        }
+        Some(ExpectedOutput::OutputTokens(value)) => Ok(OutputLength::Point(tokens(
+            *value,
+            "request.output_tokens",
+        )?)),
         Some(ExpectedOutput::OutputHistogram(histogram)) => {
             let path = "request.output_histogram.bins";
-            if histogram.bins.is_empty() || histogram.bins.len() > HISTOGRAM_BINS_MAX {
+            if histogram.bins.len() > HISTOGRAM_BINS_MAX {
                 return Err(TwinError::invalid(
                     path,
-                    format!("needs 1..={HISTOGRAM_BINS_MAX} bins"),
+                    format!(
+                        "{} bins; at most {HISTOGRAM_BINS_MAX}",
+                        histogram.bins.len()
+                    ),
                 ));
             }
-            let mut bins = Vec::with_capacity(histogram.bins.len());
-            for (index, bin) in histogram.bins.iter().enumerate() {
-                let bin_path = format!("{path}[{index}]");
-                let tokens = tokens(bin.tokens, &join(&bin_path, "tokens"))?;
-                if tokens == 0 {
-                    return Err(TwinError::invalid(
-                        join(&bin_path, "tokens"),
-                        "must be at least 1",
-                    ));
-                }
-                bins.push((
-                    tokens,
-                    non_negative(bin.weight, &join(&bin_path, "weight"))?,
-                ));
-            }
-            if bins.iter().map(|(_, weight)| weight).sum::<f64>() <= 0.0 {
-                return Err(TwinError::invalid(
-                    path,
-                    "the weights must have a positive sum",
-                ));
-            }
+            let bins = histogram
+                .bins
+                .iter()
+                .enumerate()
+                .map(|(index, bin)| {
+                    let path = format!("{path}[{index}].tokens");
+                    Ok((tokens(bin.tokens, &path)?, bin.weight))
+                })
+                .collect::<Result<_, TwinError>>()?;
             Ok(OutputLength::Histogram(bins))
         }
         None => Err(TwinError::invalid(
@@ -172,21 +163,6 @@ fn candidate_request_from(
 ) -> Result<CandidateRequest, TwinError> {
     let message = message.ok_or_else(|| TwinError::invalid("request", "required"))?;
     let prompt_tokens = tokens(message.prompt_tokens, "request.prompt_tokens")?;
-    if prompt_tokens == 0 {
-        return Err(TwinError::invalid(
-            "request.prompt_tokens",
-            "must be at least 1",
-        ));
-    }
-    if !message.token_ids.is_empty() && message.token_ids.len() != prompt_tokens as usize {
-        return Err(TwinError::invalid(
-            "request.token_ids",
-            format!(
-                "{} token ids for prompt_tokens {prompt_tokens}",
-                message.token_ids.len()
-            ),
-        ));
-    }
     let output = output_from(message)?;
     let largest = match &output {
         OutputLength::Point(tokens) => *tokens,
@@ -210,7 +186,8 @@ fn candidate_request_from(
     })
 }
 
-/// Decodes a routing question and checks it against the per-call limits.
+/// Decodes a routing question: wire ranges, defaults and size caps; its meaning is checked by
+/// [`DecodedRouting::resolve`].
 pub fn routing_from_proto(
     message: &proto::PredictRoutingRequest,
     limits: &Limits,
@@ -218,18 +195,10 @@ pub fn routing_from_proto(
     let request = candidate_request_from(message.request.as_ref())?;
     super::id(&message.request_id, "request_id")?;
     for (index, id) in message.candidate_instance_ids.iter().enumerate() {
-        let path = format!("candidate_instance_ids[{index}]");
-        if id.is_empty() {
-            return Err(TwinError::invalid(path, "must not be empty"));
-        }
-        super::id(id, &path)?;
-        if message.candidate_instance_ids[..index].contains(id) {
-            return Err(TwinError::invalid(
-                path,
-                format!("duplicate candidate {id:?}"),
-            ));
-        }
+        super::id(id, &format!("candidate_instance_ids[{index}]"))?;
     }
+    // A size cap before anything is copied; `ValidRouting` checks the count again once an
+    // empty list has become every instance.
     let candidates = message.candidate_instance_ids.len() as u64;
     if candidates > u64::from(limits.max_candidates) {
         return Err(exhausted(
@@ -242,13 +211,6 @@ pub fn routing_from_proto(
     let options = message.options.as_ref().unwrap_or(&default_options);
     let horizon_us = match ms_to_us(options.horizon_ms, "options.horizon_ms")? {
         0 => DEFAULT_HORIZON_US.min(limits.max_horizon_us),
-        us if us > limits.max_horizon_us => {
-            return Err(exhausted(
-                "options.horizon_ms",
-                us / 1000,
-                limits.max_horizon_us / 1000,
-            ));
-        }
         us => us,
     };
     let background = match proto::BackgroundArrivals::try_from(options.background) {
@@ -268,31 +230,42 @@ pub fn routing_from_proto(
             positive(ms, path).and_then(|ms| ms_to_us(ms, path))
         })
         .transpose()?;
-    let seed = options.seed.unwrap_or(DEFAULT_SEED);
-    let question = RoutingQuestion {
-        request,
-        candidates: message.candidate_instance_ids.clone(),
-        options: PredictOptions {
-            replications: replications_from(
-                options.replications,
-                DEFAULT_REPLICATIONS,
-                limits.max_replications,
-                "options.replications",
-            )?,
-            quantiles: quantiles_from(&options.quantiles, "options.quantiles")?,
-            horizon_us,
-            background,
-            stale_policy: stale_policy_from(options.stale_policy, "options.stale_policy")?,
-            max_signal_age_us: 0,
-            seed,
-        },
-        now_us: 0,
+    let replications = match options.replications {
+        0 => DEFAULT_REPLICATIONS.min(limits.max_replications.max(1)),
+        given => u32::try_from(given).map_err(|_| {
+            if given < 0 {
+                TwinError::invalid(
+                    "options.replications",
+                    format!("{given} must not be negative"),
+                )
+            } else {
+                exhausted(
+                    "options.replications",
+                    given as u64,
+                    u64::from(limits.max_replications),
+                )
+            }
+        })?,
+    };
+    let quantiles = if options.quantiles.is_empty() {
+        DEFAULT_QUANTILES.to_vec()
+    } else {
+        options.quantiles.clone()
     };
     let now_us = time_us(message.now_us, "now_us")?;
     Ok(DecodedRouting {
         generation: message.snapshot_generation,
-        question,
-        max_signal_age_us,
+        request,
+        candidates: message.candidate_instance_ids.clone(),
+        options: PredictOptions {
+            replications,
+            quantiles,
+            horizon_us,
+            background,
+            stale_policy: stale_policy_from(options.stale_policy, "options.stale_policy")?,
+            max_signal_age_us,
+            seed: options.seed.unwrap_or(DEFAULT_SEED),
+        },
         now_us: (now_us > 0).then_some(now_us),
         request_id: message.request_id.clone(),
     })
@@ -317,37 +290,21 @@ pub(super) fn resolve_now(
 }
 
 impl DecodedRouting {
-    /// Checks the question against the snapshot and fills in the defaults it decides.
+    /// Decides "now" on the snapshot the question will run on and checks the question
+    /// against it (`ValidRouting::new`).
     pub fn resolve(
         self,
         stored: &StoredSnapshot,
         limits: &Limits,
         server_now_us: u64,
-    ) -> Result<RoutingQuestion, TwinError> {
-        let config = &stored.snapshot.config;
-        for (index, id) in self.question.candidates.iter().enumerate() {
-            if !config.instances.iter().any(|instance| &instance.id == id) {
-                return Err(TwinError::invalid(
-                    format!("candidate_instance_ids[{index}]"),
-                    format!("unknown instance {id:?}"),
-                ));
-            }
-        }
-        if self.question.candidates.is_empty()
-            && config.instances.len() as u64 > u64::from(limits.max_candidates)
-        {
-            return Err(exhausted(
-                "candidate_instance_ids (empty: every instance)",
-                config.instances.len() as u64,
-                u64::from(limits.max_candidates),
-            ));
-        }
-        let mut question = self.question;
-        question.options.max_signal_age_us = self
-            .max_signal_age_us
-            .unwrap_or(stored.snapshot.settings.max_signal_age_us);
-        question.now_us = resolve_now(self.now_us, stored, server_now_us)?;
-        Ok(question)
+    ) -> Result<ValidRouting, TwinError> {
+        let question = RoutingQuestion {
+            request: self.request,
+            candidates: self.candidates,
+            options: self.options,
+            now_us: resolve_now(self.now_us, stored, server_now_us)?,
+        };
+        ValidRouting::new(question, &stored.snapshot, limits)
     }
 }
 
@@ -402,10 +359,10 @@ pub fn routing_to_proto(
                 Background::ObservedPoisson => proto::BackgroundArrivals::ObservedPoisson,
             } as i32,
             stale_policy: stale_policy_to(options.stale_policy),
-            max_signal_age_ms: (options.max_signal_age_us > 0)
-                .then(|| us_to_ms(options.max_signal_age_us)),
+            max_signal_age_ms: options.max_signal_age_us.map(us_to_ms),
             seed: Some(options.seed),
         }),
+        // 0 on the wire: the server's clock.
         now_us: question.now_us as i64,
         request_id: request_id.to_owned(),
     }
@@ -524,48 +481,54 @@ mod tests {
     #[test]
     fn defaults_fill_in() {
         let decoded = routing_from_proto(&question(), &Limits::DEFAULT).unwrap();
-        let options = &decoded.question.options;
+        let options = &decoded.options;
         assert_eq!(options.replications, DEFAULT_REPLICATIONS);
         assert_eq!(options.quantiles, DEFAULT_QUANTILES.to_vec());
         assert_eq!(options.horizon_us, DEFAULT_HORIZON_US);
         assert_eq!(options.seed, DEFAULT_SEED);
-        assert_eq!(decoded.question.request.max_tokens, 256);
+        assert_eq!(options.max_signal_age_us, None);
+        assert_eq!(decoded.now_us, None);
+        assert_eq!(decoded.request.max_tokens, 256);
     }
 
     #[test]
     fn the_client_encoding_decodes_to_the_same_question() {
         let decoded = routing_from_proto(&question(), &Limits::DEFAULT).unwrap();
-        let mut question = decoded.question.clone();
-        question.options.max_signal_age_us = 200_000;
-        question.now_us = 77;
+        let mut question = RoutingQuestion {
+            request: decoded.request,
+            candidates: vec!["a".into(), "b".into()],
+            options: decoded.options,
+            now_us: 77,
+        };
+        question.options.max_signal_age_us = Some(200_000);
         let again =
             routing_from_proto(&routing_to_proto(&question, 3, "id"), &Limits::DEFAULT).unwrap();
         assert_eq!(again.generation, 3);
         assert_eq!(again.now_us, Some(77));
-        assert_eq!(again.max_signal_age_us, Some(200_000));
-        assert_eq!(again.question.request, question.request);
-        assert_eq!(again.question.options.seed, question.options.seed);
+        assert_eq!(again.request, question.request);
+        assert_eq!(again.candidates, question.candidates);
+        assert_eq!(again.options, question.options);
     }
 
     #[test]
-    fn limits_give_resource_exhausted() {
-        let mut message = question();
-        message.options = Some(proto::PredictOptions {
-            replications: i64::from(Limits::DEFAULT.max_replications) + 1,
-            ..proto::PredictOptions::default()
-        });
-        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
-        assert!(matches!(err, TwinError::OverLimit(_)), "{err}");
+    fn oversized_messages_give_resource_exhausted_at_decoding() {
         let mut message = question();
         message.candidate_instance_ids = (0..=Limits::DEFAULT.max_candidates)
             .map(|i| format!("i{i}"))
             .collect();
         let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
         assert!(matches!(err, TwinError::OverLimit(_)), "{err}");
+        let mut message = question();
+        message.options = Some(proto::PredictOptions {
+            replications: i64::from(u32::MAX) + 1,
+            ..proto::PredictOptions::default()
+        });
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(matches!(err, TwinError::OverLimit(_)), "{err}");
     }
 
     #[test]
-    fn bad_fields_are_named() {
+    fn undecodable_fields_are_named() {
         let mut message = question();
         if let Some(request) = message.request.as_mut() {
             request.prompt_tokens = -1;
@@ -577,12 +540,12 @@ mod tests {
         );
         let mut message = question();
         message.options = Some(proto::PredictOptions {
-            quantiles: vec![1.5],
+            replications: -3,
             ..proto::PredictOptions::default()
         });
         let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
         assert!(
-            err.to_string().starts_with("options.quantiles[0]: "),
+            err.to_string().starts_with("options.replications: "),
             "{err}"
         );
     }

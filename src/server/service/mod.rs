@@ -166,17 +166,14 @@ impl Shared {
         let limits = self.limits.twin.clone();
         let decoded = routing_from_proto(&message, &limits)?;
         let request_id = decoded.request_id.clone();
-        let replications = u64::from(decoded.question.options.replications);
-        let shape = (
-            decoded.question.options.replications,
-            decoded.question.options.horizon_us,
-        );
+        let replications = u64::from(decoded.options.replications);
+        let shape = (decoded.options.replications, decoded.options.horizon_us);
         let (answer, simulate_span) = self
             .answer_on_snapshot(
                 deadline,
                 decoded.generation,
                 |stored| decoded.resolve(stored, &limits, wall_now_us()),
-                predict::predict_routing,
+                predict::predict_valid,
                 shape,
             )
             .await?;
