@@ -459,6 +459,9 @@ fn baselines_are_shared_across_questions_on_one_snapshot() {
     assert_eq!(warm, cold);
 }
 
+/// One change to a good question.
+type Edit = Box<dyn Fn(&mut RoutingQuestion)>;
+
 /// `ValidRouting::new` is the one check of a question: each bad field is named with its wire
 /// path, an over-limit value is OverLimit, and a good question keeps its decided defaults.
 #[test]
@@ -468,7 +471,7 @@ fn every_question_check_names_its_wire_field() {
     let cut = 8_000_123;
     let snapshot = mirror(&cluster_at(cut), 1);
     let good = || question(cut, OutputLength::Point(300), 2);
-    let edits: Vec<(&str, Box<dyn Fn(&mut RoutingQuestion)>)> = vec![
+    let edits: Vec<(&str, Edit)> = vec![
         (
             "request.prompt_tokens",
             Box::new(|q| q.request.prompt_tokens = 0),
@@ -519,7 +522,7 @@ fn every_question_check_names_its_wire_field() {
             "candidate_instance_ids[0]",
             Box::new(|q| q.candidates = vec!["nowhere".into()]),
         ),
-        ("now_us", Box::new(|q| q.now_us = cut - 1)),
+        ("now_us", Box::new(move |q| q.now_us = cut - 1)),
     ];
     for (path, edit) in &edits {
         let mut q = good();
@@ -535,7 +538,7 @@ fn every_question_check_names_its_wire_field() {
         max_horizon_us: 1_000,
         ..Limits::DEFAULT
     };
-    let over: Vec<(&str, Box<dyn Fn(&mut RoutingQuestion)>)> = vec![
+    let over: Vec<(&str, Edit)> = vec![
         (
             "options.replications",
             Box::new(|q| q.options.horizon_us = 1_000),
