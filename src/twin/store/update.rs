@@ -2,7 +2,8 @@
 //! and gauges, checked against the instance's limits. Pure functions over values: the store
 //! calls them on a copy of the instance state and publishes the result only if they succeed.
 
-use std::collections::HashSet;
+use foldhash::HashSet;
+use foldhash::HashSetExt;
 
 use crate::cluster::config::InstanceConfig;
 use crate::twin::error::TwinError;
