@@ -121,22 +121,24 @@ pub fn parse(text: &str, mut keep: impl FnMut(&str) -> bool) -> Vec<Sample<'_>> 
             continue;
         }
         // A line of the same series as the line before (a histogram's buckets) is told by
-        // one comparison; only other lines are scanned for their name.
-        let same = last.and_then(|(seen, _)| {
+        // one comparison and takes its decision; only other lines are scanned for their name.
+        let same = last.and_then(|(seen, decision)| {
             let bytes = line.as_bytes();
             (bytes.starts_with(seen.as_bytes())
                 && matches!(bytes.get(seen.len()), Some(b'{' | b' ' | b'\t')))
-            .then(|| line.split_at(seen.len()))
+            .then(|| (line.split_at(seen.len()), decision))
         });
-        let Some((name, rest)) = same.or_else(|| split_name(line)) else {
-            continue;
-        };
-        let wanted = match last {
-            Some((seen, decision)) if seen == name => decision,
-            _ => {
+        let (name, rest, wanted) = match same {
+            Some(((name, rest), decision)) => (name, rest, decision),
+            None => {
+                let Some((name, rest)) = split_name(line) else {
+                    continue;
+                };
+                // A name seen again after other lines is asked about again (a page lists a
+                // family's lines together, so this is rare).
                 let decision = keep(name);
                 last = Some((name, decision));
-                decision
+                (name, rest, decision)
             }
         };
         if !wanted {
