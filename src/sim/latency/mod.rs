@@ -219,6 +219,16 @@ impl LatencyModel {
         Some(step.max(1))
     }
 
+    /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host
+    /// work that grows with the open requests; the engine adds it to every step's price). 0
+    /// except for the calibrated model with its `waiting_us` term on.
+    pub fn waiting_us(&self, waiting: u64) -> u64 {
+        match self {
+            LatencyModel::Calibrated(model) => model.waiting_us(waiting),
+            _ => 0,
+        }
+    }
+
     /// Delay between a request's arrival and its entry into the scheduler's wait queue.
     pub fn queueing_us(&self, input_tokens: u32) -> u64 {
         match self {
