@@ -419,6 +419,9 @@ impl CalibratedModel {
     /// the GPU.
     pub fn waiting_us(&self, waiting: u64) -> u64 {
         let c = &self.c;
+        if waiting == 0 || c[idx::WAITING_US] == 0.0 {
+            return 0; // the common case: no queue, or the term off
+        }
         let counted = (waiting as f64).min(c[idx::WAITING_CAP]);
         us_trunc_from_f64(c[idx::WAITING_US] * counted)
     }
