@@ -17,10 +17,12 @@
 //!   per-direction interconnect bandwidth (NVLink, or PCIe where a GPU has none), so the
 //!   term grows with the TP degree and the batch and shrinks with a faster link (0 at tp = 1);
 //!
-//! The step is `c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + c_link·t_ar +
+//! The step is `c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + c_peer·n_ar·(tp − 1) + c_link·t_ar +
 //! max(c_w·t_w, c_f·t_f) + c_kv·t_kv + c_attn·t_a`, where `c_f·t_f` is `c_flops·t_f,dense + c_moe_flops·t_f,experts` (routed
 //! experts run as grouped GEMMs with few tokens per expert, far below dense GEMMs' tensor-core
-//! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1). The GEMMs are a
+//! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1); `c_peer` is each
+//! all-reduce's latency per peer it synchronises with (vLLM's one-shot custom all-reduce at
+//! small decode messages reads every peer's buffer and waits on every peer's flag). The GEMMs are a
 //! roofline (weights stream while the tensor cores work), the rest adds up. The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
@@ -49,7 +51,7 @@ use super::{
 };
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 18;
+pub const COEFFICIENTS: usize = 19;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -72,15 +74,17 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "first_token_steps",
     "waiting_us",
     "waiting_cap",
+    "allreduce_peer_us",
 ];
 
 /// Coefficients a file may omit (added after files were written), with the value that keeps
 /// such a file's predictions what they were.
-pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 4] = [
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 5] = [
     ("allreduce_link", 0.0),
     ("first_token_steps", 0.0),
     ("waiting_us", 0.0),
     ("waiting_cap", 0.0),
+    ("allreduce_peer_us", 0.0),
 ];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
@@ -104,6 +108,7 @@ pub mod idx {
     pub const FIRST_TOKEN_STEPS: usize = 15;
     pub const WAITING_US: usize = 16;
     pub const WAITING_CAP: usize = 17;
+    pub const ALLREDUCE_PEER_US: usize = 18;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -118,7 +123,7 @@ impl CalibratedCoefficients {
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
             0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0,
-            0.0,
+            0.0, 0.0,
         ],
     };
 
@@ -139,6 +144,8 @@ pub struct CalibratedModel {
     layers: f64,
     /// All-reduces per step (2L at tp > 1).
     allreduces: f64,
+    /// All-reduce peer hand-offs per step: 2L·(tp − 1) (each all-reduce waits on every peer).
+    allreduce_peers: f64,
     /// Bytes read per step whatever the batch (µs at peak bandwidth).
     dense_weight_us: f64,
     /// One routed expert of one MoE layer (µs at peak bandwidth); 0 for dense models.
@@ -267,6 +274,7 @@ impl CalibratedModel {
             allreduce_us_per_token,
             layers,
             allreduces: if tp_u > 1 { 2.0 * layers } else { 0.0 },
+            allreduce_peers: 2.0 * layers * (tp - 1.0),
             dense_weight_us: dense_bytes / bytes_per_us,
             expert_weight_us: if arch.is_moe() {
                 expert_params * wb / bytes_per_us
@@ -340,6 +348,7 @@ impl CalibratedModel {
             + c[SEQ_US] * shape.sequences as f64
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
+            + c[ALLREDUCE_PEER_US] * self.allreduce_peers
             + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
             + (c[WEIGHTS] * weights_us).max(flops_us)
             + c[ATTENTION] * attn_us
@@ -355,7 +364,8 @@ impl CalibratedModel {
         let c = &self.c;
         let chunk_tokens = chunk_tokens.max(1);
         let fixed = c[STEP_US] + c[SEQ_US] + c[LAYER_US] * self.layers;
-        let fixed = fixed + c[ALLREDUCE_US] * self.allreduces;
+        let fixed =
+            fixed + c[ALLREDUCE_US] * self.allreduces + c[ALLREDUCE_PEER_US] * self.allreduce_peers;
         let (mut scheduler_us, mut steps_us, mut done) = (0u64, 0u64, 0u32);
         while done < prompt_tokens.max(1) {
             let new = chunk_tokens.min(prompt_tokens.max(1) - done);

@@ -210,3 +210,26 @@ fn a_waiting_queue_costs_waiting_us_per_request_up_to_the_cap() {
     };
     assert_eq!(model(&coefficients, &slow).waiting_us(10), 75);
 }
+
+#[test]
+fn all_reduce_peer_latency_grows_with_the_peers() {
+    // Goal: `allreduce_peer_us` is paid once per all-reduce per peer: 2L·(tp − 1) times a
+    // step (0 at tp 1), three times as much at tp 4 as at tp 2, in every step's price and
+    // in the unloaded TTFT's scheduler part.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    for value in coefficients.values.iter_mut() {
+        *value = 0.0;
+    }
+    coefficients.values[idx::ALLREDUCE_PEER_US] = 2.0;
+    let price = |tp: u32| {
+        let model = CalibratedModel::new(&llama_8b(), &h100(), tp, &coefficients).unwrap();
+        (
+            model.step_us(&[entry(100, 1, false)]),
+            model.unloaded_ttft(100, 2048).scheduler_us,
+        )
+    };
+    // 2 · 32 layers · (tp − 1) · 2 µs.
+    assert_eq!(price(1), (1, 0));
+    assert_eq!(price(2), (128, 128));
+    assert_eq!(price(4), (384, 384));
+}
