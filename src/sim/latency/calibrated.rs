@@ -40,6 +40,12 @@
 //! without its KV reads, whose context the delay does not know); `output_token_us` per
 //! streamed token and `post_decode_us` after the last one.
 //!
+//! Per step, on the host: `waiting_us · min(W, waiting_cap)` for the W requests left waiting
+//! in the scheduler's queue ([`CalibratedModel::waiting_us`]; the engine adds it to every
+//! step). Both are 0 in the shipped coefficients: the measured overloaded runs' steps grow
+//! with the queue, but a fitted term does not carry across models (docs/fidelity.md, "The
+//! knee of the overloaded runs").
+//!
 //! Sums are kept in integers until the end so pricing a batch entry by entry and pricing
 //! "batch + n decodes with total context c" ([`CalibratedModel::step_with_decodes_us`]) give
 //! the same microsecond.
@@ -434,6 +440,12 @@ impl CalibratedModel {
         }
         let counted = (waiting as f64).min(c[idx::WAITING_CAP]);
         us_trunc_from_f64(c[idx::WAITING_US] * counted)
+    }
+
+    /// True if a waiting request can change a step's price ([`CalibratedModel::waiting_us`]
+    /// on). Late entry (a request put in the queue after the fact) is exact only when false.
+    pub fn prices_waiting(&self) -> bool {
+        self.waiting_us(u64::MAX) > 0
     }
 
     /// Time after the last token.

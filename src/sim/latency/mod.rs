@@ -229,6 +229,17 @@ impl LatencyModel {
         }
     }
 
+    /// True if the requests waiting in the queue change a step's price
+    /// ([`LatencyModel::waiting_us`] is not always 0). A request that waits unreached then
+    /// changes the steps it waits through, so putting it in the queue after the fact (the
+    /// twin's late entry) is not exact.
+    pub fn prices_waiting(&self) -> bool {
+        match self {
+            LatencyModel::Calibrated(model) => model.prices_waiting(),
+            _ => false,
+        }
+    }
+
     /// Delay between a request's arrival and its entry into the scheduler's wait queue.
     pub fn queueing_us(&self, input_tokens: u32) -> u64 {
         match self {

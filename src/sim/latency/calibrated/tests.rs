@@ -200,6 +200,7 @@ fn a_waiting_queue_costs_waiting_us_per_request_up_to_the_cap() {
     );
     coefficients.values[idx::WAITING_CAP] = 400.0;
     let on = model(&coefficients, &h100());
+    assert!(on.prices_waiting());
     assert_eq!(on.waiting_us(0), 0);
     assert_eq!(on.waiting_us(10), 75);
     assert_eq!(on.waiting_us(400), 3000);
