@@ -21,8 +21,9 @@
 //! max(c_w·t_w, c_f·t_f) + c_kv·t_kv + c_attn·t_a`, where `c_f·t_f` is `c_flops·t_f,dense + c_moe_flops·t_f,experts` (routed
 //! experts run as grouped GEMMs with few tokens per expert, far below dense GEMMs' tensor-core
 //! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1); `c_peer` is each
-//! all-reduce's latency per peer it synchronises with (vLLM's one-shot custom all-reduce at
-//! small decode messages reads every peer's buffer and waits on every peer's flag). The GEMMs are a
+//! all-reduce's latency per peer it synchronises with (vLLM's custom all-reduce for small
+//! decode messages waits on a flag from every peer; 0 in the shipped coefficients, see
+//! docs/fidelity.md, "The TP 4 step"). The GEMMs are a
 //! roofline (weights stream while the tensor cores work), the rest adds up. The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
