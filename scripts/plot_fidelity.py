@@ -11,7 +11,8 @@ import math
 import sys
 
 PANELS = [("ttft", "TTFT (ms)"), ("e2e", "E2E (ms)")]
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+          "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#000000", "#aec7e8"]
 W, H, PAD = 420, 400, 60
 
 

@@ -121,6 +121,8 @@ fn default_scale(index: usize) -> f64 {
         idx::OUTPUT_TOKEN_US | idx::SEQ_US | idx::LAYER_US | idx::ALLREDUCE_US => 10.0,
         idx::POST_DECODE_US | idx::STEP_US => 1_000.0,
         idx::FIRST_TOKEN_US_PER_SEQ => 100.0,
+        idx::WAITING_US | idx::ALLREDUCE_PEER_US => 10.0,
+        idx::WAITING_CAP => 1_000.0,
         // ALLREDUCE_LINK, like the efficiencies: 1 is the link's peak; FIRST_TOKEN_STEPS:
         // one decode step.
         _ => 1.0,

@@ -5,6 +5,8 @@
 //! `model_config.json`, `s2r_error_records.csv`; or, for summary-only runs, a workload
 //! description `workload_*.json` plus the summary actuals in `s2r_error_records.csv`).
 //!
+//! - [`blocks`]: the GPU KV block count of a run that did not record it, as the measured
+//!   servers sized theirs;
 //! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`]: engine limits, model,
 //!   GPU, requests with their measured TTFT and E2E, rate stages, summary actuals;
 //! - [`replay`]: a run plus a latency model → simulated per-request TTFT and E2E;
@@ -17,6 +19,7 @@
 //!
 //! Pure like the engine: callers (the CLI) read the files and pass their text.
 
+pub mod blocks;
 pub mod calibrate;
 pub mod measured;
 pub mod replay;

@@ -38,7 +38,7 @@ use crate::catalog;
 use crate::sim::latency::{GpuSpec, LatencyModel};
 use crate::sim::metrics::Outcome;
 use crate::sim::rng::RngStreams;
-use crate::sim::{Engine, EngineConfig, RequestSpec, capacity};
+use crate::sim::{Engine, EngineConfig, RequestSpec};
 
 use super::FidelityError;
 use super::measured::MeasuredRun;
@@ -154,7 +154,7 @@ pub fn resolve_gpu(
 pub fn engine_config(run: &MeasuredRun, gpu: &GpuSpec) -> Result<EngineConfig, FidelityError> {
     let num_gpu_blocks = match run.num_gpu_blocks {
         Some(blocks) => blocks,
-        None => capacity::num_gpu_blocks(
+        None => super::blocks::derived_gpu_blocks(
             &run.arch,
             gpu,
             run.tp,

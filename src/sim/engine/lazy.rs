@@ -208,7 +208,8 @@ impl Engine {
         let duration = self
             .latency
             .step_with_decodes_us(&self.scratch_shape, window.members, window.context_sum)
-            .expect("windows open only for models pricing decodes from (count, context)");
+            .expect("windows open only for models pricing decodes from (count, context)")
+            .saturating_add(self.latency.waiting_us(self.waiting.len() as u64));
         let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
         window.in_flight = true;
         self.counts.steps += 1;

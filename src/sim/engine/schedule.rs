@@ -35,6 +35,7 @@ impl Engine {
         }
         self.shape_in_flight();
         let step = self.latency.step_us(&self.scratch_shape);
+        let step = step.saturating_add(self.latency.waiting_us(self.waiting.len() as u64));
         let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
         Some(step.saturating_add(load))
     }

@@ -219,6 +219,27 @@ impl LatencyModel {
         Some(step.max(1))
     }
 
+    /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host
+    /// work that grows with the open requests; the engine adds it to every step's price). 0
+    /// except for the calibrated model with its `waiting_us` term on.
+    pub fn waiting_us(&self, waiting: u64) -> u64 {
+        match self {
+            LatencyModel::Calibrated(model) => model.waiting_us(waiting),
+            _ => 0,
+        }
+    }
+
+    /// True if the requests waiting in the queue change a step's price
+    /// ([`LatencyModel::waiting_us`] is not always 0). A request that waits unreached then
+    /// changes the steps it waits through, so putting it in the queue after the fact (the
+    /// twin's late entry) is not exact.
+    pub fn prices_waiting(&self) -> bool {
+        match self {
+            LatencyModel::Calibrated(model) => model.prices_waiting(),
+            _ => false,
+        }
+    }
+
     /// Delay between a request's arrival and its entry into the scheduler's wait queue.
     pub fn queueing_us(&self, input_tokens: u32) -> u64 {
         match self {

@@ -1,0 +1,236 @@
+use super::*;
+use crate::sim::latency::arch::tests::{h100, llama_8b};
+
+fn entry(context_tokens: u32, new_tokens: u32, is_prefill: bool) -> BatchEntry {
+    BatchEntry {
+        context_tokens,
+        new_tokens,
+        prompt_tokens: context_tokens + new_tokens,
+        is_prefill,
+    }
+}
+
+#[test]
+fn roofline_decode_is_weight_read_time() {
+    // Goal: with pure roofline coefficients one decode costs the weights plus its KV.
+    // Method: hand-compute llama-3.1-8b on H100 (bf16): 8.03e9 params ≈ 16.06 GB.
+    let model =
+        CalibratedModel::new(&llama_8b(), &h100(), 1, &CalibratedCoefficients::ROOFLINE).unwrap();
+    let (l, d, dkv, dff, vocab) = (32.0, 4096.0, 1024.0, 14336.0, 128256.0);
+    let params = l * d * (2.0 * d + 2.0 * dkv) + l * 3.0 * d * dff + vocab * d;
+    let weights_us = params * 2.0 / 3.35e6;
+    let kv_us = 1001.0 * l * 2.0 * dkv * 2.0 / 3.35e6;
+    let attn_us = 1000.5 * 4.0 * l * 32.0 * 128.0 / 989.5e6;
+    let expected = (weights_us + kv_us + attn_us) as u64;
+    let got = model.step_us(&[entry(1000, 1, false)]);
+    assert!(
+        got.abs_diff(expected) <= 1,
+        "got {got}, expected {expected}"
+    );
+}
+
+#[test]
+fn decodes_priced_in_aggregate_equal_entry_by_entry() {
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::SEQ_US] = 3.3;
+    coefficients.values[idx::STEP_US] = 100.0;
+    let model = CalibratedModel::new(&llama_8b(), &h100(), 2, &coefficients).unwrap();
+    let prefill = [entry(32, 700, true)];
+    let decodes: Vec<BatchEntry> = (0..37).map(|i| entry(500 + i * 13, 1, false)).collect();
+    let context: u64 = decodes.iter().map(|e| u64::from(e.context_tokens)).sum();
+    let mut all = prefill.to_vec();
+    all.extend(&decodes);
+    assert_eq!(
+        model.step_us(&all),
+        model.step_with_decodes_us(&prefill, 37, context)
+    );
+    assert_eq!(model.step_with_decodes_us(&[], 0, 0), 1);
+}
+
+#[test]
+fn moe_reads_only_the_experts_its_tokens_touch() {
+    let mut arch = llama_8b();
+    arch.num_experts = 8;
+    arch.experts_per_tok = 2;
+    let model = CalibratedModel::new(&arch, &h100(), 1, &CalibratedCoefficients::ROOFLINE).unwrap();
+    let one = model.step_us(&[entry(100, 1, false)]);
+    let many: Vec<BatchEntry> = (0..64).map(|_| entry(100, 1, false)).collect();
+    let batch = model.step_us(&many);
+    // One token reads 2 of 8 experts; 64 tokens read nearly all 8: about 4x the expert bytes.
+    assert!(batch > 2 * one, "one {one} batch {batch}");
+}
+
+#[test]
+fn allreduce_link_term_grows_with_tp_and_tokens_and_shrinks_with_the_link() {
+    // Goal: the all-reduce bytes term is physics: 2L ring all-reduces of T·hidden
+    // activations, 2(tp-1)/tp of them over the link each way.
+    // Method: only the link coefficient on; hand-compute llama-3.1-8b at tp 2 and 4.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    for (i, value) in coefficients.values.iter_mut().enumerate() {
+        *value = if i == idx::ALLREDUCE_LINK { 1.0 } else { 0.0 };
+    }
+    let price = |gpu: &GpuSpec, tp: u32, tokens: u32| {
+        let model = CalibratedModel::new(&llama_8b(), gpu, tp, &coefficients).unwrap();
+        let batch: Vec<BatchEntry> = (0..tokens).map(|_| entry(100, 1, false)).collect();
+        model.step_us(&batch)
+    };
+    let nvlink = h100();
+    // 64 tokens · 2·32 layers · 4096 · 2 bytes · 2·(1/2) / 450 GB/s = 74.6 µs.
+    assert_eq!(price(&nvlink, 2, 64), 74);
+    assert_eq!(price(&nvlink, 4, 64), 111); // 2·(3/4): 1.5×
+    assert_eq!(price(&nvlink, 2, 128), 149);
+    assert_eq!(price(&nvlink, 1, 64), 1); // no all-reduce at tp 1
+    let pcie = GpuSpec {
+        interconnect_gbs: 32.0,
+        ..h100()
+    };
+    assert!(price(&pcie, 2, 64) > 10 * price(&nvlink, 2, 64));
+    let unknown = GpuSpec {
+        interconnect_gbs: 0.0,
+        ..h100()
+    };
+    assert_eq!(price(&unknown, 2, 64), 1);
+}
+
+#[test]
+fn unloaded_ttft_parts_add_up_and_separate_host_from_gpu() {
+    // Goal: the TTFT's parts are explicit: the front end and the steps' host part do
+    // not change with the GPU, the prefill does. Method: coefficients close to the
+    // shipped ones (the engine does not read the catalog) on llama-3.1-8b, H100 against
+    // a GPU with a third of its FLOPs and bandwidth.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    for (i, value) in [
+        (idx::QUEUE_US, 20_000.0),
+        (idx::POST_DECODE_US, 1_600.0),
+        (idx::STEP_US, 545.0),
+        (idx::SEQ_US, 4.0),
+        (idx::LAYER_US, 17.7),
+        (idx::ALLREDUCE_US, 0.56),
+        (idx::WEIGHTS, 1.26),
+        (idx::FLOPS, 0.75),
+        (idx::KV, 1.08),
+        (idx::FIRST_TOKEN_US_PER_SEQ, 7.7),
+        (idx::MOE_FLOPS, 2.4),
+    ] {
+        coefficients.values[i] = value;
+    }
+    let fast = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+    let slow_gpu = GpuSpec {
+        tflops_peak: h100().tflops_peak / 3.0,
+        bw_peak_tbs: h100().bw_peak_tbs / 3.0,
+        ..h100()
+    };
+    let slow = CalibratedModel::new(&llama_8b(), &slow_gpu, 1, &coefficients).unwrap();
+    let (a, b) = (fast.unloaded_ttft(600, 2048), slow.unloaded_ttft(600, 2048));
+    assert_eq!(a.front_end_us, fast.queueing_us(600));
+    assert_eq!(
+        a.scheduler_us + a.prefill_us,
+        fast.step_us(&[entry(0, 600, true)])
+    );
+    assert_eq!(
+        (a.front_end_us, a.scheduler_us),
+        (b.front_end_us, b.scheduler_us)
+    );
+    assert_eq!(a.first_token_us, b.first_token_us);
+    assert!(b.prefill_us >= 3 * a.prefill_us - 3, "{a:?} {b:?}");
+    assert_eq!(
+        a.total_us(),
+        a.front_end_us + a.scheduler_us + a.prefill_us + a.first_token_us
+    );
+    // Chunked: two steps of 2048 and 952 tokens, each with its fixed part.
+    let chunked = fast.unloaded_ttft(3000, 2048);
+    assert_eq!(chunked.scheduler_us, 2 * a.scheduler_us);
+    assert_eq!(
+        chunked.scheduler_us + chunked.prefill_us,
+        fast.step_us(&[entry(0, 2048, true)]) + fast.step_us(&[entry(2048, 952, true)])
+    );
+}
+
+#[test]
+fn first_token_waits_one_decode_step_of_the_batch() {
+    // Goal: `first_token_steps` delays a first token by that many decode steps of the
+    // batch that made it (weights, host costs, no KV), on top of the per-sequence delay;
+    // 0 (a file without it) leaves the delay as it was.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::STEP_US] = 500.0;
+    coefficients.values[idx::SEQ_US] = 4.0;
+    coefficients.values[idx::FIRST_TOKEN_US_PER_SEQ] = 10.0;
+    let off = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+    assert_eq!(off.first_token_delay_us(8), 80);
+    coefficients.values[idx::FIRST_TOKEN_STEPS] = 1.0;
+    let on = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+    for batch in [1u64, 8, 64] {
+        let decodes: Vec<BatchEntry> = (0..batch).map(|_| entry(0, 1, false)).collect();
+        let step = on.step_us(&decodes);
+        let got = on.first_token_delay_us(batch);
+        assert!(
+            got.abs_diff(10 * batch + step) <= 1,
+            "batch {batch}: {got} vs {step}"
+        );
+    }
+    // About one weight read of llama-3.1-8b (15 GB at 3.35 TB/s: 4.5 ms) plus the host.
+    let one = on.first_token_delay_us(1);
+    assert!((4_900..5_100).contains(&one), "{one}");
+    let parts = on.unloaded_ttft(600, 2048);
+    assert_eq!(parts.first_token_us, on.first_token_delay_us(1));
+}
+
+#[test]
+fn rejects_bad_coefficients() {
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[3] = f64::NAN;
+    let err = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap_err();
+    assert!(err.to_string().contains("calibrated[3]"), "{err}");
+}
+
+#[test]
+fn a_waiting_queue_costs_waiting_us_per_request_up_to_the_cap() {
+    // Goal: the host cost of an open queue is `waiting_us · min(waiting, waiting_cap)`, 0
+    // with either coefficient 0 (a file without the term), and independent of the GPU.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    let model = |c: &CalibratedCoefficients, gpu: &GpuSpec| {
+        CalibratedModel::new(&llama_8b(), gpu, 1, c).unwrap()
+    };
+    assert_eq!(model(&coefficients, &h100()).waiting_us(500), 0);
+    coefficients.values[idx::WAITING_US] = 7.5;
+    assert_eq!(
+        model(&coefficients, &h100()).waiting_us(500),
+        0,
+        "cap 0: off"
+    );
+    coefficients.values[idx::WAITING_CAP] = 400.0;
+    let on = model(&coefficients, &h100());
+    assert!(on.prices_waiting());
+    assert_eq!(on.waiting_us(0), 0);
+    assert_eq!(on.waiting_us(10), 75);
+    assert_eq!(on.waiting_us(400), 3000);
+    assert_eq!(on.waiting_us(5000), 3000);
+    let slow = GpuSpec {
+        bw_peak_tbs: h100().bw_peak_tbs / 3.0,
+        ..h100()
+    };
+    assert_eq!(model(&coefficients, &slow).waiting_us(10), 75);
+}
+
+#[test]
+fn all_reduce_peer_latency_grows_with_the_peers() {
+    // Goal: `allreduce_peer_us` is paid once per all-reduce per peer: 2L·(tp − 1) times a
+    // step (0 at tp 1), three times as much at tp 4 as at tp 2, in every step's price and
+    // in the unloaded TTFT's scheduler part.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    for value in coefficients.values.iter_mut() {
+        *value = 0.0;
+    }
+    coefficients.values[idx::ALLREDUCE_PEER_US] = 2.0;
+    let price = |tp: u32| {
+        let model = CalibratedModel::new(&llama_8b(), &h100(), tp, &coefficients).unwrap();
+        (
+            model.step_us(&[entry(100, 1, false)]),
+            model.unloaded_ttft(100, 2048).scheduler_us,
+        )
+    };
+    // 2 · 32 layers · (tp − 1) · 2 µs.
+    assert_eq!(price(1), (1, 0));
+    assert_eq!(price(2), (128, 128));
+    assert_eq!(price(4), (384, 384));
+}
