@@ -266,7 +266,14 @@ fn the_tp_peer_candidate_prices_the_tp4_step() {
     let default = validate_json("calibrated", &dirs);
     let tp4 = "h100-llama2-70b-tp4-codegen";
     assert!(e2e(&candidate, tp4) < 3.5, "{}", e2e(&candidate, tp4));
-    assert!(e2e(&default, tp4) > 10.0, "{}", e2e(&default, tp4));
+    // The candidate is better than the default on the run it adds (whatever the default's
+    // error becomes).
+    assert!(
+        e2e(&candidate, tp4) < e2e(&default, tp4),
+        "{} vs {}",
+        e2e(&candidate, tp4),
+        e2e(&default, tp4)
+    );
     assert!(e2e(&candidate, "h100-llama2-7b-tp1-codegen") < 1.5);
 }
 

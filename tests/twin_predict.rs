@@ -523,6 +523,10 @@ fn every_question_check_names_its_wire_field() {
             Box::new(|q| q.candidates = vec!["nowhere".into()]),
         ),
         ("now_us", Box::new(move |q| q.now_us = cut - 1)),
+        (
+            "options.max_signal_age_ms",
+            Box::new(|q| q.options.max_signal_age_us = Some(0)),
+        ),
     ];
     for (path, edit) in &edits {
         let mut q = good();
@@ -574,4 +578,11 @@ fn every_question_check_names_its_wire_field() {
         snapshot.settings.max_signal_age_us
     );
     assert_eq!(valid.generation(), snapshot.generation);
+    // A checked question runs only on the snapshot it was checked against.
+    let mut other = snapshot.clone();
+    other.generation += 1;
+    match ditto::twin::predict::predict_valid(&other, &valid, &Limits::DEFAULT) {
+        Err(TwinError::InvalidField { path, .. }) => assert_eq!(path, "snapshot_generation"),
+        other => panic!("expected InvalidField, got {other:?}"),
+    }
 }

@@ -17,7 +17,9 @@ use crate::sim::latency::{GpuSpec, ModelArch};
 
 use super::FidelityError;
 
-/// GiB a GPU of a measured server kept beyond its weights and KV cache at TP 1.
+/// GiB a GPU of a measured server kept beyond its weights and KV cache at TP 1. (Read from
+/// the recorded counts against the catalog's nominal 80 GiB, so it also absorbs the
+/// difference between that and the memory the device reports, ~0.4 GiB on an H100.)
 pub const SERVER_RESERVE_GIB_TP1: f64 = 1.2;
 /// The same at TP > 1 (NCCL buffers and the custom all-reduce's).
 pub const SERVER_RESERVE_GIB_MULTI_GPU: f64 = 1.65;
@@ -62,7 +64,9 @@ mod tests {
     fn derived_blocks_match_what_the_measured_servers_recorded() {
         // Goal: on the runs that recorded their block count, the derivation gives it back
         // to within 1%, where the capacity planner is 8-26% short. Method: the four H100
-        // models at their runs' TP, gpu_memory_utilization 0.9, block 16.
+        // models at their runs' TP, gpu_memory_utilization 0.9, block 16. The reserves were
+        // read from these same four counts, so this is a regression check of the derivation,
+        // not evidence that it carries to other GPUs.
         let h100 = catalog::gpu("H100").unwrap();
         for (model, tp, recorded) in [
             ("llama-2-7b-hf", 1, 7_462u32),

@@ -118,9 +118,8 @@ impl Scraper {
 /// validator (std's check was 6 % of a scrape); a bad page is checked again by std for the
 /// error's position.
 pub fn page_text(body: &Bytes) -> Result<&str, ScrapeError> {
-    simdutf8::basic::from_utf8(body).or_else(|_| {
-        std::str::from_utf8(body).map_err(|err| ScrapeError::Body(err.to_string()))
-    })
+    simdutf8::basic::from_utf8(body)
+        .or_else(|_| std::str::from_utf8(body).map_err(|err| ScrapeError::Body(err.to_string())))
 }
 
 #[cfg(test)]
@@ -131,12 +130,14 @@ mod tests {
     fn a_page_is_read_in_place_and_bad_utf8_is_refused_with_its_position() {
         let page = Bytes::from_static("vllm:num_requests_waiting 3 # é\n".as_bytes());
         assert_eq!(page_text(&page).unwrap().as_ptr(), page.as_ptr());
-        for (bytes, expected) in [
-            (&b"ok 1\n\xff\xfe"[..], "invalid utf-8 sequence of 1 bytes from index 5"),
-            (&b"ok 1\n\xe2\x82"[..], "incomplete utf-8 byte sequence from index 5"),
-        ] {
+        for bytes in [&b"ok 1\n\xff\xfe"[..], &b"ok 1\n\xe2\x82"[..]] {
             match page_text(&Bytes::copy_from_slice(bytes)) {
-                Err(ScrapeError::Body(message)) => assert_eq!(message, expected),
+                Err(ScrapeError::Body(message)) => {
+                    assert!(
+                        message.contains("utf-8") && message.contains("index 5"),
+                        "{message}"
+                    )
+                }
                 other => panic!("expected a body error, got {other:?}"),
             }
         }

@@ -68,7 +68,9 @@ impl<'a> Sample<'a> {
     /// The last label pair (name, value) read backwards, when that is unambiguous: the set
     /// ends with a quoted value free of backslashes, preceded by `=` and a plain label name
     /// that starts the set or follows a blank or a comma. `None` otherwise (the forward walk
-    /// of [`Sample::label`] then reads it).
+    /// of [`Sample::label`] then reads it). On a well-formed set the two agree (a proptest
+    /// checks it); a malformed set whose end still reads as a pair (`{garbage, le="5"}`)
+    /// yields that pair where the walk from the start finds nothing.
     fn last_pair(&self) -> Option<(&'a str, &'a str)> {
         let bytes = self.labels.as_bytes();
         let mut end = bytes.len();
@@ -496,6 +498,10 @@ mod tests {
         assert_eq!(samples[4].last_pair(), None);
         assert_eq!(samples[4].label("b"), None);
         assert_eq!(samples[4].label("x").as_deref(), Some("a ,b=\n"));
+        // Malformed before its last pair: the end still reads (documented on `last_pair`).
+        let samples = parse("f{garbage, le=\"5\"} 1\n", |_| true);
+        assert_eq!(samples[0].label_walk("le"), None);
+        assert_eq!(samples[0].label("le").as_deref(), Some("5"));
     }
 
     #[test]

@@ -64,3 +64,14 @@ impl TwinError {
         }
     }
 }
+
+/// A number as an error message shows it: plain when short, in scientific notation when
+/// plain would be long (`1e300` must not print 301 digits, nor `1e-300` 300 zeros).
+pub fn short_num(value: f64) -> String {
+    let magnitude = value.abs();
+    if value.is_finite() && magnitude != 0.0 && !(1e-6..1e15).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        format!("{value}")
+    }
+}

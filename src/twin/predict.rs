@@ -104,11 +104,17 @@ pub fn predict_valid_with(
     limits: &Limits,
     forking: Forking,
 ) -> Result<RoutingAnswer, TwinError> {
-    assert_eq!(
-        valid.generation(),
-        snapshot.generation,
-        "a question runs on the snapshot it was checked against"
-    );
+    if valid.generation() != snapshot.generation {
+        return Err(TwinError::invalid(
+            "snapshot_generation",
+            format!(
+                "the question was checked against generation {}, not {}: it runs on the \
+                 snapshot it was checked against",
+                valid.generation(),
+                snapshot.generation
+            ),
+        ));
+    }
     let question = valid.question();
     let candidates = valid.candidates();
     let replications = question.options.replications;

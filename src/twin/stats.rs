@@ -14,7 +14,7 @@ pub fn validate_quantiles(quantiles: &[f64], path: &str) -> Result<(), TwinError
         if !(q > 0.0 && q < 1.0) {
             return Err(TwinError::invalid(
                 format!("{path}[{index}]"),
-                format!("must be in (0, 1), got {q}"),
+                format!("must be in (0, 1), got {}", super::error::short_num(q)),
             ));
         }
     }

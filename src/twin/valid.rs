@@ -10,9 +10,9 @@
 //! [`TwinError::OverLimit`] (RESOURCE_EXHAUSTED), everything else
 //! [`TwinError::InvalidField`] (INVALID_ARGUMENT).
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 
-use super::error::TwinError;
+use super::error::{TwinError, short_num};
 use super::limits::Limits;
 use super::question::{OutputLength, RoutingQuestion};
 use super::snapshot::MirrorSnapshot;
@@ -150,7 +150,7 @@ fn check_histogram(bins: &[(u32, f64)]) -> Result<(), TwinError> {
         if !(weight.is_finite() && weight >= 0.0) {
             return Err(TwinError::invalid(
                 format!("{PATH}[{index}].weight"),
-                format!("{weight} must be a finite number >= 0"),
+                format!("{} must be a finite number >= 0", short_num(weight)),
             ));
         }
     }
@@ -189,6 +189,12 @@ fn check_options(question: &RoutingQuestion, limits: &Limits) -> Result<(), Twin
             limits.max_horizon_us / 1000,
         ));
     }
+    if options.max_signal_age_us == Some(0) {
+        return Err(TwinError::invalid(
+            "options.max_signal_age_ms",
+            "must be positive",
+        ));
+    }
     validate_quantiles(&options.quantiles, "options.quantiles")
 }
 
@@ -199,37 +205,41 @@ fn candidate_indices(
     limits: &Limits,
 ) -> Result<Vec<usize>, TwinError> {
     let instances = &snapshot.config.instances;
-    let (candidates, path) = if question.candidates.is_empty() {
+    let (count, path) = if question.candidates.is_empty() {
         (
-            (0..instances.len()).collect(),
+            instances.len(),
             "candidate_instance_ids (empty: every instance)",
         )
     } else {
-        let mut indices = Vec::with_capacity(question.candidates.len());
-        for (position, id) in question.candidates.iter().enumerate() {
-            let path = || format!("candidate_instance_ids[{position}]");
-            if question.candidates[..position].contains(id) {
-                return Err(TwinError::invalid(
-                    path(),
-                    format!("duplicate candidate {id:?}"),
-                ));
-            }
-            let index = instances
-                .iter()
-                .position(|instance| &instance.id == id)
-                .ok_or_else(|| TwinError::invalid(path(), format!("unknown instance {id:?}")))?;
-            indices.push(index);
-        }
-        (indices, "candidate_instance_ids")
+        (question.candidates.len(), "candidate_instance_ids")
     };
-    if candidates.len() > limits.max_candidates as usize {
+    // The count first: the checks below are quadratic in it.
+    if count > limits.max_candidates as usize {
         return Err(over_limit(
             path,
-            candidates.len() as u64,
+            count as u64,
             u64::from(limits.max_candidates),
         ));
     }
-    Ok(candidates)
+    if question.candidates.is_empty() {
+        return Ok((0..instances.len()).collect());
+    }
+    let mut indices = Vec::with_capacity(count);
+    for (position, id) in question.candidates.iter().enumerate() {
+        let path = || format!("candidate_instance_ids[{position}]");
+        if question.candidates[..position].contains(id) {
+            return Err(TwinError::invalid(
+                path(),
+                format!("duplicate candidate {id:?}"),
+            ));
+        }
+        let index = instances
+            .iter()
+            .position(|instance| &instance.id == id)
+            .ok_or_else(|| TwinError::invalid(path(), format!("unknown instance {id:?}")))?;
+        indices.push(index);
+    }
+    Ok(indices)
 }
 
 fn over_limit(field: &str, value: u64, limit: u64) -> TwinError {

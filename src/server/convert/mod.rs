@@ -47,16 +47,7 @@ pub(crate) fn id(value: &str, path: &str) -> Result<(), TwinError> {
     Ok(())
 }
 
-/// A number as an error message shows it: plain when short, in scientific notation when
-/// plain would be long (`1e300` must not print 301 digits, nor `1e-300` 300 zeros).
-pub(crate) fn num(value: f64) -> String {
-    let magnitude = value.abs();
-    if value.is_finite() && magnitude != 0.0 && !(1e-6..1e15).contains(&magnitude) {
-        format!("{value:e}")
-    } else {
-        format!("{value}")
-    }
-}
+pub(crate) use crate::twin::error::short_num as num;
 
 /// Largest log-normal sigma accepted (the spread of the underlying normal, in nats).
 pub const LOGNORMAL_SIGMA_MAX: f64 = 8.0;

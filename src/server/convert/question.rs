@@ -249,6 +249,14 @@ pub fn routing_from_proto(
     };
     let quantiles = if options.quantiles.is_empty() {
         DEFAULT_QUANTILES.to_vec()
+    } else if options.quantiles.len() > QUANTILES_MAX {
+        return Err(TwinError::invalid(
+            "options.quantiles",
+            format!(
+                "{} quantiles; at most {QUANTILES_MAX}",
+                options.quantiles.len()
+            ),
+        ));
     } else {
         options.quantiles.clone()
     };
@@ -548,5 +556,13 @@ mod tests {
             err.to_string().starts_with("options.replications: "),
             "{err}"
         );
+        // Repeated fields are capped before they are copied.
+        let mut message = question();
+        message.options = Some(proto::PredictOptions {
+            quantiles: vec![0.5; QUANTILES_MAX + 1],
+            ..proto::PredictOptions::default()
+        });
+        let err = routing_from_proto(&message, &Limits::DEFAULT).unwrap_err();
+        assert!(err.to_string().starts_with("options.quantiles: "), "{err}");
     }
 }
