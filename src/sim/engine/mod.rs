@@ -292,7 +292,8 @@ impl Engine {
         self.next_serial += 1;
         let arrival_us = spec.arrival_us;
         let deadline_us = spec.deadline_us;
-        let slot = self.insert_state(RequestState::new(spec, serial));
+        let block_size = self.config.block_size;
+        let slot = self.insert_state(RequestState::new(spec, serial, block_size));
         self.push_event(arrival_us, EventKind::Arrival, slot, serial);
         if let Some(deadline) = deadline_us {
             self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);

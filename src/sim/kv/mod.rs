@@ -28,7 +28,7 @@ pub mod lru;
 use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
-use hash::{BlockKeys, private_key};
+use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
@@ -286,7 +286,37 @@ impl KvCache {
     /// allowed while the table is empty), then fresh blocks; then keys every block that is
     /// full at `total_tokens` (blocks from `keys.shareable` on hold private content).
     /// Returns false, changing nothing, if there are not enough free blocks.
+    #[inline(always)]
     pub fn allocate(
+        &mut self,
+        table: &mut BlockTable,
+        keys: BlockKeys<'_>,
+        hit: PrefixHit,
+        total_tokens: u32,
+    ) -> bool {
+        // The decode path's call, inlined: a token crossing a block boundary takes the least
+        // recently freed block (every block materialized), and the block it filled, if
+        // private, gets its latent key.
+        let len = table.len();
+        if hit.blocks() == 0
+            && total_tokens == len * self.block_size + 1
+            && self.free_head != NIL
+            && self.blocks.len() as u32 == self.total
+        {
+            let id = self.pop_listed();
+            table.ids.push(id);
+            if self.key_one_private_block(table, keys, total_tokens) {
+                return true;
+            }
+            self.key_full_blocks(table, keys, total_tokens);
+            return true;
+        }
+        self.allocate_general(table, keys, hit, total_tokens)
+    }
+
+    /// [`Self::allocate`]'s every other case.
+    #[inline(never)]
+    fn allocate_general(
         &mut self,
         table: &mut BlockTable,
         keys: BlockKeys<'_>,
@@ -300,7 +330,7 @@ impl KvCache {
         let required = total_tokens.div_ceil(self.block_size);
         if hit.blocks() == 0 && required <= table.len() + 1 {
             if required == table.len() + 1 {
-                // The common growth: one fresh block (a decode crossing a block boundary).
+                // One fresh block (a decode crossing a block boundary).
                 if self.free_count == 0 {
                     return false;
                 }
@@ -350,9 +380,8 @@ impl KvCache {
             taken += virgin.len() as u32;
             table.ids.extend(virgin);
         }
-        for _ in taken..fresh {
-            let id = self.pop_free();
-            table.ids.push(id);
+        if taken < fresh {
+            self.pop_listed_run(fresh - taken, &mut table.ids);
         }
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
@@ -392,7 +421,7 @@ impl KvCache {
             if block.keying() == Keying::Latent {
                 // Its key was absent when latent, and only this request produces it.
                 self.blocks[id as usize].set_keying(Keying::Unkeyed);
-                self.set_key(id, block.key);
+                self.set_key(id, private_key_of_latent(block.key));
             }
         }
         self.free(table);
@@ -432,7 +461,7 @@ impl KvCache {
         let id = table.ids[index as usize];
         let block = &mut self.blocks[id as usize];
         if block.keying() == Keying::Unkeyed {
-            block.key = private_key(keys.owner, index);
+            block.key = keys.latent_private(index);
             block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
@@ -463,12 +492,12 @@ impl KvCache {
             if self.blocks[id as usize].keying() != Keying::Unkeyed {
                 continue;
             }
-            let key = private_key(keys.owner, index);
-            if probe && self.by_key.contains_key(&key) {
+            let latent = keys.latent_private(index);
+            if probe && self.by_key.contains_key(&private_key_of_latent(latent)) {
                 continue;
             }
             let block = &mut self.blocks[id as usize];
-            block.key = key;
+            block.key = latent;
             block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
@@ -522,10 +551,18 @@ impl KvCache {
             self.blocks[id as usize].set_held(1);
             return id;
         }
-        // The least recently freed block: the head, unlinked without the general case.
+        self.pop_listed()
+    }
+
+    /// Takes the least recently freed block (the free list's head, which must exist), held
+    /// once and unkeyed: its key, if any, is forgotten.
+    #[inline(always)]
+    fn pop_listed(&mut self) -> u32 {
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
-        let next = self.blocks[id as usize].next();
+        let block = self.blocks[id as usize];
+        debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
+        let next = block.next();
         self.free_head = next;
         if next == NIL {
             self.free_tail = NIL;
@@ -533,22 +570,50 @@ impl KvCache {
             self.blocks[next as usize].set_prev(NIL);
         }
         self.free_count -= 1;
-        let block = &mut self.blocks[id as usize];
-        debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
-        let (keying, key) = (block.keying(), block.key);
-        *block = Block::held(1);
-        if keying != Keying::Unkeyed {
-            if keying == Keying::Mapped {
-                let removed = self.by_key.remove(&key);
-                debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
-                self.key_version += 1;
-            }
-            if let Some(cpu) = &mut self.cpu {
-                cpu.insert(key);
-            }
-            self.stats.evicted_blocks += 1;
+        self.blocks[id as usize] = Block::held(1);
+        if block.keying() != Keying::Unkeyed {
+            self.forget(id, block);
         }
         id
+    }
+
+    /// Takes the `count` least recently freed blocks (the free list must hold them) into
+    /// `ids`, as [`Self::pop_listed`] would one by one, with one list update.
+    fn pop_listed_run(&mut self, count: u32, ids: &mut Vec<u32>) {
+        debug_assert!(count > 0, "an empty run");
+        ids.reserve(count as usize);
+        let mut id = self.free_head;
+        for _ in 0..count {
+            debug_assert!(id != NIL, "pop from an empty free list");
+            let block = self.blocks[id as usize];
+            self.blocks[id as usize] = Block::held(1);
+            if block.keying() != Keying::Unkeyed {
+                self.forget(id, block);
+            }
+            ids.push(id);
+            id = block.next();
+        }
+        self.free_head = id;
+        if id == NIL {
+            self.free_tail = NIL;
+        } else {
+            self.blocks[id as usize].set_prev(NIL);
+        }
+        self.free_count -= count;
+    }
+
+    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused.
+    #[inline]
+    fn forget(&mut self, id: u32, block: Block) {
+        if block.keying() == Keying::Mapped {
+            let removed = self.by_key.remove(&block.key);
+            debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
+            self.key_version += 1;
+        }
+        if let Some(cpu) = &mut self.cpu {
+            cpu.insert(block.key().expect("a keyed block"));
+        }
+        self.stats.evicted_blocks += 1;
     }
 
     fn unlink_free(&mut self, id: u32) {
