@@ -124,6 +124,15 @@ impl Engine {
     /// Refused unless arrival <= `enqueue_us` <= the next event, a step is pending (else its
     /// enqueue would have formed one), and the request fits the model length.
     pub fn insert_waiting(&mut self, spec: RequestSpec, enqueue_us: u64) -> Result<(), SimError> {
+        self.insert_waiting_slot(spec, enqueue_us).map(drop)
+    }
+
+    /// [`Engine::insert_waiting`], returning the request's slot.
+    pub(super) fn insert_waiting_slot(
+        &mut self,
+        spec: RequestSpec,
+        enqueue_us: u64,
+    ) -> Result<u32, SimError> {
         let invalid = |field: &'static str, reason: String| SimError::InvalidRequest {
             id: spec.id,
             field,
@@ -169,7 +178,7 @@ impl Engine {
         self.counts.queued += 1;
         self.now_us = self.now_us.max(enqueue_us);
         self.debug_check_counters();
-        Ok(())
+        Ok(slot)
     }
 }
 

@@ -17,6 +17,7 @@ mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
+mod watch;
 mod window_kv;
 
 pub use drain::{Drain, DrainEnd, DrainStep};
@@ -95,6 +96,8 @@ pub struct Engine {
     enqueued: u64,
     /// Whether inter-token gaps are counted into `metrics.token_gap_counts`.
     count_gaps: bool,
+    /// The request whose fate is reported in O(1) (see `watch`).
+    watched: Option<watch::Watched>,
 }
 
 impl Engine {
@@ -132,6 +135,7 @@ impl Engine {
             reach: AdmissionReach::Nothing,
             enqueued: 0,
             count_gaps: true,
+            watched: None,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -209,7 +213,9 @@ impl Engine {
             .collect()
     }
 
-    /// When a request still in the engine saw its first token, if it has.
+    /// When a request still in the engine saw its first token, if it has. Walks every slot:
+    /// a caller asking about one request it submits watches it instead
+    /// ([`Engine::submit_watched`], [`Engine::watched_first_token_us`]).
     pub fn live_first_token_us(&self, id: RequestId) -> Option<u64> {
         self.slots
             .iter()
@@ -287,6 +293,11 @@ impl Engine {
 
     /// Submits a request; it arrives at `spec.arrival_us`, which must not be in the past.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        self.submit_slot(spec).map(drop)
+    }
+
+    /// [`Engine::submit`], returning the request's slot.
+    fn submit_slot(&mut self, spec: RequestSpec) -> Result<u32, SimError> {
         validate_request(&spec, self.now_us)?;
         let serial = self.next_serial;
         self.next_serial += 1;
@@ -298,7 +309,7 @@ impl Engine {
         if let Some(deadline) = deadline_us {
             self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);
         }
-        Ok(())
+        Ok(slot)
     }
 
     /// Processes the next event; returns its time, or `None` if nothing is pending.
