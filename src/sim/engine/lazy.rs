@@ -339,8 +339,18 @@ impl Engine {
                 window.context_sum -= computed;
             }
         }
-        if !finished.is_empty() {
-            // (Finished members' queued KV calls are skipped when their step comes.)
+        // (Finished members' queued KV calls are skipped when their step comes.)
+        if finished.len() <= 2 {
+            // Usually one: found by a scan that only compares, then removed in one move.
+            for &(_, slot, _) in &finished {
+                let index = self
+                    .running
+                    .iter()
+                    .position(|&running| running == slot)
+                    .expect("finished requests were running");
+                self.running.remove(index);
+            }
+        } else {
             let slots = &self.slots;
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }

@@ -67,6 +67,18 @@ impl Block {
         }
     }
 
+    /// True unless the block is `Unkeyed` (one shift, for the hot paths).
+    #[inline]
+    pub(super) fn is_keyed(&self) -> bool {
+        self.tag >> KEYING_SHIFT != 0
+    }
+
+    /// True if the block is `Mapped`.
+    #[inline]
+    pub(super) fn is_mapped(&self) -> bool {
+        self.tag >> KEYING_SHIFT == Keying::Mapped as u32
+    }
+
     /// Sets how the block is keyed.
     #[inline]
     pub(super) fn set_keying(&mut self, keying: Keying) {

@@ -430,12 +430,25 @@ impl KvCache {
     /// Releases every block of `table` (last block first, so a request's tail is evicted
     /// before its prefix) and empties it.
     pub fn free(&mut self, table: &mut BlockTable) {
-        for index in (0..table.ids.len()).rev() {
-            let id = table.ids[index];
-            if self.blocks[id as usize].drop_holder() {
-                self.push_free(id);
+        // The released blocks are chained onto the tail in one pass (the list's ends and
+        // count written once).
+        let mut tail = self.free_tail;
+        let mut released = 0;
+        for &id in table.ids.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            if block.drop_holder() {
+                block.set_free(tail, NIL);
+                if tail == NIL {
+                    self.free_head = id;
+                } else {
+                    self.blocks[tail as usize].set_next(id);
+                }
+                tail = id;
+                released += 1;
             }
         }
+        self.free_tail = tail;
+        self.free_count += released;
         table.ids.clear();
         table.num_keyed = 0;
     }
@@ -460,7 +473,7 @@ impl KvCache {
         }
         let id = table.ids[index as usize];
         let block = &mut self.blocks[id as usize];
-        if block.keying() == Keying::Unkeyed {
+        if !block.is_keyed() {
             block.key = keys.latent_private(index);
             block.set_keying(Keying::Latent);
         }
@@ -479,7 +492,7 @@ impl KvCache {
         let shared_end = full.min(keys.shareable);
         for index in table.num_keyed..shared_end {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying() == Keying::Unkeyed {
+            if !self.blocks[id as usize].is_keyed() {
                 self.set_key(id, keys.get(index));
             }
         }
@@ -489,7 +502,7 @@ impl KvCache {
         let probe = !self.by_key.is_empty();
         for index in table.num_keyed.max(shared_end)..full {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying() != Keying::Unkeyed {
+            if self.blocks[id as usize].is_keyed() {
                 continue;
             }
             let latent = keys.latent_private(index);
@@ -571,7 +584,7 @@ impl KvCache {
         }
         self.free_count -= 1;
         self.blocks[id as usize] = Block::held(1);
-        if block.keying() != Keying::Unkeyed {
+        if block.is_keyed() {
             self.forget(id, block);
         }
         id
@@ -587,7 +600,7 @@ impl KvCache {
             debug_assert!(id != NIL, "pop from an empty free list");
             let block = self.blocks[id as usize];
             self.blocks[id as usize] = Block::held(1);
-            if block.keying() != Keying::Unkeyed {
+            if block.is_keyed() {
                 self.forget(id, block);
             }
             ids.push(id);
@@ -602,10 +615,19 @@ impl KvCache {
         self.free_count -= count;
     }
 
-    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused.
-    #[inline]
+    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused. (A
+    /// latent key, the common case, costs a count; the map and the CPU tier are out of line.)
+    #[inline(always)]
     fn forget(&mut self, id: u32, block: Block) {
-        if block.keying() == Keying::Mapped {
+        if block.is_mapped() || self.cpu.is_some() {
+            self.forget_slow(id, block);
+        }
+        self.stats.evicted_blocks += 1;
+    }
+
+    #[inline(never)]
+    fn forget_slow(&mut self, id: u32, block: Block) {
+        if block.is_mapped() {
             let removed = self.by_key.remove(&block.key);
             debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
             self.key_version += 1;
@@ -613,7 +635,6 @@ impl KvCache {
         if let Some(cpu) = &mut self.cpu {
             cpu.insert(block.key().expect("a keyed block"));
         }
-        self.stats.evicted_blocks += 1;
     }
 
     fn unlink_free(&mut self, id: u32) {
