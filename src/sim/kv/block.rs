@@ -48,6 +48,17 @@ impl Block {
         }
     }
 
+    /// A block held once whose private key's latent form is `latent` (a fresh block that
+    /// is full as it is taken).
+    #[inline]
+    pub(super) const fn latent_held(latent: u64) -> Self {
+        Self {
+            key: latent,
+            count_or_prev: 1,
+            tag: LINK_MASK | ((Keying::Latent as u32) << KEYING_SHIFT),
+        }
+    }
+
     /// The content key, if the block has one.
     pub(super) fn key(&self) -> Option<u64> {
         match self.keying() {

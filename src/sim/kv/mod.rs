@@ -21,6 +21,7 @@
 
 mod audit;
 mod block;
+mod free_list;
 pub mod hash;
 mod key_hasher;
 pub mod lru;
@@ -28,6 +29,7 @@ pub mod lru;
 use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
+use free_list::PrivateFill;
 use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
@@ -374,17 +376,31 @@ impl KvCache {
             self.stats.cpu_loaded_blocks += 1;
             table.ids.push(id);
         }
+        // Fresh blocks that are private and full are keyed as they are taken when nothing
+        // else needs keying first and no key can be in the map already (it is empty).
+        let fill = (self.prefix_caching
+            && hit.blocks() == 0
+            && self.by_key.is_empty()
+            && table.num_keyed == table.len()
+            && table.len() >= keys.shareable)
+            .then(|| PrivateFill {
+                seed: keys.owner_seed,
+                full: (total_tokens / self.block_size).min(required.max(held)),
+            });
         let mut taken = reloaded;
         if (self.blocks.len() as u32) < self.total {
-            let virgin = self.take_virgins(fresh - reloaded);
+            let virgin = self.take_virgins(fresh - reloaded, table.len(), fill);
             taken += virgin.len() as u32;
             table.ids.extend(virgin);
         }
         if taken < fresh {
-            self.pop_listed_run(fresh - taken, &mut table.ids);
+            self.pop_listed_run(fresh - taken, &mut table.ids, fill);
         }
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
+        }
+        if let Some(fill) = fill {
+            table.num_keyed = table.num_keyed.max(fill.full);
         }
         self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
@@ -535,137 +551,5 @@ impl KvCache {
         } else {
             self.blocks[id as usize].add_holder();
         }
-    }
-
-    /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
-    /// counting it as taken from the free blocks.
-    fn take_virgin(&mut self) -> Option<u32> {
-        let id = self.blocks.len() as u32;
-        if id == self.total {
-            return None;
-        }
-        self.blocks.push(Block::held(0));
-        self.free_count -= 1;
-        Some(id)
-    }
-
-    /// Materializes up to `count` virgin blocks at once, taken (refcount 1): their ids.
-    fn take_virgins(&mut self, count: u32) -> std::ops::Range<u32> {
-        let start = self.blocks.len() as u32;
-        let taken = count.min(self.total - start);
-        self.blocks
-            .extend(std::iter::repeat_n(Block::held(1), taken as usize));
-        self.free_count -= taken;
-        start..start + taken
-    }
-
-    fn pop_free(&mut self) -> u32 {
-        if let Some(id) = self.take_virgin() {
-            self.blocks[id as usize].set_held(1);
-            return id;
-        }
-        self.pop_listed()
-    }
-
-    /// Takes the least recently freed block (the free list's head, which must exist), held
-    /// once and unkeyed: its key, if any, is forgotten.
-    #[inline(always)]
-    fn pop_listed(&mut self) -> u32 {
-        let id = self.free_head;
-        debug_assert!(id != NIL, "pop from an empty free list");
-        let block = self.blocks[id as usize];
-        debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
-        let next = block.next();
-        self.free_head = next;
-        if next == NIL {
-            self.free_tail = NIL;
-        } else {
-            self.blocks[next as usize].set_prev(NIL);
-        }
-        self.free_count -= 1;
-        self.blocks[id as usize] = Block::held(1);
-        if block.is_keyed() {
-            self.forget(id, block);
-        }
-        id
-    }
-
-    /// Takes the `count` least recently freed blocks (the free list must hold them) into
-    /// `ids`, as [`Self::pop_listed`] would one by one, with one list update.
-    fn pop_listed_run(&mut self, count: u32, ids: &mut Vec<u32>) {
-        debug_assert!(count > 0, "an empty run");
-        ids.reserve(count as usize);
-        let mut id = self.free_head;
-        for _ in 0..count {
-            debug_assert!(id != NIL, "pop from an empty free list");
-            let block = self.blocks[id as usize];
-            self.blocks[id as usize] = Block::held(1);
-            if block.is_keyed() {
-                self.forget(id, block);
-            }
-            ids.push(id);
-            id = block.next();
-        }
-        self.free_head = id;
-        if id == NIL {
-            self.free_tail = NIL;
-        } else {
-            self.blocks[id as usize].set_prev(NIL);
-        }
-        self.free_count -= count;
-    }
-
-    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused. (A
-    /// latent key, the common case, costs a count; the map and the CPU tier are out of line.)
-    #[inline(always)]
-    fn forget(&mut self, id: u32, block: Block) {
-        if block.is_mapped() || self.cpu.is_some() {
-            self.forget_slow(id, block);
-        }
-        self.stats.evicted_blocks += 1;
-    }
-
-    #[inline(never)]
-    fn forget_slow(&mut self, id: u32, block: Block) {
-        if block.is_mapped() {
-            let removed = self.by_key.remove(&block.key);
-            debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
-            self.key_version += 1;
-        }
-        if let Some(cpu) = &mut self.cpu {
-            cpu.insert(block.key().expect("a keyed block"));
-        }
-    }
-
-    fn unlink_free(&mut self, id: u32) {
-        let (prev, next) = (
-            self.blocks[id as usize].prev(),
-            self.blocks[id as usize].next(),
-        );
-        if prev == NIL {
-            self.free_head = next;
-        } else {
-            self.blocks[prev as usize].set_next(next);
-        }
-        if next == NIL {
-            self.free_tail = prev;
-        } else {
-            self.blocks[next as usize].set_prev(prev);
-        }
-        // Off the list, held by nobody yet (the caller takes it).
-        self.blocks[id as usize].set_held(0);
-        self.free_count -= 1;
-    }
-
-    fn push_free(&mut self, id: u32) {
-        let tail = self.free_tail;
-        self.blocks[id as usize].set_free(tail, NIL);
-        if tail == NIL {
-            self.free_head = id;
-        } else {
-            self.blocks[tail as usize].set_next(id);
-        }
-        self.free_tail = id;
-        self.free_count += 1;
     }
 }
