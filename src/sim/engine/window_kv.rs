@@ -199,7 +199,8 @@ impl Engine {
 }
 
 /// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix
-/// caching is on). False if the cache cannot.
+/// caching is on). False if the cache cannot. (Inlined: it is the per-block call.)
+#[inline(always)]
 fn allocate_to(
     kv: &mut crate::sim::kv::KvCache,
     state: &mut RequestState,
