@@ -68,6 +68,9 @@ struct InFlight {
     new_tokens: u32,
 }
 
+/// Most records [`Engine::run`] reserves room for ahead (from its requests' size hint).
+const RECORDS_RESERVE_MAX: usize = 1 << 22;
+
 /// A simulated vLLM v1 instance.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -354,6 +357,12 @@ impl Engine {
     where
         I: IntoIterator<Item = RequestSpec>,
     {
+        let requests = requests.into_iter();
+        // One record per request: room reserved when the count is known, so the records
+        // never move while growing (bounded, in case a hint is wild).
+        let (low, high) = requests.size_hint();
+        let expected = high.unwrap_or(low).min(RECORDS_RESERVE_MAX);
+        self.metrics.records.reserve(expected);
         driver::run(self, requests, max_events)
     }
 
