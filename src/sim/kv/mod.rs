@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
 use free_list::PrivateFill;
-use hash::{BlockKeys, private_key_of_latent};
+use hash::{BlockKeys, private_key, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
@@ -515,19 +515,29 @@ impl KvCache {
         // Private blocks: latent keys. (A key already in the map is this request's own
         // content cached from before a preemption: the block stays an unkeyed duplicate, as
         // `set_key` would leave it. An empty map holds none, so it is not probed.)
-        let probe = !self.by_key.is_empty();
-        for index in table.num_keyed.max(shared_end)..full {
-            let id = table.ids[index as usize];
-            if self.blocks[id as usize].is_keyed() {
-                continue;
+        let private = table.num_keyed.max(shared_end) as usize..full as usize;
+        if self.by_key.is_empty() {
+            for (index, &id) in table.ids[private.clone()].iter().enumerate() {
+                let block = &mut self.blocks[id as usize];
+                if !block.is_keyed() {
+                    block.key = keys.latent_private((private.start + index) as u32);
+                    block.set_keying(Keying::Latent);
+                }
             }
-            let latent = keys.latent_private(index);
-            if probe && self.by_key.contains_key(&private_key_of_latent(latent)) {
-                continue;
+        } else {
+            for index in private {
+                let id = table.ids[index];
+                if self.blocks[id as usize].is_keyed() {
+                    continue;
+                }
+                let index = index as u32;
+                if self.by_key.contains_key(&private_key(keys.owner, index)) {
+                    continue;
+                }
+                let block = &mut self.blocks[id as usize];
+                block.key = keys.latent_private(index);
+                block.set_keying(Keying::Latent);
             }
-            let block = &mut self.blocks[id as usize];
-            block.key = latent;
-            block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
     }
