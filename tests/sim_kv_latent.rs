@@ -33,7 +33,6 @@ impl Request {
         BlockKeys {
             shareable_keys: &self.keys[..self.shared as usize],
             shareable: self.shared,
-            owner: self.owner,
             owner_seed: private_seed(self.owner),
         }
     }
@@ -43,7 +42,6 @@ impl Request {
         BlockKeys {
             shareable_keys: &self.keys,
             shareable: self.keys.len() as u32,
-            owner: self.owner,
             owner_seed: private_seed(self.owner),
         }
     }

@@ -232,7 +232,6 @@ impl RequestState {
         let keys = BlockKeys {
             shareable_keys: &self.keys,
             shareable: self.shareable,
-            owner: self.spec.id.0,
             owner_seed: self.owner_seed,
         };
         kv.allocate(&mut self.blocks, keys, hit, total)
@@ -245,7 +244,6 @@ impl RequestState {
         BlockKeys {
             shareable_keys: &self.keys,
             shareable: self.shareable,
-            owner: self.spec.id.0,
             owner_seed: self.owner_seed,
         }
     }

@@ -219,7 +219,6 @@ fn allocate_to(
         let keys = BlockKeys {
             shareable_keys: &state.keys,
             shareable,
-            owner: state.spec.id.0,
             owner_seed: state.owner_seed,
         };
         return kv.allocate(&mut state.blocks, keys, PrefixHit::default(), total);

@@ -125,9 +125,8 @@ pub struct BlockKeys<'a> {
     /// How many leading blocks are shareable (see [`shareable_blocks`]); the keys of those
     /// read must be in `shareable_keys`.
     pub shareable: u32,
-    /// The request id private keys derive from.
-    pub owner: u64,
-    /// `private_seed(owner)`, computed once per request.
+    /// `private_seed(id)` of the request id private keys derive from, computed once per
+    /// request.
     pub owner_seed: u64,
 }
 
@@ -153,7 +152,6 @@ impl BlockKeys<'_> {
         BlockKeys {
             shareable_keys: &[],
             shareable: 0,
-            owner,
             owner_seed: private_seed(owner),
         }
     }

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
 use free_list::PrivateFill;
-use hash::{BlockKeys, private_key, private_key_of_latent};
+use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
@@ -531,11 +531,12 @@ impl KvCache {
                     continue;
                 }
                 let index = index as u32;
-                if self.by_key.contains_key(&private_key(keys.owner, index)) {
+                let latent = keys.latent_private(index);
+                if self.by_key.contains_key(&private_key_of_latent(latent)) {
                     continue;
                 }
                 let block = &mut self.blocks[id as usize];
-                block.key = keys.latent_private(index);
+                block.key = latent;
                 block.set_keying(Keying::Latent);
             }
         }
