@@ -5,7 +5,7 @@
 //! agree after every operation, and both must pass their internal audit.
 #![allow(clippy::unwrap_used)]
 
-use ditto::sim::kv::hash::{BlockKeys, private_key};
+use ditto::sim::kv::hash::{BlockKeys, private_key, private_seed};
 use ditto::sim::kv::{BlockTable, KvCache, PrefixHit};
 use proptest::prelude::*;
 
@@ -33,7 +33,7 @@ impl Request {
         BlockKeys {
             shareable_keys: &self.keys[..self.shared as usize],
             shareable: self.shared,
-            owner: self.owner,
+            owner_seed: private_seed(self.owner),
         }
     }
 
@@ -42,7 +42,7 @@ impl Request {
         BlockKeys {
             shareable_keys: &self.keys,
             shareable: self.keys.len() as u32,
-            owner: self.owner,
+            owner_seed: private_seed(self.owner),
         }
     }
 }

@@ -78,7 +78,11 @@ where
         .peekable();
     loop {
         let next = sim.next_event_us();
-        if let Some(spec) = pending.next_if(|spec| next.is_none_or(|t| spec.arrival_us <= t)) {
+        // (Peeked in place: `next_if` would move the spec out and back on every refusal.)
+        let due = pending
+            .peek()
+            .is_some_and(|spec| next.is_none_or(|t| spec.arrival_us <= t));
+        if let Some(spec) = due.then(|| pending.next()).flatten() {
             sim.submit(spec).map_err(|err| supervisor.refused(err))?;
             submitted += 1;
             if submitted.is_multiple_of(V::CHECK_EVERY) {

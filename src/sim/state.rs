@@ -7,7 +7,7 @@
 //! resets `num_computed` to zero and keeps `generated`: the request later prefills prompt and
 //! outputs again and resumes decoding where it stopped, as vLLM does.
 
-use crate::sim::kv::hash::{BlockKeys, ROOT_KEY, block_key, shareable_blocks};
+use crate::sim::kv::hash::{BlockKeys, ROOT_KEY, block_key, private_seed, shareable_blocks};
 use crate::sim::kv::{BlockTable, KvCache, PrefixHit};
 use crate::sim::request::RequestSpec;
 
@@ -65,6 +65,12 @@ pub struct RequestState {
     /// Content keys of the leading shareable full blocks, computed on demand (private
     /// blocks' keys derive from the id when read: see [`RequestState::block_keys`]).
     pub keys: Vec<u64>,
+    /// `private_seed(spec.id)`: the request's half of its private blocks' keys, hashed once
+    /// at submission rather than per block.
+    pub owner_seed: u64,
+    /// `shareable_blocks(spec, block_size)` for the engine's block size: read on every KV
+    /// call, so computed once at submission.
+    pub shareable: u32,
     /// While a member of an open lazy decode window: the window step its progress fields
     /// were last brought up to (`None` outside a window, or prefilling beside one).
     pub lazy_base_step: Option<u32>,
@@ -84,6 +90,8 @@ impl Clone for RequestState {
             generated: self.generated,
             blocks: self.blocks.clone(),
             keys: clone_with_capacity(&self.keys),
+            owner_seed: self.owner_seed,
+            shareable: self.shareable,
             lazy_base_step: self.lazy_base_step,
             timeline: self.timeline.clone(),
         }
@@ -98,9 +106,11 @@ pub(crate) fn clone_with_capacity<T: Copy>(items: &Vec<T>) -> Vec<T> {
 }
 
 impl RequestState {
-    /// A freshly arrived request.
-    pub fn new(spec: RequestSpec, serial: u64) -> Self {
+    /// A freshly arrived request, in an engine of `block_size`-token blocks.
+    pub fn new(spec: RequestSpec, serial: u64, block_size: u32) -> Self {
         Self {
+            owner_seed: private_seed(spec.id.0),
+            shareable: shareable_blocks(&spec, block_size),
             spec,
             serial,
             phase: Phase::Arriving,
@@ -180,7 +190,8 @@ impl RequestState {
         if self.keys.len() as u32 >= full_blocks {
             return; // (the common call: nothing new to hash)
         }
-        let shareable = shareable_blocks(&self.spec, block_size);
+        let shareable = self.shareable;
+        debug_assert_eq!(shareable, shareable_blocks(&self.spec, block_size));
         let full_blocks = full_blocks.min(shareable);
         if self.keys.len() as u32 >= full_blocks {
             return;
@@ -217,10 +228,11 @@ impl RequestState {
         total: u32,
         block_size: u32,
     ) -> bool {
+        debug_assert_eq!(self.shareable, shareable_blocks(&self.spec, block_size));
         let keys = BlockKeys {
             shareable_keys: &self.keys,
-            shareable: shareable_blocks(&self.spec, block_size),
-            owner: self.spec.id.0,
+            shareable: self.shareable,
+            owner_seed: self.owner_seed,
         };
         kv.allocate(&mut self.blocks, keys, hit, total)
     }
@@ -228,10 +240,11 @@ impl RequestState {
     /// The keys of this request's blocks as the KV cache reads them (shareable ones must
     /// have been computed by [`RequestState::ensure_keys`] as far as they are read).
     pub fn block_keys(&self, block_size: u32) -> BlockKeys<'_> {
+        debug_assert_eq!(self.shareable, shareable_blocks(&self.spec, block_size));
         BlockKeys {
             shareable_keys: &self.keys,
-            shareable: shareable_blocks(&self.spec, block_size),
-            owner: self.spec.id.0,
+            shareable: self.shareable,
+            owner_seed: self.owner_seed,
         }
     }
 }

@@ -324,7 +324,7 @@ fn continuation_pair(
         }
     };
     engine
-        .insert_waiting(spec, enqueue_us)
+        .insert_waiting_watched(spec, enqueue_us)
         .map_err(|err| TwinError::invalid("request", err.to_string()))?;
     let mut run = run_question(&mut engine, &[], horizon_end, budget, forking)?;
     // Its arrival and enqueue count as the events they would have been.
@@ -369,7 +369,7 @@ fn newcomer(engine: &Engine, spec: &RequestSpec, now: u64, horizon_end: u64) -> 
 
 fn submit_question(engine: &mut Engine, spec: RequestSpec) -> Result<(), TwinError> {
     engine
-        .submit(spec)
+        .submit_watched(spec)
         .map_err(|err| TwinError::invalid("request", err.to_string()))
 }
 
@@ -454,10 +454,9 @@ fn measure(
 ) -> Outcome1 {
     let events = run.events;
     let records = &with.metrics().records;
-    let mine = records
-        .iter()
-        .find(|r| r.id.0 == QUESTION_REQUEST_ID)
-        .or(run.question.as_ref());
+    // (The question's request is watched: a drain's closed form reports it when the engine
+    // did not get to retire it.)
+    let mine = with.watched_record().or(run.question.as_ref());
     let ms = |us: u64| us as f64 / 1000.0;
     let mut outcome = Outcome1 {
         events,
@@ -480,7 +479,7 @@ fn measure(
             // Not finished within the horizon: E2E and TPOT are censored at the horizon; the
             // first token may still have come.
             let censored = ms(elapsed_us(now, horizon_end));
-            let first = with.live_first_token_us(RequestId(QUESTION_REQUEST_ID));
+            let first = with.watched_first_token_us();
             outcome.ttft_known = first.is_some();
             outcome.ttft_ms = first.map_or(censored, |t| ms(elapsed_us(now, t)));
             outcome.e2e_ms = censored;

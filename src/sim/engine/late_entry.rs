@@ -13,7 +13,6 @@ use super::drain::Drain;
 use super::lifecycle::queue_key;
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::error::SimError;
-use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::queue::QueueKey;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
@@ -59,7 +58,7 @@ impl Engine {
     pub fn newcomer_queue_key(&self, spec: &RequestSpec) -> QueueKey {
         queue_key(
             self.config.scheduling_policy,
-            &RequestState::new(spec.clone(), self.next_serial),
+            &RequestState::new(spec.clone(), self.next_serial, self.config.block_size),
         )
     }
 
@@ -94,7 +93,7 @@ impl Engine {
             let least = if state.timeline.preemptions > 0 {
                 1
             } else {
-                let shareable = shareable_blocks(&state.spec, block_size) * block_size;
+                let shareable = state.shareable * block_size;
                 state.num_tokens().saturating_sub(shareable).max(1)
             };
             let least = if threshold > 0 {
@@ -125,6 +124,15 @@ impl Engine {
     /// Refused unless arrival <= `enqueue_us` <= the next event, a step is pending (else its
     /// enqueue would have formed one), and the request fits the model length.
     pub fn insert_waiting(&mut self, spec: RequestSpec, enqueue_us: u64) -> Result<(), SimError> {
+        self.insert_waiting_slot(spec, enqueue_us).map(drop)
+    }
+
+    /// [`Engine::insert_waiting`], returning the request's slot.
+    pub(super) fn insert_waiting_slot(
+        &mut self,
+        spec: RequestSpec,
+        enqueue_us: u64,
+    ) -> Result<u32, SimError> {
         let invalid = |field: &'static str, reason: String| SimError::InvalidRequest {
             id: spec.id,
             field,
@@ -160,7 +168,7 @@ impl Engine {
         }
         let serial = self.next_serial;
         self.next_serial += 1;
-        let mut state = RequestState::new(spec, serial);
+        let mut state = RequestState::new(spec, serial, self.config.block_size);
         state.phase = Phase::Waiting;
         state.timeline.enqueue_us = Some(enqueue_us);
         let key = queue_key(self.config.scheduling_policy, &state);
@@ -170,7 +178,7 @@ impl Engine {
         self.counts.queued += 1;
         self.now_us = self.now_us.max(enqueue_us);
         self.debug_check_counters();
-        Ok(())
+        Ok(slot)
     }
 }
 

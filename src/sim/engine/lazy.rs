@@ -221,23 +221,25 @@ impl Engine {
     }
 
     /// Fills `members_ahead`: for each explicit request, the members before it in the batch.
+    /// Walks the batch from its end, where admissions join, only as far back as the first
+    /// explicit request (the explicit ones are mostly the newest).
     fn count_members_ahead(&self, window: &mut LazyWindow) {
+        let count = window.explicit.len();
         window.members_ahead.clear();
-        if window.explicit.is_empty() {
-            return;
-        }
-        let mut next = 0;
-        for (index, &slot) in self.running.iter().enumerate() {
-            if next < window.explicit.len() && window.explicit[next].1 == slot {
-                window.members_ahead.push((index - next) as u32);
-                next += 1;
+        window.members_ahead.resize(count, 0);
+        // The explicit request to find next, going backwards, is `explicit[next - 1]`.
+        let mut next = count;
+        for (index, &slot) in self.running.iter().enumerate().rev() {
+            if next == 0 {
+                break;
+            }
+            if window.explicit[next - 1].1 == slot {
+                next -= 1;
+                // Before it: `index` requests, `next` of them explicit.
+                window.members_ahead[next] = (index - next) as u32;
             }
         }
-        debug_assert_eq!(
-            next,
-            window.explicit.len(),
-            "explicit requests are running, in batch order"
-        );
+        debug_assert_eq!(next, 0, "explicit requests are running, in batch order");
     }
 
     /// Applies the window step that just ended and forms the next; `None` if there is no
@@ -340,8 +342,18 @@ impl Engine {
                 window.context_sum -= computed;
             }
         }
-        if !finished.is_empty() {
-            // (Finished members' queued KV calls are skipped when their step comes.)
+        // (Finished members' queued KV calls are skipped when their step comes.)
+        if finished.len() <= 2 {
+            // Usually one: found by a scan that only compares, then removed in one move.
+            for &(_, slot, _) in &finished {
+                let index = self
+                    .running
+                    .iter()
+                    .position(|&running| running == slot)
+                    .expect("finished requests were running");
+                self.running.remove(index);
+            }
+        } else {
             let slots = &self.slots;
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }

@@ -247,6 +247,7 @@ impl Engine {
             Outcome::Completed => state.timeline.last_token_us,
             Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
+        self.note_retired(slot, state.serial);
         let record = record_of(state, outcome, end_us);
         debug_assert_causal(&record);
         self.metrics.records.push(record);

@@ -17,6 +17,7 @@ mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
+mod watch;
 mod window_kv;
 
 pub use drain::{Drain, DrainEnd, DrainStep};
@@ -67,6 +68,9 @@ struct InFlight {
     new_tokens: u32,
 }
 
+/// Most records [`Engine::run`] reserves room for ahead (from its requests' size hint).
+const RECORDS_RESERVE_MAX: usize = 1 << 22;
+
 /// A simulated vLLM v1 instance.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -95,6 +99,8 @@ pub struct Engine {
     enqueued: u64,
     /// Whether inter-token gaps are counted into `metrics.token_gap_counts`.
     count_gaps: bool,
+    /// The request whose fate is reported in O(1) (see `watch`).
+    watched: Option<watch::Watched>,
 }
 
 impl Engine {
@@ -132,6 +138,7 @@ impl Engine {
             reach: AdmissionReach::Nothing,
             enqueued: 0,
             count_gaps: true,
+            watched: None,
         };
         engine.track_kv_usage();
         Ok(engine)
@@ -209,7 +216,9 @@ impl Engine {
             .collect()
     }
 
-    /// When a request still in the engine saw its first token, if it has.
+    /// When a request still in the engine saw its first token, if it has. Walks every slot:
+    /// a caller asking about one request it submits watches it instead
+    /// ([`Engine::submit_watched`], [`Engine::watched_first_token_us`]).
     pub fn live_first_token_us(&self, id: RequestId) -> Option<u64> {
         self.slots
             .iter()
@@ -287,17 +296,23 @@ impl Engine {
 
     /// Submits a request; it arrives at `spec.arrival_us`, which must not be in the past.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<(), SimError> {
+        self.submit_slot(spec).map(drop)
+    }
+
+    /// [`Engine::submit`], returning the request's slot.
+    fn submit_slot(&mut self, spec: RequestSpec) -> Result<u32, SimError> {
         validate_request(&spec, self.now_us)?;
         let serial = self.next_serial;
         self.next_serial += 1;
         let arrival_us = spec.arrival_us;
         let deadline_us = spec.deadline_us;
-        let slot = self.insert_state(RequestState::new(spec, serial));
+        let block_size = self.config.block_size;
+        let slot = self.insert_state(RequestState::new(spec, serial, block_size));
         self.push_event(arrival_us, EventKind::Arrival, slot, serial);
         if let Some(deadline) = deadline_us {
             self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);
         }
-        Ok(())
+        Ok(slot)
     }
 
     /// Processes the next event; returns its time, or `None` if nothing is pending.
@@ -342,6 +357,12 @@ impl Engine {
     where
         I: IntoIterator<Item = RequestSpec>,
     {
+        let requests = requests.into_iter();
+        // One record per request: room reserved when the count is known, so the records
+        // never move while growing (bounded, in case a hint is wild).
+        let (low, high) = requests.size_hint();
+        let expected = high.unwrap_or(low).min(RECORDS_RESERVE_MAX);
+        self.metrics.records.reserve(expected);
         driver::run(self, requests, max_events)
     }
 

@@ -237,7 +237,7 @@ impl Engine {
         check_fits(spec, self.config.effective_max_model_len())?;
         let serial = self.next_serial;
         self.next_serial += 1;
-        let mut state = RequestState::new(spec.clone(), serial);
+        let mut state = RequestState::new(spec.clone(), serial, self.config.block_size);
         state.generated = request.generated;
         state.timeline.enqueue_us = Some(spec.arrival_us);
         state.timeline.cached_tokens = request.cached_tokens;

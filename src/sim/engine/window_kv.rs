@@ -10,7 +10,6 @@ use super::Engine;
 use super::lazy::{Due, LazyWindow};
 use crate::sim::kv::PrefixHit;
 use crate::sim::kv::hash::BlockKeys;
-use crate::sim::kv::hash::shareable_blocks;
 use crate::sim::state::RequestState;
 
 impl Engine {
@@ -23,13 +22,12 @@ impl Engine {
         let state = self.state(slot);
         let block_size = self.config.block_size;
         let held = state.blocks.len() * block_size + 1;
-        let threshold = if self.config.enable_prefix_caching
-            && state.blocks.num_keyed < shareable_blocks(&state.spec, block_size)
-        {
-            held.min((state.blocks.num_keyed + 1) * block_size)
-        } else {
-            held
-        };
+        let threshold =
+            if self.config.enable_prefix_caching && state.blocks.num_keyed < state.shareable {
+                held.min((state.blocks.num_keyed + 1) * block_size)
+            } else {
+                held
+            };
         // At window step s the token computed is number computed + (s - step) + 1.
         let total_next = computed + 1;
         step + 1 + threshold.saturating_sub(total_next)
@@ -201,7 +199,8 @@ impl Engine {
 }
 
 /// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix
-/// caching is on). False if the cache cannot.
+/// caching is on). False if the cache cannot. (Inlined: it is the per-block call.)
+#[inline(always)]
 fn allocate_to(
     kv: &mut crate::sim::kv::KvCache,
     state: &mut RequestState,
@@ -212,7 +211,7 @@ fn allocate_to(
     // The common call (a member past its shareable blocks, crossing a block boundary): every
     // shareable block is keyed, so no key needs computing, and the table has room, so none
     // needs taking. Straight to the cache, as `allocate_blocks` would go.
-    let shareable = shareable_blocks(&state.spec, block_size);
+    let shareable = state.shareable;
     if prefix_caching
         && state.blocks.num_keyed >= shareable
         && state.blocks.ids.len() < state.blocks.ids.capacity()
@@ -220,7 +219,7 @@ fn allocate_to(
         let keys = BlockKeys {
             shareable_keys: &state.keys,
             shareable,
-            owner: state.spec.id.0,
+            owner_seed: state.owner_seed,
         };
         return kv.allocate(&mut state.blocks, keys, PrefixHit::default(), total);
     }

@@ -66,7 +66,11 @@ impl KvCache {
                 Keying::Mapped if self.by_key.get(&block.key) != Some(&(id as u32)) => {
                     return Err(format!("block {id} has a key missing from the map"));
                 }
-                Keying::Latent if self.by_key.contains_key(&block.key) => {
+                Keying::Latent
+                    if block
+                        .key()
+                        .is_some_and(|key| self.by_key.contains_key(&key)) =>
+                {
                     return Err(format!("block {id}'s latent key is also in the map"));
                 }
                 _ => {}

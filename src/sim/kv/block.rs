@@ -21,14 +21,16 @@ pub(super) enum Keying {
     Unkeyed = 0,
     /// Keyed and in the lookup map.
     Mapped = 1,
-    /// Keyed with private content, not in the map (only its owner could look it up).
+    /// Keyed with private content, not in the map (only its owner could look it up); the
+    /// block stores the key's latent form.
     Latent = 2,
 }
 
 /// One GPU block.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Block {
-    /// Content key; meaningful unless the keying is `Unkeyed`.
+    /// Content key, meaningful unless the keying is `Unkeyed`; a `Latent` block holds its
+    /// key's latent form (see [`super::hash::private_seed`]): read it through [`Block::key`].
     pub(super) key: u64,
     /// Held: the requests holding it. Free: the previous block on the free list.
     count_or_prev: u32,
@@ -46,9 +48,24 @@ impl Block {
         }
     }
 
+    /// A block held once whose private key's latent form is `latent` (a fresh block that
+    /// is full as it is taken).
+    #[inline]
+    pub(super) const fn latent_held(latent: u64) -> Self {
+        Self {
+            key: latent,
+            count_or_prev: 1,
+            tag: LINK_MASK | ((Keying::Latent as u32) << KEYING_SHIFT),
+        }
+    }
+
     /// The content key, if the block has one.
     pub(super) fn key(&self) -> Option<u64> {
-        (self.keying() != Keying::Unkeyed).then_some(self.key)
+        match self.keying() {
+            Keying::Unkeyed => None,
+            Keying::Mapped => Some(self.key),
+            Keying::Latent => Some(super::hash::private_key_of_latent(self.key)),
+        }
     }
 
     /// How the block is keyed.
@@ -59,6 +76,18 @@ impl Block {
             1 => Keying::Mapped,
             _ => Keying::Latent,
         }
+    }
+
+    /// True unless the block is `Unkeyed` (one shift, for the hot paths).
+    #[inline]
+    pub(super) fn is_keyed(&self) -> bool {
+        self.tag >> KEYING_SHIFT != 0
+    }
+
+    /// True if the block is `Mapped`.
+    #[inline]
+    pub(super) fn is_mapped(&self) -> bool {
+        self.tag >> KEYING_SHIFT == Keying::Mapped as u32
     }
 
     /// Sets how the block is keyed.
@@ -159,7 +188,11 @@ mod tests {
         block.set_keying(Keying::Latent);
         assert_eq!(
             (block.ref_cnt(), block.keying(), block.key()),
-            (1, Keying::Latent, Some(7))
+            (
+                1,
+                Keying::Latent,
+                Some(super::super::hash::private_key_of_latent(7))
+            )
         );
         block.set_free(NIL, MAX_BLOCKS - 1);
         assert!(block.is_free());

@@ -75,7 +75,23 @@ pub fn token_block_key(parent: u64, tokens: &[u32]) -> u64 {
 /// request's id already sets it apart from every other sequence). Two mixes instead of six:
 /// private blocks are most blocks, and keying them is on the decode hot path.
 pub fn private_key(id: u64, block_index: u32) -> u64 {
-    mix64(mix64(id ^ TAG_REQUEST) ^ u64::from(block_index))
+    private_key_of_latent(private_seed(id) ^ u64::from(block_index))
+}
+
+/// The per-request half of [`private_key`]: `private_key(id, index)` is
+/// `private_key_of_latent(private_seed(id) ^ index)`. A request computes it once, so the KV
+/// cache can store a private block's key in this *latent* form (one xor per block) and
+/// finish the hash only when the key is read (a preemption, an eviction into the CPU tier,
+/// an observation), which almost never happens to a private block.
+#[inline]
+pub fn private_seed(id: u64) -> u64 {
+    mix64(id ^ TAG_REQUEST)
+}
+
+/// The private key whose latent form is `latent` (see [`private_seed`]).
+#[inline]
+pub fn private_key_of_latent(latent: u64) -> u64 {
+    mix64(latent)
 }
 
 /// How many leading full blocks of `spec` can have content another request also produces
@@ -109,8 +125,9 @@ pub struct BlockKeys<'a> {
     /// How many leading blocks are shareable (see [`shareable_blocks`]); the keys of those
     /// read must be in `shareable_keys`.
     pub shareable: u32,
-    /// The request id private keys derive from.
-    pub owner: u64,
+    /// `private_seed(id)` of the request id private keys derive from, computed once per
+    /// request.
+    pub owner_seed: u64,
 }
 
 impl BlockKeys<'_> {
@@ -120,8 +137,14 @@ impl BlockKeys<'_> {
         if index < self.shareable {
             self.shareable_keys[index as usize]
         } else {
-            private_key(self.owner, index)
+            private_key_of_latent(self.latent_private(index))
         }
+    }
+
+    /// The latent form of private block `index`'s key (see [`private_seed`]).
+    #[inline]
+    pub fn latent_private(&self, index: u32) -> u64 {
+        self.owner_seed ^ u64::from(index)
     }
 
     /// Keys with no shareable block (a request that holds only private content, or a test).
@@ -129,7 +152,7 @@ impl BlockKeys<'_> {
         BlockKeys {
             shareable_keys: &[],
             shareable: 0,
-            owner,
+            owner_seed: private_seed(owner),
         }
     }
 }

@@ -21,6 +21,7 @@
 
 mod audit;
 mod block;
+mod free_list;
 pub mod hash;
 mod key_hasher;
 pub mod lru;
@@ -28,7 +29,8 @@ pub mod lru;
 use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
-use hash::{BlockKeys, private_key};
+use free_list::PrivateFill;
+use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
@@ -286,7 +288,37 @@ impl KvCache {
     /// allowed while the table is empty), then fresh blocks; then keys every block that is
     /// full at `total_tokens` (blocks from `keys.shareable` on hold private content).
     /// Returns false, changing nothing, if there are not enough free blocks.
+    #[inline(always)]
     pub fn allocate(
+        &mut self,
+        table: &mut BlockTable,
+        keys: BlockKeys<'_>,
+        hit: PrefixHit,
+        total_tokens: u32,
+    ) -> bool {
+        // The decode path's call, inlined: a token crossing a block boundary takes the least
+        // recently freed block (every block materialized), and the block it filled, if
+        // private, gets its latent key.
+        let len = table.len();
+        if hit.blocks() == 0
+            && total_tokens == len * self.block_size + 1
+            && self.free_head != NIL
+            && self.blocks.len() as u32 == self.total
+        {
+            let id = self.pop_listed();
+            table.ids.push(id);
+            if self.key_one_private_block(table, keys, total_tokens) {
+                return true;
+            }
+            self.key_full_blocks(table, keys, total_tokens);
+            return true;
+        }
+        self.allocate_general(table, keys, hit, total_tokens)
+    }
+
+    /// [`Self::allocate`]'s every other case.
+    #[inline(never)]
+    fn allocate_general(
         &mut self,
         table: &mut BlockTable,
         keys: BlockKeys<'_>,
@@ -300,7 +332,7 @@ impl KvCache {
         let required = total_tokens.div_ceil(self.block_size);
         if hit.blocks() == 0 && required <= table.len() + 1 {
             if required == table.len() + 1 {
-                // The common growth: one fresh block (a decode crossing a block boundary).
+                // One fresh block (a decode crossing a block boundary).
                 if self.free_count == 0 {
                     return false;
                 }
@@ -344,18 +376,31 @@ impl KvCache {
             self.stats.cpu_loaded_blocks += 1;
             table.ids.push(id);
         }
+        // Fresh blocks that are private and full are keyed as they are taken when nothing
+        // else needs keying first and no key can be in the map already (it is empty).
+        let fill = (self.prefix_caching
+            && hit.blocks() == 0
+            && self.by_key.is_empty()
+            && table.num_keyed == table.len()
+            && table.len() >= keys.shareable)
+            .then(|| PrivateFill {
+                seed: keys.owner_seed,
+                full: (total_tokens / self.block_size).min(required.max(held)),
+            });
         let mut taken = reloaded;
         if (self.blocks.len() as u32) < self.total {
-            let virgin = self.take_virgins(fresh - reloaded);
+            let virgin = self.take_virgins(fresh - reloaded, table.len(), fill);
             taken += virgin.len() as u32;
             table.ids.extend(virgin);
         }
-        for _ in taken..fresh {
-            let id = self.pop_free();
-            table.ids.push(id);
+        if taken < fresh {
+            self.pop_listed_run(fresh - taken, &mut table.ids, fill);
         }
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
+        }
+        if let Some(fill) = fill {
+            table.num_keyed = table.num_keyed.max(fill.full);
         }
         self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
@@ -392,7 +437,7 @@ impl KvCache {
             if block.keying() == Keying::Latent {
                 // Its key was absent when latent, and only this request produces it.
                 self.blocks[id as usize].set_keying(Keying::Unkeyed);
-                self.set_key(id, block.key);
+                self.set_key(id, private_key_of_latent(block.key));
             }
         }
         self.free(table);
@@ -401,12 +446,25 @@ impl KvCache {
     /// Releases every block of `table` (last block first, so a request's tail is evicted
     /// before its prefix) and empties it.
     pub fn free(&mut self, table: &mut BlockTable) {
-        for index in (0..table.ids.len()).rev() {
-            let id = table.ids[index];
-            if self.blocks[id as usize].drop_holder() {
-                self.push_free(id);
+        // The released blocks are chained onto the tail in one pass (the list's ends and
+        // count written once).
+        let mut tail = self.free_tail;
+        let mut released = 0;
+        for &id in table.ids.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            if block.drop_holder() {
+                block.set_free(tail, NIL);
+                if tail == NIL {
+                    self.free_head = id;
+                } else {
+                    self.blocks[tail as usize].set_next(id);
+                }
+                tail = id;
+                released += 1;
             }
         }
+        self.free_tail = tail;
+        self.free_count += released;
         table.ids.clear();
         table.num_keyed = 0;
     }
@@ -431,8 +489,8 @@ impl KvCache {
         }
         let id = table.ids[index as usize];
         let block = &mut self.blocks[id as usize];
-        if block.keying() == Keying::Unkeyed {
-            block.key = private_key(keys.owner, index);
+        if !block.is_keyed() {
+            block.key = keys.latent_private(index);
             block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
@@ -450,26 +508,37 @@ impl KvCache {
         let shared_end = full.min(keys.shareable);
         for index in table.num_keyed..shared_end {
             let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying() == Keying::Unkeyed {
+            if !self.blocks[id as usize].is_keyed() {
                 self.set_key(id, keys.get(index));
             }
         }
         // Private blocks: latent keys. (A key already in the map is this request's own
         // content cached from before a preemption: the block stays an unkeyed duplicate, as
         // `set_key` would leave it. An empty map holds none, so it is not probed.)
-        let probe = !self.by_key.is_empty();
-        for index in table.num_keyed.max(shared_end)..full {
-            let id = table.ids[index as usize];
-            if self.blocks[id as usize].keying() != Keying::Unkeyed {
-                continue;
+        let private = table.num_keyed.max(shared_end) as usize..full as usize;
+        if self.by_key.is_empty() {
+            for (index, &id) in table.ids[private.clone()].iter().enumerate() {
+                let block = &mut self.blocks[id as usize];
+                if !block.is_keyed() {
+                    block.key = keys.latent_private((private.start + index) as u32);
+                    block.set_keying(Keying::Latent);
+                }
             }
-            let key = private_key(keys.owner, index);
-            if probe && self.by_key.contains_key(&key) {
-                continue;
+        } else {
+            for index in private {
+                let id = table.ids[index];
+                if self.blocks[id as usize].is_keyed() {
+                    continue;
+                }
+                let index = index as u32;
+                let latent = keys.latent_private(index);
+                if self.by_key.contains_key(&private_key_of_latent(latent)) {
+                    continue;
+                }
+                let block = &mut self.blocks[id as usize];
+                block.key = latent;
+                block.set_keying(Keying::Latent);
             }
-            let block = &mut self.blocks[id as usize];
-            block.key = key;
-            block.set_keying(Keying::Latent);
         }
         table.num_keyed = full;
     }
@@ -493,93 +562,5 @@ impl KvCache {
         } else {
             self.blocks[id as usize].add_holder();
         }
-    }
-
-    /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
-    /// counting it as taken from the free blocks.
-    fn take_virgin(&mut self) -> Option<u32> {
-        let id = self.blocks.len() as u32;
-        if id == self.total {
-            return None;
-        }
-        self.blocks.push(Block::held(0));
-        self.free_count -= 1;
-        Some(id)
-    }
-
-    /// Materializes up to `count` virgin blocks at once, taken (refcount 1): their ids.
-    fn take_virgins(&mut self, count: u32) -> std::ops::Range<u32> {
-        let start = self.blocks.len() as u32;
-        let taken = count.min(self.total - start);
-        self.blocks
-            .extend(std::iter::repeat_n(Block::held(1), taken as usize));
-        self.free_count -= taken;
-        start..start + taken
-    }
-
-    fn pop_free(&mut self) -> u32 {
-        if let Some(id) = self.take_virgin() {
-            self.blocks[id as usize].set_held(1);
-            return id;
-        }
-        // The least recently freed block: the head, unlinked without the general case.
-        let id = self.free_head;
-        debug_assert!(id != NIL, "pop from an empty free list");
-        let next = self.blocks[id as usize].next();
-        self.free_head = next;
-        if next == NIL {
-            self.free_tail = NIL;
-        } else {
-            self.blocks[next as usize].set_prev(NIL);
-        }
-        self.free_count -= 1;
-        let block = &mut self.blocks[id as usize];
-        debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
-        let (keying, key) = (block.keying(), block.key);
-        *block = Block::held(1);
-        if keying != Keying::Unkeyed {
-            if keying == Keying::Mapped {
-                let removed = self.by_key.remove(&key);
-                debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
-                self.key_version += 1;
-            }
-            if let Some(cpu) = &mut self.cpu {
-                cpu.insert(key);
-            }
-            self.stats.evicted_blocks += 1;
-        }
-        id
-    }
-
-    fn unlink_free(&mut self, id: u32) {
-        let (prev, next) = (
-            self.blocks[id as usize].prev(),
-            self.blocks[id as usize].next(),
-        );
-        if prev == NIL {
-            self.free_head = next;
-        } else {
-            self.blocks[prev as usize].set_next(next);
-        }
-        if next == NIL {
-            self.free_tail = prev;
-        } else {
-            self.blocks[next as usize].set_prev(prev);
-        }
-        // Off the list, held by nobody yet (the caller takes it).
-        self.blocks[id as usize].set_held(0);
-        self.free_count -= 1;
-    }
-
-    fn push_free(&mut self, id: u32) {
-        let tail = self.free_tail;
-        self.blocks[id as usize].set_free(tail, NIL);
-        if tail == NIL {
-            self.free_head = id;
-        } else {
-            self.blocks[tail as usize].set_next(id);
-        }
-        self.free_tail = id;
-        self.free_count += 1;
     }
 }
