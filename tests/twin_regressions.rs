@@ -400,3 +400,39 @@ fn a_baseline_read_for_a_shorter_horizon_counts_its_events_only() {
     let cold = predict_routing(&snapshot.clone(), &short, &Limits::DEFAULT).unwrap();
     assert_eq!(warm, cold);
 }
+
+/// With a latency model whose step price counts the waiting queue (the calibrated model's
+/// `waiting_us`), a request that waits unreached changes the steps it waits through, so the
+/// twin must not enter it late: the answer equals the plain path's (found in review: late
+/// entry was used whatever the model).
+#[test]
+fn late_entry_is_not_used_when_the_queue_changes_step_prices() {
+    use ditto::sim::latency::calibrated::idx;
+    use ditto::sim::latency::{CalibratedModel, LatencyModel};
+    let mut snapshot = whatif_snapshot(false);
+    let mut config = (*snapshot.config).clone();
+    let mut coefficients = ditto::catalog::calibrated_coefficients().unwrap();
+    coefficients.values[idx::WAITING_US] = 40.0;
+    coefficients.values[idx::WAITING_CAP] = 1000.0;
+    for instance in &mut config.instances {
+        let arch = ditto::catalog::model(&instance.model).unwrap();
+        let gpu = ditto::catalog::gpu(&instance.gpu).unwrap();
+        let model = CalibratedModel::new(&arch, &gpu, instance.tp, &coefficients).unwrap();
+        instance.latency = LatencyModel::Calibrated(model);
+        assert!(instance.latency.prices_waiting());
+    }
+    snapshot.config = Arc::new(config);
+    for offset in [0, 20_000, 60_000] {
+        let mut question = whatif_question(2);
+        question.now_us += offset;
+        let shortcut = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+        let plain = predict_routing_with(
+            &snapshot.clone(),
+            &question,
+            &Limits::DEFAULT,
+            Forking::Plain,
+        )
+        .unwrap();
+        assert_eq!(shortcut, plain, "+{offset} µs");
+    }
+}

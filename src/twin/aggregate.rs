@@ -379,18 +379,14 @@ pub fn predict_on_mirrored(
         draw_lengths(&mut engine, state, index, &outputs, &mut rng, "instance")?;
         events += run_until_done(&mut engine, now_us, &budget)?;
         engine.run_until(now_us);
+        // Watched: its record and first token are read in O(1), not by scanning.
         engine
-            .submit(spec.clone())
+            .submit_watched(spec.clone())
             .map_err(|err| TwinError::invalid("request", err.to_string()))?;
         let run = run_fork(&mut engine, spec.id, horizon_end, &budget)?;
         events += run.events;
         let ms = |us: u64| us as f64 / 1000.0;
-        let record = engine
-            .metrics()
-            .records
-            .iter()
-            .find(|r| r.id == spec.id)
-            .or(run.question.as_ref());
+        let record = engine.watched_record().or(run.question.as_ref());
         match record {
             Some(record) if record.outcome == Outcome::Completed => {
                 ttft.push(record.ttft_us().map_or(0.0, ms));
@@ -400,7 +396,7 @@ pub fn predict_on_mirrored(
             _ => {
                 // Not finished within the horizon: censored there.
                 let censored = ms(super::fork::elapsed_us(now_us, horizon_end));
-                let first = engine.live_first_token_us(spec.id);
+                let first = engine.watched_first_token_us();
                 ttft.push(first.map_or(censored, |t| ms(super::fork::elapsed_us(now_us, t))));
                 tpot.push(censored);
             }

@@ -263,7 +263,10 @@ fn continuation_pair(
         ..
     } = *forks.call;
     let now = question.now_us;
-    let newcomer = (forking == Forking::Shortcuts)
+    // Late entry is exact only when a request that waits unreached changes nothing, which a
+    // model pricing the waiting queue breaks (`LatencyModel::prices_waiting`).
+    let late_entry = forking == Forking::Shortcuts && !forks.base.latency().prices_waiting();
+    let newcomer = late_entry
         .then(|| newcomer(&forks.base, &spec, now, horizon_end))
         .flatten();
     // Recorded from the observation, past this horizon for later questions; on the way, a
