@@ -10,6 +10,7 @@
 use crate::sim::kv::hash::{BlockKeys, ROOT_KEY, block_key, private_seed, shareable_blocks};
 use crate::sim::kv::{BlockTable, KvCache, PrefixHit};
 use crate::sim::request::RequestSpec;
+use std::sync::Arc;
 
 /// Where a request is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +65,8 @@ pub struct RequestState {
     pub blocks: BlockTable,
     /// Content keys of the leading shareable full blocks, computed on demand (private
     /// blocks' keys derive from the id when read: see [`RequestState::block_keys`]).
-    pub keys: Vec<u64>,
+    /// Shared between copies: a fork copies no keys (they change only while prefilling).
+    pub keys: SharedKeys,
     /// `private_seed(spec.id)`: the request's half of its private blocks' keys, hashed once
     /// at submission rather than per block.
     pub owner_seed: u64,
@@ -89,12 +91,48 @@ impl Clone for RequestState {
             num_computed: self.num_computed,
             generated: self.generated,
             blocks: self.blocks.clone(),
-            keys: clone_with_capacity(&self.keys),
+            keys: self.keys.clone(),
             owner_seed: self.owner_seed,
             shareable: self.shareable,
             lazy_base_step: self.lazy_base_step,
             timeline: self.timeline.clone(),
         }
+    }
+}
+
+/// The computed content keys of a request's leading shareable blocks, shared by the
+/// request's copies in forked engines (one reference count instead of an allocation and a
+/// copy per request per fork). Empty without an allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SharedKeys(Option<Arc<[u64]>>);
+
+impl SharedKeys {
+    /// Extends the keys to `count` (if shorter), each new key `next(parent, index)` from the
+    /// previous one ([`ROOT_KEY`] before the first): one allocation for the whole extension.
+    fn extend_to(&mut self, count: u32, mut next: impl FnMut(u64, u32) -> u64) {
+        let old: &[u64] = self;
+        if old.len() as u32 >= count {
+            return;
+        }
+        let mut parent = old.last().copied().unwrap_or(ROOT_KEY);
+        let extended: Arc<[u64]> = (0..count)
+            .map(|index| match old.get(index as usize) {
+                Some(&key) => key,
+                None => {
+                    parent = next(parent, index);
+                    parent
+                }
+            })
+            .collect();
+        self.0 = Some(extended);
+    }
+}
+
+impl std::ops::Deref for SharedKeys {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        self.0.as_deref().unwrap_or(&[])
     }
 }
 
@@ -117,7 +155,7 @@ impl RequestState {
             num_computed: 0,
             generated: 0,
             blocks: BlockTable::default(),
-            keys: Vec::new(),
+            keys: SharedKeys::default(),
             lazy_base_step: None,
             timeline: Timeline::default(),
         }
@@ -196,22 +234,22 @@ impl RequestState {
         if self.keys.len() as u32 >= full_blocks {
             return;
         }
-        if self.keys.capacity() < shareable as usize {
-            self.keys
-                .reserve_exact(shareable as usize - self.keys.len());
-        }
-        let mut parent = self.keys.last().copied().unwrap_or(ROOT_KEY);
-        while (self.keys.len() as u32) < full_blocks {
-            let index = self.keys.len() as u32;
-            parent = block_key(&self.spec, parent, index, block_size);
-            self.keys.push(parent);
-        }
+        self.keys.extend_to(full_blocks, |parent, index| {
+            block_key(&self.spec, parent, index, block_size)
+        });
     }
 
     /// Reserves block-table room for the whole sequence (prompt and every output token).
     #[cold]
     fn reserve_table(&mut self, block_size: u32) {
-        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
+        self.reserve_table_for(self.target_tokens(), block_size);
+    }
+
+    /// Reserves block-table room for the prompt and `outputs` output tokens. A restored
+    /// engine reserves for `max_tokens`, the most any final length later set on a copy of
+    /// it can be, so that its forks (which keep the room) never regrow a table.
+    pub fn reserve_table_for(&mut self, outputs: u32, block_size: u32) {
+        let most = ((self.spec.input_tokens + outputs) / block_size + 1) as usize;
         if self.blocks.ids.capacity() < most + 1 {
             self.blocks
                 .ids

@@ -252,7 +252,7 @@ impl Engine {
             .flatten()
             .map(|state| {
                 std::mem::size_of::<RequestState>()
-                    + state.keys.capacity() * 8
+                    + state.keys.len() * 8
                     + state.blocks.ids.capacity() * 4
                     + state.timeline.token_gaps_us.capacity() * 8
             })
