@@ -242,14 +242,7 @@ impl RequestState {
     /// Reserves block-table room for the whole sequence (prompt and every output token).
     #[cold]
     fn reserve_table(&mut self, block_size: u32) {
-        self.reserve_table_for(self.target_tokens(), block_size);
-    }
-
-    /// Reserves block-table room for the prompt and `outputs` output tokens. A restored
-    /// engine reserves for `max_tokens`, the most any final length later set on a copy of
-    /// it can be, so that its forks (which keep the room) never regrow a table.
-    pub fn reserve_table_for(&mut self, outputs: u32, block_size: u32) {
-        let most = ((self.spec.input_tokens + outputs) / block_size + 1) as usize;
+        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
         if self.blocks.ids.capacity() < most + 1 {
             self.blocks
                 .ids

@@ -16,10 +16,6 @@ use crate::sim::latency::LatencyModel;
 use crate::sim::request::RequestSpec;
 use crate::sim::state::{Phase, RequestState};
 
-/// Block ids a restored running request's table reserves room for at most (every fork's
-/// copy allocates that room again).
-const TABLE_ROOM_IDS: u32 = 128;
-
 /// One in-flight request as observed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RestoredRequest {
@@ -267,14 +263,6 @@ impl Engine {
             ));
         }
         let total = computed + scheduled;
-        // Room for the longest final length a fork may set (see `set_final_lengths`), so its
-        // forks, which keep the room, do not regrow the table; at most `TABLE_ROOM_IDS` (a
-        // longer request regrows as before).
-        let room = TABLE_ROOM_IDS
-            .saturating_mul(block_size)
-            .saturating_sub(state.spec.input_tokens.saturating_add(2 * block_size));
-        let outputs = state.spec.max_tokens.min(room).max(state.target_tokens());
-        state.reserve_table_for(outputs, block_size);
         if self.config.enable_prefix_caching {
             state.ensure_keys(total / block_size, block_size);
         }
