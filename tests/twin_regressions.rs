@@ -290,21 +290,32 @@ fn memoised_forks_answer_exactly_as_fresh_ones() {
         &later,
         &between,
     ] {
-        let warm = predict_routing(&snapshot, question, &Limits::DEFAULT).unwrap();
+        let warm = shortcuts_equal_plain(&snapshot, question, "shortcuts changed an answer");
         let cold = predict_routing(&snapshot.clone(), question, &Limits::DEFAULT).unwrap();
         assert_eq!(warm, cold);
-        let plain = predict_routing_with(
-            &snapshot.clone(),
-            question,
-            &Limits::DEFAULT,
-            Forking::Plain,
-        )
-        .unwrap();
-        assert_eq!(warm, plain, "shortcuts changed an answer");
     }
     // Baselines: 4 candidates x 3 replications shared by every fresh question whatever its
     // "now", plus those of the use-last question, which start at its own "now".
     assert_eq!(snapshot.memo.len(), 4 * 3 + 4 * 3, "baselines are shared");
+}
+
+/// Answers `question` with the shortcuts and plainly (on a fresh copy of `snapshot`, so no
+/// memo is shared), asserts the two are equal, and returns the shortcut answer.
+fn shortcuts_equal_plain(
+    snapshot: &MirrorSnapshot,
+    question: &ditto::twin::question::RoutingQuestion,
+    case: &str,
+) -> ditto::twin::question::RoutingAnswer {
+    let shortcut = predict_routing(snapshot, question, &Limits::DEFAULT).unwrap();
+    let plain = predict_routing_with(
+        &snapshot.clone(),
+        question,
+        &Limits::DEFAULT,
+        Forking::Plain,
+    )
+    .unwrap();
+    assert_eq!(shortcut, plain, "{case}");
+    shortcut
 }
 
 /// Late entry (forks started where the question's request is first reached, from remembered
@@ -341,17 +352,10 @@ fn late_entry_answers_exactly_as_submitting_at_now() {
             question.request.prompt_tokens = 50 * 16;
             question.request.block_hashes = shared.iter().copied().chain(0..10).collect();
         }
-        let late = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
-        let plain = predict_routing_with(
-            &snapshot.clone(),
+        let late = shortcuts_equal_plain(
+            &snapshot,
             &question,
-            &Limits::DEFAULT,
-            Forking::Plain,
-        )
-        .unwrap();
-        assert_eq!(
-            late, plain,
-            "priority {priority}, +{offset} µs, hashes {hashes}"
+            &format!("priority {priority}, +{offset} µs, hashes {hashes}"),
         );
         hit_tokens += late.candidates[1].prefix_hit_tokens;
     }
@@ -425,14 +429,6 @@ fn late_entry_is_not_used_when_the_queue_changes_step_prices() {
     for offset in [0, 20_000, 60_000] {
         let mut question = whatif_question(2);
         question.now_us += offset;
-        let shortcut = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
-        let plain = predict_routing_with(
-            &snapshot.clone(),
-            &question,
-            &Limits::DEFAULT,
-            Forking::Plain,
-        )
-        .unwrap();
-        assert_eq!(shortcut, plain, "+{offset} µs");
+        shortcuts_equal_plain(&snapshot, &question, &format!("+{offset} µs"));
     }
 }
