@@ -23,6 +23,7 @@ pub mod blocks;
 pub mod calibrate;
 pub mod measured;
 pub mod replay;
+mod s2r;
 pub mod score;
 pub mod scraped;
 

@@ -1,0 +1,90 @@
+//! `s2r_error_records.csv`, the published error records of a measured run: its hardware,
+//! `gpu_mem_util` and TP, the measured summary per stage, and the published simulators'
+//! predictions and errors. Text in, no I/O; errors name the file and the line.
+
+use std::collections::BTreeMap;
+
+use super::FidelityError;
+use super::measured::{Published, bad};
+
+/// What `s2r_error_records.csv` says about the run.
+#[derive(Debug, Default)]
+pub(super) struct S2r {
+    /// The `hardware` column (the GPU's name).
+    pub(super) hardware: Option<String>,
+    /// `gpu_mem_util`.
+    pub(super) gpu_memory_utilization: Option<f64>,
+    /// Tensor parallelism.
+    pub(super) tp: Option<u32>,
+    /// Measured value by (stage, metric).
+    pub(super) actuals: BTreeMap<(i32, String), f64>,
+    /// The published simulators' predictions.
+    pub(super) published: Vec<Published>,
+}
+
+/// Parses the published error records (plain CSV with a header; no quoted fields).
+pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
+    const FILE: &str = "s2r_error_records.csv";
+    let mut lines = text.lines().filter(|line| !line.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or_else(|| bad(FILE, "empty"))?
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let column = |name: &str| header.iter().position(|h| *h == name);
+    let (Some(sim), Some(stage), Some(metric), Some(predicted), Some(actual)) = (
+        column("simulator"),
+        column("stage_index"),
+        column("metric_name"),
+        column("predicted"),
+        column("actual"),
+    ) else {
+        return Err(bad(
+            FILE,
+            "header needs simulator, stage_index, metric_name, predicted, actual",
+        ));
+    };
+    let mape = column("mape");
+    let mut s2r = S2r::default();
+    for (n, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let cell = |i: usize| cells.get(i).copied().unwrap_or("");
+        let number = |i: usize| cell(i).parse::<f64>().ok().filter(|v| v.is_finite());
+        let (Ok(stage_index), Some(actual_value)) = (cell(stage).parse::<i32>(), number(actual))
+        else {
+            return Err(bad(
+                FILE,
+                format!("line {}: bad stage_index or actual", n + 2),
+            ));
+        };
+        let metric_name = cell(metric).to_string();
+        s2r.actuals
+            .insert((stage_index, metric_name.clone()), actual_value);
+        if let Some(predicted_value) = number(predicted) {
+            s2r.published.push(Published {
+                simulator: cell(sim).to_string(),
+                stage: stage_index,
+                metric: metric_name,
+                predicted: predicted_value,
+                ape: mape.and_then(number).unwrap_or(f64::NAN),
+            });
+        }
+        if s2r.hardware.is_none() {
+            s2r.hardware = column("hardware")
+                .map(cell)
+                .filter(|h| !h.is_empty())
+                .map(String::from);
+        }
+        if s2r.gpu_memory_utilization.is_none() {
+            s2r.gpu_memory_utilization = column("gpu_mem_util").and_then(number);
+        }
+        if s2r.tp.is_none() {
+            s2r.tp = column("tp")
+                .and_then(number)
+                .map(|v| v as u32)
+                .filter(|&t| t > 0);
+        }
+    }
+    Ok(s2r)
+}
