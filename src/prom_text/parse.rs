@@ -233,38 +233,16 @@ fn labels_end(inside: &[u8]) -> Option<usize> {
     {
         return Some(brace);
     }
-    // Escapes, or a `}` inside a value: a plain walk over a byte table.
-    let mut quoted = false;
+    // Escapes, or a `}` inside a value: from quote to quote, escapes skipped.
     let mut at = 0;
-    while at < inside.len() {
-        match LABEL_BYTE[usize::from(inside[at])] {
-            LabelByte::Plain => {}
-            LabelByte::Quote => quoted = !quoted,
-            LabelByte::Backslash if quoted => at += 1,
-            LabelByte::Close if !quoted => return Some(at),
-            LabelByte::Backslash | LabelByte::Close => {}
+    loop {
+        at += memchr::memchr2(b'}', b'"', inside.get(at..)?)?;
+        if inside[at] == b'}' {
+            return Some(at);
         }
-        at += 1;
+        at += 1 + quoted_end(&inside[at + 1..])? + 1;
     }
-    None
 }
-
-/// What a byte means inside a label set's braces.
-#[derive(Clone, Copy)]
-enum LabelByte {
-    Plain,
-    Quote,
-    Backslash,
-    Close,
-}
-
-const LABEL_BYTE: [LabelByte; 256] = {
-    let mut table = [LabelByte::Plain; 256];
-    table[b'"' as usize] = LabelByte::Quote;
-    table[b'\\' as usize] = LabelByte::Backslash;
-    table[b'}' as usize] = LabelByte::Close;
-    table
-};
 
 /// The first index from `at` whose byte `what` refuses (`bytes.len()` if none).
 fn skip(bytes: &[u8], mut at: usize, what: impl Fn(u8) -> bool) -> usize {
