@@ -85,7 +85,7 @@ pub fn predict_routing_with(
     forking: Forking,
 ) -> Result<RoutingAnswer, TwinError> {
     let valid = ValidRouting::new(question.clone(), snapshot, limits)?;
-    predict_valid_with(snapshot, &valid, limits, forking)
+    answer(snapshot, &valid, limits, forking)
 }
 
 /// Answers a checked question on the snapshot it was checked against, within `limits`.
@@ -94,11 +94,11 @@ pub fn predict_valid(
     valid: &ValidRouting,
     limits: &Limits,
 ) -> Result<RoutingAnswer, TwinError> {
-    predict_valid_with(snapshot, valid, limits, Forking::Shortcuts)
+    answer(snapshot, valid, limits, Forking::Shortcuts)
 }
 
-/// [`predict_valid`] with forks started as `forking` says.
-pub fn predict_valid_with(
+/// The answer to a checked question, its forks started as `forking` says.
+fn answer(
     snapshot: &MirrorSnapshot,
     valid: &ValidRouting,
     limits: &Limits,
