@@ -209,15 +209,14 @@ impl Engine {
             .latency
             .step_with_decodes_us(&self.scratch_shape, window.members, window.context_sum)
             .expect("windows open only for models pricing decodes from (count, context)")
-            .saturating_add(self.latency.waiting_us(self.waiting.len() as u64));
-        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
+            .saturating_add(self.host_us(cpu_loads));
         window.in_flight = true;
         self.counts.steps += 1;
         self.lazy_steps += 1;
         if !window.explicit.is_empty() {
             self.mixed_lazy_steps += 1;
         }
-        Some(duration.saturating_add(load))
+        Some(duration)
     }
 
     /// Fills `members_ahead`: for each explicit request, the members before it in the batch.

@@ -35,9 +35,15 @@ impl Engine {
         }
         self.shape_in_flight();
         let step = self.latency.step_us(&self.scratch_shape);
-        let step = step.saturating_add(self.latency.waiting_us(self.waiting.len() as u64));
-        let load = cpu_loads.saturating_mul(self.config.cpu_block_load_us);
-        Some(step.saturating_add(load))
+        Some(step.saturating_add(self.host_us(cpu_loads)))
+    }
+
+    /// The host's share of a step formed now, beside the latency model's price of its batch:
+    /// the waiting queue's cost (`LatencyModel::waiting_us` of the requests left waiting) and
+    /// the step's `cpu_loads` CPU-tier block loads. One place for both step paths.
+    pub(super) fn host_us(&self, cpu_loads: u64) -> u64 {
+        let waiting = self.latency.waiting_us(self.waiting.len() as u64);
+        waiting.saturating_add(cpu_loads.saturating_mul(self.config.cpu_block_load_us))
     }
 
     /// Describes the entries of `in_flight`, in order, into `scratch_shape` for pricing.
