@@ -51,9 +51,6 @@ pub(super) struct LazyWindow {
     /// The member at each batch position: (slot, serial). The serial tells a finished
     /// member's leftover call from a new request that took its slot.
     pub(super) by_position: Vec<(u32, u64)>,
-    /// Scratch for the bucket being processed, as (batch position, slot, serial) in batch
-    /// order (reused: no allocation per step).
-    pub(super) kv_scratch: Vec<(u32, u32, u64)>,
     /// Members finishing at a step.
     pub(super) done_due: BinaryHeap<Due>,
     /// Scratch for the requests finishing at a step: (batch position, slot, was a member).

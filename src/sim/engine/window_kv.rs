@@ -19,18 +19,9 @@ impl Engine {
     /// the request's completion or for the window's close: no other request can look it up
     /// meanwhile, and the step-by-step path's keying is caught up at those points.
     pub(super) fn next_kv_step(&self, slot: u32, step: u32, computed: u32) -> u32 {
-        let state = self.state(slot);
-        let block_size = self.config.block_size;
-        let held = state.blocks.len() * block_size + 1;
-        let threshold =
-            if self.config.enable_prefix_caching && state.blocks.num_keyed < state.shareable {
-                held.min((state.blocks.num_keyed + 1) * block_size)
-            } else {
-                held
-            };
-        // At window step s the token computed is number computed + (s - step) + 1.
-        let total_next = computed + 1;
-        step + 1 + threshold.saturating_sub(total_next)
+        let (block_size, prefix_caching) =
+            (self.config.block_size, self.config.enable_prefix_caching);
+        next_kv_step_of(self.state(slot), step, computed, block_size, prefix_caching)
     }
 
     /// Renumbers batch positions to the running requests' indices (the same order), so a
@@ -92,27 +83,21 @@ impl Engine {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let step = window.step + 1;
+        let window_step = window.step;
         let ring_len = window.kv_ring.len();
-        let mut due = std::mem::take(&mut window.kv_scratch);
-        due.clear();
-        // Batch order, as the step-by-step path allocates.
-        for (word_index, word) in window.kv_ring[step as usize & (ring_len - 1)]
-            .iter_mut()
-            .enumerate()
-        {
-            let mut bits = std::mem::take(word);
-            while bits != 0 {
-                let position = word_index as u32 * 64 + bits.trailing_zeros();
-                bits &= bits - 1;
-                let (slot, serial) = window.by_position[position as usize];
-                due.push((position, slot, serial));
-            }
-        }
-        let window_step = step - 1;
-        let (mut next_due, mut next_explicit) = (0, 0);
+        let bucket_index = step as usize & (ring_len - 1);
+        // The step's bucket, read in batch order as it is walked. A call reschedules its
+        // member 1 to `ring_len - 1` steps ahead, so never into this bucket.
+        let mut bucket = std::mem::take(&mut window.kv_ring[bucket_index]);
+        let (mut word_index, mut bits) = (0, bucket.first().copied().unwrap_or(0));
+        let mut next_explicit = 0;
         let mut result = Some(());
         loop {
-            let due_position = due.get(next_due).map(|&(position, _, _)| position);
+            while bits == 0 && word_index + 1 < bucket.len() {
+                word_index += 1;
+                bits = bucket[word_index];
+            }
+            let due_position = (bits != 0).then(|| word_index as u32 * 64 + bits.trailing_zeros());
             let explicit_position = window
                 .explicit
                 .get(next_explicit)
@@ -122,9 +107,9 @@ impl Engine {
                 (Some(d), Some(e)) => d < e,
                 (d, _) => d.is_some(),
             };
-            if take_due {
-                let (position, slot, serial) = due[next_due];
-                next_due += 1;
+            if let (true, Some(position)) = (take_due, due_position) {
+                bits &= bits - 1;
+                let (slot, serial) = window.by_position[position as usize];
                 let Some(state) = self.slots[slot as usize]
                     .as_mut()
                     .filter(|state| state.serial == serial)
@@ -139,9 +124,9 @@ impl Engine {
                 }
                 // A call earlier than needed is harmless (it finds nothing to do and
                 // reschedules), so a far one is clamped to the ring.
-                let next = self
-                    .next_kv_step(slot, step, total)
+                let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
                     .min(step + ring_len as u32 - 1);
+                debug_assert_ne!(next as usize & (ring_len - 1), bucket_index);
                 set_bit(
                     &mut window.kv_ring[next as usize & (ring_len - 1)],
                     position,
@@ -159,7 +144,8 @@ impl Engine {
                 }
             }
         }
-        window.kv_scratch = due;
+        bucket.fill(0);
+        window.kv_ring[bucket_index] = bucket;
         result
     }
 
@@ -196,6 +182,27 @@ impl Engine {
             _ => keyed,
         }
     }
+}
+
+/// [`Engine::next_kv_step`] of a request's `state`: the first window step after `step` (at
+/// which it has computed `computed` tokens before it) whose token needs a KV call.
+#[inline(always)]
+fn next_kv_step_of(
+    state: &RequestState,
+    step: u32,
+    computed: u32,
+    block_size: u32,
+    prefix_caching: bool,
+) -> u32 {
+    let held = state.blocks.len() * block_size + 1;
+    let threshold = if prefix_caching && state.blocks.num_keyed < state.shareable {
+        held.min((state.blocks.num_keyed + 1) * block_size)
+    } else {
+        held
+    };
+    // At window step s the token computed is number computed + (s - step) + 1.
+    let total_next = computed + 1;
+    step + 1 + threshold.saturating_sub(total_next)
 }
 
 /// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix
