@@ -282,7 +282,8 @@ impl Engine {
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
         // The step's sequences: every member (finished ones included) plus the explicit.
         let batch = window.members + entries.len() as u64;
-        let first_delay_us = self.latency.first_token_delay_us(batch);
+        // Priced only when a request of the step emits its first token (most steps none).
+        let mut first_delay_us = None;
         let mut still_explicit = 0;
         for (index, entry) in entries.iter().enumerate() {
             let (position, slot) = window.explicit[index];
@@ -296,7 +297,12 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, false)
+            let delay_us = if state.timeline.first_token_us.is_none() {
+                *first_delay_us.get_or_insert_with(|| self.latency.first_token_delay_us(batch))
+            } else {
+                0 // (read only for a first token)
+            };
+            if let Some(gap) = state.emit_token(now, token_us, delay_us, false)
                 && self.count_gaps
             {
                 *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;

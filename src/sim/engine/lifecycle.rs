@@ -152,7 +152,9 @@ impl Engine {
         let mut run_gap = u64::MAX;
         let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
-        let first_delay_us = self.latency.first_token_delay_us(in_flight.len() as u64);
+        // Priced only when a request of the step emits its first token (most steps none).
+        let batch = in_flight.len() as u64;
+        let mut first_delay_us = None;
         for entry in &in_flight {
             let Some(state) = self
                 .slots
@@ -171,7 +173,12 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            if let Some(gap) = state.emit_token(now, token_us, first_delay_us, record_gaps) {
+            let delay_us = if state.timeline.first_token_us.is_none() {
+                *first_delay_us.get_or_insert_with(|| self.latency.first_token_delay_us(batch))
+            } else {
+                0 // (read only for a first token)
+            };
+            if let Some(gap) = state.emit_token(now, token_us, delay_us, record_gaps) {
                 if self.reference {
                     if self.count_gaps {
                         *self.metrics.token_gap_counts.entry(gap).or_insert(0) += 1;

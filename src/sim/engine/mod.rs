@@ -1,7 +1,7 @@
 //! One simulated vLLM v1 instance: the event loop, its clock and its state.
 //!
 //! The engine is a discrete-event state machine on integer microseconds. Events sit in a
-//! min-heap ordered by (time, kind, sequence): at equal times arrivals come first, then
+//! queue (`events.rs`) ordered by (time, kind, sequence): at equal times arrivals come first, then
 //! enqueues, then the step, then timeouts, and equal kinds keep submission order, so every
 //! run is deterministic. At most one step is pending; a step is scheduled whenever work waits
 //! (work conservation). A step's effects (tokens, completions) apply when it ends, and the
@@ -11,6 +11,7 @@
 //! Knows nothing about workloads, clusters, wall-clock time or I/O.
 
 mod drain;
+mod events;
 mod invariants;
 mod late_entry;
 mod lazy;
@@ -24,8 +25,7 @@ pub use drain::{Drain, DrainEnd, DrainStep};
 pub use late_entry::{AdmissionReach, ReachLog};
 pub use restore::{RestoreState, RestoredRequest};
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use events::{Event, EventQueue};
 
 use crate::sim::config::EngineConfig;
 use crate::sim::driver::{self, EventDriven};
@@ -50,16 +50,6 @@ pub enum EventKind {
     Timeout = 3,
 }
 
-/// A pending event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Event {
-    time_us: u64,
-    kind: EventKind,
-    seq: u64,
-    slot: u32,
-    serial: u64,
-}
-
 /// One request's part of the step in flight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct InFlight {
@@ -77,7 +67,7 @@ pub struct Engine {
     config: EngineConfig,
     latency: LatencyModel,
     now_us: u64,
-    events: BinaryHeap<Reverse<Event>>,
+    events: EventQueue,
     next_seq: u64,
     slots: Vec<Option<RequestState>>,
     free_slots: Vec<u32>,
@@ -118,7 +108,7 @@ impl Engine {
             config,
             latency,
             now_us: 0,
-            events: BinaryHeap::new(),
+            events: EventQueue::default(),
             next_seq: 0,
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -261,7 +251,7 @@ impl Engine {
             + self.slots.capacity() * std::mem::size_of::<Option<RequestState>>()
             + requests
             + self.kv.memory_bytes()
-            + self.events.capacity() * std::mem::size_of::<Reverse<Event>>()
+            + self.events.memory_bytes()
             + (self.running.capacity() + self.free_slots.capacity()) * 4
             + self.waiting.len() * 32
             + self.in_flight.capacity() * std::mem::size_of::<InFlight>()
@@ -286,7 +276,7 @@ impl Engine {
 
     /// Time of the next pending event, if any.
     pub fn next_event_us(&self) -> Option<u64> {
-        self.events.peek().map(|Reverse(event)| event.time_us)
+        self.events.peek().map(|event| event.time_us)
     }
 
     /// True if no event is pending (nothing more will happen without new submissions).
@@ -317,7 +307,7 @@ impl Engine {
 
     /// Processes the next event; returns its time, or `None` if nothing is pending.
     pub fn process_next_event(&mut self) -> Option<u64> {
-        let Reverse(event) = self.events.pop()?;
+        let event = self.events.pop()?;
         debug_assert!(
             event.time_us >= self.now_us,
             "clock would go back from {} to {}",
@@ -390,13 +380,13 @@ impl Engine {
     fn push_event(&mut self, time_us: u64, kind: EventKind, slot: u32, serial: u64) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.events.push(Reverse(Event {
+        self.events.push(Event {
             time_us,
             kind,
             seq,
             slot,
             serial,
-        }));
+        });
     }
 
     /// The live request in `slot` if it is still the submission `serial`.

@@ -116,11 +116,7 @@ impl Engine {
         let step_end_us = if self.in_flight.is_empty() && !lazy_step {
             None
         } else {
-            self.events
-                .iter()
-                .filter(|std::cmp::Reverse(event)| event.kind == EventKind::Step)
-                .map(|std::cmp::Reverse(event)| event.time_us)
-                .min()
+            self.events.step_end_us()
         };
         RestoreState {
             now_us: self.now_us,
