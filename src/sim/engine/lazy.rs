@@ -21,7 +21,6 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::window_kv::set_bit;
 use super::{Engine, InFlight};
 use crate::sim::metrics::Outcome;
 use crate::sim::state::RequestState;
@@ -45,9 +44,10 @@ pub(super) struct LazyWindow {
     pub(super) context_sum: u64,
     /// Members due for a KV call, by step: a ring of buckets indexed by `step % len` (a
     /// member is never due more than `block_size + 1` steps ahead; `len` is a power of two
-    /// at least `block_size + 2`), each a bitset of batch positions, so a bucket is read in
-    /// batch order without sorting.
-    pub(super) kv_ring: Vec<Vec<u64>>,
+    /// at least `block_size + 2`), each the batch positions due then, unordered (sorted
+    /// when the bucket is read: a handful a step, fewer instructions than scanning a
+    /// bitset of the whole batch).
+    pub(super) kv_ring: Vec<Vec<u32>>,
     /// The member at each batch position: (slot, serial). The serial tells a finished
     /// member's leftover call from a new request that took its slot.
     pub(super) by_position: Vec<(u32, u64)>,
@@ -140,10 +140,7 @@ impl Engine {
         let next = self
             .next_kv_step(slot, step, computed)
             .min(step + ring_len - 1);
-        set_bit(
-            &mut window.kv_ring[(next & (ring_len - 1)) as usize],
-            position,
-        );
+        window.kv_ring[(next & (ring_len - 1)) as usize].push(position);
     }
 
     /// Forms the next window step; `None` if the step-by-step path must form it instead (a

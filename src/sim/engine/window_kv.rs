@@ -1,5 +1,5 @@
 //! The KV side of lazy decode windows: when each member next needs the KV cache (a new
-//! block, or a shareable block filling up), the per-step bitsets of members due, the calls
+//! block, or a shareable block filling up), the per-step lists of members due, the calls
 //! themselves in batch order beside the explicit requests, the keying of private blocks a
 //! window defers (and its catch-up), and the renumbering of batch positions in long-lived
 //! windows.
@@ -25,7 +25,7 @@ impl Engine {
     }
 
     /// Renumbers batch positions to the running requests' indices (the same order), so a
-    /// long-lived window's positions, bitsets and tables stay as small as the batch.
+    /// long-lived window's positions, due lists and tables stay as small as the batch.
     /// Amortized O(1) per admission: it runs once positions outgrow twice the batch plus
     /// `lazy::POSITION_SLACK`.
     pub(super) fn compact_positions(&mut self, window: &mut LazyWindow) {
@@ -49,17 +49,10 @@ impl Engine {
             }
         }
         for bucket in &mut window.kv_ring {
-            let old_bits = std::mem::take(bucket);
-            for (word_index, &word) in old_bits.iter().enumerate() {
-                let mut bits = word;
-                while bits != 0 {
-                    let old = word_index * 64 + bits.trailing_zeros() as usize;
-                    bits &= bits - 1;
-                    if renumber[old] != u32::MAX {
-                        set_bit(bucket, renumber[old]);
-                    }
-                }
-            }
+            bucket.retain_mut(|position| {
+                *position = renumber[*position as usize];
+                *position != u32::MAX
+            });
         }
         let done: Vec<Due> = std::mem::take(&mut window.done_due).into_vec();
         window.done_due = done
@@ -86,18 +79,19 @@ impl Engine {
         let window_step = window.step;
         let ring_len = window.kv_ring.len();
         let bucket_index = step as usize & (ring_len - 1);
-        // The step's bucket, read in batch order as it is walked. A call reschedules its
-        // member 1 to `ring_len - 1` steps ahead, so never into this bucket.
+        // The step's bucket, in batch order. A call reschedules its member 1 to
+        // `ring_len - 1` steps ahead, so never into this bucket.
         let mut bucket = std::mem::take(&mut window.kv_ring[bucket_index]);
-        let (mut word_index, mut bits) = (0, bucket.first().copied().unwrap_or(0));
+        bucket.sort_unstable();
+        debug_assert!(
+            bucket.windows(2).all(|pair| pair[0] < pair[1]),
+            "a member is due once per step"
+        );
+        let mut next_due = 0;
         let mut next_explicit = 0;
         let mut result = Some(());
         loop {
-            while bits == 0 && word_index + 1 < bucket.len() {
-                word_index += 1;
-                bits = bucket[word_index];
-            }
-            let due_position = (bits != 0).then(|| word_index as u32 * 64 + bits.trailing_zeros());
+            let due_position = bucket.get(next_due).copied();
             let explicit_position = window
                 .explicit
                 .get(next_explicit)
@@ -108,7 +102,7 @@ impl Engine {
                 (d, _) => d.is_some(),
             };
             if let (true, Some(position)) = (take_due, due_position) {
-                bits &= bits - 1;
+                next_due += 1;
                 let (slot, serial) = window.by_position[position as usize];
                 let Some(state) = self.slots[slot as usize]
                     .as_mut()
@@ -127,10 +121,7 @@ impl Engine {
                 let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
                     .min(step + ring_len as u32 - 1);
                 debug_assert_ne!(next as usize & (ring_len - 1), bucket_index);
-                set_bit(
-                    &mut window.kv_ring[next as usize & (ring_len - 1)],
-                    position,
-                );
+                window.kv_ring[next as usize & (ring_len - 1)].push(position);
             } else {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;
@@ -144,7 +135,7 @@ impl Engine {
                 }
             }
         }
-        bucket.fill(0);
+        bucket.clear();
         window.kv_ring[bucket_index] = bucket;
         result
     }
@@ -234,15 +225,6 @@ fn allocate_to(
         state.ensure_keys(total / block_size, block_size);
     }
     state.allocate_blocks(kv, PrefixHit::default(), total, block_size)
-}
-
-/// Sets bit `position` of `bits`, growing it as needed.
-pub(super) fn set_bit(bits: &mut Vec<u64>, position: u32) {
-    let word = (position / 64) as usize;
-    if bits.len() <= word {
-        bits.resize(word + 1, 0);
-    }
-    bits[word] |= 1 << (position % 64);
 }
 
 #[cfg(test)]
