@@ -70,6 +70,51 @@ pub(super) struct LazyWindow {
     pub(super) compactions: u32,
 }
 
+impl LazyWindow {
+    /// Empties the window for reuse (its buffers keep their room) as a fresh one starting at
+    /// `prev_end_us` with `ring_len` KV buckets and batch positions from `next_position`.
+    fn reset(&mut self, prev_end_us: u64, ring_len: usize, next_position: u32) {
+        let mut kv_ring = std::mem::take(&mut self.kv_ring);
+        kv_ring.iter_mut().for_each(Vec::clear);
+        kv_ring.resize_with(ring_len, Vec::new);
+        let mut by_position = std::mem::take(&mut self.by_position);
+        by_position.clear();
+        by_position.reserve(next_position as usize);
+        let mut done_due = std::mem::take(&mut self.done_due);
+        done_due.clear();
+        done_due.reserve(next_position as usize);
+        let mut done_scratch = std::mem::take(&mut self.done_scratch);
+        done_scratch.clear();
+        let mut explicit = std::mem::take(&mut self.explicit);
+        explicit.clear();
+        let mut members_ahead = std::mem::take(&mut self.members_ahead);
+        members_ahead.clear();
+        *self = LazyWindow {
+            prev_end_us,
+            kv_ring,
+            by_position,
+            done_due,
+            done_scratch,
+            explicit,
+            members_ahead,
+            next_position,
+            ..LazyWindow::default()
+        };
+    }
+}
+
+/// The last closed window, kept so the next one reuses its buffers instead of allocating
+/// them again (windows close and reopen often while prefills crowd the budget). Scratch,
+/// not state: a copy of the engine starts without it.
+#[derive(Debug, Default)]
+pub(super) struct WindowSpare(Option<Box<LazyWindow>>);
+
+impl Clone for WindowSpare {
+    fn clone(&self) -> Self {
+        Self(None)
+    }
+}
+
 impl Engine {
     /// Opens a window and forms its first step if the conditions hold (called after a step's
     /// effects, instead of forming the next). `None` if no window opened, or if its first step
@@ -99,12 +144,8 @@ impl Engine {
         }
         // A power of two, so a bucket is found with a mask rather than a division.
         let ring_len = (self.config.block_size as usize + 2).next_power_of_two();
-        let mut window = LazyWindow {
-            prev_end_us: now,
-            kv_ring: vec![Vec::new(); ring_len],
-            next_position: self.running.len() as u32,
-            ..LazyWindow::default()
-        };
+        let mut window = self.lazy_spare.0.take().unwrap_or_default();
+        window.reset(now, ring_len, self.running.len() as u32);
         for position in 0..self.running.len() {
             let slot = self.running[position];
             if self.state(slot).is_decoding() {
@@ -113,7 +154,7 @@ impl Engine {
                 window.explicit.push((position as u32, slot));
             }
         }
-        self.form_in(Box::new(window))
+        self.form_in(window)
     }
 
     /// Makes the decoding request in `slot` (at batch `position`, just emitted a token at the
@@ -405,6 +446,7 @@ impl Engine {
             let explicit = std::mem::take(&mut self.in_flight);
             self.in_flight = self.merge_window_batch(&explicit);
         }
+        self.lazy_spare.0 = Some(window);
     }
 
     /// The whole batch of a pending window step, in batch order: every running request,
