@@ -32,7 +32,8 @@ impl EventQueue {
     /// Adds an event. At most one step end may be pending.
     pub(super) fn push(&mut self, event: Event) {
         if event.kind == EventKind::Step {
-            debug_assert!(self.step.is_none(), "two steps pending");
+            // The engine's `step_pending` flag guards this; a second step would be lost.
+            assert!(self.step.is_none(), "two steps pending");
             self.step = Some(event);
         } else {
             self.others.push(Reverse(event));

@@ -105,9 +105,17 @@ impl LazyWindow {
 
 /// The last closed window, kept so the next one reuses its buffers instead of allocating
 /// them again (windows close and reopen often while prefills crowd the budget). Scratch,
-/// not state: a copy of the engine starts without it.
-#[derive(Debug, Default)]
+/// not state: a copy of the engine starts without it, and `Debug` shows only whether one is
+/// held (its leftovers are a closed window's).
+#[derive(Default)]
 pub(super) struct WindowSpare(Option<Box<LazyWindow>>);
+
+impl std::fmt::Debug for WindowSpare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = if self.0.is_some() { "held" } else { "none" };
+        f.debug_tuple("WindowSpare").field(&held).finish()
+    }
+}
 
 impl Clone for WindowSpare {
     fn clone(&self) -> Self {

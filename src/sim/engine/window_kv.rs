@@ -13,8 +13,8 @@ use crate::sim::kv::hash::BlockKeys;
 use crate::sim::state::RequestState;
 
 impl Engine {
-    /// The first window step after `step` (at which the request has computed `computed`
-    /// tokens before it) whose token needs a KV call: a new block, or a shareable block
+    /// The first window step after `step` (the request having computed `computed` tokens
+    /// through window step `step`) whose token needs a KV call: a new block, or a shareable block
     /// filling up. A private block filling up waits for the next call (the new block's), for
     /// the request's completion or for the window's close: no other request can look it up
     /// meanwhile, and the step-by-step path's keying is caught up at those points.
@@ -113,7 +113,7 @@ impl Engine {
                 let base = state.lazy_base_step.expect("due requests are members");
                 let total = state.num_computed + (window_step - base) + 1;
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
-                    result = None; // the window closes: its ring is dropped
+                    result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
                 // A call earlier than needed is harmless (it finds nothing to do and
@@ -175,8 +175,8 @@ impl Engine {
     }
 }
 
-/// [`Engine::next_kv_step`] of a request's `state`: the first window step after `step` (at
-/// which it has computed `computed` tokens before it) whose token needs a KV call.
+/// [`Engine::next_kv_step`] of a request's `state`: the first window step after `step` (it
+/// having computed `computed` tokens through window step `step`) whose token needs a KV call.
 #[inline(always)]
 fn next_kv_step_of(
     state: &RequestState,
@@ -191,7 +191,7 @@ fn next_kv_step_of(
     } else {
         held
     };
-    // At window step s the token computed is number computed + (s - step) + 1.
+    // At window step s > step the token computed is number computed + (s - step).
     let total_next = computed + 1;
     step + 1 + threshold.saturating_sub(total_next)
 }
