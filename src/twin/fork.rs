@@ -196,6 +196,8 @@ fn restored_base(
     let mut base = base;
     // The answer reads only the records: no fork counts inter-token gaps.
     base.skip_token_gaps();
+    // Every fork copies it and writes a few of its KV blocks: forks share the rest.
+    base.freeze();
     let base = Arc::new(base);
     snapshot
         .memo
