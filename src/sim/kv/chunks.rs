@@ -60,7 +60,8 @@ impl Blocks {
             chunked: Chunked {
                 chunks: Vec::new(),
                 base: Arc::new([]),
-                len: 0,
+                frozen: 0,
+                tail: Vec::new(),
             },
         }
     }
@@ -77,7 +78,7 @@ impl Blocks {
         if self.is_flat() {
             self.flat.len()
         } else {
-            self.chunked.len
+            self.chunked.len()
         }
     }
 
@@ -87,7 +88,7 @@ impl Blocks {
         if self.is_flat() {
             self.flat.push(block);
         } else {
-            self.chunked.extend_with(1, |_| block);
+            self.chunked.tail.push(block);
         }
     }
 
@@ -97,7 +98,7 @@ impl Blocks {
         if self.is_flat() {
             self.flat.extend((0..count).map(block));
         } else {
-            self.chunked.extend_with(count, block);
+            self.chunked.tail.extend((0..count).map(block));
         }
     }
 
@@ -105,8 +106,12 @@ impl Blocks {
     /// chunk table and copy a chunk when they first write it.
     pub(super) fn freeze(&mut self) {
         if !self.is_flat() {
-            self.chunked.freeze();
-            return;
+            // (Freezing a copy of a frozen store: rare, so simply flattened first.)
+            let mut flat = Vec::with_capacity(self.flat.capacity().max(self.len()));
+            flat.extend(self.iter().copied());
+            self.flat = flat;
+            self.chunked.chunks.clear();
+            self.chunked.tail = Vec::new();
         }
         let base: Arc<[Slab]> = self
             .flat
@@ -122,7 +127,10 @@ impl Blocks {
         self.chunked = Chunked {
             chunks,
             base,
-            len: self.flat.len(),
+            frozen: self.flat.len(),
+            // Room for every block left (untouched until used), as the flat store had:
+            // copies keep it, so a fork's new blocks never regrow the vector.
+            tail: Vec::with_capacity(self.flat.capacity() - self.flat.len()),
         };
         self.flat = Vec::new();
     }
@@ -142,24 +150,21 @@ impl Blocks {
         Box::new(
             (0..chunked.chunks.len())
                 .flat_map(|chunk| chunked.slab(chunk).iter())
-                .take(chunked.len),
+                .take(chunked.frozen)
+                .chain(&chunked.tail),
         )
     }
 
     /// Block `id` of a frozen store.
     #[inline(never)]
     fn chunked(&self, id: usize) -> &Block {
-        let chunked = &self.chunked;
-        debug_assert!(id < chunked.len, "block {id} is not materialized");
-        &chunked.slab(id >> CHUNK_SHIFT)[id & MASK]
+        self.chunked.get(id)
     }
 
     /// Block `id` of a frozen store, for writing.
     #[inline(never)]
     fn chunked_mut(&mut self, id: usize) -> &mut Block {
-        let chunked = &mut self.chunked;
-        debug_assert!(id < chunked.len, "block {id} is not materialized");
-        &mut chunked.slab_mut(id >> CHUNK_SHIFT)[id & MASK]
+        self.chunked.get_mut(id)
     }
 }
 
@@ -201,17 +206,17 @@ pub(super) enum Shared {}
 impl Access for Shared {
     #[inline(always)]
     fn len(blocks: &Blocks) -> usize {
-        blocks.chunked.len
+        blocks.chunked.len()
     }
 
     #[inline(always)]
     fn at(blocks: &Blocks, id: usize) -> &Block {
-        &blocks.chunked.slab(id >> CHUNK_SHIFT)[id & MASK]
+        blocks.chunked.get(id)
     }
 
     #[inline(always)]
     fn at_mut(blocks: &mut Blocks, id: usize) -> &mut Block {
-        &mut blocks.chunked.slab_mut(id >> CHUNK_SHIFT)[id & MASK]
+        blocks.chunked.get_mut(id)
     }
 }
 
@@ -223,8 +228,12 @@ pub(super) struct Chunked {
     chunks: Vec<Option<Box<Slab>>>,
     /// The chunks as they were frozen, shared by every copy (one reference count a copy).
     base: Arc<[Slab]>,
-    /// Materialized blocks (the last chunk's slots from `len` on are unused).
-    len: usize,
+    /// Blocks materialized when frozen: ids `0..frozen`, in the chunks (the last chunk's
+    /// slots from `frozen` on are unused).
+    frozen: usize,
+    /// Blocks materialized since: ids from `frozen` on, in one vector (a fork's new blocks
+    /// go onto a plain vector's end, not into fresh chunks).
+    tail: Vec<Block>,
 }
 
 impl Clone for Chunked {
@@ -235,44 +244,37 @@ impl Clone for Chunked {
         Self {
             chunks,
             base: Arc::clone(&self.base),
-            len: self.len,
+            frozen: self.frozen,
+            tail: crate::sim::state::clone_with_capacity(&self.tail),
         }
     }
 }
 
 impl Chunked {
-    /// [`Blocks::extend_with`], filled chunk by chunk.
-    fn extend_with(&mut self, count: u32, mut block: impl FnMut(u32) -> Block) {
-        let end = self.len + count as usize;
-        let mut index = 0;
-        while self.len < end {
-            let slot = self.len & MASK;
-            if slot == 0 {
-                self.chunks.push(Some(fresh_slab()));
-            }
-            let room = (CHUNK - slot).min(end - self.len);
-            let chunk = self.len >> CHUNK_SHIFT;
-            let slab = self.slab_mut(chunk);
-            for target in &mut slab[slot..slot + room] {
-                *target = block(index);
-                index += 1;
-            }
-            self.len += room;
+    /// Materialized blocks.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.frozen + self.tail.len()
+    }
+
+    /// Block `id`.
+    #[inline(always)]
+    fn get(&self, id: usize) -> &Block {
+        if id < self.frozen {
+            &self.slab(id >> CHUNK_SHIFT)[id & MASK]
+        } else {
+            &self.tail[id - self.frozen]
         }
     }
 
-    /// [`Blocks::freeze`]: every chunk moved into a new base.
-    fn freeze(&mut self) {
-        let base: Arc<[Slab]> = self
-            .chunks
-            .iter_mut()
-            .enumerate()
-            .map(|(chunk, owned)| match owned.take() {
-                Some(slab) => *slab,
-                None => self.base[chunk],
-            })
-            .collect();
-        self.base = base;
+    /// Block `id`, for writing.
+    #[inline(always)]
+    fn get_mut(&mut self, id: usize) -> &mut Block {
+        if id < self.frozen {
+            &mut self.slab_mut(id >> CHUNK_SHIFT)[id & MASK]
+        } else {
+            &mut self.tail[id - self.frozen]
+        }
     }
 
     /// Chunk `chunk`'s blocks, for reading.
@@ -384,7 +386,11 @@ mod tests {
         fork[CHUNK + 1].add_holder();
         assert_eq!(fork.shared_chunks(), 2, "only the written chunk was copied");
         fork.push(Block::held(9));
-        assert_eq!(fork.shared_chunks(), 1, "the last chunk was copied to grow");
+        assert_eq!(
+            fork.shared_chunks(),
+            2,
+            "new blocks go to the tail, not a chunk"
+        );
         assert_eq!(fork[CHUNK + 1].ref_cnt(), CHUNK as u32 + 2);
         assert_eq!(
             base[CHUNK + 1].ref_cnt(),

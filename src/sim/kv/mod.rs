@@ -541,7 +541,7 @@ impl KvCache {
     /// The decode path's keying in one go: if exactly one more block is full, it is private
     /// and the key map is empty (so it cannot hold the key), gives it its latent key and
     /// returns true; otherwise returns false and leaves the work to [`Self::key_full_blocks`].
-    #[inline]
+    #[inline(always)]
     fn key_one_private_block<A: Access>(
         &mut self,
         table: &mut BlockTable,
