@@ -1,10 +1,12 @@
 //! The KV cache's free list: taking blocks (virgin ones first, then the least recently
 //! freed, singly or a run at once, keyed on the way when they are private and full) and
-//! putting them back, and forgetting a reused block's key.
+//! putting them back (a completion's or a preemption's blocks, a seeded cached block), and
+//! forgetting a reused block's key.
 
-use super::KvCache;
 use super::block::{Block, NIL};
-use super::chunks::Access;
+use super::chunks::{Access, Flat, Shared};
+use super::hash::private_key_of_latent;
+use super::{BlockTable, Keying, KvCache};
 
 /// How fresh blocks are keyed as they are taken: those going to table indices below `full`
 /// are private and full, so they get their latent keys (`seed ^ index`) at once.
@@ -22,6 +24,92 @@ impl PrivateFill {
 }
 
 impl KvCache {
+    /// Marks a free, never-keyed block as holding `key` and moves it to the most recently
+    /// used end of the free list (restoring a cache observed from outside). Does nothing if
+    /// `key` is already cached or no unkeyed free block is left.
+    pub fn seed_cached(&mut self, key: u64) {
+        if self.blocks.is_flat() {
+            self.seed_cached_in::<Flat>(key);
+        } else {
+            self.seed_cached_in::<Shared>(key);
+        }
+    }
+
+    fn seed_cached_in<A: Access>(&mut self, key: u64) {
+        if self.by_key.contains_key(&key) {
+            return;
+        }
+        let id = match self.take_virgin() {
+            Some(id) => id,
+            None => {
+                let id = self.free_head;
+                if id == NIL || A::at(&self.blocks, id as usize).keying() != Keying::Unkeyed {
+                    return;
+                }
+                self.unlink_free::<A>(id);
+                id
+            }
+        };
+        self.set_key::<A>(id, key);
+        self.push_free::<A>(id);
+    }
+
+    /// Releases the blocks of a preempted request: as [`KvCache::free`], after making its
+    /// latent private keys findable, since the request will look them up when it returns.
+    pub fn free_preempted(&mut self, table: &mut BlockTable) {
+        if self.blocks.is_flat() {
+            self.free_preempted_in::<Flat>(table);
+        } else {
+            self.free_preempted_in::<Shared>(table);
+        }
+    }
+
+    fn free_preempted_in<A: Access>(&mut self, table: &mut BlockTable) {
+        for &id in &table.ids {
+            let block = *A::at(&self.blocks, id as usize);
+            if block.keying() == Keying::Latent {
+                // Its key was absent when latent, and only this request produces it.
+                A::at_mut(&mut self.blocks, id as usize).set_keying(Keying::Unkeyed);
+                self.set_key::<A>(id, private_key_of_latent(block.key));
+            }
+        }
+        self.free_in::<A>(table);
+    }
+
+    /// Releases every block of `table` (last block first, so a request's tail is evicted
+    /// before its prefix) and empties it.
+    pub fn free(&mut self, table: &mut BlockTable) {
+        if self.blocks.is_flat() {
+            self.free_in::<Flat>(table);
+        } else {
+            self.free_in::<Shared>(table);
+        }
+    }
+
+    fn free_in<A: Access>(&mut self, table: &mut BlockTable) {
+        // The released blocks are chained onto the tail in one pass (the list's ends and
+        // count written once).
+        let mut tail = self.free_tail;
+        let mut released = 0;
+        for &id in table.ids.iter().rev() {
+            let block = A::at_mut(&mut self.blocks, id as usize);
+            if block.drop_holder() {
+                block.set_free(tail, NIL);
+                if tail == NIL {
+                    self.free_head = id;
+                } else {
+                    A::at_mut(&mut self.blocks, tail as usize).set_next(id);
+                }
+                tail = id;
+                released += 1;
+            }
+        }
+        self.free_tail = tail;
+        self.free_count += released;
+        table.ids.clear();
+        table.num_keyed = 0;
+    }
+
     /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
     /// counting it as taken from the free blocks.
     pub(super) fn take_virgin(&mut self) -> Option<u32> {
