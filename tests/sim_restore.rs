@@ -363,3 +363,67 @@ fn final_lengths_are_checked_like_restored_ones() {
     ));
     fresh().set_final_lengths(&[(30, 30), (10, 10)]).unwrap();
 }
+
+/// Goal: a fork of a frozen engine (the twin's restored base, `Engine::freeze`: forks share
+/// its KV blocks until they write them) continues exactly as a plain copy does, and nothing a
+/// fork writes reaches the base or a later fork. Method: an engine restored mid-flight, and
+/// one stopped mid-flight with a small cache that preempts; run a plain copy, two forks of
+/// the frozen copy one after the other, and the frozen copy itself, on the same arrivals:
+/// every record, the summary, the KV counters and the free list's keys must be equal, and
+/// the invariants hold.
+#[test]
+fn forks_of_a_frozen_engine_equal_plain_copies_and_leave_the_base_alone() {
+    let cut = 1_234_567;
+    let mut small = config();
+    small.num_gpu_blocks = 500;
+    for (config, restore) in [(config(), true), (small, false)] {
+        let (before, after): (Vec<_>, Vec<_>) =
+            workload().into_iter().partition(|r| r.arrival_us <= cut);
+        let mut original = Engine::new(config.clone(), model()).unwrap();
+        for spec in before {
+            original.run_before(spec.arrival_us);
+            original.submit(spec).unwrap();
+        }
+        original.run_until(cut);
+        let restored = if restore {
+            Engine::restore(config.clone(), model(), original.observe()).unwrap()
+        } else {
+            original
+        };
+        let mut frozen = restored.clone();
+        frozen.freeze();
+        let shared = frozen.kv().shared_chunks();
+        assert!(shared > 0, "the frozen copy shares its blocks");
+        let run = |mut engine: Engine| {
+            engine.run(after.clone(), u64::MAX).unwrap();
+            engine.check_invariants().unwrap();
+            engine
+        };
+        let plain = run(restored);
+        assert_eq!(plain.kv().shared_chunks(), 0, "a plain copy shares nothing");
+        let first = run(frozen.clone());
+        assert!(
+            first.kv().shared_chunks() < shared,
+            "the fork copied the chunks it wrote"
+        );
+        assert_eq!(frozen.kv().shared_chunks(), shared, "the base is untouched");
+        let second = run(frozen.clone());
+        let base = run(frozen);
+        for (name, engine) in [("first", &first), ("second", &second), ("base", &base)] {
+            assert_eq!(engine.metrics().records, plain.metrics().records, "{name}");
+            assert_eq!(engine.summary(), plain.summary(), "{name}");
+            assert_eq!(engine.kv().stats(), plain.kv().stats(), "{name}");
+            assert_eq!(
+                engine.kv().free_keys_lru_first(),
+                plain.kv().free_keys_lru_first(),
+                "{name}"
+            );
+        }
+        assert!(plain.metrics().records.len() > 100);
+        assert_eq!(
+            plain.counts().preemptions > 0,
+            !restore,
+            "the small cache preempts"
+        );
+    }
+}
