@@ -23,7 +23,10 @@
 //! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1); `c_peer` is each
 //! all-reduce's latency per peer it synchronises with (vLLM's custom all-reduce for small
 //! decode messages waits on a flag from every peer; 0 in the shipped coefficients, see
-//! docs/fidelity.md, "The TP 4 step"). The GEMMs are a
+//! docs/fidelity.md, "The TP 4 step"); with `allreduce_base_peers` = b it prices only the
+//! peers beyond the first b (`(tp − 1 − b)`, at least 0: the first peers' latency is then
+//! in `c_allreduce`, which the TP 2 runs fit), and the first token's decode step (below)
+//! pays `first_token_peer_share` of it (1 in a file without the key). The GEMMs are a
 //! roofline (weights stream while the tensor cores work), the rest adds up. The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
@@ -58,7 +61,7 @@ use super::{
 };
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 19;
+pub const COEFFICIENTS: usize = 21;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -82,16 +85,20 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "waiting_us",
     "waiting_cap",
     "allreduce_peer_us",
+    "allreduce_base_peers",
+    "first_token_peer_share",
 ];
 
 /// Coefficients a file may omit (added after files were written), with the value that keeps
 /// such a file's predictions what they were.
-pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 5] = [
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 7] = [
     ("allreduce_link", 0.0),
     ("first_token_steps", 0.0),
     ("waiting_us", 0.0),
     ("waiting_cap", 0.0),
     ("allreduce_peer_us", 0.0),
+    ("allreduce_base_peers", 0.0),
+    ("first_token_peer_share", 1.0),
 ];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
@@ -116,6 +123,8 @@ pub mod idx {
     pub const WAITING_US: usize = 16;
     pub const WAITING_CAP: usize = 17;
     pub const ALLREDUCE_PEER_US: usize = 18;
+    pub const ALLREDUCE_BASE_PEERS: usize = 19;
+    pub const FIRST_TOKEN_PEER_SHARE: usize = 20;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -130,7 +139,7 @@ impl CalibratedCoefficients {
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
             0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0,
-            0.0, 0.0,
+            0.0, 0.0, 0.0, 1.0,
         ],
     };
 
@@ -151,7 +160,9 @@ pub struct CalibratedModel {
     layers: f64,
     /// All-reduces per step (2L at tp > 1).
     allreduces: f64,
-    /// All-reduce peer hand-offs per step: 2L·(tp − 1) (each all-reduce waits on every peer).
+    /// All-reduce peer hand-offs per step priced by `allreduce_peer_us`: 2L·(tp − 1 − base)
+    /// (each all-reduce waits on every peer; the first `allreduce_base_peers` of them are in
+    /// `allreduce_us`), never below 0.
     allreduce_peers: f64,
     /// Bytes read per step whatever the batch (µs at peak bandwidth).
     dense_weight_us: f64,
@@ -281,7 +292,11 @@ impl CalibratedModel {
             allreduce_us_per_token,
             layers,
             allreduces: if tp_u > 1 { 2.0 * layers } else { 0.0 },
-            allreduce_peers: 2.0 * layers * (tp - 1.0),
+            allreduce_peers: if tp_u > 1 {
+                2.0 * layers * (tp - 1.0 - coefficients.values[idx::ALLREDUCE_BASE_PEERS]).max(0.0)
+            } else {
+                0.0
+            },
             dense_weight_us: dense_bytes / bytes_per_us,
             expert_weight_us: if arch.is_moe() {
                 expert_params * wb / bytes_per_us
@@ -337,6 +352,12 @@ impl CalibratedModel {
 
     /// The formula over a batch's sums.
     fn price(&self, shape: Shape) -> u64 {
+        self.price_with_peer_share(shape, 1.0)
+    }
+
+    /// The formula with `peer_share` of the all-reduce peer latency (1 for an engine step;
+    /// `first_token_peer_share` for the first token's decode step).
+    fn price_with_peer_share(&self, shape: Shape, peer_share: f64) -> u64 {
         use idx::*;
         let c = &self.c;
         let tokens = shape.tokens as f64;
@@ -355,7 +376,7 @@ impl CalibratedModel {
             + c[SEQ_US] * shape.sequences as f64
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
-            + c[ALLREDUCE_PEER_US] * self.allreduce_peers
+            + peer_share * c[ALLREDUCE_PEER_US] * self.allreduce_peers
             + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
             + (c[WEIGHTS] * weights_us).max(flops_us)
             + c[ATTENTION] * attn_us
@@ -421,12 +442,13 @@ impl CalibratedModel {
     /// batch, not its context): the step after a first token, which the client waits for
     /// before it sees that token (see the module doc).
     fn decode_step_us(&self, batch: u64) -> u64 {
-        self.price(Shape {
+        let shape = Shape {
             sequences: batch,
             tokens: batch,
             attn_pairs_x2: batch,
             kv_tokens: batch,
-        })
+        };
+        self.price_with_peer_share(shape, self.c[idx::FIRST_TOKEN_PEER_SHARE])
     }
 
     /// Host time a step takes longer while `waiting` requests wait in the scheduler's queue:

@@ -234,3 +234,54 @@ fn all_reduce_peer_latency_grows_with_the_peers() {
     assert_eq!(price(2), (128, 128));
     assert_eq!(price(4), (384, 384));
 }
+
+#[test]
+fn peer_latency_can_skip_the_base_peers_and_the_first_token_step() {
+    // Goal: `allreduce_base_peers` b prices the per-peer all-reduce latency for the peers
+    // beyond the first b only (TP 2 untouched at b = 1), and `first_token_peer_share` scales
+    // what the first token's decode step pays of it, while an engine step pays all of it;
+    // the defaults (0, 1) price as before.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::STEP_US] = 500.0;
+    coefficients.values[idx::FIRST_TOKEN_STEPS] = 1.0;
+    coefficients.values[idx::ALLREDUCE_PEER_US] = 5.0;
+    let model = |c: &CalibratedCoefficients, tp: u32| {
+        CalibratedModel::new(&llama_8b(), &h100(), tp, c).unwrap()
+    };
+    let decodes: Vec<BatchEntry> = (0..8).map(|_| entry(100, 1, false)).collect();
+    let layers = u64::from(llama_8b().num_layers);
+    let base = model(&coefficients, 1).step_us(&decodes);
+    // Default: 2L·(tp − 1) hand-offs of 5 µs.
+    for tp in [2u32, 4] {
+        let peers = 2 * layers * u64::from(tp - 1);
+        let got = model(&coefficients, tp).step_us(&decodes);
+        let without = {
+            let mut c = coefficients.clone();
+            c.values[idx::ALLREDUCE_PEER_US] = 0.0;
+            model(&c, tp).step_us(&decodes)
+        };
+        assert!(got.abs_diff(without + 5 * peers) <= 1, "tp {tp}: {got}");
+        assert!(without <= base, "tp {tp}: a sharded step is not dearer");
+    }
+    coefficients.values[idx::ALLREDUCE_BASE_PEERS] = 1.0;
+    let mut no_peer = coefficients.clone();
+    no_peer.values[idx::ALLREDUCE_PEER_US] = 0.0;
+    assert_eq!(
+        model(&coefficients, 2).step_us(&decodes),
+        model(&no_peer, 2).step_us(&decodes),
+        "b = 1: TP 2 pays nothing"
+    );
+    let tp4 = model(&coefficients, 4).step_us(&decodes);
+    let tp4_without = model(&no_peer, 4).step_us(&decodes);
+    assert!(tp4.abs_diff(tp4_without + 5 * 2 * layers * 2) <= 1, "{tp4}");
+    // The first token's step: all of it at share 1, none at share 0; engine steps unchanged.
+    let full = model(&coefficients, 4).first_token_delay_us(8);
+    coefficients.values[idx::FIRST_TOKEN_PEER_SHARE] = 0.0;
+    let shared = model(&coefficients, 4);
+    assert_eq!(shared.step_us(&decodes), tp4);
+    assert_eq!(
+        shared.first_token_delay_us(8),
+        model(&no_peer, 4).first_token_delay_us(8)
+    );
+    assert!(full.abs_diff(shared.first_token_delay_us(8) + 5 * 2 * layers * 2) <= 1);
+}
