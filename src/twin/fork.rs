@@ -196,21 +196,12 @@ fn restored_base(
     let mut base = base;
     // The answer reads only the records: no fork counts inter-token gaps.
     base.skip_token_gaps();
-    // Every fork copies it and writes a few of its KV blocks: forks share the rest, once
-    // there are enough of them to pay for the freeze (one replication's two forks do not:
-    // measured, docs/performance.md "Fifth pass").
-    if question.options.replications >= FREEZE_MIN_REPLICATIONS {
-        base.freeze();
-    }
     let base = Arc::new(base);
     snapshot
         .memo
         .insert_restored(restored_key, Arc::clone(&base));
     Ok(base)
 }
-
-/// Fewest replications for which a candidate's restored engine is frozen before forking.
-const FREEZE_MIN_REPLICATIONS: u32 = 2;
 
 /// What one candidate's forks for one replication start from.
 struct Forks<'a> {

@@ -271,14 +271,6 @@ impl Engine {
         self.metrics.token_gap_counts = Default::default();
     }
 
-    /// Prepares an engine to be copied many times, each copy writing little of it (the
-    /// twin's restored base): its KV blocks become shared, so a copy clones only their chunk
-    /// table and copies a chunk on its first write ([`KvCache::freeze`]). Results are
-    /// unchanged; a copy of an engine that was not frozen copies every block it holds.
-    pub fn freeze(&mut self) {
-        self.kv.freeze();
-    }
-
     /// Events processed so far.
     pub fn events_processed(&self) -> u64 {
         self.events_processed

@@ -154,16 +154,8 @@ impl Engine {
                 engine.kv.seed_cached(key);
             }
         }
-        let mut last_blocks = Vec::with_capacity(state.running.len());
         for request in &state.running {
-            last_blocks.push(engine.restore_running(request, state.now_us)?);
-        }
-        // Every running request's partly filled last block, after all their full blocks:
-        // forks key those blocks as they fill, and together they sit in few KV chunks (a
-        // fork of a frozen engine copies each chunk it writes: `sim::kv::chunks`). Block
-        // ids are labels: the order blocks are freed and taken in is unchanged.
-        for (slot, total) in last_blocks {
-            engine.restore_last_block(slot, total)?;
+            engine.restore_running(request, state.now_us)?;
         }
         for request in &state.waiting {
             engine.restore_waiting(request, state.now_us)?;
@@ -254,13 +246,7 @@ impl Engine {
         Ok(state)
     }
 
-    /// Restores a running request holding its full blocks: its slot and the tokens its
-    /// blocks must cover (the last block is taken by [`Engine::restore_last_block`]).
-    fn restore_running(
-        &mut self,
-        request: &RestoredRequest,
-        now_us: u64,
-    ) -> Result<(u32, u32), SimError> {
+    fn restore_running(&mut self, request: &RestoredRequest, now_us: u64) -> Result<(), SimError> {
         let mut state = self.restore_common(request, now_us)?;
         let block_size = self.config.block_size;
         let computed = request.computed_tokens;
@@ -286,9 +272,14 @@ impl Engine {
         } else {
             PrefixHit::default()
         };
-        let full_tokens = total / block_size * block_size;
-        if full_tokens > 0 && !state.allocate_blocks(&mut self.kv, hit, full_tokens, block_size) {
-            return Err(out_of_blocks(&request.spec));
+        if !state.allocate_blocks(&mut self.kv, hit, total.max(1), block_size) {
+            return Err(SimError::InvalidState {
+                field: "running",
+                reason: format!(
+                    "request {:?} needs more KV blocks than are free",
+                    request.spec.id
+                ),
+            });
         }
         state.num_computed = computed;
         state.phase = Phase::Running;
@@ -303,21 +294,6 @@ impl Engine {
                 serial,
                 new_tokens: scheduled,
             });
-        }
-        Ok((slot, total))
-    }
-
-    /// Gives restored running request `slot` the rest of the blocks covering `total` tokens
-    /// (its partly filled last block, if any).
-    fn restore_last_block(&mut self, slot: u32, total: u32) -> Result<(), SimError> {
-        let block_size = self.config.block_size;
-        let state = self.slots[slot as usize]
-            .as_mut()
-            .expect("a restored running request");
-        if state.blocks.len() * block_size < total.max(1)
-            && !state.allocate_blocks(&mut self.kv, PrefixHit::default(), total.max(1), block_size)
-        {
-            return Err(out_of_blocks(&state.spec));
         }
         Ok(())
     }
@@ -407,14 +383,6 @@ impl Engine {
                 (self.slots.len() - 1) as u32
             }
         }
-    }
-}
-
-/// The error of a restored running request whose blocks do not fit the cache.
-fn out_of_blocks(spec: &RequestSpec) -> SimError {
-    SimError::InvalidState {
-        field: "running",
-        reason: format!("request {:?} needs more KV blocks than are free", spec.id),
     }
 }
 

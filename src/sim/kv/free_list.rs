@@ -1,12 +1,9 @@
 //! The KV cache's free list: taking blocks (virgin ones first, then the least recently
 //! freed, singly or a run at once, keyed on the way when they are private and full) and
-//! putting them back (a completion's or a preemption's blocks, a seeded cached block), and
-//! forgetting a reused block's key.
+//! putting them back, and forgetting a reused block's key.
 
+use super::KvCache;
 use super::block::{Block, NIL};
-use super::chunks::{Access, Flat, Shared};
-use super::hash::private_key_of_latent;
-use super::{BlockTable, Keying, KvCache};
 
 /// How fresh blocks are keyed as they are taken: those going to table indices below `full`
 /// are private and full, so they get their latent keys (`seed ^ index`) at once.
@@ -24,92 +21,6 @@ impl PrivateFill {
 }
 
 impl KvCache {
-    /// Marks a free, never-keyed block as holding `key` and moves it to the most recently
-    /// used end of the free list (restoring a cache observed from outside). Does nothing if
-    /// `key` is already cached or no unkeyed free block is left.
-    pub fn seed_cached(&mut self, key: u64) {
-        if self.blocks.is_flat() {
-            self.seed_cached_in::<Flat>(key);
-        } else {
-            self.seed_cached_in::<Shared>(key);
-        }
-    }
-
-    fn seed_cached_in<A: Access>(&mut self, key: u64) {
-        if self.by_key.contains_key(&key) {
-            return;
-        }
-        let id = match self.take_virgin() {
-            Some(id) => id,
-            None => {
-                let id = self.free_head;
-                if id == NIL || A::at(&self.blocks, id as usize).keying() != Keying::Unkeyed {
-                    return;
-                }
-                self.unlink_free::<A>(id);
-                id
-            }
-        };
-        self.set_key::<A>(id, key);
-        self.push_free::<A>(id);
-    }
-
-    /// Releases the blocks of a preempted request: as [`KvCache::free`], after making its
-    /// latent private keys findable, since the request will look them up when it returns.
-    pub fn free_preempted(&mut self, table: &mut BlockTable) {
-        if self.blocks.is_flat() {
-            self.free_preempted_in::<Flat>(table);
-        } else {
-            self.free_preempted_in::<Shared>(table);
-        }
-    }
-
-    fn free_preempted_in<A: Access>(&mut self, table: &mut BlockTable) {
-        for &id in &table.ids {
-            let block = *A::at(&self.blocks, id as usize);
-            if block.keying() == Keying::Latent {
-                // Its key was absent when latent, and only this request produces it.
-                A::at_mut(&mut self.blocks, id as usize).set_keying(Keying::Unkeyed);
-                self.set_key::<A>(id, private_key_of_latent(block.key));
-            }
-        }
-        self.free_in::<A>(table);
-    }
-
-    /// Releases every block of `table` (last block first, so a request's tail is evicted
-    /// before its prefix) and empties it.
-    pub fn free(&mut self, table: &mut BlockTable) {
-        if self.blocks.is_flat() {
-            self.free_in::<Flat>(table);
-        } else {
-            self.free_in::<Shared>(table);
-        }
-    }
-
-    fn free_in<A: Access>(&mut self, table: &mut BlockTable) {
-        // The released blocks are chained onto the tail in one pass (the list's ends and
-        // count written once).
-        let mut tail = self.free_tail;
-        let mut released = 0;
-        for &id in table.ids.iter().rev() {
-            let block = A::at_mut(&mut self.blocks, id as usize);
-            if block.drop_holder() {
-                block.set_free(tail, NIL);
-                if tail == NIL {
-                    self.free_head = id;
-                } else {
-                    A::at_mut(&mut self.blocks, tail as usize).set_next(id);
-                }
-                tail = id;
-                released += 1;
-            }
-        }
-        self.free_tail = tail;
-        self.free_count += released;
-        table.ids.clear();
-        table.num_keyed = 0;
-    }
-
     /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
     /// counting it as taken from the free blocks.
     pub(super) fn take_virgin(&mut self) -> Option<u32> {
@@ -135,40 +46,44 @@ impl KvCache {
         let keyed = fill.map_or(0, |fill| fill.keyed(first_index, taken));
         if keyed > 0 {
             let seed = fill.map_or(0, |fill| fill.seed);
-            self.blocks.extend_with(keyed, |index| {
-                Block::latent_held(seed ^ u64::from(first_index + index))
-            });
+            self.blocks.extend(
+                (first_index..first_index + keyed)
+                    .map(|index| Block::latent_held(seed ^ u64::from(index))),
+            );
         }
-        self.blocks.extend_with(taken - keyed, |_| Block::held(1));
+        self.blocks.extend(std::iter::repeat_n(
+            Block::held(1),
+            (taken - keyed) as usize,
+        ));
         self.free_count -= taken;
         start..start + taken
     }
 
-    pub(super) fn pop_free<A: Access>(&mut self) -> u32 {
+    pub(super) fn pop_free(&mut self) -> u32 {
         if let Some(id) = self.take_virgin() {
-            A::at_mut(&mut self.blocks, id as usize).set_held(1);
+            self.blocks[id as usize].set_held(1);
             return id;
         }
-        self.pop_listed::<A>()
+        self.pop_listed()
     }
 
     /// Takes the least recently freed block (the free list's head, which must exist), held
     /// once and unkeyed: its key, if any, is forgotten.
     #[inline(always)]
-    pub(super) fn pop_listed<A: Access>(&mut self) -> u32 {
+    pub(super) fn pop_listed(&mut self) -> u32 {
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
-        let block = *A::at(&self.blocks, id as usize);
+        let block = self.blocks[id as usize];
         debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
         let next = block.next();
         self.free_head = next;
         if next == NIL {
             self.free_tail = NIL;
         } else {
-            A::at_mut(&mut self.blocks, next as usize).set_prev(NIL);
+            self.blocks[next as usize].set_prev(NIL);
         }
         self.free_count -= 1;
-        *A::at_mut(&mut self.blocks, id as usize) = Block::held(1);
+        self.blocks[id as usize] = Block::held(1);
         if block.is_keyed() {
             self.forget(id, block);
         }
@@ -177,7 +92,7 @@ impl KvCache {
 
     /// Takes the `count` least recently freed blocks (the free list must hold them) into
     /// `ids`, as [`Self::pop_listed`] would one by one, with one list update.
-    pub(super) fn pop_listed_run<A: Access>(
+    pub(super) fn pop_listed_run(
         &mut self,
         count: u32,
         ids: &mut Vec<u32>,
@@ -191,8 +106,8 @@ impl KvCache {
         let mut id = self.free_head;
         for taken in 0..count {
             debug_assert!(id != NIL, "pop from an empty free list");
-            let block = *A::at(&self.blocks, id as usize);
-            *A::at_mut(&mut self.blocks, id as usize) = if taken < keyed {
+            let block = self.blocks[id as usize];
+            self.blocks[id as usize] = if taken < keyed {
                 Block::latent_held(seed ^ u64::from(first_index + taken))
             } else {
                 Block::held(1)
@@ -207,7 +122,7 @@ impl KvCache {
         if id == NIL {
             self.free_tail = NIL;
         } else {
-            A::at_mut(&mut self.blocks, id as usize).set_prev(NIL);
+            self.blocks[id as usize].set_prev(NIL);
         }
         self.free_count -= count;
     }
@@ -234,33 +149,33 @@ impl KvCache {
         }
     }
 
-    pub(super) fn unlink_free<A: Access>(&mut self, id: u32) {
+    pub(super) fn unlink_free(&mut self, id: u32) {
         let (prev, next) = (
-            A::at(&self.blocks, id as usize).prev(),
-            A::at(&self.blocks, id as usize).next(),
+            self.blocks[id as usize].prev(),
+            self.blocks[id as usize].next(),
         );
         if prev == NIL {
             self.free_head = next;
         } else {
-            A::at_mut(&mut self.blocks, prev as usize).set_next(next);
+            self.blocks[prev as usize].set_next(next);
         }
         if next == NIL {
             self.free_tail = prev;
         } else {
-            A::at_mut(&mut self.blocks, next as usize).set_prev(prev);
+            self.blocks[next as usize].set_prev(prev);
         }
         // Off the list, held by nobody yet (the caller takes it).
-        A::at_mut(&mut self.blocks, id as usize).set_held(0);
+        self.blocks[id as usize].set_held(0);
         self.free_count -= 1;
     }
 
-    pub(super) fn push_free<A: Access>(&mut self, id: u32) {
+    pub(super) fn push_free(&mut self, id: u32) {
         let tail = self.free_tail;
-        A::at_mut(&mut self.blocks, id as usize).set_free(tail, NIL);
+        self.blocks[id as usize].set_free(tail, NIL);
         if tail == NIL {
             self.free_head = id;
         } else {
-            A::at_mut(&mut self.blocks, tail as usize).set_next(id);
+            self.blocks[tail as usize].set_next(id);
         }
         self.free_tail = id;
         self.free_count += 1;

@@ -21,7 +21,6 @@
 
 mod audit;
 mod block;
-mod chunks;
 mod free_list;
 pub mod hash;
 mod key_hasher;
@@ -29,8 +28,7 @@ pub mod lru;
 
 use std::collections::HashMap;
 
-use block::{Keying, NIL};
-use chunks::{Access, Blocks, Flat, Shared};
+use block::{Block, Keying, NIL};
 use free_list::PrivateFill;
 use hash::{BlockKeys, private_key_of_latent};
 
@@ -109,8 +107,8 @@ pub struct KvStats {
 pub struct KvCache {
     block_size: u32,
     prefix_caching: bool,
-    /// Materialized blocks: ids `0..blocks.len()`, in chunks copies share until written.
-    blocks: Blocks,
+    /// Materialized blocks: ids `0..blocks.len()`.
+    blocks: Vec<Block>,
     /// All blocks, materialized or virgin.
     total: u32,
     /// Least recently freed end of the list of freed (materialized) blocks; virgin blocks
@@ -128,13 +126,12 @@ pub struct KvCache {
 }
 
 impl Clone for KvCache {
-    /// Copies the materialized blocks only (a frozen cache's chunks are shared, see
-    /// [`KvCache::freeze`]).
+    /// Copies the materialized blocks only, keeping room for the rest.
     fn clone(&self) -> Self {
         Self {
             block_size: self.block_size,
             prefix_caching: self.prefix_caching,
-            blocks: self.blocks.clone(),
+            blocks: crate::sim::state::clone_with_capacity(&self.blocks),
             total: self.total,
             free_head: self.free_head,
             free_tail: self.free_tail,
@@ -161,8 +158,8 @@ impl KvCache {
         Self {
             block_size,
             prefix_caching,
-            // Table room for every block, so materializing never regrows the table.
-            blocks: Blocks::with_capacity(num_blocks),
+            // Room for every block (untouched until used), so materializing never regrows.
+            blocks: Vec::with_capacity(num_blocks as usize),
             total: num_blocks,
             free_head: NIL,
             free_tail: NIL,
@@ -173,19 +170,6 @@ impl KvCache {
             stats: KvStats::default(),
             key_version: 0,
         }
-    }
-
-    /// Makes every materialized block shared with later copies: a copy then clones only the
-    /// chunk table, and each copy (this cache included) copies a chunk when it first writes
-    /// it. For an engine copied many times and written little by each copy (the twin's
-    /// restored base); results are unchanged.
-    pub fn freeze(&mut self) {
-        self.blocks.freeze();
-    }
-
-    /// Chunks of blocks shared with other copies (0 unless frozen).
-    pub fn shared_chunks(&self) -> usize {
-        self.blocks.shared_chunks()
     }
 
     /// Tokens per block.
@@ -254,7 +238,7 @@ impl KvCache {
     /// map's and CPU tier's capacity).
     pub fn memory_bytes(&self) -> usize {
         let map_entry = std::mem::size_of::<(u64, u32)>() + 1;
-        self.blocks.len() * std::mem::size_of::<block::Block>()
+        self.blocks.len() * std::mem::size_of::<Block>()
             + self.by_key.capacity() * map_entry
             + self.cpu.as_ref().map_or(0, LruKeySet::memory_bytes)
     }
@@ -312,35 +296,6 @@ impl KvCache {
         hit: PrefixHit,
         total_tokens: u32,
     ) -> bool {
-        // The store's form tested once per call (see `chunks::Access`).
-        if self.blocks.is_flat() {
-            self.allocate_in::<Flat>(table, keys, hit, total_tokens)
-        } else {
-            self.allocate_shared(table, keys, hit, total_tokens)
-        }
-    }
-
-    /// [`Self::allocate`] on a frozen store, out of line.
-    #[inline(never)]
-    fn allocate_shared(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        hit: PrefixHit,
-        total_tokens: u32,
-    ) -> bool {
-        self.allocate_in::<Shared>(table, keys, hit, total_tokens)
-    }
-
-    /// [`Self::allocate`] on a store of form `A`.
-    #[inline(always)]
-    fn allocate_in<A: Access>(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        hit: PrefixHit,
-        total_tokens: u32,
-    ) -> bool {
         // The decode path's call, inlined: a token crossing a block boundary takes the least
         // recently freed block (every block materialized), and the block it filled, if
         // private, gets its latent key.
@@ -348,22 +303,22 @@ impl KvCache {
         if hit.blocks() == 0
             && total_tokens == len * self.block_size + 1
             && self.free_head != NIL
-            && A::len(&self.blocks) as u32 == self.total
+            && self.blocks.len() as u32 == self.total
         {
-            let id = self.pop_listed::<A>();
+            let id = self.pop_listed();
             table.ids.push(id);
-            if self.key_one_private_block::<A>(table, keys, total_tokens) {
+            if self.key_one_private_block(table, keys, total_tokens) {
                 return true;
             }
-            self.key_full_blocks::<A>(table, keys, total_tokens);
+            self.key_full_blocks(table, keys, total_tokens);
             return true;
         }
-        self.allocate_general::<A>(table, keys, hit, total_tokens)
+        self.allocate_general(table, keys, hit, total_tokens)
     }
 
     /// [`Self::allocate`]'s every other case.
     #[inline(never)]
-    fn allocate_general<A: Access>(
+    fn allocate_general(
         &mut self,
         table: &mut BlockTable,
         keys: BlockKeys<'_>,
@@ -381,14 +336,14 @@ impl KvCache {
                 if self.free_count == 0 {
                     return false;
                 }
-                let id = self.pop_free::<A>();
+                let id = self.pop_free();
                 table.ids.push(id);
-                if self.key_one_private_block::<A>(table, keys, total_tokens) {
+                if self.key_one_private_block(table, keys, total_tokens) {
                     return true;
                 }
             }
             // Otherwise the common decode step: the tokens fit the blocks already held.
-            self.key_full_blocks::<A>(table, keys, total_tokens);
+            self.key_full_blocks(table, keys, total_tokens);
             return true;
         }
         let held = table.len() + hit.gpu_blocks;
@@ -396,7 +351,7 @@ impl KvCache {
         let hits_on_free_list = (0..hit.gpu_blocks)
             .filter(|&index| {
                 let id = self.by_key[&keys.get(index)];
-                A::at(&self.blocks, id as usize).is_free()
+                self.blocks[id as usize].is_free()
             })
             .count() as u32;
         // (Written without subtraction: repeated keys may count one free block twice.)
@@ -405,16 +360,16 @@ impl KvCache {
         }
         for index in 0..hit.gpu_blocks {
             let id = self.by_key[&keys.get(index)];
-            self.acquire::<A>(id);
+            self.acquire(id);
             table.ids.push(id);
         }
         // Blocks reloaded from the CPU tier first, then virgin blocks (in bulk: they are the
         // head of the free list, in id order), then freed ones.
         let reloaded = hit.cpu_blocks.min(fresh);
         for _ in 0..reloaded {
-            let id = self.pop_free::<A>();
+            let id = self.pop_free();
             let key = keys.get(table.len());
-            self.set_key::<A>(id, key);
+            self.set_key(id, key);
             if let Some(cpu) = &mut self.cpu {
                 cpu.touch(key);
             }
@@ -433,13 +388,13 @@ impl KvCache {
                 full: (total_tokens / self.block_size).min(required.max(held)),
             });
         let mut taken = reloaded;
-        if (A::len(&self.blocks) as u32) < self.total {
+        if (self.blocks.len() as u32) < self.total {
             let virgin = self.take_virgins(fresh - reloaded, table.len(), fill);
             taken += virgin.len() as u32;
             table.ids.extend(virgin);
         }
         if taken < fresh {
-            self.pop_listed_run::<A>(fresh - taken, &mut table.ids, fill);
+            self.pop_listed_run(fresh - taken, &mut table.ids, fill);
         }
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
@@ -447,16 +402,78 @@ impl KvCache {
         if let Some(fill) = fill {
             table.num_keyed = table.num_keyed.max(fill.full);
         }
-        self.key_full_blocks::<A>(table, keys, total_tokens);
+        self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
         true
+    }
+
+    /// Marks a free, never-keyed block as holding `key` and moves it to the most recently
+    /// used end of the free list (restoring a cache observed from outside). Does nothing if
+    /// `key` is already cached or no unkeyed free block is left.
+    pub fn seed_cached(&mut self, key: u64) {
+        if self.by_key.contains_key(&key) {
+            return;
+        }
+        let id = match self.take_virgin() {
+            Some(id) => id,
+            None => {
+                let id = self.free_head;
+                if id == NIL || self.blocks[id as usize].keying() != Keying::Unkeyed {
+                    return;
+                }
+                self.unlink_free(id);
+                id
+            }
+        };
+        self.set_key(id, key);
+        self.push_free(id);
+    }
+
+    /// Releases the blocks of a preempted request: as [`KvCache::free`], after making its
+    /// latent private keys findable, since the request will look them up when it returns.
+    pub fn free_preempted(&mut self, table: &mut BlockTable) {
+        for &id in &table.ids {
+            let block = self.blocks[id as usize];
+            if block.keying() == Keying::Latent {
+                // Its key was absent when latent, and only this request produces it.
+                self.blocks[id as usize].set_keying(Keying::Unkeyed);
+                self.set_key(id, private_key_of_latent(block.key));
+            }
+        }
+        self.free(table);
+    }
+
+    /// Releases every block of `table` (last block first, so a request's tail is evicted
+    /// before its prefix) and empties it.
+    pub fn free(&mut self, table: &mut BlockTable) {
+        // The released blocks are chained onto the tail in one pass (the list's ends and
+        // count written once).
+        let mut tail = self.free_tail;
+        let mut released = 0;
+        for &id in table.ids.iter().rev() {
+            let block = &mut self.blocks[id as usize];
+            if block.drop_holder() {
+                block.set_free(tail, NIL);
+                if tail == NIL {
+                    self.free_head = id;
+                } else {
+                    self.blocks[tail as usize].set_next(id);
+                }
+                tail = id;
+                released += 1;
+            }
+        }
+        self.free_tail = tail;
+        self.free_count += released;
+        table.ids.clear();
+        table.num_keyed = 0;
     }
 
     /// The decode path's keying in one go: if exactly one more block is full, it is private
     /// and the key map is empty (so it cannot hold the key), gives it its latent key and
     /// returns true; otherwise returns false and leaves the work to [`Self::key_full_blocks`].
-    #[inline(always)]
-    fn key_one_private_block<A: Access>(
+    #[inline]
+    fn key_one_private_block(
         &mut self,
         table: &mut BlockTable,
         keys: BlockKeys<'_>,
@@ -471,7 +488,7 @@ impl KvCache {
             return full <= index;
         }
         let id = table.ids[index as usize];
-        let block = A::at_mut(&mut self.blocks, id as usize);
+        let block = &mut self.blocks[id as usize];
         if !block.is_keyed() {
             block.key = keys.latent_private(index);
             block.set_keying(Keying::Latent);
@@ -480,12 +497,7 @@ impl KvCache {
         true
     }
 
-    fn key_full_blocks<A: Access>(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        total_tokens: u32,
-    ) {
+    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, total_tokens: u32) {
         if !self.prefix_caching {
             return;
         }
@@ -496,8 +508,8 @@ impl KvCache {
         let shared_end = full.min(keys.shareable);
         for index in table.num_keyed..shared_end {
             let id = table.ids[index as usize];
-            if !A::at(&self.blocks, id as usize).is_keyed() {
-                self.set_key::<A>(id, keys.get(index));
+            if !self.blocks[id as usize].is_keyed() {
+                self.set_key(id, keys.get(index));
             }
         }
         // Private blocks: latent keys. (A key already in the map is this request's own
@@ -506,7 +518,7 @@ impl KvCache {
         let private = table.num_keyed.max(shared_end) as usize..full as usize;
         if self.by_key.is_empty() {
             for (index, &id) in table.ids[private.clone()].iter().enumerate() {
-                let block = A::at_mut(&mut self.blocks, id as usize);
+                let block = &mut self.blocks[id as usize];
                 if !block.is_keyed() {
                     block.key = keys.latent_private((private.start + index) as u32);
                     block.set_keying(Keying::Latent);
@@ -515,7 +527,7 @@ impl KvCache {
         } else {
             for index in private {
                 let id = table.ids[index];
-                if A::at(&self.blocks, id as usize).is_keyed() {
+                if self.blocks[id as usize].is_keyed() {
                     continue;
                 }
                 let index = index as u32;
@@ -523,7 +535,7 @@ impl KvCache {
                 if self.by_key.contains_key(&private_key_of_latent(latent)) {
                     continue;
                 }
-                let block = A::at_mut(&mut self.blocks, id as usize);
+                let block = &mut self.blocks[id as usize];
                 block.key = latent;
                 block.set_keying(Keying::Latent);
             }
@@ -531,24 +543,24 @@ impl KvCache {
         table.num_keyed = full;
     }
 
-    fn set_key<A: Access>(&mut self, id: u32, key: u64) {
+    fn set_key(&mut self, id: u32, key: u64) {
         // When two requests computed the same content, the first block stays the cached copy
         // and the duplicate remains unkeyed (it is freed like any private block).
         if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
             slot.insert(id);
-            let block = A::at_mut(&mut self.blocks, id as usize);
+            let block = &mut self.blocks[id as usize];
             block.key = key;
             block.set_keying(Keying::Mapped);
             self.key_version += 1;
         }
     }
 
-    fn acquire<A: Access>(&mut self, id: u32) {
-        if A::at(&self.blocks, id as usize).is_free() {
-            self.unlink_free::<A>(id);
-            A::at_mut(&mut self.blocks, id as usize).set_held(1);
+    fn acquire(&mut self, id: u32) {
+        if self.blocks[id as usize].is_free() {
+            self.unlink_free(id);
+            self.blocks[id as usize].set_held(1);
         } else {
-            A::at_mut(&mut self.blocks, id as usize).add_holder();
+            self.blocks[id as usize].add_holder();
         }
     }
 }
