@@ -81,6 +81,18 @@ fn median(report: &Value, metric: &str) -> f64 {
     report["median_ape_percent"][metric].as_f64().unwrap()
 }
 
+/// A run's whole-run absolute % error of `metric` (e.g. `e2e_mean`) in a `validate --json`
+/// report.
+fn ape(report: &Value, name: &str, metric: &str) -> f64 {
+    let run = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == name)
+        .unwrap();
+    run["stages"][0]["ape_percent"][metric].as_f64().unwrap()
+}
+
 /// Where a twelve-run report breaks the guard: each run's bounds ([`PER_RUN`]) and the
 /// medians; empty if it holds.
 fn guard_failures(report: &Value) -> Vec<String> {
@@ -178,15 +190,6 @@ fn the_tp4_ttft_split_candidate_passes_the_guard_and_prices_tp4() {
     let report = validate_json(&path.to_string_lossy(), &runs());
     let failures = guard_failures(&report);
     assert!(failures.is_empty(), "{failures:#?}");
-    let ape = |report: &Value, name: &str, metric: &str| {
-        let run = report["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap();
-        run["stages"][0]["ape_percent"][metric].as_f64().unwrap()
-    };
     let tp4 = "h100-llama2-70b-tp4-codegen";
     assert!(
         ape(&report, tp4, "e2e_mean") < 3.0,
@@ -305,17 +308,7 @@ fn the_tp_peer_candidate_prices_the_tp4_step() {
         .join("data/coefficients/ditto-calibrated-tp-peers.yaml")
         .to_string_lossy()
         .into_owned();
-    let e2e = |report: &Value, name: &str| {
-        let run = report["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap();
-        run["stages"][0]["ape_percent"]["e2e_mean"]
-            .as_f64()
-            .unwrap()
-    };
+    let e2e = |report: &Value, name: &str| ape(report, name, "e2e_mean");
     let candidate = validate_json(&file, &dirs);
     let default = validate_json("calibrated", &dirs);
     let tp4 = "h100-llama2-70b-tp4-codegen";
