@@ -177,7 +177,7 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
 
 #[test]
 fn the_tp4_ttft_split_candidate_passes_the_guard_and_prices_tp4() {
-    // Goal: pin the finding of docs/fidelity.md "The TP 4 step" (stop 29): the shipped
+    // Goal: pin the finding of docs/fidelity.md "The TP 4 step" (stop 28): the shipped
     // coefficients plus the all-reduce latency of the peers beyond the first
     // (`allreduce_base_peers` 1, so TP 1 and TP 2 are priced exactly as shipped), with the
     // first token's decode step not paying it (`first_token_peer_share` 0), hold every
