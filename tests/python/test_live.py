@@ -76,12 +76,18 @@ class Fake:
             self.kill()
 
 
-def free_port_on(host):
+def free_port_on(host, avoid=()):
+    """A port free on `host` that is none of `avoid`: the fake binds its ZMQ ports on the same
+    address, and a port free on another address (where `free_port` found them) can be the one
+    the kernel offers here too."""
     import socket
 
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    while True:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 @pytest.fixture
@@ -93,7 +99,7 @@ def fakes(request):
         rep = free_port() if kv and replay else 0
         for index in range(count):
             host = f"127.0.0.{index + 2}"
-            started.append(Fake(host, free_port_on(host), pub, rep, deprecated))
+            started.append(Fake(host, free_port_on(host, avoid=(pub, rep)), pub, rep, deprecated))
         return started[-count:], pub, rep
 
     yield make

@@ -50,10 +50,13 @@ def pods(request):
         if kv and any(arg == "--dp-size" for arg in extra):
             # Ranks bind pub + r and rep + r: keep the ranges apart.
             rep = pub + 10
+        # The ZMQ ports every rank binds on the pod's address (pub + r, rep + r): the HTTP
+        # port must be none of them.
+        zmq_ports = {port + rank for port in (pub, rep) if port for rank in range(16)}
         made = []
         for index in range(count):
             host = f"127.0.0.{index + 20}"
-            made.append(WireFake(host, free_port_on(host), pub, rep, extra))
+            made.append(WireFake(host, free_port_on(host, avoid=zmq_ports), pub, rep, extra))
         started.extend(made)
         return made, pub, rep
 
