@@ -160,10 +160,12 @@ pub struct CalibratedModel {
     layers: f64,
     /// All-reduces per step (2L at tp > 1).
     allreduces: f64,
-    /// All-reduce peer hand-offs per step priced by `allreduce_peer_us`: 2L·(tp − 1 − base)
-    /// (each all-reduce waits on every peer; the first `allreduce_base_peers` of them are in
-    /// `allreduce_us`), never below 0.
-    allreduce_peers: f64,
+    /// The all-reduce peer latency an engine step pays: `allreduce_peer_us` for each of the
+    /// step's 2L·(tp − 1 − base) peer hand-offs (each all-reduce waits on every peer; the
+    /// first `allreduce_base_peers` of them are in `allreduce_us`), never below 0 hand-offs.
+    step_peer_us: f64,
+    /// What the first token's decode step pays of it (`first_token_peer_share` of it).
+    first_token_peer_us: f64,
     /// Bytes read per step whatever the batch (µs at peak bandwidth).
     dense_weight_us: f64,
     /// One routed expert of one MoE layer (µs at peak bandwidth); 0 for dense models.
@@ -251,6 +253,13 @@ impl CalibratedModel {
     ) -> Self {
         let tp = f64::from(tp_u);
         let layers = f64::from(arch.num_layers);
+        let c = &coefficients.values;
+        // Peer hand-offs a step priced by `allreduce_peer_us` (see `step_peer_us`).
+        let allreduce_peers = if tp_u > 1 {
+            2.0 * layers * (tp - 1.0 - c[idx::ALLREDUCE_BASE_PEERS]).max(0.0)
+        } else {
+            0.0
+        };
         let d = f64::from(arch.hidden_size);
         let heads = f64::from(arch.num_heads);
         let head_dim = f64::from(arch.effective_head_dim());
@@ -292,11 +301,10 @@ impl CalibratedModel {
             allreduce_us_per_token,
             layers,
             allreduces: if tp_u > 1 { 2.0 * layers } else { 0.0 },
-            allreduce_peers: if tp_u > 1 {
-                2.0 * layers * (tp - 1.0 - coefficients.values[idx::ALLREDUCE_BASE_PEERS]).max(0.0)
-            } else {
-                0.0
-            },
+            step_peer_us: c[idx::ALLREDUCE_PEER_US] * allreduce_peers,
+            first_token_peer_us: c[idx::FIRST_TOKEN_PEER_SHARE]
+                * c[idx::ALLREDUCE_PEER_US]
+                * allreduce_peers,
             dense_weight_us: dense_bytes / bytes_per_us,
             expert_weight_us: if arch.is_moe() {
                 expert_params * wb / bytes_per_us
@@ -352,12 +360,12 @@ impl CalibratedModel {
 
     /// The formula over a batch's sums.
     fn price(&self, shape: Shape) -> u64 {
-        self.price_with_peer_share(shape, 1.0)
+        self.price_with_peer_us(shape, self.step_peer_us)
     }
 
-    /// The formula with `peer_share` of the all-reduce peer latency (1 for an engine step;
-    /// `first_token_peer_share` for the first token's decode step).
-    fn price_with_peer_share(&self, shape: Shape, peer_share: f64) -> u64 {
+    /// The formula with `peer_us` of all-reduce peer latency (an engine step's, or what the
+    /// first token's decode step pays).
+    fn price_with_peer_us(&self, shape: Shape, peer_us: f64) -> u64 {
         use idx::*;
         let c = &self.c;
         let tokens = shape.tokens as f64;
@@ -376,7 +384,7 @@ impl CalibratedModel {
             + c[SEQ_US] * shape.sequences as f64
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
-            + peer_share * c[ALLREDUCE_PEER_US] * self.allreduce_peers
+            + peer_us
             + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
             + (c[WEIGHTS] * weights_us).max(flops_us)
             + c[ATTENTION] * attn_us
@@ -392,8 +400,7 @@ impl CalibratedModel {
         let c = &self.c;
         let chunk_tokens = chunk_tokens.max(1);
         let fixed = c[STEP_US] + c[SEQ_US] + c[LAYER_US] * self.layers;
-        let fixed =
-            fixed + c[ALLREDUCE_US] * self.allreduces + c[ALLREDUCE_PEER_US] * self.allreduce_peers;
+        let fixed = fixed + c[ALLREDUCE_US] * self.allreduces + self.step_peer_us;
         let (mut scheduler_us, mut steps_us, mut done) = (0u64, 0u64, 0u32);
         while done < prompt_tokens.max(1) {
             let new = chunk_tokens.min(prompt_tokens.max(1) - done);
@@ -448,7 +455,7 @@ impl CalibratedModel {
             attn_pairs_x2: batch,
             kv_tokens: batch,
         };
-        self.price_with_peer_share(shape, self.c[idx::FIRST_TOKEN_PEER_SHARE])
+        self.price_with_peer_us(shape, self.first_token_peer_us)
     }
 
     /// Host time a step takes longer while `waiting` requests wait in the scheduler's queue:
