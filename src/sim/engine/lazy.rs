@@ -21,6 +21,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use super::lifecycle::first_token_delay;
+use super::window_kv::next_kv_step_of;
 use super::{Engine, InFlight};
 use crate::sim::metrics::Outcome;
 use crate::sim::state::RequestState;
@@ -170,6 +172,8 @@ impl Engine {
     fn join_window(&mut self, window: &mut LazyWindow, position: u32, slot: u32) {
         let step = window.step;
         let ring_len = window.kv_ring.len() as u32;
+        let (block_size, prefix_caching) =
+            (self.config.block_size, self.config.enable_prefix_caching);
         let state = self.state_mut_internal(slot);
         debug_assert!(state.is_decoding(), "only decoding requests join a window");
         state.lazy_base_step = Some(step);
@@ -183,12 +187,11 @@ impl Engine {
         let remaining = state.target_tokens() - state.generated;
         window.members += 1;
         window.context_sum += u64::from(computed);
+        let next = next_kv_step_of(state, step, computed, block_size, prefix_caching)
+            .min(step + ring_len - 1);
         window
             .done_due
             .push(Reverse((step + remaining, position, slot)));
-        let next = self
-            .next_kv_step(slot, step, computed)
-            .min(step + ring_len - 1);
         window.kv_ring[(next & (ring_len - 1)) as usize].push(position);
     }
 
@@ -328,7 +331,7 @@ impl Engine {
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
         // The step's sequences: every member (finished ones included) plus the explicit.
         let batch = window.members + entries.len() as u64;
-        // Priced only when a request of the step emits its first token (most steps none).
+        // The first-token delay, priced once the step has a first token (`first_token_delay`).
         let mut first_delay_us = None;
         let mut still_explicit = 0;
         for (index, entry) in entries.iter().enumerate() {
@@ -343,11 +346,7 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            let delay_us = if state.timeline.first_token_us.is_none() {
-                *first_delay_us.get_or_insert_with(|| self.latency.first_token_delay_us(batch))
-            } else {
-                0 // (read only for a first token)
-            };
+            let delay_us = first_token_delay(&self.latency, &mut first_delay_us, batch, state);
             if let Some(gap) = state.emit_token(now, token_us, delay_us, false)
                 && self.count_gaps
             {

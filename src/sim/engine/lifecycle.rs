@@ -3,6 +3,7 @@
 
 use super::{Engine, EventKind};
 use crate::sim::config::SchedulingPolicy;
+use crate::sim::latency::LatencyModel;
 use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::queue::QueueKey;
 use crate::sim::state::{Phase, RequestState};
@@ -152,7 +153,7 @@ impl Engine {
         let mut run_gap = u64::MAX;
         let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
-        // Priced only when a request of the step emits its first token (most steps none).
+        // The first-token delay, priced once the step has a first token (`first_token_delay`).
         let batch = in_flight.len() as u64;
         let mut first_delay_us = None;
         for entry in &in_flight {
@@ -173,11 +174,7 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            let delay_us = if state.timeline.first_token_us.is_none() {
-                *first_delay_us.get_or_insert_with(|| self.latency.first_token_delay_us(batch))
-            } else {
-                0 // (read only for a first token)
-            };
+            let delay_us = first_token_delay(&self.latency, &mut first_delay_us, batch, state);
             if let Some(gap) = state.emit_token(now, token_us, delay_us, record_gaps) {
                 if self.reference {
                     if self.count_gaps {
@@ -262,6 +259,22 @@ impl Engine {
 }
 
 /// The record `state` leaves when it ends with `outcome` at `end_us`.
+/// The first-token delivery delay to hand [`RequestState::emit_token`] for `state`'s next
+/// token in a step of `batch` sequences: priced at most once per step (`memo`), and only when
+/// that token is the request's first (the only time `emit_token` reads it; most steps emit
+/// none).
+pub(super) fn first_token_delay(
+    latency: &LatencyModel,
+    memo: &mut Option<u64>,
+    batch: u64,
+    state: &RequestState,
+) -> u64 {
+    if state.timeline.first_token_us.is_some() {
+        return 0;
+    }
+    *memo.get_or_insert_with(|| latency.first_token_delay_us(batch))
+}
+
 pub(super) fn record_of(state: RequestState, outcome: Outcome, end_us: u64) -> RequestRecord {
     let timeline = state.timeline;
     RequestRecord {

@@ -13,17 +13,6 @@ use crate::sim::kv::hash::BlockKeys;
 use crate::sim::state::RequestState;
 
 impl Engine {
-    /// The first window step after `step` (the request having computed `computed` tokens
-    /// through window step `step`) whose token needs a KV call: a new block, or a shareable block
-    /// filling up. A private block filling up waits for the next call (the new block's), for
-    /// the request's completion or for the window's close: no other request can look it up
-    /// meanwhile, and the step-by-step path's keying is caught up at those points.
-    pub(super) fn next_kv_step(&self, slot: u32, step: u32, computed: u32) -> u32 {
-        let (block_size, prefix_caching) =
-            (self.config.block_size, self.config.enable_prefix_caching);
-        next_kv_step_of(self.state(slot), step, computed, block_size, prefix_caching)
-    }
-
     /// Renumbers batch positions to the running requests' indices (the same order), so a
     /// long-lived window's positions, due lists and tables stay as small as the batch.
     /// Amortized O(1) per admission: it runs once positions outgrow twice the batch plus
@@ -175,10 +164,13 @@ impl Engine {
     }
 }
 
-/// [`Engine::next_kv_step`] of a request's `state`: the first window step after `step` (it
-/// having computed `computed` tokens through window step `step`) whose token needs a KV call.
+/// The first window step after `step` (the request in `state` having computed `computed`
+/// tokens through window step `step`) whose token needs a KV call: a new block, or a
+/// shareable block filling up. A private block filling up waits for the next call (the new
+/// block's), for the request's completion or for the window's close: no other request can
+/// look it up meanwhile, and the step-by-step path's keying is caught up at those points.
 #[inline(always)]
-fn next_kv_step_of(
+pub(super) fn next_kv_step_of(
     state: &RequestState,
     step: u32,
     computed: u32,
