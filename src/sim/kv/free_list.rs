@@ -144,8 +144,9 @@ impl KvCache {
             debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
             self.key_version += 1;
         }
-        if let Some(cpu) = &mut self.cpu {
-            cpu.insert(block.key().expect("a keyed block"));
+        debug_assert!(block.key().is_some(), "only keyed blocks are forgotten");
+        if let (Some(cpu), Some(key)) = (&mut self.cpu, block.key()) {
+            cpu.insert(key);
         }
     }
 

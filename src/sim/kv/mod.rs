@@ -306,14 +306,26 @@ impl KvCache {
             && self.blocks.len() as u32 == self.total
         {
             let id = self.pop_listed();
-            table.ids.push(id);
-            if self.key_one_private_block(table, keys, total_tokens) {
-                return true;
-            }
-            self.key_full_blocks(table, keys, total_tokens);
+            self.push_decode_block(table, id, keys, total_tokens);
             return true;
         }
         self.allocate_general(table, keys, hit, total_tokens)
+    }
+
+    /// A decode's fresh block `id` joins `table`, and the block it filled is keyed: by its
+    /// latent key in one go when it is private, by [`Self::key_full_blocks`] otherwise.
+    #[inline(always)]
+    fn push_decode_block(
+        &mut self,
+        table: &mut BlockTable,
+        id: u32,
+        keys: BlockKeys<'_>,
+        total_tokens: u32,
+    ) {
+        table.ids.push(id);
+        if !self.key_one_private_block(table, keys, total_tokens) {
+            self.key_full_blocks(table, keys, total_tokens);
+        }
     }
 
     /// [`Self::allocate`]'s every other case.
@@ -330,19 +342,17 @@ impl KvCache {
             "prefix hits are taken only by a request holding no blocks"
         );
         let required = total_tokens.div_ceil(self.block_size);
-        if hit.blocks() == 0 && required <= table.len() + 1 {
-            if required == table.len() + 1 {
-                // One fresh block (a decode crossing a block boundary).
-                if self.free_count == 0 {
-                    return false;
-                }
-                let id = self.pop_free();
-                table.ids.push(id);
-                if self.key_one_private_block(table, keys, total_tokens) {
-                    return true;
-                }
+        if hit.blocks() == 0 && required == table.len() + 1 {
+            // One fresh block (a decode crossing a block boundary).
+            if self.free_count == 0 {
+                return false;
             }
-            // Otherwise the common decode step: the tokens fit the blocks already held.
+            let id = self.pop_free();
+            self.push_decode_block(table, id, keys, total_tokens);
+            return true;
+        }
+        if hit.blocks() == 0 && required <= table.len() {
+            // The common decode step: the tokens fit the blocks already held.
             self.key_full_blocks(table, keys, total_tokens);
             return true;
         }
