@@ -1,9 +1,9 @@
 //! One simulated vLLM v1 instance: the event loop, its clock and its state.
 //!
 //! The engine is a discrete-event state machine on integer microseconds. Events sit in a
-//! queue (`events.rs`) ordered by (time, kind, sequence): at equal times arrivals come first, then
-//! enqueues, then the step, then timeouts, and equal kinds keep submission order, so every
-//! run is deterministic. At most one step is pending; a step is scheduled whenever work waits
+//! queue (`events.rs`) ordered by (time, kind, sequence): at equal times arrivals come
+//! first, then enqueues, then the step, then timeouts, and equal kinds keep submission
+//! order, so every run is deterministic. At most one step is pending; a step is scheduled whenever work waits
 //! (work conservation). A step's effects (tokens, completions) apply when it ends, and the
 //! next batch is formed at that moment, as vLLM's engine loop does.
 //!
