@@ -135,6 +135,9 @@ impl Engine {
         let mut now = step_end;
         let mut next = 0;
         let mut step = 1u32;
+        // Steps are priced per batch size: the pricer is rebuilt when members finish.
+        let mut pricer = self.latency.decode_steps(count)?;
+        let mut priced_count = count;
         loop {
             if now > until_us {
                 return Some(drain);
@@ -166,7 +169,11 @@ impl Engine {
             if count == 0 {
                 return Some(drain);
             }
-            let duration = self.latency.step_with_decodes_us(&[], count, context)?;
+            if priced_count != count {
+                pricer = self.latency.decode_steps(count)?;
+                priced_count = count;
+            }
+            let duration = pricer.step_us(context);
             now = now.saturating_add(duration);
             step += 1;
         }

@@ -230,6 +230,30 @@ struct Shape {
     kv_tokens: u64,
 }
 
+/// [`CalibratedModel::decode_steps`]: decode-only steps of a fixed number of sequences.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeSteps<'a> {
+    model: &'a CalibratedModel,
+    decodes: u64,
+    batch_part_us: f64,
+}
+
+impl DecodeSteps<'_> {
+    /// The step when the sequences hold `context` tokens of context in total: equals
+    /// `step_with_decodes_us(&[], decodes, context)`.
+    #[inline]
+    pub fn step_us(&self, context: u64) -> u64 {
+        if self.decodes == 0 {
+            return 1;
+        }
+        // A decode's query meets its context plus itself: 1·(2·ctx + 1).
+        let attn_pairs_x2 = 2 * context + self.decodes;
+        let kv_tokens = context + self.decodes;
+        self.model
+            .context_part(self.batch_part_us, attn_pairs_x2, kv_tokens)
+    }
+}
+
 impl CalibratedModel {
     /// Builds the model for `arch` on `gpu` at tensor parallelism `tp`.
     pub fn new(
@@ -366,9 +390,17 @@ impl CalibratedModel {
     /// The formula with `peer_us` of all-reduce peer latency (an engine step's, or what the
     /// first token's decode step pays).
     fn price_with_peer_us(&self, shape: Shape, peer_us: f64) -> u64 {
+        let fixed = self.batch_part_us(shape.sequences, shape.tokens, peer_us);
+        self.context_part(fixed, shape.attn_pairs_x2, shape.kv_tokens)
+    }
+
+    /// The formula's terms that depend on the batch's sequences and tokens but not on their
+    /// context, summed in the formula's order (so adding [`Self::context_part`]'s terms to it
+    /// gives the formula's value to the last bit).
+    fn batch_part_us(&self, sequences: u64, tokens: u64, peer_us: f64) -> f64 {
         use idx::*;
         let c = &self.c;
-        let tokens = shape.tokens as f64;
+        let tokens = tokens as f64;
         let experts_touched = if self.moe_layers > 0.0 {
             f64::from(self.experts) * activated_expert_fraction(self.experts, self.top_k, tokens)
         } else {
@@ -378,18 +410,36 @@ impl CalibratedModel {
             self.dense_weight_us + self.moe_layers * experts_touched * self.expert_weight_us;
         let flops_us = tokens
             * (c[FLOPS] * self.flop_us_per_token + c[MOE_FLOPS] * self.expert_flop_us_per_token);
-        let attn_us = shape.attn_pairs_x2 as f64 / 2.0 * self.attn_us_per_token_ctx;
-        let kv_us = shape.kv_tokens as f64 * self.kv_us_per_token;
-        let step = c[STEP_US]
-            + c[SEQ_US] * shape.sequences as f64
+        c[STEP_US]
+            + c[SEQ_US] * sequences as f64
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
             + peer_us
             + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
             + (c[WEIGHTS] * weights_us).max(flops_us)
-            + c[ATTENTION] * attn_us
-            + c[KV] * kv_us;
+    }
+
+    /// The step in whole microseconds: `batch_part_us` plus the attention and KV terms of
+    /// the batch's context, the formula's last two terms.
+    #[inline]
+    fn context_part(&self, batch_part_us: f64, attn_pairs_x2: u64, kv_tokens: u64) -> u64 {
+        let c = &self.c;
+        let attn_us = attn_pairs_x2 as f64 / 2.0 * self.attn_us_per_token_ctx;
+        let kv_us = kv_tokens as f64 * self.kv_us_per_token;
+        let step = batch_part_us + c[idx::ATTENTION] * attn_us + c[idx::KV] * kv_us;
         us_trunc_from_f64(step).max(1)
+    }
+
+    /// The steps of `decodes` decoding sequences and nothing else, priced as their context
+    /// grows: the terms fixed by the batch's size are summed once (a drain prices hundreds of
+    /// such steps between two changes of its batch). Each step's price is
+    /// [`CalibratedModel::step_with_decodes_us`]'s to the last bit.
+    pub fn decode_steps(&self, decodes: u64) -> DecodeSteps<'_> {
+        DecodeSteps {
+            model: self,
+            decodes,
+            batch_part_us: self.batch_part_us(decodes, decodes, self.step_peer_us),
+        }
     }
 
     /// The parts of the TTFT of one `prompt_tokens` request on an idle server whose steps

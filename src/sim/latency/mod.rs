@@ -30,6 +30,34 @@ pub use calibrated::{CalibratedCoefficients, CalibratedModel};
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
 
+/// [`LatencyModel::decode_steps`]: prices decode-only steps of a fixed batch size.
+#[derive(Clone, Copy, Debug)]
+pub enum DecodeStepPricer<'a> {
+    /// The calibrated model, its context-free terms summed once.
+    Calibrated(calibrated::DecodeSteps<'a>),
+    /// Any other model that prices decodes from (count, context): the whole formula per step.
+    PerStep {
+        /// The model.
+        model: &'a LatencyModel,
+        /// Decoding sequences.
+        decodes: u64,
+    },
+}
+
+impl DecodeStepPricer<'_> {
+    /// The step when the sequences hold `context` tokens of context in total, in whole
+    /// microseconds, at least 1.
+    #[inline]
+    pub fn step_us(&self, context: u64) -> u64 {
+        match self {
+            DecodeStepPricer::Calibrated(steps) => steps.step_us(context),
+            DecodeStepPricer::PerStep { model, decodes } => model
+                .step_with_decodes_us(&[], *decodes, context)
+                .unwrap_or(1),
+        }
+    }
+}
+
 /// Why a latency model could not be built from the given inputs.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum LatencyError {
@@ -217,6 +245,24 @@ impl LatencyModel {
             LatencyModel::Physics(_) => return None,
         };
         Some(step.max(1))
+    }
+
+    /// The decode-only steps of `decodes` sequences, priced from their total context as it
+    /// grows (a drain's steps between two changes of its batch), if the model prices decodes
+    /// from (count, context) alone; `None` otherwise. Each price equals
+    /// `step_with_decodes_us(&[], decodes, context)`; the calibrated model sums the terms the
+    /// context does not change once.
+    pub fn decode_steps(&self, decodes: u64) -> Option<DecodeStepPricer<'_>> {
+        match self {
+            LatencyModel::Calibrated(model) => {
+                Some(DecodeStepPricer::Calibrated(model.decode_steps(decodes)))
+            }
+            LatencyModel::Physics(_) => None,
+            other => Some(DecodeStepPricer::PerStep {
+                model: other,
+                decodes,
+            }),
+        }
     }
 
     /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host

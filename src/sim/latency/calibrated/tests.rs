@@ -48,6 +48,40 @@ fn decodes_priced_in_aggregate_equal_entry_by_entry() {
 }
 
 #[test]
+fn decode_steps_price_as_step_with_decodes() {
+    // Goal: a drain's pricer (context-free terms summed once) gives every step the price the
+    // whole formula gives, dense and MoE, TP 1 and 4 with the per-peer term on.
+    // Method: many (decodes, context) pairs with fractional coefficients, so a regrouped sum
+    // would truncate differently somewhere.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    for (index, value) in coefficients.values.iter_mut().enumerate() {
+        *value += 0.137 * index as f64 + 0.011;
+    }
+    coefficients.values[idx::ALLREDUCE_PEER_US] = 5.3;
+    let mut moe = llama_8b();
+    moe.num_experts = 8;
+    moe.experts_per_tok = 2;
+    for (arch, tp) in [(llama_8b(), 1), (llama_8b(), 4), (moe, 2)] {
+        let model = CalibratedModel::new(&arch, &h100(), tp, &coefficients).unwrap();
+        let mut mismatches = 0;
+        let mut state = 0x9e37_79b9_u64;
+        for decodes in [0u64, 1, 2, 7, 64, 128, 255] {
+            let steps = model.decode_steps(decodes);
+            for _ in 0..500 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                let context = decodes * ((state >> 33) % 4096);
+                if steps.step_us(context) != model.step_with_decodes_us(&[], decodes, context) {
+                    mismatches += 1;
+                }
+            }
+        }
+        assert_eq!(mismatches, 0, "tp {tp}");
+    }
+}
+
+#[test]
 fn moe_reads_only_the_experts_its_tokens_touch() {
     let mut arch = llama_8b();
     arch.num_experts = 8;
