@@ -534,3 +534,49 @@ fn client_timeouts_under_overload_abort_queued_and_running_requests() {
     }
     assert_eq!(record(&engine, 60).outcome, Outcome::Completed);
 }
+
+#[test]
+fn an_engine_keeping_no_records_summarises_the_same() {
+    // Goal: `keep_request_records` off keeps 32 bytes of samples per completed request
+    // instead of a record, and the summary is the same to the bit. Method: one workload
+    // with every way of leaving (completed, preempted then completed, dropped, timed out
+    // waiting and running) run twice, with and without records.
+    let requests = || -> Vec<RequestSpec> {
+        (0..300u64)
+            .map(|i| {
+                let input = 16 + (i * 37 % 300) as u32;
+                let output = 1 + (i * 53 % 120) as u32;
+                let mut spec = RequestSpec::synthetic(i, i * 900, input, output);
+                if i % 7 == 0 {
+                    spec.deadline_us = Some(i * 900 + 40_000);
+                }
+                if i == 150 {
+                    // Larger than the whole cache: dropped at arrival.
+                    spec.input_tokens = 5_000;
+                }
+                spec
+            })
+            .collect()
+    };
+    let run = |keep: bool| {
+        let mut cfg = config(80);
+        cfg.keep_request_records = keep;
+        let mut engine = engine(cfg);
+        run_checked(&mut engine, requests());
+        engine
+    };
+    let (with, without) = (run(true), run(false));
+    let counts = with.counts();
+    assert!(
+        counts.completed > 0 && counts.timed_out > 0 && counts.dropped > 0,
+        "{counts:?}"
+    );
+    assert!(counts.preemptions > 0, "{counts:?}");
+    assert_eq!(with.summary(), without.summary());
+    assert!(without.metrics().records.is_empty());
+    assert_eq!(
+        without.metrics().samples.e2e_us.len() as u64,
+        counts.completed
+    );
+    assert!(with.metrics().samples.e2e_us.is_empty());
+}

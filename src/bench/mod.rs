@@ -43,14 +43,26 @@ pub fn reference_requests(num_requests: u64) -> WorkloadGenerator {
         .expect("the reference workload is valid (tested in sim_blis_crosscheck)")
 }
 
-/// The reference run's engine: llama-3.1-8b-instruct, H100, TP1, roofline, vLLM defaults.
+/// The reference run's engine: llama-3.1-8b-instruct, H100, TP1, roofline, vLLM defaults,
+/// keeping a record per request.
 pub fn reference_engine() -> Result<Engine, SimError> {
+    reference_engine_keeping(true)
+}
+
+/// [`reference_engine`] as `ditto run` runs it without per-request output: keeping only the
+/// summary's samples (what the offline bench measures).
+pub fn offline_reference_engine() -> Result<Engine, SimError> {
+    reference_engine_keeping(false)
+}
+
+fn reference_engine_keeping(records: bool) -> Result<Engine, SimError> {
     let arch = catalog::model("llama-3.1-8b-instruct").map_err(config_error)?;
     let gpu = catalog::gpu("H100").map_err(config_error)?;
     let latency =
         catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).map_err(config_error)?;
     let mut config = EngineConfig::vllm_defaults(REFERENCE_BLOCKS, arch.max_position_embeddings);
     config.kv_sample_interval_us = 0;
+    config.keep_request_records = records;
     Engine::new(config, latency)
 }
 

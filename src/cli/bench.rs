@@ -24,7 +24,7 @@ use clap::Args;
 
 use super::error::CliError;
 use crate::bench::{
-    reference_engine, reference_requests, whatif_instance, whatif_now_us, whatif_question,
+    offline_reference_engine, reference_requests, whatif_instance, whatif_now_us, whatif_question,
     whatif_snapshot,
 };
 use crate::cluster::spec;
@@ -206,10 +206,10 @@ fn offline_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
     // One untimed run first: the first simulation in a process pays one-time costs (page
     // faults of fresh memory, the embedded catalog's parse) that are not per-request work.
     let warm_up = sizes.first().map_or(10_000, |&size| size.min(10_000));
-    reference_engine()?.run(reference_requests(warm_up), u64::MAX)?;
+    offline_reference_engine()?.run(reference_requests(warm_up), u64::MAX)?;
     let mut per_request = Vec::new();
     for &size in &sizes {
-        let mut engine = reference_engine()?;
+        let mut engine = offline_reference_engine()?;
         let started = Instant::now();
         engine.run(reference_requests(size), u64::MAX)?;
         let wall = started.elapsed().as_secs_f64();

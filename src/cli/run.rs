@@ -219,6 +219,11 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         seed,
         cluster: None,
     };
+    // Records only for the per-request output; the summary is the same without them.
+    let config = EngineConfig {
+        keep_request_records: args.per_request.is_some(),
+        ..config
+    };
     let mut engine = Engine::new(config, latency)?;
     // Requests fed to the engine, on stderr when it is a terminal (stdout is the JSON).
     let shown = progress::wanted(false);

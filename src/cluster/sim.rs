@@ -19,7 +19,7 @@ use crate::sim::engine::validate_request;
 use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::metrics::{Counts, Outcome, RequestRecord, Summary};
 use crate::sim::rng::RngStreams;
-use crate::sim::{Engine, RequestSpec, SimError};
+use crate::sim::{Engine, EngineConfig, RequestSpec, SimError};
 
 /// A simulated cluster.
 #[derive(Clone, Debug)]
@@ -65,7 +65,14 @@ impl Cluster {
         let engines = config
             .instances
             .iter()
-            .map(|instance| Engine::new(instance.engine.clone(), instance.latency.clone()))
+            .map(|instance| {
+                // The cluster's summary and routing feedback read every instance's records.
+                let config = EngineConfig {
+                    keep_request_records: true,
+                    ..instance.engine.clone()
+                };
+                Engine::new(config, instance.latency.clone())
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self::from_engines(config, engines, seed))
     }

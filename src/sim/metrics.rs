@@ -7,9 +7,13 @@
 //! as BLIS and numpy do. All figures are in integer microseconds until the summary converts
 //! to milliseconds and seconds.
 
+mod samples;
+
 use std::collections::HashMap;
 
 use crate::sim::request::{RequestId, SloClass};
+
+pub use samples::SummarySamples;
 
 /// How a request left the engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,8 +351,12 @@ pub type GapCounts = HashMap<u64, u64, GapBuildHasher>;
 /// What an engine has measured so far.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
-    /// One record per request that left the engine, in leaving order.
+    /// One record per request that left the engine, in leaving order (none when the engine
+    /// keeps no records: then `samples` has what the summary needs).
     pub records: Vec<RequestRecord>,
+    /// The completed requests' summary samples, kept instead of `records` by an engine that
+    /// keeps no records (empty otherwise).
+    pub samples: SummarySamples,
     /// Every inter-token gap (µs) -> how many times it occurred.
     pub token_gap_counts: GapCounts,
     /// Most requests ever waiting (arrived, not admitted) at once.
@@ -447,28 +455,37 @@ impl Summary {
         sim_duration_us: u64,
         prefix_cache_hit_rate: f64,
     ) -> Self {
-        let completed: Vec<&RequestRecord> = records
-            .iter()
-            .filter(|r| r.outcome == Outcome::Completed)
-            .collect();
-        let collect = |f: &dyn Fn(&RequestRecord) -> Option<f64>| -> Vec<f64> {
-            completed.iter().filter_map(|r| f(r)).collect()
-        };
-        let mut ttft = collect(&|r| r.ttft_us().map(|v| v as f64));
-        let mut e2e = collect(&|r| r.e2e_us().map(|v| v as f64));
-        let mut tpot = collect(&|r| r.tpot_us());
-        let mut delay = collect(&|r| r.scheduling_delay_us().map(|v| v as f64));
-        Self {
+        Self::from_samples(
+            &SummarySamples::of(records),
+            token_gap_counts,
             counts,
-            input_tokens: completed.iter().map(|r| u64::from(r.input_tokens)).sum(),
-            output_tokens: completed.iter().map(|r| u64::from(r.output_tokens)).sum(),
             sim_duration_us,
             prefix_cache_hit_rate,
-            ttft: LatencyStats::from_whole_us(&mut ttft),
-            e2e: LatencyStats::from_whole_us(&mut e2e),
+        )
+    }
+
+    /// [`Summary::build`] from the completed requests' samples instead of their records
+    /// (the same figures: the samples are what the records give).
+    pub fn from_samples(
+        samples: &SummarySamples,
+        token_gap_counts: &GapCounts,
+        counts: Counts,
+        sim_duration_us: u64,
+        prefix_cache_hit_rate: f64,
+    ) -> Self {
+        // Each metric's values are copied in turn (selection reorders them).
+        let whole = |values: &[f64]| LatencyStats::from_whole_us(&mut values.to_vec());
+        Self {
+            counts,
+            input_tokens: samples.input_tokens,
+            output_tokens: samples.output_tokens,
+            sim_duration_us,
+            prefix_cache_hit_rate,
+            ttft: whole(&samples.ttft_us),
+            e2e: whole(&samples.e2e_us),
             itl: LatencyStats::from_counts(token_gap_counts),
-            tpot: LatencyStats::from_us(&mut tpot),
-            scheduling_delay: LatencyStats::from_whole_us(&mut delay),
+            tpot: LatencyStats::from_us(&mut samples.tpot_us.clone()),
+            scheduling_delay: whole(&samples.scheduling_delay_us),
             kv_usage_mean: 0.0,
             kv_usage_peak: 0.0,
             kv_usage_timeline: Vec::new(),

@@ -254,7 +254,11 @@ impl Engine {
         self.note_retired(slot, state.serial);
         let record = record_of(state, outcome, end_us);
         debug_assert_causal(&record);
-        self.metrics.records.push(record);
+        if self.config.keep_request_records {
+            self.metrics.records.push(record);
+        } else {
+            self.metrics.samples.push(&record);
+        }
     }
 }
 

@@ -61,6 +61,10 @@ struct InFlight {
 /// Most records [`Engine::run`] reserves room for ahead (from its requests' size hint).
 const RECORDS_RESERVE_MAX: usize = 1 << 22;
 
+/// Most requests' summary samples [`Engine::run`] reserves room for ahead, when the engine
+/// keeps no records (32 bytes each: 512 MB).
+const SAMPLES_RESERVE_MAX: usize = 1 << 24;
+
 /// A simulated vLLM v1 instance.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -259,6 +263,7 @@ impl Engine {
             + self.in_flight.capacity() * std::mem::size_of::<InFlight>()
             + self.scratch_shape.capacity() * std::mem::size_of::<BatchEntry>()
             + self.metrics.records.capacity() * std::mem::size_of::<crate::sim::RequestRecord>()
+            + self.metrics.samples.memory_bytes()
             + self.metrics.token_gap_counts.capacity() * 17
     }
 
@@ -353,8 +358,16 @@ impl Engine {
         // One record per request: room reserved when the count is known, so the records
         // never move while growing (bounded, in case a hint is wild).
         let (low, high) = requests.size_hint();
-        let expected = high.unwrap_or(low).min(RECORDS_RESERVE_MAX);
-        self.metrics.records.reserve(expected);
+        let expected = high.unwrap_or(low);
+        if self.config.keep_request_records {
+            self.metrics
+                .records
+                .reserve(expected.min(RECORDS_RESERVE_MAX));
+        } else {
+            self.metrics
+                .samples
+                .reserve(expected.min(SAMPLES_RESERVE_MAX));
+        }
         driver::run(self, requests, max_events)
     }
 
@@ -366,13 +379,23 @@ impl Engine {
         } else {
             stats.hit_tokens as f64 / stats.query_tokens as f64
         };
-        let mut summary = Summary::build(
-            &self.metrics.records,
-            &self.metrics.token_gap_counts,
-            self.counts,
-            self.now_us,
-            hit_rate,
-        );
+        let mut summary = if self.config.keep_request_records {
+            Summary::build(
+                &self.metrics.records,
+                &self.metrics.token_gap_counts,
+                self.counts,
+                self.now_us,
+                hit_rate,
+            )
+        } else {
+            Summary::from_samples(
+                &self.metrics.samples,
+                &self.metrics.token_gap_counts,
+                self.counts,
+                self.now_us,
+                hit_rate,
+            )
+        };
         summary.kv_usage_mean = self.metrics.kv_usage.mean(self.now_us);
         summary.kv_usage_peak = self.metrics.kv_usage.peak;
         summary.kv_usage_timeline = self.metrics.kv_usage.timeline.clone();
