@@ -63,7 +63,17 @@ fn every_gpu_builds_the_roofline() {
     }
     assert_eq!(
         catalog::gpu_names(),
-        ["A100-80", "A100-SXM", "B200", "H100", "H200", "L4", "L40S"]
+        [
+            "A100-80",
+            "A100-PCIe",
+            "A100-SXM",
+            "B200",
+            "H100",
+            "H100-PCIe",
+            "H200",
+            "L4",
+            "L40S"
+        ]
     );
 }
 

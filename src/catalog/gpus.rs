@@ -208,7 +208,17 @@ mod tests {
         let names: Vec<&str> = table.iter().map(|gpu| gpu.name.as_str()).collect();
         assert_eq!(
             names,
-            ["A100-80", "A100-SXM", "B200", "H100", "H200", "L4", "L40S"]
+            [
+                "A100-80",
+                "A100-PCIe",
+                "A100-SXM",
+                "B200",
+                "H100",
+                "H100-PCIe",
+                "H200",
+                "L4",
+                "L40S"
+            ]
         );
         let h100 = find(&table, "h100").unwrap();
         assert_eq!(h100.tflops_peak, 989.5);
@@ -222,6 +232,18 @@ mod tests {
             find(&table, "A100").unwrap().interconnect_gbs
                 > 5.0 * find(&table, "L40S").unwrap().interconnect_gbs
         );
+        // A PCIe card: the same tensor peak as its SXM part, less HBM bandwidth, and its
+        // all-reduce over PCIe (its NVLink bridge joins two GPUs only).
+        let (sxm, pcie) = (
+            find(&table, "A100").unwrap(),
+            find(&table, "a100-pcie").unwrap(),
+        );
+        assert_eq!(pcie.tflops_peak, sxm.tflops_peak);
+        assert!(pcie.bw_peak_tbs < sxm.bw_peak_tbs);
+        assert!(sxm.interconnect_gbs > 5.0 * pcie.interconnect_gbs);
+        let h100_pcie = find(&table, "H100-PCIe").unwrap();
+        assert!(h100_pcie.tflops_peak < h100.tflops_peak);
+        assert!(h100_pcie.interconnect_gbs < h100.interconnect_gbs / 5.0);
     }
 
     #[test]
