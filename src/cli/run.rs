@@ -82,7 +82,8 @@ pub enum Simulated {
 pub struct RunResult {
     /// The printed output.
     pub output: RunOutput,
-    /// The simulation at the end of the run (records, metrics, cache state).
+    /// The simulation at the end of the run (metrics, cache state; a single engine keeps
+    /// per-request records only when `--per-request` was given).
     pub simulated: Simulated,
 }
 

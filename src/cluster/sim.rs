@@ -85,6 +85,12 @@ impl Cluster {
             config.instances.len(),
             "one engine per instance"
         );
+        debug_assert!(
+            engines
+                .iter()
+                .all(|engine| engine.config().keep_request_records),
+            "the cluster's summary and routing feedback read every instance's records"
+        );
         let count = engines.len();
         let now_us = engines.iter().map(Engine::now_us).max().unwrap_or(0);
         let router = Router::new(

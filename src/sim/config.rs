@@ -72,7 +72,8 @@ pub struct EngineConfig {
     /// Keep a record per request that leaves (per-request output, the twin, validation).
     /// Off, only the samples the summary needs are kept (32 bytes per completed request
     /// instead of a 128-byte record), with the same summary: offline runs of millions of
-    /// requests.
+    /// requests. A cluster needs records (its summary and routing read them), and so does
+    /// watching a request ([`crate::sim::Engine::submit_watched`]).
     pub keep_request_records: bool,
 }
 

@@ -62,6 +62,10 @@ impl Engine {
     }
 
     fn watch(&mut self, slot: u32) {
+        debug_assert!(
+            self.config.keep_request_records,
+            "a watched request's record is read from the records"
+        );
         let serial = self.state(slot).serial;
         self.watched = Some(Watched {
             slot,

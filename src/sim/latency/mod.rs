@@ -30,18 +30,18 @@ pub use calibrated::{CalibratedCoefficients, CalibratedModel};
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
 
-/// [`LatencyModel::decode_steps`]: prices decode-only steps of a fixed batch size.
+/// [`LatencyModel::decode_steps`]: prices decode-only steps of a fixed batch size. Built
+/// only for models that price decodes from (count, context).
 #[derive(Clone, Copy, Debug)]
-pub enum DecodeStepPricer<'a> {
+pub struct DecodeStepPricer<'a>(Pricer<'a>);
+
+#[derive(Clone, Copy, Debug)]
+enum Pricer<'a> {
     /// The calibrated model, its context-free terms summed once.
     Calibrated(calibrated::DecodeSteps<'a>),
-    /// Any other model that prices decodes from (count, context): the whole formula per step.
-    PerStep {
-        /// The model.
-        model: &'a LatencyModel,
-        /// Decoding sequences.
-        decodes: u64,
-    },
+    /// The other models: the whole formula per step.
+    Blackbox(&'a BlackboxCoefficients, u64),
+    Roofline(&'a RooflineModel, u64),
 }
 
 impl DecodeStepPricer<'_> {
@@ -49,12 +49,12 @@ impl DecodeStepPricer<'_> {
     /// microseconds, at least 1.
     #[inline]
     pub fn step_us(&self, context: u64) -> u64 {
-        match self {
-            DecodeStepPricer::Calibrated(steps) => steps.step_us(context),
-            DecodeStepPricer::PerStep { model, decodes } => model
-                .step_with_decodes_us(&[], *decodes, context)
-                .unwrap_or(1),
-        }
+        let step = match self.0 {
+            Pricer::Calibrated(steps) => steps.step_us(context),
+            Pricer::Blackbox(model, decodes) => model.step_with_decodes_us(&[], decodes),
+            Pricer::Roofline(model, decodes) => model.step_with_decodes_us(&[], decodes, context),
+        };
+        step.max(1)
     }
 }
 
@@ -253,16 +253,13 @@ impl LatencyModel {
     /// `step_with_decodes_us(&[], decodes, context)`; the calibrated model sums the terms the
     /// context does not change once.
     pub fn decode_steps(&self, decodes: u64) -> Option<DecodeStepPricer<'_>> {
-        match self {
-            LatencyModel::Calibrated(model) => {
-                Some(DecodeStepPricer::Calibrated(model.decode_steps(decodes)))
-            }
-            LatencyModel::Physics(_) => None,
-            other => Some(DecodeStepPricer::PerStep {
-                model: other,
-                decodes,
-            }),
-        }
+        let pricer = match self {
+            LatencyModel::Calibrated(model) => Pricer::Calibrated(model.decode_steps(decodes)),
+            LatencyModel::Blackbox(model) => Pricer::Blackbox(model, decodes),
+            LatencyModel::Roofline(model) => Pricer::Roofline(model, decodes),
+            LatencyModel::Physics(_) => return None,
+        };
+        Some(DecodeStepPricer(pricer))
     }
 
     /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host
