@@ -199,13 +199,10 @@ fn allocate_to(
     prefix_caching: bool,
 ) -> bool {
     // The common call (a member past its shareable blocks, crossing a block boundary): every
-    // shareable block is keyed, so no key needs computing, and the table has room, so none
-    // needs taking. Straight to the cache, as `allocate_blocks` would go.
+    // shareable block is keyed, so no key needs computing, and its new blocks are anonymous
+    // (no table room to take). Straight to the cache, as `allocate_blocks` would go.
     let shareable = state.shareable;
-    if prefix_caching
-        && state.blocks.num_keyed >= shareable
-        && state.blocks.ids.len() < state.blocks.ids.capacity()
-    {
+    if prefix_caching && state.blocks.num_keyed >= shareable {
         let keys = BlockKeys {
             shareable_keys: &state.keys,
             shareable,
