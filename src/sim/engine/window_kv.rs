@@ -208,7 +208,7 @@ fn allocate_to(
             shareable,
             owner_seed: state.owner_seed,
         };
-        return kv.allocate(&mut state.blocks, keys, PrefixHit::default(), total);
+        return kv.allocate_past_shareable(&mut state.blocks, keys, total);
     }
     if prefix_caching {
         state.ensure_keys(total / block_size, block_size);
