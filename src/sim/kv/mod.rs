@@ -30,6 +30,8 @@ mod free_list;
 pub mod hash;
 mod key_hasher;
 pub mod lru;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
