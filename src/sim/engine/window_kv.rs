@@ -203,12 +203,15 @@ fn allocate_to(
     // (no table room to take). Straight to the cache, as `allocate_blocks` would go.
     let shareable = state.shareable;
     if prefix_caching && state.blocks.num_keyed >= shareable {
+        if kv.take_crossing(&mut state.blocks, state.owner_seed, total) {
+            return true;
+        }
         let keys = BlockKeys {
             shareable_keys: &state.keys,
             shareable,
             owner_seed: state.owner_seed,
         };
-        return kv.allocate_past_shareable(&mut state.blocks, keys, total);
+        return kv.allocate(&mut state.blocks, keys, PrefixHit::default(), total);
     }
     if prefix_caching {
         state.ensure_keys(total / block_size, block_size);

@@ -384,36 +384,29 @@ impl KvCache {
         self.allocate_general(table, keys, hit, total_tokens)
     }
 
-    /// A lazy window's per-block call for a request all of whose shareable blocks are keyed
-    /// (`table.num_keyed >= keys.shareable`, prefix caching on): grows `table` to cover
-    /// `total_tokens`, as [`Self::allocate`] would. Its common case, a token crossing into a
-    /// new block while the key map is empty, takes one anonymous block and counts the block
-    /// it filled as keyed (private, and no map can hold its key) without further checks.
+    /// A lazy window's per-block call, its common case: a request all of whose shareable
+    /// blocks are keyed (`table.num_keyed >= shareable`, prefix caching on) crossing into a
+    /// new block while the key map is empty takes one anonymous block, and the block it
+    /// filled counts as keyed (private, and no map can hold its key), exactly as
+    /// [`Self::allocate`] would. Returns false, changing nothing, in every other case (the
+    /// caller then calls [`Self::allocate`]). `seed` is the owner's private seed.
     #[inline(always)]
-    pub fn allocate_past_shareable(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        total_tokens: u32,
-    ) -> bool {
-        debug_assert!(
-            self.prefix_caching && table.num_keyed >= keys.shareable,
-            "every shareable block is keyed"
-        );
+    pub fn take_crossing(&mut self, table: &mut BlockTable, seed: u64, total_tokens: u32) -> bool {
         let len = table.len();
-        if total_tokens == len * self.block_size + 1
-            && self.free_head != NIL
-            && self.virgin == 0
-            && self.by_key.is_empty()
+        if total_tokens != len * self.block_size + 1
+            || self.free_head == NIL
+            || self.virgin != 0
+            || !self.by_key.is_empty()
         {
-            debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
-            self.take_anon_one();
-            table.seed = keys.owner_seed;
-            table.anon += 1;
-            table.num_keyed = len;
-            return true;
+            return false;
         }
-        self.allocate(table, keys, PrefixHit::default(), total_tokens)
+        debug_assert!(self.prefix_caching, "keying needs prefix caching");
+        debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
+        self.take_anon_one();
+        table.seed = seed;
+        table.anon += 1;
+        table.num_keyed = len;
+        true
     }
 
     /// Takes `count` fresh blocks (which must be free) for `table`'s next indices:

@@ -13,11 +13,18 @@ const BLOCK: u32 = 4;
 
 /// Grows `table` of private request `owner` to `total` tokens.
 fn grow(kv: &mut KvCache, table: &mut BlockTable, owner: u64, total: u32) -> bool {
-    kv.allocate(table, BlockKeys::private(owner), PrefixHit::default(), total)
+    kv.allocate(
+        table,
+        BlockKeys::private(owner),
+        PrefixHit::default(),
+        total,
+    )
 }
 
 fn cpu_keys(kv: &KvCache) -> Vec<u64> {
-    kv.cpu.as_ref().map_or_else(Vec::new, super::LruKeySet::keys_lru_first)
+    kv.cpu
+        .as_ref()
+        .map_or_else(Vec::new, super::LruKeySet::keys_lru_first)
 }
 
 #[test]
@@ -29,9 +36,8 @@ fn a_partial_take_splits_a_run_from_its_top() {
     assert_eq!((a.len(), a.anonymous(), a.num_keyed), (6, 6, 5));
     kv.free(&mut a);
     assert_eq!(kv.runs.len(), 1, "one run for the whole request");
-    let keys_of_a = |indices: &[u32]| -> Vec<u64> {
-        indices.iter().map(|&i| private_key(1, i)).collect()
-    };
+    let keys_of_a =
+        |indices: &[u32]| -> Vec<u64> { indices.iter().map(|&i| private_key(1, i)).collect() };
     assert_eq!(kv.free_keys_lru_first(), keys_of_a(&[4, 3, 2, 1, 0]));
     // Two virgin blocks first, then the run's top: index 5 (unkeyed), then 4 (evicted).
     let mut b = BlockTable::default();
@@ -55,7 +61,11 @@ fn a_preempted_requests_anonymous_blocks_become_findable() {
     let mut a = BlockTable::default();
     assert!(grow(&mut kv, &mut a, 7, 14)); // 4 blocks, 3 full
     let keys = BlockKeys::private(7);
-    assert_eq!(kv.lookup(keys, 3).gpu_blocks, 0, "latent keys are not looked up");
+    assert_eq!(
+        kv.lookup(keys, 3).gpu_blocks,
+        0,
+        "latent keys are not looked up"
+    );
     kv.free_preempted(&mut a);
     assert!(a.is_empty());
     kv.check(std::iter::empty()).unwrap();
