@@ -29,7 +29,9 @@ mod block;
 mod free_list;
 pub mod hash;
 mod key_hasher;
+mod keying;
 pub mod lru;
+mod table;
 #[cfg(test)]
 mod tests;
 
@@ -42,59 +44,7 @@ use hash::{BlockKeys, private_key_of_latent};
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
-
-/// The blocks a request holds, in token order: identified ones, then anonymous ones.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct BlockTable {
-    /// Ids of the identified blocks, block `i` holding tokens `i*block_size ..
-    /// (i+1)*block_size`: prefix hits and shareable content, always leading.
-    pub ids: Vec<u32>,
-    /// How many leading blocks have been keyed (registered for prefix hits).
-    pub num_keyed: u32,
-    /// Anonymous (private) blocks after the identified ones.
-    anon: u32,
-    /// The owner's private seed: anonymous block `i`'s latent key is `seed ^ i`.
-    seed: u64,
-    /// Anonymous indices below `num_keyed` left unkeyed, ascending: their key was already
-    /// cached elsewhere (a preempted request's own content), so they are duplicates.
-    dups: Vec<u32>,
-}
-
-impl Clone for BlockTable {
-    /// Keeps the reserved room (a forked request grows its table without reallocating).
-    fn clone(&self) -> Self {
-        Self {
-            ids: crate::sim::state::clone_with_capacity(&self.ids),
-            num_keyed: self.num_keyed,
-            anon: self.anon,
-            seed: self.seed,
-            dups: self.dups.clone(),
-        }
-    }
-}
-
-impl BlockTable {
-    /// Number of blocks held.
-    #[inline]
-    pub fn len(&self) -> u32 {
-        self.ids.len() as u32 + self.anon
-    }
-
-    /// True if the request holds no block.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Anonymous blocks held (after the identified ones).
-    pub fn anonymous(&self) -> u32 {
-        self.anon
-    }
-
-    /// True if anonymous block `index` holds its latent key.
-    fn anon_keyed(&self, index: u32) -> bool {
-        index < self.num_keyed && self.dups.binary_search(&index).is_err()
-    }
-}
+pub use table::BlockTable;
 
 /// Result of a prefix lookup: how many leading full blocks are already cached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -593,80 +543,6 @@ impl KvCache {
         self.free_count += released;
         table.ids.clear();
         table.num_keyed = 0;
-    }
-
-    /// The decode path's keying in one go: if exactly one more block is full, it is
-    /// anonymous and the key map is empty (so it cannot hold the key), counts it keyed and
-    /// returns true; otherwise returns false and leaves the work to [`Self::key_full_blocks`].
-    #[inline]
-    fn key_one_private_block(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        total_tokens: u32,
-    ) -> bool {
-        if !self.prefix_caching {
-            return true;
-        }
-        let index = table.num_keyed;
-        let full = (total_tokens / self.block_size).min(table.len());
-        if full != index + 1
-            || index < keys.shareable
-            || index < table.ids.len() as u32
-            || !self.by_key.is_empty()
-        {
-            return full <= index;
-        }
-        table.num_keyed = full;
-        true
-    }
-
-    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, total_tokens: u32) {
-        if !self.prefix_caching {
-            return;
-        }
-        let full = (total_tokens / self.block_size).min(table.len());
-        if full <= table.num_keyed {
-            return;
-        }
-        let shared_end = full.min(keys.shareable);
-        for index in table.num_keyed..shared_end {
-            let id = table.ids[index as usize];
-            if !self.blocks[id as usize].is_keyed() {
-                self.set_key(id, keys.get(index));
-            }
-        }
-        // Private blocks, all anonymous (identified ones past the shareable blocks are prefix
-        // hits or reloads, keyed as taken): latent keys, counted by `num_keyed`. (A key
-        // already in the map is this request's own content cached from before a
-        // preemption: the block stays an unkeyed duplicate, as `set_key` would leave it. An
-        // empty map holds none, so it is not probed.)
-        let private = table.num_keyed.max(shared_end)..full;
-        debug_assert!(
-            private.is_empty() || private.start >= table.ids.len() as u32,
-            "private blocks being keyed are anonymous"
-        );
-        if !self.by_key.is_empty() {
-            for index in private {
-                let latent = keys.latent_private(index);
-                if self.by_key.contains_key(&private_key_of_latent(latent)) {
-                    table.dups.push(index);
-                }
-            }
-        }
-        table.num_keyed = full;
-    }
-
-    fn set_key(&mut self, id: u32, key: u64) {
-        // When two requests computed the same content, the first block stays the cached copy
-        // and the duplicate remains unkeyed (it is freed like any private block).
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
-            slot.insert(id);
-            let block = &mut self.blocks[id as usize];
-            block.key = key;
-            block.set_keying(Keying::Mapped);
-            self.key_version += 1;
-        }
     }
 
     fn acquire(&mut self, id: u32) {
