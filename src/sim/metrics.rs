@@ -455,21 +455,23 @@ impl Summary {
         sim_duration_us: u64,
         prefix_cache_hit_rate: f64,
     ) -> Self {
-        let completed: Vec<&RequestRecord> = records
-            .iter()
-            .filter(|r| r.outcome == Outcome::Completed)
-            .collect();
-        let collect = |f: &dyn Fn(&RequestRecord) -> Option<f64>| -> Vec<f64> {
-            completed.iter().filter_map(|r| f(r)).collect()
-        };
-        let mut ttft = collect(&|r| r.ttft_us().map(|v| v as f64));
-        let mut e2e = collect(&|r| r.e2e_us().map(|v| v as f64));
-        let mut tpot = collect(&|r| r.tpot_us());
-        let mut delay = collect(&|r| r.scheduling_delay_us().map(|v| v as f64));
+        // One pass over the completed records, each sample list in record order.
+        let room = records.len();
+        let (mut ttft, mut e2e) = (Vec::with_capacity(room), Vec::with_capacity(room));
+        let (mut tpot, mut delay) = (Vec::with_capacity(room), Vec::with_capacity(room));
+        let (mut input_tokens, mut output_tokens) = (0u64, 0u64);
+        for record in records.iter().filter(|r| r.outcome == Outcome::Completed) {
+            ttft.extend(record.ttft_us().map(|v| v as f64));
+            e2e.extend(record.e2e_us().map(|v| v as f64));
+            tpot.extend(record.tpot_us());
+            delay.extend(record.scheduling_delay_us().map(|v| v as f64));
+            input_tokens += u64::from(record.input_tokens);
+            output_tokens += u64::from(record.output_tokens);
+        }
         Self {
             counts,
-            input_tokens: completed.iter().map(|r| u64::from(r.input_tokens)).sum(),
-            output_tokens: completed.iter().map(|r| u64::from(r.output_tokens)).sum(),
+            input_tokens,
+            output_tokens,
             sim_duration_us,
             prefix_cache_hit_rate,
             ttft: LatencyStats::from_whole_us(&mut ttft),
