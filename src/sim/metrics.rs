@@ -124,8 +124,13 @@ impl LatencyStats {
         if values.is_empty() {
             return Self::default();
         }
-        // (Unstable is exact here: values equal under `total_cmp` are the same bits.)
-        values.sort_unstable_by(f64::total_cmp);
+        // (Unstable is exact here: values equal under `total_cmp` are the same bits. Without
+        // a sign bit set, `total_cmp` orders values as their bits do, a cheaper comparison.)
+        if values.iter().all(|v| v.is_sign_positive()) {
+            values.sort_unstable_by_key(|v| v.to_bits());
+        } else {
+            values.sort_unstable_by(f64::total_cmp);
+        }
         let sum: f64 = values.iter().sum();
         let quantile = |p: f64| interpolate_sorted(values, p) / 1000.0;
         Self {
@@ -150,8 +155,10 @@ impl LatencyStats {
             values.iter().all(|v| v.fract() == 0.0 && *v >= 0.0),
             "whole, non-negative microseconds"
         );
-        let total: u128 = values.iter().map(|&v| v as u128).sum();
-        if total >= 1 << f64::MANTISSA_DIGITS {
+        // (`as u64` saturates: a value past it makes the total too large, so the check below
+        // still falls back. It is much cheaper than converting to `u128`.)
+        let total: u128 = values.iter().map(|&v| u128::from(v as u64)).sum();
+        if total >= 1 << f64::MANTISSA_DIGITS || values.iter().any(|v| v.is_sign_negative()) {
             return Self::from_us(values);
         }
         let sum = total as f64;
@@ -170,7 +177,8 @@ impl LatencyStats {
         let mut start = 0;
         for &rank in &ranks {
             if rank >= start {
-                values[start..].select_nth_unstable_by(rank - start, f64::total_cmp);
+                // (Non-negative values: their bits order them as `total_cmp` does.)
+                values[start..].select_nth_unstable_by_key(rank - start, |v| v.to_bits());
                 start = rank + 1;
             }
         }
@@ -527,6 +535,41 @@ mod tests {
         assert_eq!(stats.p50, 2.5);
         assert!((stats.p90 - 3.7).abs() < 1e-12);
         assert_eq!(stats.mean, 2.5);
+    }
+
+    /// `from_us` sorts non-negative values by their bits: the order, and so every stat
+    /// (the mean is summed in sorted order), is `total_cmp`'s, with or without a sign.
+    #[test]
+    fn the_bit_order_sort_gives_total_cmps_stats() {
+        let reference = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            let sum: f64 = sorted.iter().sum();
+            let quantile = |p: f64| interpolate_sorted(&sorted, p) / 1000.0;
+            LatencyStats {
+                count: sorted.len() as u64,
+                mean: sum / sorted.len() as f64 / 1000.0,
+                p50: quantile(50.0),
+                p90: quantile(90.0),
+                p95: quantile(95.0),
+                p99: quantile(99.0),
+            }
+        };
+        let positive: Vec<f64> = (1..2_000u64)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as f64 / 7.0)
+            .collect();
+        let mut signed = positive.clone();
+        signed.extend([-3.5, -0.0, 0.0, 1e-300]);
+        for values in [positive, signed] {
+            let mut sorted = values.clone();
+            assert_eq!(LatencyStats::from_us(&mut sorted), reference(&values));
+        }
+        // Whole values with a negative zero take the sorted path.
+        let mut whole = vec![3.0, -0.0, 0.0, 2.0];
+        assert_eq!(
+            LatencyStats::from_whole_us(&mut whole),
+            reference(&[3.0, -0.0, 0.0, 2.0])
+        );
     }
 
     #[test]

@@ -218,11 +218,14 @@ impl RequestState {
 
     /// Makes sure the keys the first `full_blocks` blocks need are computed (the shareable
     /// ones among them: private keys are derived when read) and the block table has room
-    /// for the whole sequence.
+    /// for its identified (shareable) blocks.
     pub fn ensure_keys(&mut self, full_blocks: u32, block_size: u32) {
-        // Room for the whole sequence at once, taken when the table is full: no regrowth on
-        // the hot path (a fork's clone keeps the room).
-        if self.blocks.ids.capacity() == self.blocks.ids.len() {
+        // Room for the shareable blocks at once, taken when the table is full: no regrowth
+        // on the hot path (a fork's clone keeps the room). Private blocks are anonymous: a
+        // count, no ids.
+        if self.blocks.ids.capacity() == self.blocks.ids.len()
+            && (self.blocks.ids.len() as u32) < self.shareable
+        {
             self.reserve_table(block_size);
         }
         if self.keys.len() as u32 >= full_blocks {
@@ -239,10 +242,12 @@ impl RequestState {
         });
     }
 
-    /// Reserves block-table room for the whole sequence (prompt and every output token).
+    /// Reserves block-table room for the identified blocks of the whole sequence (its
+    /// shareable ones).
     #[cold]
     fn reserve_table(&mut self, block_size: u32) {
-        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1) as usize;
+        let most = ((self.spec.input_tokens + self.target_tokens()) / block_size + 1)
+            .min(self.shareable) as usize;
         if self.blocks.ids.capacity() < most + 1 {
             self.blocks
                 .ids

@@ -71,7 +71,10 @@ impl Engine {
         // The step's bucket, in batch order. A call reschedules its member 1 to
         // `ring_len - 1` steps ahead, so never into this bucket.
         let mut bucket = std::mem::take(&mut window.kv_ring[bucket_index]);
-        bucket.sort_unstable();
+        // (Usually sorted already: members are rescheduled in batch order.)
+        if !bucket.is_sorted() {
+            bucket.sort_unstable();
+        }
         debug_assert!(
             bucket.windows(2).all(|pair| pair[0] < pair[1]),
             "a member is due once per step"
@@ -199,13 +202,13 @@ fn allocate_to(
     prefix_caching: bool,
 ) -> bool {
     // The common call (a member past its shareable blocks, crossing a block boundary): every
-    // shareable block is keyed, so no key needs computing, and the table has room, so none
-    // needs taking. Straight to the cache, as `allocate_blocks` would go.
+    // shareable block is keyed, so no key needs computing, and its new blocks are anonymous
+    // (no table room to take). Straight to the cache, as `allocate_blocks` would go.
     let shareable = state.shareable;
-    if prefix_caching
-        && state.blocks.num_keyed >= shareable
-        && state.blocks.ids.len() < state.blocks.ids.capacity()
-    {
+    if prefix_caching && state.blocks.num_keyed >= shareable {
+        if kv.take_crossing(&mut state.blocks, state.owner_seed, total) {
+            return true;
+        }
         let keys = BlockKeys {
             shareable_keys: &state.keys,
             shareable,

@@ -1,7 +1,10 @@
-//! One GPU block in 16 bytes: a fork of a KV cache copies every materialized block, so the
-//! record is packed. A block is either *held* (its refcount) or *free* (its free-list links);
-//! the two never coexist, so they share a word, and the keying and the free flag ride in the
-//! top bits of the next link.
+//! One record of the KV cache's block arena, in 16 bytes: a fork of a KV cache copies every
+//! record, so it is packed. A record is an *identified* block (one whose id a block table or
+//! the key map holds: shareable content, prefix hits), either *held* (its refcount) or *free*
+//! (its free-list links), or a *run node*: a free-list entry standing for a run of anonymous
+//! private blocks (see `super::free_list`). Held and free never coexist, so the refcount and the
+//! previous link share a word, and the keying and the free flag ride in the top bits of the
+//! next link.
 
 /// No block (an end of the free list).
 pub(super) const NIL: u32 = u32::MAX;
@@ -14,27 +17,26 @@ const LINK_MASK: u32 = FREE_BIT - 1;
 /// Most blocks a cache can hold: ids must fit the link bits (one value is the end mark).
 pub const MAX_BLOCKS: u32 = LINK_MASK;
 
-/// Whether a block holds a content key, and where that key is findable.
+/// Whether a record holds a content key, or stands for a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Keying {
     /// Not full yet, prefix caching off, or a duplicate of content cached elsewhere.
     Unkeyed = 0,
     /// Keyed and in the lookup map.
     Mapped = 1,
-    /// Keyed with private content, not in the map (only its owner could look it up); the
-    /// block stores the key's latent form.
-    Latent = 2,
+    /// Not a block: a free-list node for a run of anonymous blocks, whose `key` is the run's
+    /// slot in [`super::KvCache`]'s run table.
+    Run = 2,
 }
 
-/// One GPU block.
+/// One arena record: an identified GPU block or a run node.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Block {
-    /// Content key, meaningful unless the keying is `Unkeyed`; a `Latent` block holds its
-    /// key's latent form (see [`super::hash::private_seed`]): read it through [`Block::key`].
+    /// Content key, meaningful when `Mapped`; a run node's slot when `Run`.
     pub(super) key: u64,
-    /// Held: the requests holding it. Free: the previous block on the free list.
+    /// Held: the requests holding it. Free: the previous node on the free list.
     count_or_prev: u32,
-    /// Keying (top 2 bits), free flag, next block on the free list (free blocks only).
+    /// Keying (top 2 bits), free flag, next node on the free list (free records only).
     tag: u32,
 }
 
@@ -48,46 +50,51 @@ impl Block {
         }
     }
 
-    /// A block held once whose private key's latent form is `latent` (a fresh block that
-    /// is full as it is taken).
+    /// A run node for run slot `slot`, not linked yet (the caller links it).
     #[inline]
-    pub(super) const fn latent_held(latent: u64) -> Self {
+    pub(super) const fn run_node(slot: u32) -> Self {
         Self {
-            key: latent,
-            count_or_prev: 1,
-            tag: LINK_MASK | ((Keying::Latent as u32) << KEYING_SHIFT),
+            key: slot as u64,
+            count_or_prev: NIL,
+            tag: LINK_MASK | FREE_BIT | ((Keying::Run as u32) << KEYING_SHIFT),
         }
     }
 
     /// The content key, if the block has one.
     pub(super) fn key(&self) -> Option<u64> {
         match self.keying() {
-            Keying::Unkeyed => None,
             Keying::Mapped => Some(self.key),
-            Keying::Latent => Some(super::hash::private_key_of_latent(self.key)),
+            Keying::Unkeyed | Keying::Run => None,
         }
     }
 
-    /// How the block is keyed.
+    /// How the record is keyed.
     #[inline]
     pub(super) fn keying(&self) -> Keying {
         match self.tag >> KEYING_SHIFT {
             0 => Keying::Unkeyed,
             1 => Keying::Mapped,
-            _ => Keying::Latent,
+            _ => Keying::Run,
         }
     }
 
-    /// True unless the block is `Unkeyed` (one shift, for the hot paths).
+    /// True if the block is keyed (`Mapped`; one shift, for the hot paths).
     #[inline]
     pub(super) fn is_keyed(&self) -> bool {
-        self.tag >> KEYING_SHIFT != 0
+        self.tag >> KEYING_SHIFT == Keying::Mapped as u32
     }
 
-    /// True if the block is `Mapped`.
+    /// True if the record is a run node.
     #[inline]
-    pub(super) fn is_mapped(&self) -> bool {
-        self.tag >> KEYING_SHIFT == Keying::Mapped as u32
+    pub(super) fn is_run(&self) -> bool {
+        self.tag >> KEYING_SHIFT == Keying::Run as u32
+    }
+
+    /// The run slot of a run node.
+    #[inline]
+    pub(super) fn run_slot(&self) -> usize {
+        debug_assert!(self.is_run(), "only run nodes have a run slot");
+        self.key as usize
     }
 
     /// Sets how the block is keyed.
@@ -185,14 +192,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<Block>(), 16);
         let mut block = Block::held(1);
         block.key = 7;
-        block.set_keying(Keying::Latent);
+        block.set_keying(Keying::Mapped);
         assert_eq!(
             (block.ref_cnt(), block.keying(), block.key()),
-            (
-                1,
-                Keying::Latent,
-                Some(super::super::hash::private_key_of_latent(7))
-            )
+            (1, Keying::Mapped, Some(7))
         );
         block.set_free(NIL, MAX_BLOCKS - 1);
         assert!(block.is_free());
@@ -200,10 +203,9 @@ mod tests {
             (block.ref_cnt(), block.prev(), block.next()),
             (0, NIL, MAX_BLOCKS - 1)
         );
-        assert_eq!(block.keying(), Keying::Latent);
+        assert_eq!(block.keying(), Keying::Mapped);
         block.set_next(NIL);
         block.set_prev(3);
-        block.set_keying(Keying::Mapped);
         assert_eq!(
             (block.prev(), block.next(), block.keying()),
             (3, NIL, Keying::Mapped)
@@ -218,5 +220,10 @@ mod tests {
         assert!(block.drop_holder());
         block.set_keying(Keying::Unkeyed);
         assert_eq!(block.key(), None);
+        let mut node = Block::run_node(5);
+        assert!(node.is_free() && node.is_run() && !node.is_keyed());
+        node.set_free(4, 9);
+        assert_eq!((node.prev(), node.next(), node.run_slot()), (4, 9, 5));
+        assert_eq!(node.key(), None);
     }
 }

@@ -1,79 +1,217 @@
 //! The KV cache's free list: taking blocks (virgin ones first, then the least recently
-//! freed, singly or a run at once, keyed on the way when they are private and full) and
-//! putting them back, and forgetting a reused block's key.
+//! freed) for an identified or an anonymous destination, putting them back one by one or a
+//! run at once, and forgetting a reused block's key.
+//!
+//! The list, least recently freed first, links arena records: identified free blocks and
+//! run nodes. A run node stands for anonymous blocks `lo..hi` of one former owner, freed
+//! highest index first, so the next one taken is `hi - 1`; those below `keyed_hi` hold their
+//! private keys in latent form (`seed ^ index`). Taking from a run is arithmetic: the latent
+//! key of a reused block is counted as evicted (and finished for the CPU tier, if any) in
+//! exactly the order the blocks would have been taken one by one.
 
 use super::KvCache;
 use super::block::{Block, NIL};
+use super::hash::private_key_of_latent;
 
-/// How fresh blocks are keyed as they are taken: those going to table indices below `full`
-/// are private and full, so they get their latent keys (`seed ^ index`) at once.
+/// A run of anonymous free blocks (see the module doc).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct PrivateFill {
+pub(super) struct Run {
+    /// The former owner's private seed.
     pub(super) seed: u64,
-    pub(super) full: u32,
+    /// Lowest table index of the run.
+    pub(super) lo: u32,
+    /// One past the highest index still in the run (the next taken is `hi - 1`).
+    pub(super) hi: u32,
+    /// Indices below this held latent keys; from it on, the blocks were unkeyed.
+    pub(super) keyed_hi: u32,
 }
 
-impl PrivateFill {
-    /// Of `count` blocks going to indices from `first_index` on, how many lead below `full`.
-    pub(super) fn keyed(self, first_index: u32, count: u32) -> u32 {
-        self.full.saturating_sub(first_index).min(count)
+impl Run {
+    /// Blocks in the run.
+    pub(super) fn len(&self) -> u32 {
+        self.hi - self.lo
     }
 }
 
 impl KvCache {
-    /// Materializes the next virgin block (free, unkeyed, off the list), if any is left,
-    /// counting it as taken from the free blocks.
-    pub(super) fn take_virgin(&mut self) -> Option<u32> {
-        let id = self.blocks.len() as u32;
-        if id == self.total {
-            return None;
+    /// A new arena record holding `block`: a recycled slot if any, else a new one.
+    #[inline]
+    pub(super) fn new_record(&mut self, block: Block) -> u32 {
+        match self.spare_ids.pop() {
+            Some(id) => {
+                self.blocks[id as usize] = block;
+                id
+            }
+            None => {
+                self.blocks.push(block);
+                (self.blocks.len() - 1) as u32
+            }
         }
-        self.blocks.push(Block::held(0));
-        self.free_count -= 1;
-        Some(id)
     }
 
-    /// Materializes up to `count` virgin blocks at once, taken (refcount 1), to go to a
-    /// table from index `first_index` on (keyed as `fill` says): their ids.
-    pub(super) fn take_virgins(
-        &mut self,
-        count: u32,
-        first_index: u32,
-        fill: Option<PrivateFill>,
-    ) -> std::ops::Range<u32> {
-        let start = self.blocks.len() as u32;
-        let taken = count.min(self.total - start);
-        let keyed = fill.map_or(0, |fill| fill.keyed(first_index, taken));
-        if keyed > 0 {
-            let seed = fill.map_or(0, |fill| fill.seed);
-            self.blocks.extend(
-                (first_index..first_index + keyed)
-                    .map(|index| Block::latent_held(seed ^ u64::from(index))),
-            );
-        }
-        self.blocks.extend(std::iter::repeat_n(
-            Block::held(1),
-            (taken - keyed) as usize,
-        ));
-        self.free_count -= taken;
-        start..start + taken
+    /// Retires arena record `id` (its block became anonymous, or its run node emptied).
+    #[inline]
+    fn kill_record(&mut self, id: u32) {
+        self.blocks[id as usize] = Block::held(0);
+        self.spare_ids.push(id);
     }
 
-    pub(super) fn pop_free(&mut self) -> u32 {
-        if let Some(id) = self.take_virgin() {
-            self.blocks[id as usize].set_held(1);
-            return id;
+    /// Takes one block for an identified destination (held once, unkeyed): a virgin block,
+    /// the top of the head run, or the head block (its key forgotten). Its id.
+    pub(super) fn take_ident(&mut self) -> u32 {
+        debug_assert!(self.free_count > 0, "take from an empty cache");
+        if self.virgin > 0 {
+            self.virgin -= 1;
+            self.free_count -= 1;
+            return self.new_record(Block::held(1));
+        }
+        let head = self.free_head;
+        if self.blocks[head as usize].is_run() {
+            self.take_from_head_run(1);
+            self.free_count -= 1;
+            return self.new_record(Block::held(1));
         }
         self.pop_listed()
     }
 
-    /// Takes the least recently freed block (the free list's head, which must exist), held
-    /// once and unkeyed: its key, if any, is forgotten.
+    /// Takes `count` blocks (which must be free) for an anonymous destination, in LRU order:
+    /// virgin blocks, then runs and identified blocks off the head.
+    pub(super) fn take_anon(&mut self, count: u32) {
+        debug_assert!(count <= self.free_count, "take more than is free");
+        let virgin = count.min(self.virgin);
+        self.virgin -= virgin;
+        // (`pop_listed` counts its own block.)
+        self.free_count -= virgin;
+        let mut need = count - virgin;
+        while need > 0 {
+            let head = self.free_head;
+            debug_assert!(head != NIL, "take from an empty free list");
+            if self.blocks[head as usize].is_run() {
+                let taken = self.take_from_head_run(need);
+                self.free_count -= taken;
+                need -= taken;
+            } else {
+                let id = self.pop_listed();
+                self.kill_record(id);
+                need -= 1;
+            }
+        }
+    }
+
+    /// One block for an anonymous destination, off a free list holding no virgin block (the
+    /// decode path's call).
+    #[inline(always)]
+    pub(super) fn take_anon_one(&mut self) {
+        let head = self.free_head;
+        debug_assert!(head != NIL && self.virgin == 0, "a listed block to take");
+        let node = self.blocks[head as usize];
+        if node.is_run() {
+            let run = &mut self.runs[node.run_slot()];
+            run.hi -= 1;
+            let (index, seed, keyed, empty) =
+                (run.hi, run.seed, run.hi < run.keyed_hi, run.hi == run.lo);
+            if keyed {
+                self.evict_latent(seed ^ u64::from(index));
+            }
+            if empty {
+                self.drop_head_run(head);
+            }
+            self.free_count -= 1;
+        } else {
+            let id = self.pop_listed();
+            self.kill_record(id);
+        }
+    }
+
+    /// Takes up to `count` blocks off the top of the head run (free count left to the
+    /// caller): how many.
+    fn take_from_head_run(&mut self, count: u32) -> u32 {
+        let head = self.free_head;
+        let slot = self.blocks[head as usize].run_slot();
+        let run = self.runs[slot];
+        let taken = count.min(run.len());
+        let new_hi = run.hi - taken;
+        let keyed_top = run.hi.min(run.keyed_hi);
+        if keyed_top > new_hi {
+            self.stats.evicted_blocks += u64::from(keyed_top - new_hi);
+            if let Some(cpu) = &mut self.cpu {
+                for index in (new_hi..keyed_top).rev() {
+                    cpu.insert(private_key_of_latent(run.seed ^ u64::from(index)));
+                }
+            }
+        }
+        self.runs[slot].hi = new_hi;
+        if new_hi == run.lo {
+            self.drop_head_run(head);
+        }
+        taken
+    }
+
+    /// Counts the eviction of an anonymous block's latent key (the CPU tier, if any, keeps
+    /// the finished key).
+    #[inline(always)]
+    fn evict_latent(&mut self, latent: u64) {
+        self.stats.evicted_blocks += 1;
+        if self.cpu.is_some() {
+            self.evict_latent_to_cpu(latent);
+        }
+    }
+
+    #[inline(never)]
+    fn evict_latent_to_cpu(&mut self, latent: u64) {
+        if let Some(cpu) = &mut self.cpu {
+            cpu.insert(private_key_of_latent(latent));
+        }
+    }
+
+    /// Unlinks the empty run node at the head and recycles it.
+    fn drop_head_run(&mut self, head: u32) {
+        let node = self.blocks[head as usize];
+        debug_assert!(node.is_run() && node.prev() == NIL, "the head run node");
+        let next = node.next();
+        self.free_head = next;
+        if next == NIL {
+            self.free_tail = NIL;
+        } else {
+            self.blocks[next as usize].set_prev(NIL);
+        }
+        self.spare_runs.push(node.run_slot() as u32);
+        self.kill_record(head);
+    }
+
+    /// Appends a run of `seed`'s anonymous blocks `lo..hi` (latent keys below `keyed_hi`)
+    /// to the tail, as if they were freed one by one from `hi - 1` down.
+    pub(super) fn push_run(&mut self, seed: u64, lo: u32, hi: u32, keyed_hi: u32) {
+        debug_assert!(lo < hi, "an empty run");
+        let run = Run {
+            seed,
+            lo,
+            hi,
+            keyed_hi,
+        };
+        let slot = match self.spare_runs.pop() {
+            Some(slot) => {
+                self.runs[slot as usize] = run;
+                slot
+            }
+            None => {
+                self.runs.push(run);
+                (self.runs.len() - 1) as u32
+            }
+        };
+        let id = self.new_record(Block::run_node(slot));
+        self.link_tail(id);
+        self.free_count += hi - lo;
+    }
+
+    /// Takes the least recently freed record, an identified block (the free list's head,
+    /// which must exist), held once and unkeyed: its key, if any, is forgotten.
     #[inline(always)]
     pub(super) fn pop_listed(&mut self) -> u32 {
         let id = self.free_head;
         debug_assert!(id != NIL, "pop from an empty free list");
         let block = self.blocks[id as usize];
+        debug_assert!(!block.is_run(), "an identified block");
         debug_assert_eq!(block.prev(), NIL, "the head has no predecessor");
         let next = block.next();
         self.free_head = next;
@@ -90,66 +228,19 @@ impl KvCache {
         id
     }
 
-    /// Takes the `count` least recently freed blocks (the free list must hold them) into
-    /// `ids`, as [`Self::pop_listed`] would one by one, with one list update.
-    pub(super) fn pop_listed_run(
-        &mut self,
-        count: u32,
-        ids: &mut Vec<u32>,
-        fill: Option<PrivateFill>,
-    ) {
-        debug_assert!(count > 0, "an empty run");
-        ids.reserve(count as usize);
-        let first_index = ids.len() as u32;
-        let keyed = fill.map_or(0, |fill| fill.keyed(first_index, count));
-        let seed = fill.map_or(0, |fill| fill.seed);
-        let mut id = self.free_head;
-        for taken in 0..count {
-            debug_assert!(id != NIL, "pop from an empty free list");
-            let block = self.blocks[id as usize];
-            self.blocks[id as usize] = if taken < keyed {
-                Block::latent_held(seed ^ u64::from(first_index + taken))
-            } else {
-                Block::held(1)
-            };
-            if block.is_keyed() {
-                self.forget(id, block);
-            }
-            ids.push(id);
-            id = block.next();
-        }
-        self.free_head = id;
-        if id == NIL {
-            self.free_tail = NIL;
-        } else {
-            self.blocks[id as usize].set_prev(NIL);
-        }
-        self.free_count -= count;
-    }
-
-    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused. (A
-    /// latent key, the common case, costs a count; the map and the CPU tier are out of line.)
-    #[inline(always)]
+    /// Forgets the key `block` (as it was on the free list) held: block `id` is reused.
+    #[inline(never)]
     fn forget(&mut self, id: u32, block: Block) {
-        if block.is_mapped() || self.cpu.is_some() {
-            self.forget_slow(id, block);
+        let removed = self.by_key.remove(&block.key);
+        debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
+        self.key_version += 1;
+        if let Some(cpu) = &mut self.cpu {
+            cpu.insert(block.key);
         }
         self.stats.evicted_blocks += 1;
     }
 
-    #[inline(never)]
-    fn forget_slow(&mut self, id: u32, block: Block) {
-        if block.is_mapped() {
-            let removed = self.by_key.remove(&block.key);
-            debug_assert_eq!(removed, Some(id), "a mapped block's key maps to it");
-            self.key_version += 1;
-        }
-        debug_assert!(block.key().is_some(), "only keyed blocks are forgotten");
-        if let (Some(cpu), Some(key)) = (&mut self.cpu, block.key()) {
-            cpu.insert(key);
-        }
-    }
-
+    /// Takes identified block `id` off the free list (a prefix hit on it).
     pub(super) fn unlink_free(&mut self, id: u32) {
         let (prev, next) = (
             self.blocks[id as usize].prev(),
@@ -170,7 +261,14 @@ impl KvCache {
         self.free_count -= 1;
     }
 
+    /// Appends identified block `id` to the tail.
     pub(super) fn push_free(&mut self, id: u32) {
+        self.link_tail(id);
+        self.free_count += 1;
+    }
+
+    /// Links record `id` at the tail (marking it free, keeping its keying).
+    fn link_tail(&mut self, id: u32) {
         let tail = self.free_tail;
         self.blocks[id as usize].set_free(tail, NIL);
         if tail == NIL {
@@ -179,6 +277,5 @@ impl KvCache {
             self.blocks[tail as usize].set_next(id);
         }
         self.free_tail = id;
-        self.free_count += 1;
     }
 }

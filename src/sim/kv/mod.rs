@@ -10,11 +10,16 @@
 //! needs and receive blocks or a refusal.
 //!
 //! *Private* blocks (content only their own request produces: see
-//! [`hash::shareable_blocks`]) are keyed without entering the lookup map while their owner
-//! holds them: nobody else can hit them, so the map insert and removal would be wasted work.
-//! Such a *latent* key still counts as cached for eviction statistics, the CPU tier and
-//! observation, and it enters the map when its owner is preempted (the only way it can be
-//! looked up). Results are exactly those of keying every block in the map.
+//! [`hash::shareable_blocks`]) are *anonymous*: no arena record, no id. A block table holds
+//! its identified blocks' ids (prefix hits, shareable content) and then a count of anonymous
+//! ones, whose keys derive from the owner's seed and the index (`seed ^ index`, the *latent*
+//! form, see [`hash::private_seed`]); nobody else can hit them, so they stay out of the
+//! lookup map. A finished request's anonymous blocks go back to the free list as one run
+//! node, and admission and decode take blocks off a run by arithmetic (see `free_list`).
+//! A latent key still counts as cached for eviction statistics, the CPU tier and
+//! observation, and a preempted request's anonymous blocks are materialized with their
+//! keys mapped (the only way they can be looked up). Results are exactly those of keying
+//! every block in the map, one block at a time.
 //!
 //! Invariant: `free + used == total` at all times, where a block is free exactly when its
 //! refcount is zero, and every free block is on the free list exactly once.
@@ -24,48 +29,22 @@ mod block;
 mod free_list;
 pub mod hash;
 mod key_hasher;
+mod keying;
 pub mod lru;
+mod table;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
 use block::{Block, Keying, NIL};
-use free_list::PrivateFill;
+use free_list::Run;
 use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
-
-/// The blocks a request holds, in token order.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct BlockTable {
-    /// Block ids, block `i` holding tokens `i*block_size .. (i+1)*block_size`.
-    pub ids: Vec<u32>,
-    /// How many leading blocks have been keyed (registered for prefix hits).
-    pub num_keyed: u32,
-}
-
-impl Clone for BlockTable {
-    /// Keeps the reserved room (a forked request grows its table without reallocating).
-    fn clone(&self) -> Self {
-        Self {
-            ids: crate::sim::state::clone_with_capacity(&self.ids),
-            num_keyed: self.num_keyed,
-        }
-    }
-}
-
-impl BlockTable {
-    /// Number of blocks held.
-    pub fn len(&self) -> u32 {
-        self.ids.len() as u32
-    }
-
-    /// True if the request holds no block.
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-}
+pub use table::BlockTable;
 
 /// Result of a prefix lookup: how many leading full blocks are already cached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -99,24 +78,33 @@ pub struct KvStats {
 
 /// The KV cache of one instance.
 ///
-/// Blocks never used yet are *virgin*: not materialized in `blocks` (ids from
-/// `blocks.len()` up to `total`), and logically at the head of the free list in id order,
-/// ahead of every freed block (a block, once freed, goes to the tail). So a fork of a cache
-/// copies only the blocks ever used.
+/// Blocks never used yet are *virgin*: counted, not materialized, and logically at the head
+/// of the free list, ahead of every freed block (a block, once freed, goes to the tail).
+/// Identified blocks and run nodes are records of an arena (`blocks`) whose slots are
+/// recycled; anonymous blocks have no record at all. So a fork of a cache copies only the
+/// identified blocks and the runs.
 #[derive(Debug)]
 pub struct KvCache {
     block_size: u32,
     prefix_caching: bool,
-    /// Materialized blocks: ids `0..blocks.len()`.
+    /// The arena: identified blocks, run nodes and retired slots (in `spare_ids`).
     blocks: Vec<Block>,
-    /// All blocks, materialized or virgin.
+    /// Retired arena slots, reused first.
+    spare_ids: Vec<u32>,
+    /// Run nodes' runs, by slot.
+    runs: Vec<Run>,
+    /// Unused run slots.
+    spare_runs: Vec<u32>,
+    /// Virgin blocks (free, at the head of the free list).
+    virgin: u32,
+    /// All blocks.
     total: u32,
-    /// Least recently freed end of the list of freed (materialized) blocks; virgin blocks
-    /// come before it, and allocation takes them first.
+    /// Least recently freed end of the list of freed records; virgin blocks come before it,
+    /// and allocation takes them first.
     free_head: u32,
     /// Most recently freed end: release appends here.
     free_tail: u32,
-    /// Free blocks: virgin ones plus those on the list.
+    /// Free blocks: virgin ones plus those on the list (a run counts its blocks).
     free_count: u32,
     by_key: HashMap<u64, u32, IdentityBuildHasher>,
     cpu: Option<LruKeySet>,
@@ -126,12 +114,16 @@ pub struct KvCache {
 }
 
 impl Clone for KvCache {
-    /// Copies the materialized blocks only, keeping room for the rest.
+    /// Copies the arena and the runs, keeping room for the rest.
     fn clone(&self) -> Self {
         Self {
             block_size: self.block_size,
             prefix_caching: self.prefix_caching,
             blocks: crate::sim::state::clone_with_capacity(&self.blocks),
+            spare_ids: self.spare_ids.clone(),
+            runs: self.runs.clone(),
+            spare_runs: self.spare_runs.clone(),
+            virgin: self.virgin,
             total: self.total,
             free_head: self.free_head,
             free_tail: self.free_tail,
@@ -158,8 +150,12 @@ impl KvCache {
         Self {
             block_size,
             prefix_caching,
-            // Room for every block (untouched until used), so materializing never regrows.
-            blocks: Vec::with_capacity(num_blocks as usize),
+            // Grown on demand: live records never outnumber the blocks.
+            blocks: Vec::new(),
+            spare_ids: Vec::new(),
+            runs: Vec::new(),
+            spare_runs: Vec::new(),
+            virgin: num_blocks,
             total: num_blocks,
             free_head: NIL,
             free_tail: NIL,
@@ -226,7 +222,15 @@ impl KvCache {
         let mut cursor = self.free_head;
         while cursor != NIL {
             let block = &self.blocks[cursor as usize];
-            if let Some(key) = block.key() {
+            if block.is_run() {
+                let run = self.runs[block.run_slot()];
+                let keyed_top = run.hi.min(run.keyed_hi);
+                keys.extend(
+                    (run.lo..keyed_top)
+                        .rev()
+                        .map(|index| private_key_of_latent(run.seed ^ u64::from(index))),
+                );
+            } else if let Some(key) = block.key() {
                 keys.push(key);
             }
             cursor = block.next();
@@ -234,11 +238,13 @@ impl KvCache {
         keys
     }
 
-    /// Heap bytes held (estimate: materialized blocks, whose room is touched, plus the key
-    /// map's and CPU tier's capacity).
+    /// Heap bytes held (estimate: the arena and runs as used, plus the key map's and CPU
+    /// tier's capacity).
     pub fn memory_bytes(&self) -> usize {
         let map_entry = std::mem::size_of::<(u64, u32)>() + 1;
         self.blocks.len() * std::mem::size_of::<Block>()
+            + self.runs.len() * std::mem::size_of::<Run>()
+            + (self.spare_ids.len() + self.spare_runs.len()) * 4
             + self.by_key.capacity() * map_entry
             + self.cpu.as_ref().map_or(0, LruKeySet::memory_bytes)
     }
@@ -284,6 +290,17 @@ impl KvCache {
         self.stats.hit_tokens += u64::from(hit_tokens);
     }
 
+    /// The first table index whose fresh blocks are anonymous: past the shareable ones
+    /// (every block, with prefix caching off: none is ever looked up).
+    #[inline(always)]
+    fn anon_from(&self, keys: BlockKeys<'_>) -> u32 {
+        if self.prefix_caching {
+            keys.shareable
+        } else {
+            0
+        }
+    }
+
     /// Grows `table` so it covers `total_tokens` tokens, first taking the `hit` blocks (only
     /// allowed while the table is empty), then fresh blocks; then keys every block that is
     /// full at `total_tokens` (blocks from `keys.shareable` on hold private content).
@@ -296,35 +313,67 @@ impl KvCache {
         hit: PrefixHit,
         total_tokens: u32,
     ) -> bool {
-        // The decode path's call, inlined: a token crossing a block boundary takes the least
-        // recently freed block (every block materialized), and the block it filled, if
-        // private, gets its latent key.
+        // The decode path's call, inlined: a token crossing a block boundary into anonymous
+        // blocks takes the least recently freed block (no virgin left), and the block it
+        // filled, if private, gets its latent key.
         let len = table.len();
         if hit.blocks() == 0
             && total_tokens == len * self.block_size + 1
             && self.free_head != NIL
-            && self.blocks.len() as u32 == self.total
+            && self.virgin == 0
+            && len >= self.anon_from(keys)
         {
-            let id = self.pop_listed();
-            self.push_decode_block(table, id, keys, total_tokens);
+            self.take_anon_one();
+            table.seed = keys.owner_seed;
+            table.anon += 1;
+            if !self.key_one_private_block(table, keys, total_tokens) {
+                self.key_full_blocks(table, keys, total_tokens);
+            }
             return true;
         }
         self.allocate_general(table, keys, hit, total_tokens)
     }
 
-    /// A decode's fresh block `id` joins `table`, and the block it filled is keyed: by its
-    /// latent key in one go when it is private, by [`Self::key_full_blocks`] otherwise.
+    /// A lazy window's per-block call, its common case: a request all of whose shareable
+    /// blocks are keyed (`table.num_keyed >= shareable`, prefix caching on) crossing into a
+    /// new block while the key map is empty takes one anonymous block, and the block it
+    /// filled counts as keyed (private, and no map can hold its key), exactly as
+    /// [`Self::allocate`] would. Returns false, changing nothing, in every other case (the
+    /// caller then calls [`Self::allocate`]). `seed` is the owner's private seed.
     #[inline(always)]
-    fn push_decode_block(
-        &mut self,
-        table: &mut BlockTable,
-        id: u32,
-        keys: BlockKeys<'_>,
-        total_tokens: u32,
-    ) {
-        table.ids.push(id);
-        if !self.key_one_private_block(table, keys, total_tokens) {
-            self.key_full_blocks(table, keys, total_tokens);
+    pub fn take_crossing(&mut self, table: &mut BlockTable, seed: u64, total_tokens: u32) -> bool {
+        let len = table.len();
+        if total_tokens != len * self.block_size + 1
+            || self.free_head == NIL
+            || self.virgin != 0
+            || !self.by_key.is_empty()
+        {
+            return false;
+        }
+        debug_assert!(self.prefix_caching, "keying needs prefix caching");
+        debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
+        self.take_anon_one();
+        table.seed = seed;
+        table.anon += 1;
+        table.num_keyed = len;
+        true
+    }
+
+    /// Takes `count` fresh blocks (which must be free) for `table`'s next indices:
+    /// identified ones below `anon_from`, anonymous ones from it on, in index order.
+    fn take_fresh(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, count: u32) {
+        let identified = self.anon_from(keys).saturating_sub(table.len()).min(count);
+        if identified > 0 {
+            debug_assert_eq!(table.anon, 0, "identified blocks lead");
+            for _ in 0..identified {
+                let id = self.take_ident();
+                table.ids.push(id);
+            }
+        }
+        if count > identified {
+            self.take_anon(count - identified);
+            table.seed = keys.owner_seed;
+            table.anon += count - identified;
         }
     }
 
@@ -347,8 +396,10 @@ impl KvCache {
             if self.free_count == 0 {
                 return false;
             }
-            let id = self.pop_free();
-            self.push_decode_block(table, id, keys, total_tokens);
+            self.take_fresh(table, keys, 1);
+            if !self.key_one_private_block(table, keys, total_tokens) {
+                self.key_full_blocks(table, keys, total_tokens);
+            }
             return true;
         }
         if hit.blocks() == 0 && required <= table.len() {
@@ -373,11 +424,11 @@ impl KvCache {
             self.acquire(id);
             table.ids.push(id);
         }
-        // Blocks reloaded from the CPU tier first, then virgin blocks (in bulk: they are the
-        // head of the free list, in id order), then freed ones.
+        // Blocks reloaded from the CPU tier first (identified: their keys enter the map),
+        // then fresh ones.
         let reloaded = hit.cpu_blocks.min(fresh);
         for _ in 0..reloaded {
-            let id = self.pop_free();
+            let id = self.take_ident();
             let key = keys.get(table.len());
             self.set_key(id, key);
             if let Some(cpu) = &mut self.cpu {
@@ -386,31 +437,11 @@ impl KvCache {
             self.stats.cpu_loaded_blocks += 1;
             table.ids.push(id);
         }
-        // Fresh blocks that are private and full are keyed as they are taken when nothing
-        // else needs keying first and no key can be in the map already (it is empty).
-        let fill = (self.prefix_caching
-            && hit.blocks() == 0
-            && self.by_key.is_empty()
-            && table.num_keyed == table.len()
-            && table.len() >= keys.shareable)
-            .then(|| PrivateFill {
-                seed: keys.owner_seed,
-                full: (total_tokens / self.block_size).min(required.max(held)),
-            });
-        let mut taken = reloaded;
-        if (self.blocks.len() as u32) < self.total {
-            let virgin = self.take_virgins(fresh - reloaded, table.len(), fill);
-            taken += virgin.len() as u32;
-            table.ids.extend(virgin);
-        }
-        if taken < fresh {
-            self.pop_listed_run(fresh - taken, &mut table.ids, fill);
+        if fresh > reloaded {
+            self.take_fresh(table, keys, fresh - reloaded);
         }
         if hit.blocks() > 0 {
             table.num_keyed = hit.blocks();
-        }
-        if let Some(fill) = fill {
-            table.num_keyed = table.num_keyed.max(fill.full);
         }
         self.key_full_blocks(table, keys, total_tokens);
         debug_assert_eq!(table.len(), required.max(held), "table covers the tokens");
@@ -424,15 +455,29 @@ impl KvCache {
         if self.by_key.contains_key(&key) {
             return;
         }
-        let id = match self.take_virgin() {
-            Some(id) => id,
-            None => {
-                let id = self.free_head;
-                if id == NIL || self.blocks[id as usize].keying() != Keying::Unkeyed {
+        let id = if self.virgin > 0 {
+            self.virgin -= 1;
+            self.free_count -= 1;
+            self.new_record(Block::held(0))
+        } else {
+            let head = self.free_head;
+            if head == NIL {
+                return;
+            }
+            let node = self.blocks[head as usize];
+            if node.is_run() {
+                let run = self.runs[node.run_slot()];
+                if run.hi <= run.keyed_hi {
+                    return; // the head block is keyed
+                }
+                self.take_anon(1);
+                self.new_record(Block::held(0))
+            } else {
+                if node.keying() != Keying::Unkeyed {
                     return;
                 }
-                self.unlink_free(id);
-                id
+                self.unlink_free(head);
+                head
             }
         };
         self.set_key(id, key);
@@ -440,24 +485,45 @@ impl KvCache {
     }
 
     /// Releases the blocks of a preempted request: as [`KvCache::free`], after making its
-    /// latent private keys findable, since the request will look them up when it returns.
+    /// latent private keys findable, since the request will look them up when it returns
+    /// (its anonymous blocks are materialized, one record each: preemption is rare).
     pub fn free_preempted(&mut self, table: &mut BlockTable) {
-        for &id in &table.ids {
-            let block = self.blocks[id as usize];
-            if block.keying() == Keying::Latent {
+        let lo = table.ids.len() as u32;
+        for index in (lo..lo + table.anon).rev() {
+            let id = self.new_record(Block::held(0));
+            if table.anon_keyed(index) {
                 // Its key was absent when latent, and only this request produces it.
-                self.blocks[id as usize].set_keying(Keying::Unkeyed);
-                self.set_key(id, private_key_of_latent(block.key));
+                self.set_key(id, private_key_of_latent(table.seed ^ u64::from(index)));
             }
+            self.push_free(id);
         }
+        table.anon = 0;
         self.free(table);
     }
 
     /// Releases every block of `table` (last block first, so a request's tail is evicted
-    /// before its prefix) and empties it.
+    /// before its prefix) and empties it. Its anonymous blocks go back as one run (more
+    /// around duplicates), whatever their number.
     pub fn free(&mut self, table: &mut BlockTable) {
-        // The released blocks are chained onto the tail in one pass (the list's ends and
-        // count written once).
+        if table.anon > 0 {
+            let lo = table.ids.len() as u32;
+            let mut top = lo + table.anon;
+            let keyed_hi = table.num_keyed.clamp(lo, top);
+            for &dup in table.dups.iter().rev() {
+                if dup + 1 < top {
+                    self.push_run(table.seed, dup + 1, top, keyed_hi);
+                }
+                self.push_run(table.seed, dup, dup + 1, dup);
+                top = dup;
+            }
+            if lo < top {
+                self.push_run(table.seed, lo, top, keyed_hi);
+            }
+            table.anon = 0;
+        }
+        table.dups.clear();
+        // The released identified blocks are chained onto the tail in one pass (the list's
+        // ends and count written once).
         let mut tail = self.free_tail;
         let mut released = 0;
         for &id in table.ids.iter().rev() {
@@ -477,92 +543,6 @@ impl KvCache {
         self.free_count += released;
         table.ids.clear();
         table.num_keyed = 0;
-    }
-
-    /// The decode path's keying in one go: if exactly one more block is full, it is private
-    /// and the key map is empty (so it cannot hold the key), gives it its latent key and
-    /// returns true; otherwise returns false and leaves the work to [`Self::key_full_blocks`].
-    #[inline]
-    fn key_one_private_block(
-        &mut self,
-        table: &mut BlockTable,
-        keys: BlockKeys<'_>,
-        total_tokens: u32,
-    ) -> bool {
-        if !self.prefix_caching {
-            return true;
-        }
-        let index = table.num_keyed;
-        let full = (total_tokens / self.block_size).min(table.len());
-        if full != index + 1 || index < keys.shareable || !self.by_key.is_empty() {
-            return full <= index;
-        }
-        let id = table.ids[index as usize];
-        let block = &mut self.blocks[id as usize];
-        if !block.is_keyed() {
-            block.key = keys.latent_private(index);
-            block.set_keying(Keying::Latent);
-        }
-        table.num_keyed = full;
-        true
-    }
-
-    fn key_full_blocks(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, total_tokens: u32) {
-        if !self.prefix_caching {
-            return;
-        }
-        let full = (total_tokens / self.block_size).min(table.len());
-        if full <= table.num_keyed {
-            return;
-        }
-        let shared_end = full.min(keys.shareable);
-        for index in table.num_keyed..shared_end {
-            let id = table.ids[index as usize];
-            if !self.blocks[id as usize].is_keyed() {
-                self.set_key(id, keys.get(index));
-            }
-        }
-        // Private blocks: latent keys. (A key already in the map is this request's own
-        // content cached from before a preemption: the block stays an unkeyed duplicate, as
-        // `set_key` would leave it. An empty map holds none, so it is not probed.)
-        let private = table.num_keyed.max(shared_end) as usize..full as usize;
-        if self.by_key.is_empty() {
-            for (index, &id) in table.ids[private.clone()].iter().enumerate() {
-                let block = &mut self.blocks[id as usize];
-                if !block.is_keyed() {
-                    block.key = keys.latent_private((private.start + index) as u32);
-                    block.set_keying(Keying::Latent);
-                }
-            }
-        } else {
-            for index in private {
-                let id = table.ids[index];
-                if self.blocks[id as usize].is_keyed() {
-                    continue;
-                }
-                let index = index as u32;
-                let latent = keys.latent_private(index);
-                if self.by_key.contains_key(&private_key_of_latent(latent)) {
-                    continue;
-                }
-                let block = &mut self.blocks[id as usize];
-                block.key = latent;
-                block.set_keying(Keying::Latent);
-            }
-        }
-        table.num_keyed = full;
-    }
-
-    fn set_key(&mut self, id: u32, key: u64) {
-        // When two requests computed the same content, the first block stays the cached copy
-        // and the duplicate remains unkeyed (it is freed like any private block).
-        if let std::collections::hash_map::Entry::Vacant(slot) = self.by_key.entry(key) {
-            slot.insert(id);
-            let block = &mut self.blocks[id as usize];
-            block.key = key;
-            block.set_keying(Keying::Mapped);
-            self.key_version += 1;
-        }
     }
 
     fn acquire(&mut self, id: u32) {
