@@ -249,7 +249,7 @@ impl Engine {
             .map(|state| {
                 std::mem::size_of::<RequestState>()
                     + state.keys.len() * 8
-                    + state.blocks.ids.capacity() * 4
+                    + state.blocks.memory_bytes()
                     + state.timeline.token_gaps_us.capacity() * 8
             })
             .sum();

@@ -2,6 +2,9 @@
 //! retired slots and the key map, walked end to end (for tests and debug audits, never the
 //! hot path).
 
+use std::collections::HashSet;
+
+use super::hash::private_key_of_latent;
 use super::{BlockTable, Keying, KvCache, NIL};
 
 impl KvCache {
@@ -9,9 +12,41 @@ impl KvCache {
     /// account for every refcount and every anonymous block. Walks everything: for tests and
     /// debugging.
     pub fn check<'a>(&self, tables: impl Iterator<Item = &'a BlockTable>) -> Result<(), String> {
+        if self.blocks.len() > self.total as usize {
+            return Err(format!(
+                "{} block records for a cache of {}",
+                self.blocks.len(),
+                self.total
+            ));
+        }
         let mut holders = vec![0u32; self.blocks.len()];
         let mut anonymous = 0u64;
+        // Every latent key held anywhere (a table's keyed anonymous blocks, a run's keyed
+        // part) is live once and never also in the map.
+        let mut latent = HashSet::new();
+        let mut note_latent = |seed: u64, index: u32| -> Result<(), String> {
+            let key = private_key_of_latent(seed ^ u64::from(index));
+            if self.by_key.contains_key(&key) || !latent.insert(key) {
+                return Err(format!(
+                    "latent key of index {index} is also in the map or held twice"
+                ));
+            }
+            Ok(())
+        };
         for table in tables {
+            let lo = table.ids.len() as u32;
+            if table.num_keyed > table.len() {
+                return Err(format!(
+                    "a table keys {} blocks but holds {}",
+                    table.num_keyed,
+                    table.len()
+                ));
+            }
+            for index in lo..table.num_keyed.min(lo + table.anon) {
+                if table.anon_keyed(index) {
+                    note_latent(table.seed, index)?;
+                }
+            }
             for &id in &table.ids {
                 match holders.get_mut(id as usize) {
                     Some(count) => *count += 1,
@@ -19,7 +54,6 @@ impl KvCache {
                 }
             }
             anonymous += u64::from(table.anon);
-            let lo = table.ids.len() as u32;
             let ordered = table.dups.windows(2).all(|pair| pair[0] < pair[1]);
             let inside = table
                 .dups
@@ -77,6 +111,9 @@ impl KvCache {
                 let run = self.runs[slot];
                 if run.lo >= run.hi {
                     return Err(format!("run node {cursor} is empty"));
+                }
+                for index in run.lo..run.hi.min(run.keyed_hi) {
+                    note_latent(run.seed, index)?;
                 }
                 listed += u64::from(run.len());
             } else {
@@ -154,5 +191,39 @@ impl KvCache {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::PrefixHit;
+    use super::super::hash::{BlockKeys, private_key};
+    use super::*;
+
+    #[test]
+    fn the_audit_rejects_a_latent_key_live_twice_or_also_mapped() {
+        let mut kv = KvCache::new(16, 4, true, 0);
+        let mut held = BlockTable::default();
+        // Request 1: 5 blocks, 4 of them full (keyed latent).
+        assert!(kv.allocate(&mut held, BlockKeys::private(1), PrefixHit::default(), 19));
+        assert_eq!(kv.check([&held].into_iter()), Ok(()));
+        // The same table listed twice: its latent keys would be live twice.
+        let twice = kv.check([&held, &held].into_iter());
+        assert!(
+            twice.as_ref().is_err_and(|err| err.contains("latent key")),
+            "{twice:?}"
+        );
+        // Freed, its keyed blocks form a run; one of their keys also in the map is an error.
+        kv.free(&mut held);
+        assert_eq!(kv.check(std::iter::empty()), Ok(()));
+        let mut other = BlockTable::default();
+        assert!(kv.allocate(&mut other, BlockKeys::private(2), PrefixHit::default(), 4));
+        kv.by_key
+            .insert(private_key(1, 0), other.ids.first().copied().unwrap_or(0));
+        let mapped = kv.check([&other].into_iter());
+        assert!(
+            mapped.as_ref().is_err_and(|err| err.contains("latent key")),
+            "{mapped:?}"
+        );
     }
 }

@@ -80,9 +80,10 @@ pub fn private_key(id: u64, block_index: u32) -> u64 {
 
 /// The per-request half of [`private_key`]: `private_key(id, index)` is
 /// `private_key_of_latent(private_seed(id) ^ index)`. A request computes it once, so the KV
-/// cache can store a private block's key in this *latent* form (one xor per block) and
-/// finish the hash only when the key is read (a preemption, an eviction into the CPU tier,
-/// an observation), which almost never happens to a private block.
+/// cache keeps no per-block key for a private block at all: an anonymous block's key is its
+/// table's (or free run's) seed xor its index, and the hash is finished only when the key is
+/// read (a preemption, an eviction into the CPU tier, an observation), which almost never
+/// happens to a private block.
 #[inline]
 pub fn private_seed(id: u64) -> u64 {
     mix64(id ^ TAG_REQUEST)

@@ -31,6 +31,9 @@ impl KvCache {
         true
     }
 
+    /// Keys every block of `table` that is full at `total_tokens` and not keyed yet: shareable
+    /// ones into the map, anonymous private ones as latent keys (counted by `num_keyed`),
+    /// leaving duplicates of content already cached unkeyed.
     pub(super) fn key_full_blocks(
         &mut self,
         table: &mut BlockTable,
@@ -72,6 +75,8 @@ impl KvCache {
         table.num_keyed = full;
     }
 
+    /// Maps `key` to identified block `id`, unless the key is cached already (then the block
+    /// stays an unkeyed duplicate).
     pub(super) fn set_key(&mut self, id: u32, key: u64) {
         // When two requests computed the same content, the first block stays the cached copy
         // and the duplicate remains unkeyed (it is freed like any private block).

@@ -48,6 +48,11 @@ impl BlockTable {
         self.anon
     }
 
+    /// Heap bytes held (the id and duplicate lists' room).
+    pub fn memory_bytes(&self) -> usize {
+        (self.ids.capacity() + self.dups.capacity()) * std::mem::size_of::<u32>()
+    }
+
     /// True if anonymous block `index` holds its latent key.
     pub(super) fn anon_keyed(&self, index: u32) -> bool {
         index < self.num_keyed && self.dups.binary_search(&index).is_err()
