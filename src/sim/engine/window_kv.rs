@@ -82,6 +82,8 @@ impl Engine {
         let mut next_due = 0;
         let mut next_explicit = 0;
         let mut result = Some(());
+        // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
+        let mut pending = 0;
         loop {
             let due_position = bucket.get(next_due).copied();
             let explicit_position = window
@@ -104,7 +106,20 @@ impl Engine {
                 };
                 let base = state.lazy_base_step.expect("due requests are members");
                 let total = state.num_computed + (window_step - base) + 1;
-                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                // The common crossing's block is taken with the next call on the cache (or
+                // at the end), together with the other crossings' before it.
+                let deferred = prefix_caching
+                    && state.blocks.num_keyed >= state.shareable
+                    && self.kv.take_crossing_deferred(
+                        &mut state.blocks,
+                        state.owner_seed,
+                        total,
+                        &mut pending,
+                    );
+                if !deferred && {
+                    self.kv.take_pending(&mut pending);
+                    !allocate_to(&mut self.kv, state, total, block_size, prefix_caching)
+                } {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
@@ -121,12 +136,14 @@ impl Engine {
                     .as_mut()
                     .expect("explicit requests are live");
                 let total = state.num_computed + entry.new_tokens;
+                self.kv.take_pending(&mut pending);
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None;
                     break;
                 }
             }
         }
+        self.kv.take_pending(&mut pending);
         bucket.clear();
         window.kv_ring[bucket_index] = bucket;
         result

@@ -359,6 +359,50 @@ impl KvCache {
         true
     }
 
+    /// [`Self::take_crossing`] with the block's take deferred: the table is grown and the
+    /// block counted in `pending`, and [`Self::take_pending`] takes every pending block off
+    /// the free list at once (by arithmetic on its head run), before any other call on the
+    /// cache. Anonymous takes are alike whoever makes them, so a window step's crossings
+    /// between two other calls leave the free list exactly as one take each would. False,
+    /// changing nothing, when [`Self::take_crossing`] would be false with the pending blocks
+    /// taken.
+    #[inline(always)]
+    pub fn take_crossing_deferred(
+        &mut self,
+        table: &mut BlockTable,
+        seed: u64,
+        total_tokens: u32,
+        pending: &mut u32,
+    ) -> bool {
+        let len = table.len();
+        // (No virgin block: the free count is the list's, empty when it is.)
+        if total_tokens != len * self.block_size + 1
+            || self.free_count <= *pending
+            || self.virgin != 0
+            || !self.by_key.is_empty()
+        {
+            return false;
+        }
+        debug_assert!(self.prefix_caching, "keying needs prefix caching");
+        debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
+        table.seed = seed;
+        table.anon += 1;
+        table.num_keyed = len;
+        *pending += 1;
+        true
+    }
+
+    /// Takes the blocks [`Self::take_crossing_deferred`] left pending, in the order single
+    /// takes would have gone, and zeroes `pending`.
+    #[inline(always)]
+    pub fn take_pending(&mut self, pending: &mut u32) {
+        if *pending > 0 {
+            debug_assert!(self.virgin == 0 && *pending <= self.free_count);
+            self.take_anon(*pending);
+            *pending = 0;
+        }
+    }
+
     /// Takes `count` fresh blocks (which must be free) for `table`'s next indices:
     /// identified ones below `anon_from`, anonymous ones from it on, in index order.
     fn take_fresh(&mut self, table: &mut BlockTable, keys: BlockKeys<'_>, count: u32) {
