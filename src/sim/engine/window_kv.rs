@@ -84,6 +84,8 @@ impl Engine {
         let mut result = Some(());
         // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
         let mut pending = 0;
+        // Deferred crossings' positions, kept at the front of the bucket.
+        let mut kept = 0;
         loop {
             let due_position = bucket.get(next_due).copied();
             let explicit_position = window
@@ -116,10 +118,19 @@ impl Engine {
                         total,
                         &mut pending,
                     );
-                if !deferred && {
-                    self.kv.take_pending(&mut pending);
-                    !allocate_to(&mut self.kv, state, total, block_size, prefix_caching)
-                } {
+                if deferred {
+                    // Its next call is the next crossing, `block_size` steps on: it stays
+                    // in the bucket, which moves there whole (in batch order).
+                    debug_assert_eq!(
+                        next_kv_step_of(state, step, total, block_size, prefix_caching),
+                        step + block_size
+                    );
+                    bucket[kept] = position;
+                    kept += 1;
+                    continue;
+                }
+                self.kv.take_pending(&mut pending);
+                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
@@ -144,8 +155,17 @@ impl Engine {
             }
         }
         self.kv.take_pending(&mut pending);
-        bucket.clear();
-        window.kv_ring[bucket_index] = bucket;
+        bucket.truncate(kept);
+        let target = (step + block_size) as usize & (ring_len - 1);
+        debug_assert_ne!(target, bucket_index, "the ring is longer than a block");
+        if window.kv_ring[target].is_empty() {
+            // (The emptied bucket takes the target's place: no copy.)
+            window.kv_ring[bucket_index] = std::mem::replace(&mut window.kv_ring[target], bucket);
+        } else {
+            window.kv_ring[target].extend_from_slice(&bucket);
+            bucket.clear();
+            window.kv_ring[bucket_index] = bucket;
+        }
         result
     }
 
