@@ -83,7 +83,7 @@ impl Engine {
         let mut next_explicit = 0;
         let mut result = Some(());
         // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
-        let mut pending = 0;
+        let mut pending = self.kv.crossings();
         // Deferred crossings' positions, kept at the front of the bucket.
         let mut kept = 0;
         loop {
@@ -134,6 +134,7 @@ impl Engine {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
+                pending = self.kv.crossings();
                 // A call earlier than needed is harmless (it finds nothing to do and
                 // reschedules), so a far one is clamped to the ring.
                 let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
@@ -152,6 +153,7 @@ impl Engine {
                     result = None;
                     break;
                 }
+                pending = self.kv.crossings();
             }
         }
         self.kv.take_pending(&mut pending);

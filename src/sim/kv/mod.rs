@@ -136,6 +136,14 @@ impl Clone for KvCache {
     }
 }
 
+/// Window crossings whose blocks are pending ([`KvCache::take_crossing_deferred`]): how
+/// many, and how many the free list can give while no other call is made on the cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Crossings {
+    pending: u32,
+    room: u32,
+}
+
 impl KvCache {
     /// A cache of `num_blocks` empty blocks of `block_size` tokens, all free.
     ///
@@ -359,8 +367,21 @@ impl KvCache {
         true
     }
 
+    /// A batch of window crossings whose blocks are taken together (see
+    /// [`Self::take_crossing_deferred`]), valid until the next other call on the cache.
+    #[inline(always)]
+    pub fn crossings(&self) -> Crossings {
+        // (No virgin block: the free count is the list's, empty when it is.)
+        let room = if self.virgin == 0 && self.by_key.is_empty() && self.prefix_caching {
+            self.free_count
+        } else {
+            0
+        };
+        Crossings { pending: 0, room }
+    }
+
     /// [`Self::take_crossing`] with the block's take deferred: the table is grown and the
-    /// block counted in `pending`, and [`Self::take_pending`] takes every pending block off
+    /// block counted in `batch`, and [`Self::take_pending`] takes every pending block off
     /// the free list at once (by arithmetic on its head run), before any other call on the
     /// cache. Anonymous takes are alike whoever makes them, so a window step's crossings
     /// between two other calls leave the free list exactly as one take each would. False,
@@ -372,35 +393,31 @@ impl KvCache {
         table: &mut BlockTable,
         seed: u64,
         total_tokens: u32,
-        pending: &mut u32,
+        batch: &mut Crossings,
     ) -> bool {
         let len = table.len();
-        // (No virgin block: the free count is the list's, empty when it is.)
-        if total_tokens != len * self.block_size + 1
-            || self.free_count <= *pending
-            || self.virgin != 0
-            || !self.by_key.is_empty()
-        {
+        if total_tokens != len * self.block_size + 1 || batch.pending >= batch.room {
             return false;
         }
-        debug_assert!(self.prefix_caching, "keying needs prefix caching");
+        debug_assert!(self.virgin == 0 && self.by_key.is_empty() && self.prefix_caching);
         debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
         table.seed = seed;
         table.anon += 1;
         table.num_keyed = len;
-        *pending += 1;
+        batch.pending += 1;
         true
     }
 
-    /// Takes the blocks [`Self::take_crossing_deferred`] left pending, in the order single
-    /// takes would have gone, and zeroes `pending`.
+    /// Takes the blocks [`Self::take_crossing_deferred`] left pending in `batch`, in the
+    /// order single takes would have gone; the batch is then spent (take a new one after
+    /// the next call on the cache).
     #[inline(always)]
-    pub fn take_pending(&mut self, pending: &mut u32) {
-        if *pending > 0 {
-            debug_assert!(self.virgin == 0 && *pending <= self.free_count);
-            self.take_anon(*pending);
-            *pending = 0;
+    pub fn take_pending(&mut self, batch: &mut Crossings) {
+        if batch.pending > 0 {
+            debug_assert!(self.virgin == 0 && batch.pending <= self.free_count);
+            self.take_anon(batch.pending);
         }
+        *batch = Crossings::default();
     }
 
     /// Takes `count` fresh blocks (which must be free) for `table`'s next indices:
