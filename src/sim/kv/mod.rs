@@ -415,7 +415,9 @@ impl KvCache {
     pub fn take_pending(&mut self, batch: &mut Crossings) {
         if batch.pending > 0 {
             debug_assert!(self.virgin == 0 && batch.pending <= self.free_count);
-            self.take_anon(batch.pending);
+            if !self.take_anon_off_head_run(batch.pending) {
+                self.take_anon(batch.pending);
+            }
         }
         *batch = Crossings::default();
     }
