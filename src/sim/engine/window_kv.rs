@@ -8,8 +8,8 @@ use std::cmp::Reverse;
 
 use super::Engine;
 use super::lazy::{Due, LazyWindow};
-use crate::sim::kv::PrefixHit;
 use crate::sim::kv::hash::BlockKeys;
+use crate::sim::kv::{Crossings, PrefixHit};
 use crate::sim::state::RequestState;
 
 impl Engine {
@@ -129,12 +129,13 @@ impl Engine {
                     kept += 1;
                     continue;
                 }
+                let had_room = pending.has_room();
                 self.kv.take_pending(&mut pending);
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
-                pending = self.kv.crossings();
+                pending = Crossings::renew(had_room, &self.kv);
                 // A call earlier than needed is harmless (it finds nothing to do and
                 // reschedules), so a far one is clamped to the ring.
                 let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
@@ -148,12 +149,13 @@ impl Engine {
                     .as_mut()
                     .expect("explicit requests are live");
                 let total = state.num_computed + entry.new_tokens;
+                let had_room = pending.has_room();
                 self.kv.take_pending(&mut pending);
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None;
                     break;
                 }
-                pending = self.kv.crossings();
+                pending = Crossings::renew(had_room, &self.kv);
             }
         }
         self.kv.take_pending(&mut pending);

@@ -144,6 +144,27 @@ pub struct Crossings {
     room: u32,
 }
 
+impl Crossings {
+    /// The batch to use after another call on `kv` following [`KvCache::take_pending`]
+    /// on `spent`: a fresh one, unless the batch taken before it had no room (the cache's
+    /// conditions seldom change within a step, and a batch with no room only makes every
+    /// crossing take the ordinary path: the forks' caches, with keys mapped, skip the check).
+    #[inline(always)]
+    pub fn renew(had_room: bool, kv: &KvCache) -> Crossings {
+        if had_room {
+            kv.crossings()
+        } else {
+            Crossings::default()
+        }
+    }
+
+    /// True if the batch could take a crossing's block.
+    #[inline(always)]
+    pub fn has_room(&self) -> bool {
+        self.room > 0
+    }
+}
+
 impl KvCache {
     /// A cache of `num_blocks` empty blocks of `block_size` tokens, all free.
     ///
@@ -410,7 +431,7 @@ impl KvCache {
 
     /// Takes the blocks [`Self::take_crossing_deferred`] left pending in `batch`, in the
     /// order single takes would have gone; the batch is then spent (take a new one after
-    /// the next call on the cache).
+    /// the next call on the cache, see [`Crossings::renew`]).
     #[inline(always)]
     pub fn take_pending(&mut self, batch: &mut Crossings) {
         if batch.pending > 0 {
