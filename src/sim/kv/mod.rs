@@ -416,8 +416,12 @@ impl KvCache {
         total_tokens: u32,
         batch: &mut Crossings,
     ) -> bool {
+        // (The room first: a batch without any, as in a fork's cache, fails at once.)
+        if batch.pending >= batch.room {
+            return false;
+        }
         let len = table.len();
-        if total_tokens != len * self.block_size + 1 || batch.pending >= batch.room {
+        if total_tokens != len * self.block_size + 1 {
             return false;
         }
         debug_assert!(self.virgin == 0 && self.by_key.is_empty() && self.prefix_caching);
