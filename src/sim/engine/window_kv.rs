@@ -8,8 +8,8 @@ use std::cmp::Reverse;
 
 use super::Engine;
 use super::lazy::{Due, LazyWindow};
-use crate::sim::kv::PrefixHit;
 use crate::sim::kv::hash::BlockKeys;
+use crate::sim::kv::{Crossings, PrefixHit};
 use crate::sim::state::RequestState;
 
 impl Engine {
@@ -82,6 +82,10 @@ impl Engine {
         let mut next_due = 0;
         let mut next_explicit = 0;
         let mut result = Some(());
+        // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
+        let mut pending = self.kv.crossings();
+        // Deferred crossings' positions, kept at the front of the bucket.
+        let mut kept = 0;
         loop {
             let due_position = bucket.get(next_due).copied();
             let explicit_position = window
@@ -104,10 +108,34 @@ impl Engine {
                 };
                 let base = state.lazy_base_step.expect("due requests are members");
                 let total = state.num_computed + (window_step - base) + 1;
+                // The common crossing's block is taken with the next call on the cache (or
+                // at the end), together with the other crossings' before it.
+                let deferred = prefix_caching
+                    && state.blocks.num_keyed >= state.shareable
+                    && self.kv.take_crossing_deferred(
+                        &mut state.blocks,
+                        state.owner_seed,
+                        total,
+                        &mut pending,
+                    );
+                if deferred {
+                    // Its next call is the next crossing, `block_size` steps on: it stays
+                    // in the bucket, which moves there whole (in batch order).
+                    debug_assert_eq!(
+                        next_kv_step_of(state, step, total, block_size, prefix_caching),
+                        step + block_size
+                    );
+                    bucket[kept] = position;
+                    kept += 1;
+                    continue;
+                }
+                let had_room = pending.has_room();
+                self.kv.take_pending(&mut pending);
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
+                pending = Crossings::renew(had_room, &self.kv);
                 // A call earlier than needed is harmless (it finds nothing to do and
                 // reschedules), so a far one is clamped to the ring.
                 let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
@@ -121,14 +149,27 @@ impl Engine {
                     .as_mut()
                     .expect("explicit requests are live");
                 let total = state.num_computed + entry.new_tokens;
+                let had_room = pending.has_room();
+                self.kv.take_pending(&mut pending);
                 if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
                     result = None;
                     break;
                 }
+                pending = Crossings::renew(had_room, &self.kv);
             }
         }
-        bucket.clear();
-        window.kv_ring[bucket_index] = bucket;
+        self.kv.take_pending(&mut pending);
+        bucket.truncate(kept);
+        let target = (step + block_size) as usize & (ring_len - 1);
+        debug_assert_ne!(target, bucket_index, "the ring is longer than a block");
+        if window.kv_ring[target].is_empty() {
+            // (The emptied bucket takes the target's place: no copy.)
+            window.kv_ring[bucket_index] = std::mem::replace(&mut window.kv_ring[target], bucket);
+        } else {
+            window.kv_ring[target].extend_from_slice(&bucket);
+            bucket.clear();
+            window.kv_ring[bucket_index] = bucket;
+        }
         result
     }
 

@@ -98,6 +98,28 @@ impl KvCache {
         }
     }
 
+    /// [`Self::take_anon`]'s common batch, inlined: `count` blocks off a head run holding
+    /// more than that, with no virgin block and no CPU tier (the evicted latent keys are
+    /// only counted). False, changing nothing, otherwise.
+    #[inline(always)]
+    pub(super) fn take_anon_off_head_run(&mut self, count: u32) -> bool {
+        debug_assert!(self.virgin == 0 && count > 0 && count <= self.free_count);
+        let node = self.blocks[self.free_head as usize];
+        if !node.is_run() || self.cpu.is_some() {
+            return false;
+        }
+        let run = &mut self.runs[node.run_slot()];
+        if run.len() <= count {
+            return false;
+        }
+        let new_hi = run.hi - count;
+        let keyed_top = run.hi.min(run.keyed_hi);
+        run.hi = new_hi;
+        self.stats.evicted_blocks += u64::from(keyed_top.saturating_sub(new_hi));
+        self.free_count -= count;
+        true
+    }
+
     /// One block for an anonymous destination, off a free list holding no virgin block (the
     /// decode path's call).
     #[inline(always)]

@@ -26,6 +26,7 @@
 
 mod audit;
 mod block;
+mod crossings;
 mod free_list;
 pub mod hash;
 mod key_hasher;
@@ -42,6 +43,7 @@ use free_list::Run;
 use hash::{BlockKeys, private_key_of_latent};
 
 pub use block::MAX_BLOCKS;
+pub use crossings::Crossings;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
 pub use table::BlockTable;

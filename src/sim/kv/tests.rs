@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 
-use super::hash::{BlockKeys, private_key};
+use super::hash::{BlockKeys, private_key, private_seed};
 use super::{BlockTable, KvCache, PrefixHit};
 
 const BLOCK: u32 = 4;
@@ -103,6 +103,56 @@ fn a_runs_evictions_reach_the_cpu_tier_top_first() {
     assert_eq!((a.ids.len(), a.anonymous()), (3, 1));
     assert!(kv.contains_key(private_key(3, 0)));
     kv.check([&a].into_iter()).unwrap();
+}
+
+/// A window step's crossings taken as one pending batch (`take_crossing_deferred`, then
+/// `take_pending`) leave the cache exactly as one `take_crossing` each: the free list, the
+/// evictions, the CPU tier's order, the tables. With and without a CPU tier, a batch inside
+/// the head run and one that empties it.
+#[test]
+fn deferred_crossings_equal_single_takes() {
+    for cpu_blocks in [0, 8] {
+        let build = || {
+            let mut kv = KvCache::new(16, BLOCK, true, cpu_blocks);
+            let mut tables: Vec<BlockTable> = (0..3).map(|_| BlockTable::default()).collect();
+            // 6 + 5 + 5 blocks: no virgin block left; the first's 6 go back as one run.
+            assert!(grow(&mut kv, &mut tables[0], 1, 23));
+            assert!(grow(&mut kv, &mut tables[1], 2, 20));
+            assert!(grow(&mut kv, &mut tables[2], 3, 20));
+            kv.free(&mut tables[0]);
+            (kv, tables)
+        };
+        let (mut single, mut single_tables) = build();
+        let (mut batched, mut batched_tables) = build();
+        // (request, total tokens): two crossings inside the run, then four that empty it.
+        let rounds: [&[(usize, u32)]; 2] =
+            [&[(1, 21), (2, 21)], &[(2, 25), (1, 25), (2, 29), (1, 29)]];
+        for round in rounds {
+            let mut batch = batched.crossings();
+            for &(r, total) in round {
+                let seed = private_seed(r as u64 + 1); // the owner's, as `grow` gave
+                assert!(single.take_crossing(&mut single_tables[r], seed, total));
+                assert!(batched.take_crossing_deferred(
+                    &mut batched_tables[r],
+                    seed,
+                    total,
+                    &mut batch
+                ));
+            }
+            batched.take_pending(&mut batch);
+            assert_eq!(batched.free_keys_lru_first(), single.free_keys_lru_first());
+            assert_eq!(batched.stats(), single.stats());
+            assert_eq!(batched.free_blocks(), single.free_blocks());
+            assert_eq!(cpu_keys(&batched), cpu_keys(&single));
+            assert_eq!(batched_tables, single_tables);
+            batched.check(batched_tables.iter().skip(1)).unwrap();
+        }
+        assert_eq!(batched.free_blocks(), 0, "the run was emptied");
+        // No room left: a crossing is refused, changing nothing.
+        let mut batch = batched.crossings();
+        assert!(!batched.take_crossing_deferred(&mut batched_tables[1], 2, 33, &mut batch));
+        assert_eq!(batched_tables, single_tables);
+    }
 }
 
 /// The reference: every block moved singly, free blocks as an LRU deque of their keys.
