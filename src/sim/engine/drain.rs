@@ -190,6 +190,6 @@ impl Engine {
         let mut state = self.state(slot).clone();
         state.generated = state.target_tokens();
         state.timeline.token_gap_sum_us = end.token_gap_sum_us;
-        Some(record_of(state, Outcome::Completed, end.end_us))
+        Some(record_of(&mut state, Outcome::Completed, end.end_us))
     }
 }

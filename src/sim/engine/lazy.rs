@@ -24,6 +24,7 @@ use std::collections::BinaryHeap;
 use super::lifecycle::first_token_delay;
 use super::window_kv::next_kv_step_of;
 use super::{Engine, InFlight};
+use crate::sim::latency::calibrated::DecodeSteps;
 use crate::sim::metrics::Outcome;
 use crate::sim::state::RequestState;
 
@@ -70,6 +71,9 @@ pub(super) struct LazyWindow {
     pub(super) in_flight: bool,
     /// Times the positions were renumbered (a diagnostic for tests).
     pub(super) compactions: u32,
+    /// The calibrated model's price of an all-decode step of `members` sequences, kept while
+    /// the member count holds (its context-free terms summed once; the same bits).
+    pub(super) decode_steps: Option<DecodeSteps>,
 }
 
 impl LazyWindow {
@@ -251,11 +255,26 @@ impl Engine {
         }
         self.shape_in_flight();
         // (Past admissions nothing may fail: the step-by-step path could not redo them.)
-        let duration = self
-            .latency
-            .step_with_decodes_us(&self.scratch_shape, window.members, window.context_sum)
-            .expect("windows open only for models pricing decodes from (count, context)")
-            .saturating_add(self.host_us(cpu_loads));
+        let members = window.members;
+        let kept = if self.scratch_shape.is_empty() {
+            window
+                .decode_steps
+                .filter(|steps| steps.decodes() == members)
+                .or_else(|| self.latency.kept_decode_steps(members))
+        } else {
+            None
+        };
+        let step = match kept {
+            Some(steps) => {
+                window.decode_steps = Some(steps);
+                steps.step_us(window.context_sum)
+            }
+            None => self
+                .latency
+                .step_with_decodes_us(&self.scratch_shape, members, window.context_sum)
+                .expect("windows open only for models pricing decodes from (count, context)"),
+        };
+        let duration = step.saturating_add(self.host_us(cpu_loads));
         window.in_flight = true;
         self.counts.steps += 1;
         self.lazy_steps += 1;

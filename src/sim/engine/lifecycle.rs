@@ -239,20 +239,24 @@ impl Engine {
     /// Removes the request in `slot` from the engine, leaving its record.
     pub(super) fn retire(&mut self, slot: u32, outcome: Outcome) {
         let now = self.now_us;
+        // The record is read from the state where it lies, which is then dropped in place
+        // (taking the state out first would copy it whole).
         let state = self.slots[slot as usize]
-            .take()
+            .as_mut()
             .expect("retiring a live request");
         debug_assert!(
             state.blocks.is_empty(),
             "retired request still holds blocks"
         );
-        self.free_slots.push(slot);
         let end_us = match outcome {
             Outcome::Completed => state.timeline.last_token_us,
             Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
-        self.note_retired(slot, state.serial);
+        let serial = state.serial;
         let record = record_of(state, outcome, end_us);
+        self.slots[slot as usize] = None;
+        self.free_slots.push(slot);
+        self.note_retired(slot, serial);
         debug_assert_causal(&record);
         if self.config.keep_request_records {
             self.metrics.records.push(record);
@@ -279,8 +283,8 @@ pub(super) fn first_token_delay(
     *memo.get_or_insert_with(|| latency.first_token_delay_us(batch))
 }
 
-pub(super) fn record_of(state: RequestState, outcome: Outcome, end_us: u64) -> RequestRecord {
-    let timeline = state.timeline;
+pub(super) fn record_of(state: &mut RequestState, outcome: Outcome, end_us: u64) -> RequestRecord {
+    let timeline = &mut state.timeline;
     RequestRecord {
         id: state.spec.id,
         slo_class: state.spec.slo_class,
@@ -296,7 +300,7 @@ pub(super) fn record_of(state: RequestState, outcome: Outcome, end_us: u64) -> R
         used_blocks_at_schedule: timeline.used_blocks_at_schedule,
         preemptions: timeline.preemptions,
         token_gap_sum_us: timeline.token_gap_sum_us,
-        token_gaps_us: timeline.token_gaps_us,
+        token_gaps_us: std::mem::take(&mut timeline.token_gaps_us),
     }
 }
 

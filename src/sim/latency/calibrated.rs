@@ -230,15 +230,42 @@ struct Shape {
     kv_tokens: u64,
 }
 
-/// [`CalibratedModel::decode_steps`]: decode-only steps of a fixed number of sequences.
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeSteps<'a> {
-    model: &'a CalibratedModel,
+/// [`CalibratedModel::decode_steps`]: decode-only steps of a fixed number of sequences. Owns
+/// the few numbers it needs, so a lazy window can keep it across steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeSteps {
     decodes: u64,
     batch_part_us: f64,
+    context: ContextTerms,
 }
 
-impl DecodeSteps<'_> {
+/// The formula's last two terms' coefficients: attention and KV traffic.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ContextTerms {
+    attention: f64,
+    attn_us_per_token_ctx: f64,
+    kv: f64,
+    kv_us_per_token: f64,
+}
+
+impl ContextTerms {
+    /// The step in whole microseconds: `batch_part_us` plus the attention and KV terms of
+    /// the batch's context, the formula's last two terms.
+    #[inline]
+    fn step_us(&self, batch_part_us: f64, attn_pairs_x2: u64, kv_tokens: u64) -> u64 {
+        let attn_us = attn_pairs_x2 as f64 / 2.0 * self.attn_us_per_token_ctx;
+        let kv_us = kv_tokens as f64 * self.kv_us_per_token;
+        let step = batch_part_us + self.attention * attn_us + self.kv * kv_us;
+        us_trunc_from_f64(step).max(1)
+    }
+}
+
+impl DecodeSteps {
+    /// Sequences the steps decode.
+    pub fn decodes(&self) -> u64 {
+        self.decodes
+    }
+
     /// The step when the sequences hold `context` tokens of context in total: equals
     /// `step_with_decodes_us(&[], decodes, context)`.
     #[inline]
@@ -249,8 +276,8 @@ impl DecodeSteps<'_> {
         // A decode's query meets its context plus itself: 1·(2·ctx + 1).
         let attn_pairs_x2 = 2 * context + self.decodes;
         let kv_tokens = context + self.decodes;
-        self.model
-            .context_part(self.batch_part_us, attn_pairs_x2, kv_tokens)
+        self.context
+            .step_us(self.batch_part_us, attn_pairs_x2, kv_tokens)
     }
 }
 
@@ -391,7 +418,8 @@ impl CalibratedModel {
     /// first token's decode step pays).
     fn price_with_peer_us(&self, shape: Shape, peer_us: f64) -> u64 {
         let fixed = self.batch_part_us(shape.sequences, shape.tokens, peer_us);
-        self.context_part(fixed, shape.attn_pairs_x2, shape.kv_tokens)
+        self.context_terms()
+            .step_us(fixed, shape.attn_pairs_x2, shape.kv_tokens)
     }
 
     /// The formula's terms that depend on the batch's sequences and tokens but not on their
@@ -419,26 +447,25 @@ impl CalibratedModel {
             + (c[WEIGHTS] * weights_us).max(flops_us)
     }
 
-    /// The step in whole microseconds: `batch_part_us` plus the attention and KV terms of
-    /// the batch's context, the formula's last two terms.
-    #[inline]
-    fn context_part(&self, batch_part_us: f64, attn_pairs_x2: u64, kv_tokens: u64) -> u64 {
-        let c = &self.c;
-        let attn_us = attn_pairs_x2 as f64 / 2.0 * self.attn_us_per_token_ctx;
-        let kv_us = kv_tokens as f64 * self.kv_us_per_token;
-        let step = batch_part_us + c[idx::ATTENTION] * attn_us + c[idx::KV] * kv_us;
-        us_trunc_from_f64(step).max(1)
+    /// The coefficients of the formula's context terms.
+    fn context_terms(&self) -> ContextTerms {
+        ContextTerms {
+            attention: self.c[idx::ATTENTION],
+            attn_us_per_token_ctx: self.attn_us_per_token_ctx,
+            kv: self.c[idx::KV],
+            kv_us_per_token: self.kv_us_per_token,
+        }
     }
 
     /// The steps of `decodes` decoding sequences and nothing else, priced as their context
     /// grows: the terms fixed by the batch's size are summed once (a drain prices hundreds of
     /// such steps between two changes of its batch). Each step's price is
     /// [`CalibratedModel::step_with_decodes_us`]'s to the last bit.
-    pub fn decode_steps(&self, decodes: u64) -> DecodeSteps<'_> {
+    pub fn decode_steps(&self, decodes: u64) -> DecodeSteps {
         DecodeSteps {
-            model: self,
             decodes,
             batch_part_us: self.batch_part_us(decodes, decodes, self.step_peer_us),
+            context: self.context_terms(),
         }
     }
 

@@ -38,7 +38,7 @@ pub struct DecodeStepPricer<'a>(Pricer<'a>);
 #[derive(Clone, Copy, Debug)]
 enum Pricer<'a> {
     /// The calibrated model, its context-free terms summed once.
-    Calibrated(calibrated::DecodeSteps<'a>),
+    Calibrated(calibrated::DecodeSteps),
     /// The other models: the whole formula per step.
     Blackbox(&'a BlackboxCoefficients, u64),
     Roofline(&'a RooflineModel, u64),
@@ -260,6 +260,15 @@ impl LatencyModel {
             LatencyModel::Physics(_) => return None,
         };
         Some(DecodeStepPricer(pricer))
+    }
+
+    /// [`LatencyModel::decode_steps`] in a form a caller can keep across steps (a lazy window
+    /// whose batch size holds), for the calibrated model; `None` for the others.
+    pub fn kept_decode_steps(&self, decodes: u64) -> Option<calibrated::DecodeSteps> {
+        match self {
+            LatencyModel::Calibrated(model) => Some(model.decode_steps(decodes)),
+            _ => None,
+        }
     }
 
     /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host
