@@ -56,7 +56,7 @@ impl KvCache {
     /// changing nothing, when [`Self::take_crossing`] would be false with the pending blocks
     /// taken.
     #[inline(always)]
-    pub fn take_crossing_deferred(
+    pub(crate) fn take_crossing_deferred(
         &mut self,
         table: &mut BlockTable,
         seed: u64,

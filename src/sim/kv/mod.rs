@@ -341,9 +341,16 @@ impl KvCache {
     /// new block while the key map is empty takes one anonymous block, and the block it
     /// filled counts as keyed (private, and no map can hold its key), exactly as
     /// [`Self::allocate`] would. Returns false, changing nothing, in every other case (the
-    /// caller then calls [`Self::allocate`]). `seed` is the owner's private seed.
+    /// caller then calls [`Self::allocate`]). `seed` is the owner's private seed. The caller
+    /// guarantees the preconditions in parentheses (the window checks them; crate-only so
+    /// no other caller can skip them).
     #[inline(always)]
-    pub fn take_crossing(&mut self, table: &mut BlockTable, seed: u64, total_tokens: u32) -> bool {
+    pub(crate) fn take_crossing(
+        &mut self,
+        table: &mut BlockTable,
+        seed: u64,
+        total_tokens: u32,
+    ) -> bool {
         let len = table.len();
         if total_tokens != len * self.block_size + 1
             || self.free_head == NIL
