@@ -61,20 +61,12 @@ fn every_gpu_builds_the_roofline() {
         let model = build(LatencyKind::Roofline, "llama-3.1-8b-instruct", gpu, 1).unwrap();
         assert!(model.step_us(&sample_batch()) > 1, "{gpu}");
     }
-    assert_eq!(
-        catalog::gpu_names(),
-        [
-            "A100-80",
-            "A100-PCIe",
-            "A100-SXM",
-            "B200",
-            "H100",
-            "H100-PCIe",
-            "H200",
-            "L4",
-            "L40S"
-        ]
-    );
+    // (The exact list is pinned by the catalog's unit test.)
+    let names = catalog::gpu_names();
+    assert!(names.is_sorted(), "{names:?}");
+    for gpu in ["A100-80", "A100-PCIe", "H100", "H100-PCIe", "L40S"] {
+        assert!(names.contains(&gpu), "{gpu} missing from {names:?}");
+    }
 }
 
 #[test]
