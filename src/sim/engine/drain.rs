@@ -135,9 +135,8 @@ impl Engine {
         let mut now = step_end;
         let mut next = 0;
         let mut step = 1u32;
-        // Steps are priced per batch size: the pricer is rebuilt when members finish.
-        let mut pricer = self.latency.decode_steps(count)?;
-        let mut priced_count = count;
+        // The price's terms fixed by the batch size, kept while no member finishes.
+        let mut kept = None;
         loop {
             if now > until_us {
                 return Some(drain);
@@ -169,11 +168,7 @@ impl Engine {
             if count == 0 {
                 return Some(drain);
             }
-            if priced_count != count {
-                pricer = self.latency.decode_steps(count)?;
-                priced_count = count;
-            }
-            let duration = pricer.step_us(context);
+            let duration = self.latency.decode_step_us(&mut kept, count, context)?;
             now = now.saturating_add(duration);
             step += 1;
         }

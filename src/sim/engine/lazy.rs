@@ -71,8 +71,8 @@ pub(super) struct LazyWindow {
     pub(super) in_flight: bool,
     /// Times the positions were renumbered (a diagnostic for tests).
     pub(super) compactions: u32,
-    /// The calibrated model's price of an all-decode step of `members` sequences, kept while
-    /// the member count holds (its context-free terms summed once; the same bits).
+    /// The calibrated model's price terms of an all-decode step of `members` sequences, kept
+    /// while the member count holds ([`crate::sim::latency::LatencyModel::decode_step_us`]).
     pub(super) decode_steps: Option<DecodeSteps>,
 }
 
@@ -255,26 +255,17 @@ impl Engine {
         }
         self.shape_in_flight();
         // (Past admissions nothing may fail: the step-by-step path could not redo them.)
-        let members = window.members;
-        let kept = if self.scratch_shape.is_empty() {
-            window
-                .decode_steps
-                .filter(|steps| steps.decodes() == members)
-                .or_else(|| self.latency.kept_decode_steps(members))
+        let (members, context) = (window.members, window.context_sum);
+        let step = if self.scratch_shape.is_empty() {
+            self.latency
+                .decode_step_us(&mut window.decode_steps, members, context)
         } else {
-            None
+            self.latency
+                .step_with_decodes_us(&self.scratch_shape, members, context)
         };
-        let step = match kept {
-            Some(steps) => {
-                window.decode_steps = Some(steps);
-                steps.step_us(window.context_sum)
-            }
-            None => self
-                .latency
-                .step_with_decodes_us(&self.scratch_shape, members, window.context_sum)
-                .expect("windows open only for models pricing decodes from (count, context)"),
-        };
-        let duration = step.saturating_add(self.host_us(cpu_loads));
+        let duration = step
+            .expect("windows open only for models pricing decodes from (count, context)")
+            .saturating_add(self.host_us(cpu_loads));
         window.in_flight = true;
         self.counts.steps += 1;
         self.lazy_steps += 1;

@@ -304,14 +304,7 @@ impl Engine {
         let arrival_us = spec.arrival_us;
         let deadline_us = spec.deadline_us;
         let block_size = self.config.block_size;
-        // Built where it will live (a free slot's place): a state passed by value is copied.
-        let slot = match self.free_slots.pop() {
-            Some(slot) => {
-                self.slots[slot as usize] = Some(RequestState::new(spec, serial, block_size));
-                slot
-            }
-            None => self.insert_state(RequestState::new(spec, serial, block_size)),
-        };
+        let slot = self.insert_state_with(|| RequestState::new(spec, serial, block_size));
         self.push_event(arrival_us, EventKind::Arrival, slot, serial);
         if let Some(deadline) = deadline_us {
             self.push_event(deadline.max(arrival_us), EventKind::Timeout, slot, serial);

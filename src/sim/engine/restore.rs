@@ -372,14 +372,22 @@ impl Engine {
         Ok(())
     }
 
+    /// Puts `state` in a free slot (or a new one) and returns the slot.
     pub(super) fn insert_state(&mut self, state: RequestState) -> u32 {
+        self.insert_state_with(|| state)
+    }
+
+    /// [`Engine::insert_state`] with the state built by `make` where it will live (a state
+    /// built first and passed by value is copied into the slot: a submission's hot path).
+    #[inline(always)]
+    pub(super) fn insert_state_with(&mut self, make: impl FnOnce() -> RequestState) -> u32 {
         match self.free_slots.pop() {
             Some(slot) => {
-                self.slots[slot as usize] = Some(state);
+                self.slots[slot as usize] = Some(make());
                 slot
             }
             None => {
-                self.slots.push(Some(state));
+                self.slots.push(Some(make()));
                 (self.slots.len() - 1) as u32
             }
         }

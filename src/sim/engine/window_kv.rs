@@ -129,13 +129,17 @@ impl Engine {
                     kept += 1;
                     continue;
                 }
-                let had_room = pending.has_room();
-                self.kv.take_pending(&mut pending);
-                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                if !call_in_batch(
+                    &mut self.kv,
+                    &mut pending,
+                    state,
+                    total,
+                    block_size,
+                    prefix_caching,
+                ) {
                     result = None; // the window closes (its ring is cleared when reused)
                     break;
                 }
-                pending = Crossings::renew(had_room, &self.kv);
                 // A call earlier than needed is harmless (it finds nothing to do and
                 // reschedules), so a far one is clamped to the ring.
                 let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
@@ -149,13 +153,17 @@ impl Engine {
                     .as_mut()
                     .expect("explicit requests are live");
                 let total = state.num_computed + entry.new_tokens;
-                let had_room = pending.has_room();
-                self.kv.take_pending(&mut pending);
-                if !allocate_to(&mut self.kv, state, total, block_size, prefix_caching) {
+                if !call_in_batch(
+                    &mut self.kv,
+                    &mut pending,
+                    state,
+                    total,
+                    block_size,
+                    prefix_caching,
+                ) {
                     result = None;
                     break;
                 }
-                pending = Crossings::renew(had_room, &self.kv);
             }
         }
         self.kv.take_pending(&mut pending);
@@ -230,6 +238,27 @@ pub(super) fn next_kv_step_of(
     // At window step s > step the token computed is number computed + (s - step).
     let total_next = computed + 1;
     step + 1 + threshold.saturating_sub(total_next)
+}
+
+/// An ordinary KV call amid a step's batch of deferred crossings: the batch's pending blocks
+/// are taken first (so the free list is as single takes would have left it), then
+/// [`allocate_to`]; the batch is renewed after. False if the cache cannot (the window closes).
+#[inline(always)]
+fn call_in_batch(
+    kv: &mut crate::sim::kv::KvCache,
+    pending: &mut Crossings,
+    state: &mut RequestState,
+    total: u32,
+    block_size: u32,
+    prefix_caching: bool,
+) -> bool {
+    let had_room = pending.has_room();
+    kv.take_pending(pending);
+    if !allocate_to(kv, state, total, block_size, prefix_caching) {
+        return false;
+    }
+    *pending = Crossings::renew(had_room, kv);
+    true
 }
 
 /// One phase-1 KV call: makes `state`'s blocks cover `total` tokens (keys first, if prefix

@@ -30,34 +30,6 @@ pub use calibrated::{CalibratedCoefficients, CalibratedModel};
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
 
-/// [`LatencyModel::decode_steps`]: prices decode-only steps of a fixed batch size. Built
-/// only for models that price decodes from (count, context).
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeStepPricer<'a>(Pricer<'a>);
-
-#[derive(Clone, Copy, Debug)]
-enum Pricer<'a> {
-    /// The calibrated model, its context-free terms summed once.
-    Calibrated(calibrated::DecodeSteps),
-    /// The other models: the whole formula per step.
-    Blackbox(&'a BlackboxCoefficients, u64),
-    Roofline(&'a RooflineModel, u64),
-}
-
-impl DecodeStepPricer<'_> {
-    /// The step when the sequences hold `context` tokens of context in total, in whole
-    /// microseconds, at least 1.
-    #[inline]
-    pub fn step_us(&self, context: u64) -> u64 {
-        let step = match self.0 {
-            Pricer::Calibrated(steps) => steps.step_us(context),
-            Pricer::Blackbox(model, decodes) => model.step_with_decodes_us(&[], decodes),
-            Pricer::Roofline(model, decodes) => model.step_with_decodes_us(&[], decodes, context),
-        };
-        step.max(1)
-    }
-}
-
 /// Why a latency model could not be built from the given inputs.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum LatencyError {
@@ -247,28 +219,24 @@ impl LatencyModel {
         Some(step.max(1))
     }
 
-    /// The decode-only steps of `decodes` sequences, priced from their total context as it
-    /// grows (a drain's steps between two changes of its batch), if the model prices decodes
-    /// from (count, context) alone; `None` otherwise. Each price equals
-    /// `step_with_decodes_us(&[], decodes, context)`; the calibrated model sums the terms the
-    /// context does not change once.
-    pub fn decode_steps(&self, decodes: u64) -> Option<DecodeStepPricer<'_>> {
-        let pricer = match self {
-            LatencyModel::Calibrated(model) => Pricer::Calibrated(model.decode_steps(decodes)),
-            LatencyModel::Blackbox(model) => Pricer::Blackbox(model, decodes),
-            LatencyModel::Roofline(model) => Pricer::Roofline(model, decodes),
-            LatencyModel::Physics(_) => return None,
+    /// `step_with_decodes_us(&[], decodes, context)`, an all-decode step, through `kept`: for
+    /// the calibrated model, the terms its context does not change, summed once per batch size
+    /// and kept by the caller while that size holds (a drain's or a lazy window's successive
+    /// steps); the other models price the whole formula. The same bits either way.
+    pub fn decode_step_us(
+        &self,
+        kept: &mut Option<calibrated::DecodeSteps>,
+        decodes: u64,
+        context: u64,
+    ) -> Option<u64> {
+        let LatencyModel::Calibrated(model) = self else {
+            return self.step_with_decodes_us(&[], decodes, context);
         };
-        Some(DecodeStepPricer(pricer))
-    }
-
-    /// [`LatencyModel::decode_steps`] in a form a caller can keep across steps (a lazy window
-    /// whose batch size holds), for the calibrated model; `None` for the others.
-    pub fn kept_decode_steps(&self, decodes: u64) -> Option<calibrated::DecodeSteps> {
-        match self {
-            LatencyModel::Calibrated(model) => Some(model.decode_steps(decodes)),
-            _ => None,
-        }
+        let steps = match *kept {
+            Some(steps) if steps.decodes() == decodes => steps,
+            _ => *kept.insert(model.decode_steps(decodes)),
+        };
+        Some(steps.step_us(context))
     }
 
     /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host
