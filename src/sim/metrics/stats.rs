@@ -4,6 +4,9 @@
 
 use std::collections::HashMap;
 
+/// The percentiles [`LatencyStats`] reports.
+const PERCENTILES: [f64; 4] = [50.0, 90.0, 95.0, 99.0];
+
 /// Mean and percentiles of one metric, in milliseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LatencyStats {
@@ -35,15 +38,7 @@ impl LatencyStats {
             values.sort_unstable_by(f64::total_cmp);
         }
         let sum: f64 = values.iter().sum();
-        let quantile = |p: f64| interpolate_sorted(values, p) / 1000.0;
-        Self {
-            count: values.len() as u64,
-            mean: sum / values.len() as f64 / 1000.0,
-            p50: quantile(50.0),
-            p90: quantile(90.0),
-            p95: quantile(95.0),
-            p99: quantile(99.0),
-        }
+        Self::of(values.len() as u64, sum, |p| interpolate_sorted(values, p))
     }
 
     /// [`LatencyStats::from_us`] for whole, non-negative microsecond samples: only the ranks
@@ -65,11 +60,10 @@ impl LatencyStats {
             return Self::from_us(values);
         }
         let sum = total as f64;
-        let percentiles = [50.0, 90.0, 95.0, 99.0];
         // Every rank a percentile interpolates between, ascending: each selection leaves the
         // larger values after its rank, so the next one searches only those.
         let last = (values.len() - 1) as f64;
-        let mut ranks: Vec<usize> = percentiles
+        let mut ranks: Vec<usize> = PERCENTILES
             .iter()
             .flat_map(|p| {
                 let rank = p / 100.0 * last;
@@ -85,15 +79,7 @@ impl LatencyStats {
                 start = rank + 1;
             }
         }
-        let quantile = |p: f64| interpolate_sorted(values, p) / 1000.0;
-        Self {
-            count: values.len() as u64,
-            mean: sum / values.len() as f64 / 1000.0,
-            p50: quantile(percentiles[0]),
-            p90: quantile(percentiles[1]),
-            p95: quantile(percentiles[2]),
-            p99: quantile(percentiles[3]),
-        }
+        Self::of(values.len() as u64, sum, |p| interpolate_sorted(values, p))
     }
 
     /// Stats of a value -> count map of microsecond samples, reported in milliseconds.
@@ -105,14 +91,20 @@ impl LatencyStats {
             return Self::default();
         }
         let sum: f64 = pairs.iter().map(|&(v, c)| v as f64 * c as f64).sum();
-        let quantile = |p: f64| interpolate_counts(&pairs, total, p) / 1000.0;
+        Self::of(total, sum, |p| interpolate_counts(&pairs, total, p))
+    }
+
+    /// The stats of `count` samples summing to `sum` µs whose percentile `p` (0..=100) is
+    /// `percentile_us(p)`, in milliseconds.
+    fn of(count: u64, sum: f64, percentile_us: impl Fn(f64) -> f64) -> Self {
+        let [p50, p90, p95, p99] = PERCENTILES.map(|p| percentile_us(p) / 1000.0);
         Self {
-            count: total,
-            mean: sum / total as f64 / 1000.0,
-            p50: quantile(50.0),
-            p90: quantile(90.0),
-            p95: quantile(95.0),
-            p99: quantile(99.0),
+            count,
+            mean: sum / count as f64 / 1000.0,
+            p50,
+            p90,
+            p95,
+            p99,
         }
     }
 }
