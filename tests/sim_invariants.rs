@@ -642,3 +642,33 @@ fn swarm_reaches_every_path() {
         "swarm: {preemptions} preemptions, {dropped} drops, {timed_out} timeouts, {hits} hit tokens, {reloads} reloads"
     );
 }
+
+/// Found by `fast_paths_match_the_reference_stepper` in CI: one-token blocks, a cache of 213
+/// with prefix caching on, six requests at once. The lazy windows must count evicted latent
+/// keys exactly as the reference stepper's one-by-one steps do.
+#[test]
+fn lazy_windows_count_evictions_like_the_reference_stepper() {
+    let mut config = EngineConfig::vllm_defaults(213, 4096);
+    config.block_size = 1;
+    config.max_num_seqs = 2;
+    config.max_num_batched_tokens = 8;
+    config.long_prefill_token_threshold = 1;
+    config.enable_chunked_prefill = true;
+    config.enable_prefix_caching = true;
+    config.scheduling_policy = SchedulingPolicy::Priority;
+    config.record_token_gaps = false;
+    let requests: Vec<RequestSpec> = [(4, 5), (148, 33), (7, 71), (1, 0), (1, 0), (64, 0)]
+        .into_iter()
+        .enumerate()
+        .map(|(id, (input, output))| RequestSpec::synthetic(id as u64, 0, input, output))
+        .collect();
+    let scenario = Scenario {
+        config,
+        alpha: [0.0; 3],
+        roofline: false,
+        requests,
+    };
+    let (fast, reference) = fast_and_reference(&scenario);
+    assert_eq!(&fast.metrics().records, &reference.metrics().records);
+    assert_eq!(fast.kv().stats(), reference.kv().stats());
+}

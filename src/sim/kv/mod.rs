@@ -338,8 +338,9 @@ impl KvCache {
 
     /// A lazy window's per-block call, its common case: a request all of whose shareable
     /// blocks are keyed (`table.num_keyed >= shareable`, prefix caching on) crossing into a
-    /// new block while the key map is empty takes one anonymous block, and the block it
-    /// filled counts as keyed (private, and no map can hold its key), exactly as
+    /// new block while the key map is empty takes one anonymous block, and the blocks full
+    /// at `total_tokens` count as keyed (the one it filled, and the new one when a block
+    /// holds one token; private, and no map can hold their keys), exactly as
     /// [`Self::allocate`] would. Returns false, changing nothing, in every other case (the
     /// caller then calls [`Self::allocate`]). `seed` is the owner's private seed. The caller
     /// guarantees the preconditions in parentheses (the window checks them; crate-only so
@@ -364,7 +365,9 @@ impl KvCache {
         self.take_anon_one();
         table.seed = seed;
         table.anon += 1;
-        table.num_keyed = len;
+        // The blocks full at `total_tokens`: the filled one, and the new one too when a
+        // block holds one token.
+        table.num_keyed = total_tokens / self.block_size;
         true
     }
 

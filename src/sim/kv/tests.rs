@@ -155,6 +155,63 @@ fn deferred_crossings_equal_single_takes() {
     }
 }
 
+/// A window crossing (`take_crossing`, and deferred) leaves a table exactly as `allocate`
+/// does, with every block size: with one-token blocks the new block is full at once, so it
+/// is keyed too (a preempted request then finds it again).
+#[test]
+fn crossings_key_what_allocate_keys() {
+    for block in [1, 2, BLOCK, 16] {
+        let build = || {
+            let mut kv = KvCache::new(6, block, true, 0);
+            let mut tables = [BlockTable::default(), BlockTable::default()];
+            // Three blocks each, the first freed (a run of three, no virgin block), and one
+            // block of it taken by a new request (the crossing's block comes off a run).
+            assert!(grow(&mut kv, &mut tables[0], 1, 3 * block));
+            assert!(grow(&mut kv, &mut tables[1], 2, 3 * block));
+            kv.free(&mut tables[0]);
+            kv.allocate(
+                &mut tables[0],
+                BlockKeys::private(3),
+                PrefixHit::default(),
+                block,
+            );
+            (kv, tables)
+        };
+        let (mut general, mut general_tables) = build();
+        let (mut single, mut single_tables) = build();
+        let (mut deferred, mut deferred_tables) = build();
+        let total = 3 * block + 1;
+        assert!(general.allocate(
+            &mut general_tables[1],
+            BlockKeys::private(2),
+            PrefixHit::default(),
+            total
+        ));
+        assert!(single.take_crossing(&mut single_tables[1], private_seed(2), total));
+        let mut batch = deferred.crossings();
+        assert!(deferred.take_crossing_deferred(
+            &mut deferred_tables[1],
+            private_seed(2),
+            total,
+            &mut batch
+        ));
+        deferred.take_pending(&mut batch);
+        assert_eq!(single_tables, general_tables, "block size {block}");
+        assert_eq!(deferred_tables, general_tables, "block size {block}");
+        assert_eq!(general_tables[1].num_keyed, total / block);
+        // Preempted, the request's blocks are findable alike (the filled one included).
+        for kv in [&mut general, &mut single, &mut deferred] {
+            kv.check(general_tables.iter()).unwrap();
+            kv.free_preempted(&mut general_tables[1].clone());
+        }
+        assert_eq!(single.free_keys_lru_first(), general.free_keys_lru_first());
+        assert_eq!(
+            deferred.free_keys_lru_first(),
+            general.free_keys_lru_first()
+        );
+    }
+}
+
 /// The reference: every block moved singly, free blocks as an LRU deque of their keys.
 struct Model {
     virgin: u32,
