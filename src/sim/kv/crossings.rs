@@ -75,9 +75,9 @@ impl KvCache {
         debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
         table.seed = seed;
         table.anon += 1;
-        // The blocks full at `total_tokens`: the filled one, and the new one too when a
-        // block holds one token.
-        table.num_keyed = total_tokens / self.block_size;
+        // The blocks full at `total_tokens` (`len * block_size + 1`): the filled one, and
+        // the new one too when a block holds one token.
+        table.num_keyed = len + u32::from(self.block_size == 1);
         batch.pending += 1;
         true
     }
