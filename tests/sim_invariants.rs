@@ -577,6 +577,7 @@ fn swarm_reaches_every_path() {
     let strategy = scenario_strategy();
     let (mut preemptions, mut dropped, mut timed_out, mut hits, mut reloads) = (0, 0, 0, 0, 0);
     let mut lazy_steps = 0;
+    let (mut steady_batched, mut steady_singly) = (0, 0);
     for _ in 0..200 {
         let scenario = strategy.new_tree(&mut runner).unwrap().current();
         let engine = run_audited(&scenario);
@@ -591,7 +592,10 @@ fn swarm_reaches_every_path() {
         let mut fast = Engine::new(config, model(scenario.alpha)).unwrap();
         fast.run(scenario.requests.clone(), 2_000_000).unwrap();
         lazy_steps += fast.lazy_steps();
+        steady_batched += fast.steady_crossings().batched;
+        steady_singly += fast.steady_crossings().singly;
     }
+    eprintln!("steady crossings: {steady_batched} batched, {steady_singly} one by one");
     assert!(
         lazy_steps > 1_000,
         "lazy decode windows barely exercised: {lazy_steps} steps"

@@ -76,6 +76,10 @@ pub struct RequestState {
     /// While a member of an open lazy decode window: the window step its progress fields
     /// were last brought up to (`None` outside a window, or prefilling beside one).
     pub lazy_base_step: Option<u32>,
+    /// A window member whose crossings are counted without touching its table (a steady
+    /// member): `blocks` may miss the anonymous blocks of those crossings, already taken off
+    /// the free list, until the window catches it up (`KvCache::catch_up_crossings`).
+    pub lagging_blocks: bool,
     /// Timestamps and counters.
     pub timeline: Timeline,
 }
@@ -95,6 +99,7 @@ impl Clone for RequestState {
             owner_seed: self.owner_seed,
             shareable: self.shareable,
             lazy_base_step: self.lazy_base_step,
+            lagging_blocks: self.lagging_blocks,
             timeline: self.timeline.clone(),
         }
     }
@@ -157,6 +162,7 @@ impl RequestState {
             blocks: BlockTable::default(),
             keys: SharedKeys::default(),
             lazy_base_step: None,
+            lagging_blocks: false,
             timeline: Timeline::default(),
         }
     }

@@ -96,9 +96,10 @@ impl Engine {
             let target = state.target_tokens();
             // Tokens held when it finishes, at most: its whole sequence.
             let total = u64::from(state.spec.input_tokens) + u64::from(target);
+            let computed_next = state.num_computed + behind + 1;
             blocks_needed += total
                 .div_ceil(block_size)
-                .saturating_sub(u64::from(state.blocks.len()));
+                .saturating_sub(u64::from(self.held_blocks(state, computed_next)));
             members.push(Member {
                 steps_left: target - emitted,
                 id: state.spec.id,

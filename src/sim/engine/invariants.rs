@@ -55,8 +55,10 @@ impl Engine {
             ));
         }
         // Blocks cover every computed token and every token of the step in flight (a lazy
-        // window's members included: their stored progress lags by the window's steps).
+        // window's members included: their stored progress lags by the window's steps, and a
+        // steady member's table by the crossings counted for it, caught up in a copy here).
         let batch = self.batch_entries();
+        let mut caught_up = Vec::new();
         for &slot in &self.running {
             let state = self.state(slot);
             let scheduled: u32 = batch
@@ -65,6 +67,19 @@ impl Engine {
                 .map(|entry| entry.new_tokens)
                 .sum();
             let tokens = state.num_computed + self.lazy_delta(slot) + scheduled;
+            if state.lagging_blocks {
+                if self.lazy.is_none() || state.lazy_base_step.is_none() {
+                    return Err(format!(
+                        "request {:?}'s table lags outside a window",
+                        state.spec.id
+                    ));
+                }
+                let mut table = state.blocks.clone();
+                self.kv
+                    .catch_up_crossings(&mut table, state.owner_seed, tokens);
+                caught_up.push((slot, table));
+                continue;
+            }
             let needed = tokens.div_ceil(self.config.block_size);
             if state.blocks.len() < needed {
                 return Err(format!(
@@ -85,7 +100,12 @@ impl Engine {
         if (!self.waiting.is_empty() || !self.running.is_empty()) && !self.step_pending {
             return Err("work waits but no step is pending (work conservation)".to_owned());
         }
-        self.kv.check(live.iter().map(|state| &state.blocks))?;
+        let lagging = |slot: usize| caught_up.iter().find(|(at, _)| *at as usize == slot);
+        let tables = self.slots.iter().enumerate().filter_map(|(slot, state)| {
+            let state = state.as_ref()?;
+            Some(lagging(slot).map_or(&state.blocks, |(_, table)| table))
+        });
+        self.kv.check(tables)?;
         if self.running.is_empty() && self.kv.used_blocks() != 0 {
             return Err(format!(
                 "{} blocks used with nothing running",

@@ -24,7 +24,7 @@ use std::collections::BinaryHeap;
 use super::lifecycle::first_token_delay;
 use super::window_kv::next_kv_step_of;
 use super::{Engine, InFlight};
-use crate::sim::latency::calibrated::DecodeSteps;
+use crate::sim::latency::DecodeSteps;
 use crate::sim::metrics::Outcome;
 use crate::sim::state::RequestState;
 
@@ -51,6 +51,12 @@ pub(super) struct LazyWindow {
     /// when the bucket is read: a handful a step, fewer instructions than scanning a
     /// bitset of the whole batch).
     pub(super) kv_ring: Vec<Vec<u32>>,
+    /// The steady members (their every crossing the common one, counted without touching
+    /// their tables: see `RequestState::lagging_blocks`), by the step of their next crossing:
+    /// a ring like `kv_ring`, each bucket sorted by batch position. A bucket moves
+    /// `block_size` steps on whole, and a step counts its crossings in O(1) when the
+    /// cache's batch has room for them all.
+    pub(super) steady_ring: Vec<Vec<u32>>,
     /// The member at each batch position: (slot, serial). The serial tells a finished
     /// member's leftover call from a new request that took its slot.
     pub(super) by_position: Vec<(u32, u64)>,
@@ -71,7 +77,7 @@ pub(super) struct LazyWindow {
     pub(super) in_flight: bool,
     /// Times the positions were renumbered (a diagnostic for tests).
     pub(super) compactions: u32,
-    /// The calibrated model's price terms of an all-decode step of `members` sequences, kept
+    /// The latency model's price terms of an all-decode step of `members` sequences, kept
     /// while the member count holds ([`crate::sim::latency::LatencyModel::decode_step_us`]).
     pub(super) decode_steps: Option<DecodeSteps>,
 }
@@ -83,6 +89,9 @@ impl LazyWindow {
         let mut kv_ring = std::mem::take(&mut self.kv_ring);
         kv_ring.iter_mut().for_each(Vec::clear);
         kv_ring.resize_with(ring_len, Vec::new);
+        let mut steady_ring = std::mem::take(&mut self.steady_ring);
+        steady_ring.iter_mut().for_each(Vec::clear);
+        steady_ring.resize_with(ring_len, Vec::new);
         let mut by_position = std::mem::take(&mut self.by_position);
         by_position.clear();
         by_position.reserve(next_position as usize);
@@ -98,6 +107,7 @@ impl LazyWindow {
         *self = LazyWindow {
             prev_end_us,
             kv_ring,
+            steady_ring,
             by_position,
             done_due,
             done_scratch,
@@ -253,7 +263,11 @@ impl Engine {
                 .push((window.next_position, self.running[index]));
             window.next_position += 1;
         }
-        self.shape_in_flight();
+        if self.in_flight.is_empty() {
+            self.scratch_shape.clear(); // an all-decode step (most are)
+        } else {
+            self.shape_in_flight();
+        }
         // (Past admissions nothing may fail: the step-by-step path could not redo them.)
         let (members, context) = (window.members, window.context_sum);
         let step = if self.scratch_shape.is_empty() {
@@ -375,11 +389,14 @@ impl Engine {
             // Completions retire in batch order, members and explicit requests interleaved.
             finished.sort_unstable();
         }
-        for &(_, slot, member) in &finished {
+        for &(position, slot, member) in &finished {
             if member {
                 self.materialize(window, slot);
                 let total = self.state(slot).num_computed;
-                self.key_deferred(slot, total);
+                if self.state(slot).lagging_blocks {
+                    self.leave_steady_ring(window, position, total);
+                }
+                self.catch_up_member(slot, total);
             }
             let state = self.state_mut_internal(slot);
             debug_assert_eq!(
@@ -455,9 +472,10 @@ impl Engine {
             self.materialize(&window, slot);
             let state = self.state_mut_internal(slot);
             state.lazy_base_step = None;
-            // Key what the step-by-step path would have by now (its pending token included).
+            // Its table as the step-by-step path would have it by now (its pending token
+            // included).
             let total = state.num_computed + pending;
-            self.key_deferred(slot, total);
+            self.catch_up_member(slot, total);
         }
         if window.in_flight {
             let explicit = std::mem::take(&mut self.in_flight);

@@ -18,6 +18,7 @@ mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
+mod steady;
 mod watch;
 mod window_kv;
 
@@ -65,6 +66,19 @@ const RECORDS_RESERVE_MAX: usize = 1 << 22;
 /// keeps no records (32 bytes each: 512 MB).
 const SAMPLES_RESERVE_MAX: usize = 1 << 24;
 
+/// How a lazy window's steady members' block crossings were counted (a diagnostic for tests
+/// and benchmarks; see `window_kv`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SteadyCounts {
+    /// Counted in batches, their tables left behind.
+    pub batched: u64,
+    /// Taken one by one, their tables caught up first (a batch without room for them).
+    pub singly: u64,
+    /// Counted in a step whose forming then failed (the window closed), their tables caught
+    /// up at once.
+    pub caught_up_on_close: u64,
+}
+
 /// A simulated vLLM v1 instance.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -90,6 +104,7 @@ pub struct Engine {
     lazy_spare: lazy::WindowSpare,
     lazy_steps: u64,
     mixed_lazy_steps: u64,
+    steady_crossings: SteadyCounts,
     reach: AdmissionReach,
     enqueued: u64,
     /// Whether inter-token gaps are counted into `metrics.token_gap_counts`.
@@ -131,6 +146,7 @@ impl Engine {
             lazy_spare: lazy::WindowSpare::default(),
             lazy_steps: 0,
             mixed_lazy_steps: 0,
+            steady_crossings: SteadyCounts::default(),
             reach: AdmissionReach::Nothing,
             enqueued: 0,
             count_gaps: true,
@@ -159,6 +175,12 @@ impl Engine {
     /// beside the window's decodes (a diagnostic for tests and benchmarks).
     pub fn mixed_lazy_steps(&self) -> u64 {
         self.mixed_lazy_steps
+    }
+
+    /// How the crossings of steady window members (whose tables lag) were counted so far (a
+    /// diagnostic for tests: every path must be reached).
+    pub fn steady_crossings(&self) -> SteadyCounts {
+        self.steady_crossings
     }
 
     /// The configuration.

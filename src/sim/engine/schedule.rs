@@ -127,8 +127,26 @@ impl Engine {
     }
 
     /// Phase 2. Returns the number of blocks reloaded from the CPU tier; leaves how far it
-    /// walked the queue in `reach`.
+    /// walked the queue in `reach`. (Inlined: most steps find the queue empty, and say so
+    /// without a call.)
+    #[inline]
     pub(super) fn admit_waiting(&mut self, budget: &mut u32) -> u64 {
+        if self.waiting.is_empty() {
+            // What the walk would conclude at its first stop.
+            let seated = *budget == 0 || self.running.len() >= self.config.max_num_seqs as usize;
+            self.reach = if seated {
+                AdmissionReach::Nothing
+            } else {
+                AdmissionReach::Everything
+            };
+            return 0;
+        }
+        self.admit_from_queue(budget)
+    }
+
+    /// [`Self::admit_waiting`] with requests waiting.
+    #[inline(never)]
+    fn admit_from_queue(&mut self, budget: &mut u32) -> u64 {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let max_seqs = self.config.max_num_seqs as usize;

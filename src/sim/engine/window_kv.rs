@@ -8,6 +8,7 @@ use std::cmp::Reverse;
 
 use super::Engine;
 use super::lazy::{Due, LazyWindow};
+use super::steady::merge_sorted;
 use crate::sim::kv::hash::BlockKeys;
 use crate::sim::kv::{Crossings, PrefixHit};
 use crate::sim::state::RequestState;
@@ -37,7 +38,11 @@ impl Engine {
                 by_position[new as usize] = (slot, serial);
             }
         }
-        for bucket in &mut window.kv_ring {
+        for bucket in window
+            .kv_ring
+            .iter_mut()
+            .chain(window.steady_ring.iter_mut())
+        {
             bucket.retain_mut(|position| {
                 *position = renumber[*position as usize];
                 *position != u32::MAX
@@ -59,8 +64,9 @@ impl Engine {
         window.compactions += 1;
     }
 
-    /// Phase 1's KV calls, in batch order: the members due at the next step and every
-    /// explicit request (whose tokens are in `in_flight`). `None` if an allocation fails.
+    /// Phase 1's KV calls, in batch order: the members due at the next step (the steady
+    /// ones counted in O(1) when the cache's batch has room for them) and every explicit
+    /// request (whose tokens are in `in_flight`). `None` if an allocation fails.
     pub(super) fn window_kv_calls(&mut self, window: &mut LazyWindow) -> Option<()> {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
@@ -68,6 +74,12 @@ impl Engine {
         let window_step = window.step;
         let ring_len = window.kv_ring.len();
         let bucket_index = step as usize & (ring_len - 1);
+        if window.kv_ring[bucket_index].is_empty()
+            && window.explicit.is_empty()
+            && self.steady_only_step(window, bucket_index)
+        {
+            return Some(());
+        }
         // The step's bucket, in batch order. A call reschedules its member 1 to
         // `ring_len - 1` steps ahead, so never into this bucket.
         let mut bucket = std::mem::take(&mut window.kv_ring[bucket_index]);
@@ -79,12 +91,16 @@ impl Engine {
             bucket.windows(2).all(|pair| pair[0] < pair[1]),
             "a member is due once per step"
         );
+        // The steady members crossing now, in batch order; the first `counted` are done.
+        let mut steady = std::mem::take(&mut window.steady_ring[bucket_index]);
+        let mut counted = 0;
         let mut next_due = 0;
         let mut next_explicit = 0;
         let mut result = Some(());
         // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
         let mut pending = self.kv.crossings();
-        // Deferred crossings' positions, kept at the front of the bucket.
+        // Members whose crossing was deferred (they turn steady), kept at the front of the
+        // bucket.
         let mut kept = 0;
         loop {
             let due_position = bucket.get(next_due).copied();
@@ -92,12 +108,20 @@ impl Engine {
                 .explicit
                 .get(next_explicit)
                 .map(|&(position, _)| position);
-            let take_due = match (due_position, explicit_position) {
+            let position = match (due_position, explicit_position) {
                 (None, None) => break,
-                (Some(d), Some(e)) => d < e,
-                (d, _) => d.is_some(),
+                (Some(due), Some(explicit)) => due.min(explicit),
+                (Some(only), None) | (None, Some(only)) => only,
             };
-            if let (true, Some(position)) = (take_due, due_position) {
+            // The steady members ahead of this call cross first.
+            if steady.get(counted).is_some_and(|&first| first < position) {
+                let upto = counted + steady[counted..].partition_point(|&q| q < position);
+                if !self.cross_steady(window, &mut steady, &mut counted, upto, &mut pending) {
+                    result = None;
+                    break;
+                }
+            }
+            if due_position == Some(position) {
                 next_due += 1;
                 let (slot, serial) = window.by_position[position as usize];
                 let Some(state) = self.slots[slot as usize]
@@ -119,12 +143,13 @@ impl Engine {
                         &mut pending,
                     );
                 if deferred {
-                    // Its next call is the next crossing, `block_size` steps on: it stays
-                    // in the bucket, which moves there whole (in batch order).
+                    // Its next call is the next crossing, `block_size` steps on: it turns
+                    // steady, its table left behind from then on.
                     debug_assert_eq!(
                         next_kv_step_of(state, step, total, block_size, prefix_caching),
                         step + block_size
                     );
+                    state.lagging_blocks = true;
                     bucket[kept] = position;
                     kept += 1;
                     continue;
@@ -166,24 +191,47 @@ impl Engine {
                 }
             }
         }
+        let all = steady.len();
+        if result.is_some()
+            && counted < all
+            && !self.cross_steady(window, &mut steady, &mut counted, all, &mut pending)
+        {
+            result = None;
+        }
         self.kv.take_pending(&mut pending);
+        if result.is_none() {
+            // The window closes: the steady members whose crossing was taken get its block
+            // in their tables now (the close catches up the rest).
+            self.catch_up_steady(window, &steady[..counted], window_step + 1);
+            return None;
+        }
+        // The steady members cross again `block_size` steps on, joined by the new ones.
+        steady.retain(|&position| position != u32::MAX);
         bucket.truncate(kept);
         let target = (step + block_size) as usize & (ring_len - 1);
         debug_assert_ne!(target, bucket_index, "the ring is longer than a block");
-        if window.kv_ring[target].is_empty() {
-            // (The emptied bucket takes the target's place: no copy.)
-            window.kv_ring[bucket_index] = std::mem::replace(&mut window.kv_ring[target], bucket);
+        let mut moved = std::mem::take(&mut window.steady_ring[target]);
+        debug_assert!(
+            moved.is_empty(),
+            "a steady bucket is read before it is reused"
+        );
+        if bucket.is_empty() {
+            std::mem::swap(&mut moved, &mut steady);
         } else {
-            window.kv_ring[target].extend_from_slice(&bucket);
+            merge_sorted(&steady, &bucket, &mut moved);
+            steady.clear();
             bucket.clear();
-            window.kv_ring[bucket_index] = bucket;
         }
+        window.steady_ring[target] = moved;
+        window.steady_ring[bucket_index] = steady;
+        window.kv_ring[bucket_index] = bucket;
         result
     }
 
-    /// Keys a member's full blocks up to `total` tokens, as the step-by-step path would have
-    /// by now (private blocks whose keying the window deferred). Never allocates.
-    pub(super) fn key_deferred(&mut self, slot: u32, total: u32) {
+    /// Brings a member's table up to `total` tokens as the step-by-step path would have it by
+    /// now: the crossings counted while it was steady, then the keying of the private blocks
+    /// the window deferred. Never allocates.
+    pub(super) fn catch_up_member(&mut self, slot: u32, total: u32) {
         let block_size = self.config.block_size;
         if !self.config.enable_prefix_caching {
             return;
@@ -191,6 +239,11 @@ impl Engine {
         let state = self.slots[slot as usize]
             .as_mut()
             .expect("window members are live");
+        if state.lagging_blocks {
+            self.kv
+                .catch_up_crossings(&mut state.blocks, state.owner_seed, total);
+            state.lagging_blocks = false;
+        }
         if total / block_size <= state.blocks.num_keyed {
             return;
         }
@@ -208,7 +261,7 @@ impl Engine {
             (Some(window), Some(base)) if self.config.enable_prefix_caching => {
                 let total = state.num_computed + (window.step - base) + u32::from(window.in_flight);
                 (total / self.config.block_size)
-                    .min(state.blocks.len())
+                    .min(self.held_blocks(state, total))
                     .max(keyed)
             }
             _ => keyed,
@@ -244,7 +297,7 @@ pub(super) fn next_kv_step_of(
 /// are taken first (so the free list is as single takes would have left it), then
 /// [`allocate_to`]; the batch is renewed after. False if the cache cannot (the window closes).
 #[inline(always)]
-fn call_in_batch(
+pub(super) fn call_in_batch(
     kv: &mut crate::sim::kv::KvCache,
     pending: &mut Crossings,
     state: &mut RequestState,

@@ -164,6 +164,38 @@ impl LatencyKind {
     }
 }
 
+/// The terms of an all-decode step that its context does not change, for one batch size
+/// ([`LatencyModel::decode_step_us`]): plain numbers a caller keeps while that size holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DecodeSteps {
+    /// The calibrated model's.
+    Calibrated(calibrated::DecodeSteps),
+    /// The roofline's.
+    Roofline(roofline::DecodeSteps),
+}
+
+impl DecodeSteps {
+    /// Sequences the steps decode.
+    #[inline]
+    pub fn decodes(&self) -> u64 {
+        match self {
+            DecodeSteps::Calibrated(steps) => steps.decodes(),
+            DecodeSteps::Roofline(steps) => steps.decodes(),
+        }
+    }
+
+    /// The step at `context` tokens of context in total, at least 1 µs (as
+    /// [`LatencyModel::step_with_decodes_us`]).
+    #[inline]
+    pub fn step_us(&self, context: u64) -> u64 {
+        let step = match self {
+            DecodeSteps::Calibrated(steps) => steps.step_us(context),
+            DecodeSteps::Roofline(steps) => steps.step_us(context),
+        };
+        step.max(1)
+    }
+}
+
 /// A built latency model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LatencyModel {
@@ -220,23 +252,27 @@ impl LatencyModel {
     }
 
     /// `step_with_decodes_us(&[], decodes, context)`, an all-decode step, through `kept`: for
-    /// the calibrated model, the terms its context does not change, summed once per batch size
-    /// and kept by the caller while that size holds (a drain's or a lazy window's successive
-    /// steps); the other models price the whole formula. The same bits either way.
+    /// the calibrated and roofline models, the terms its context does not change, computed
+    /// once per batch size and kept by the caller while that size holds (a drain's or a lazy
+    /// window's successive steps); the other models price the whole formula. The same bits
+    /// either way.
     pub fn decode_step_us(
         &self,
-        kept: &mut Option<calibrated::DecodeSteps>,
+        kept: &mut Option<DecodeSteps>,
         decodes: u64,
         context: u64,
     ) -> Option<u64> {
-        let LatencyModel::Calibrated(model) = self else {
-            return self.step_with_decodes_us(&[], decodes, context);
+        if let Some(steps) = kept
+            && steps.decodes() == decodes
+        {
+            return Some(steps.step_us(context));
+        }
+        let steps = match self {
+            LatencyModel::Calibrated(model) => DecodeSteps::Calibrated(model.decode_steps(decodes)),
+            LatencyModel::Roofline(model) => DecodeSteps::Roofline(model.decode_steps(decodes)),
+            _ => return self.step_with_decodes_us(&[], decodes, context),
         };
-        let steps = match *kept {
-            Some(steps) if steps.decodes() == decodes => steps,
-            _ => *kept.insert(model.decode_steps(decodes)),
-        };
-        Some(steps.step_us(context))
+        Some(kept.insert(steps).step_us(context))
     }
 
     /// Time a step takes longer while `waiting` requests wait in the scheduler's queue (host

@@ -193,6 +193,25 @@ impl RooflineModel {
         us_trunc_from_f64(compute_s.max(memory_s) * 1e6)
     }
 
+    /// The steps of `decodes` decoding sequences and nothing else, priced as their context
+    /// grows: the terms fixed by the batch's size (its FLOPs and bytes per new token, the
+    /// weights it reads) are computed once. Each step's price is
+    /// [`RooflineModel::step_with_decodes_us`]'s to the last bit.
+    pub fn decode_steps(&self, decodes: u64) -> DecodeSteps {
+        let count = decodes as f64;
+        DecodeSteps {
+            decodes,
+            flops_fixed: count * self.flops_per_token,
+            flops_per_token_ctx: self.flops_per_token_ctx,
+            flops_per_s: self.decode_flops_per_s,
+            // (`finish` adds the prefill bytes to these first: 0 here, which changes nothing.)
+            bytes_fixed: self.weight_bytes(count),
+            bytes_new: count * self.bytes_per_new_token,
+            bytes_per_context_token: self.bytes_per_context_token,
+            bytes_per_s: self.bytes_per_s,
+        }
+    }
+
     /// FLOPs of one request computing `new_tokens` on top of `context` cached tokens.
     fn flops(&self, context: f64, new_tokens: f64) -> f64 {
         // The chunk's tokens attend to each other causally: on average to half the chunk.
@@ -210,6 +229,46 @@ impl RooflineModel {
     fn weight_bytes(&self, tokens: f64) -> f64 {
         let fraction = activated_expert_fraction(self.num_experts, self.experts_per_tok, tokens);
         self.weight_bytes_fixed + self.weight_bytes_all_experts * fraction
+    }
+}
+
+/// [`RooflineModel::decode_steps`]: decode-only steps of a fixed number of sequences. Owns
+/// the few numbers it needs, so a lazy window or a drain can keep it across steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeSteps {
+    decodes: u64,
+    /// The decodes' FLOPs that do not depend on context.
+    flops_fixed: f64,
+    flops_per_token_ctx: f64,
+    flops_per_s: f64,
+    /// The weights the step reads (the experts its tokens activate included).
+    bytes_fixed: f64,
+    /// The decodes' KV write and activation bytes.
+    bytes_new: f64,
+    bytes_per_context_token: f64,
+    bytes_per_s: f64,
+}
+
+impl DecodeSteps {
+    /// Sequences the steps decode.
+    pub fn decodes(&self) -> u64 {
+        self.decodes
+    }
+
+    /// The step in whole microseconds (truncated, 0 without sequences) when the sequences
+    /// hold `context` tokens of context in total: `finish`'s arithmetic, in its order, with
+    /// no prefill (a prefill sum of 0 adds exactly nothing).
+    #[inline]
+    pub fn step_us(&self, context: u64) -> u64 {
+        if self.decodes == 0 {
+            return 0;
+        }
+        let context = context as f64;
+        let flops = self.flops_fixed + context * self.flops_per_token_ctx;
+        let bytes = self.bytes_new + context * self.bytes_per_context_token;
+        let compute_s = flops / self.flops_per_s;
+        let memory_s = (self.bytes_fixed + bytes) / self.bytes_per_s;
+        us_trunc_from_f64(compute_s.max(memory_s) * 1e6)
     }
 }
 
@@ -343,6 +402,33 @@ mod tests {
         assert_eq!(model.weight_bytes(1.0), attn + experts * 0.25);
         assert!(model.weight_bytes(64.0) > model.weight_bytes(2.0));
         assert!(model.weight_bytes(1e6) <= attn + experts);
+    }
+
+    #[test]
+    fn decode_steps_price_exactly_as_the_whole_formula() {
+        // Goal: the kept terms give step_with_decodes_us's bits for every batch size and
+        // context, dense and MoE (whose weights depend on the batch), compute- and
+        // memory-bound. Method: compare over a grid, including very large contexts.
+        let mut moe = llama_8b();
+        moe.num_experts = 8;
+        moe.experts_per_tok = 2;
+        for arch in [llama_8b(), moe] {
+            for tp in [1, 4] {
+                let model = RooflineModel::new(&arch, &h100(), tp);
+                for decodes in [0u64, 1, 2, 7, 64, 255, 1024] {
+                    let steps = model.decode_steps(decodes);
+                    assert_eq!(steps.decodes(), decodes);
+                    for context in [0u64, 1, 17, 1000, 65_537, 4_000_000, 300_000_000] {
+                        let context = context * decodes.min(1);
+                        assert_eq!(
+                            steps.step_us(context),
+                            model.step_with_decodes_us(&[], decodes, context),
+                            "{decodes} decodes, {context} context, tp {tp}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
