@@ -14,6 +14,7 @@
 //!   one more holder), then the following keys found in the CPU tier are reloaded into fresh
 //!   blocks (the key re-cached on the GPU and touched in the tier), then fresh blocks cover
 //!   the rest. An allocation that cannot get every block it needs changes nothing.
+//! - With prefix caching off, no block is ever cached, found or offloaded.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -47,6 +48,8 @@ impl Held {
 /// vLLM's block pool with a CPU tier (see the module doc).
 pub(super) struct BlockPool {
     block_size: u32,
+    /// Prefix caching on.
+    caching: bool,
     blocks: Vec<Block>,
     /// Free blocks, least recently freed first.
     free: VecDeque<usize>,
@@ -60,16 +63,17 @@ pub(super) struct BlockPool {
 }
 
 impl BlockPool {
-    /// `num_blocks` free blocks of `block_size` tokens; a CPU tier of `cpu_capacity` keys
-    /// (none if 0).
-    pub(super) fn new(num_blocks: u32, block_size: u32, cpu_capacity: u32) -> Self {
+    /// `num_blocks` free blocks of `block_size` tokens, prefix caching on if `caching`; a CPU
+    /// tier of `cpu_capacity` keys (none if 0).
+    pub(super) fn new(num_blocks: u32, block_size: u32, caching: bool, cpu_capacity: u32) -> Self {
         Self {
             block_size,
+            caching,
             blocks: vec![Block::default(); num_blocks as usize],
             free: (0..num_blocks as usize).collect(),
             cached: HashMap::new(),
             cpu: VecDeque::new(),
-            cpu_capacity: cpu_capacity as usize,
+            cpu_capacity: if caching { cpu_capacity as usize } else { 0 },
             stats: KvStats::default(),
         }
     }
@@ -99,6 +103,9 @@ impl BlockPool {
 
     /// Leading blocks of `key` (at most `max_blocks`) cached on the GPU, then in the CPU tier.
     pub(super) fn lookup(&self, key: impl Fn(u32) -> u64, max_blocks: u32) -> PrefixHit {
+        if !self.caching {
+            return PrefixHit::default();
+        }
         let mut index = 0;
         while index < max_blocks && self.is_cached(key(index)) {
             index += 1;
@@ -139,6 +146,9 @@ impl BlockPool {
 
     /// Caches `key` in block `id` unless another block caches it already.
     fn cache(&mut self, id: usize, key: u64) {
+        if !self.caching {
+            return;
+        }
         if let std::collections::hash_map::Entry::Vacant(slot) = self.cached.entry(key) {
             slot.insert(id);
             self.blocks[id].key = Some(key);
@@ -183,6 +193,9 @@ impl BlockPool {
                 self.stats.cpu_loaded_blocks += 1;
             }
             held.blocks.push(id);
+        }
+        if !self.caching {
+            return true;
         }
         if hit.blocks() > 0 {
             held.keyed = hit.blocks();

@@ -47,6 +47,17 @@ enum Crossing {
     Deferred,
 }
 
+/// The cache a sequence starts on.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// Every block virgin.
+    Fresh,
+    /// Every block used before and free (no virgin block), holding a request's keys.
+    Warm,
+    /// Restored from an observation (`seed_cached`), the requests running on what they find.
+    Restored,
+}
+
 /// A request as the engine holds it: its keys, progress and blocks in both caches.
 #[derive(Clone, Debug)]
 struct Request {
@@ -152,6 +163,8 @@ struct World {
     /// No preemption (with no shared prefix either, the lookup map stays empty, so window
     /// crossings take their fast paths).
     quiet: bool,
+    /// Prefix caching on.
+    caching: bool,
 }
 
 impl World {
@@ -186,6 +199,25 @@ impl World {
         Ok(())
     }
 
+    /// Request `r` restored running with its whole sequence computed
+    /// (`Engine::restore_running`): its full blocks found cached on the GPU are its own, the
+    /// rest fresh. It stays waiting if blocks run short.
+    fn restore(&mut self, r: usize) -> Result<(), TestCaseError> {
+        let request = &self.requests[r];
+        let length = request.length;
+        let max_blocks = length / self.block_size;
+        let mut hit = self
+            .kv
+            .lookup(keys_of(&request.prefix, request.owner), max_blocks);
+        let expected = self.pool.lookup(request.key_fn(), max_blocks);
+        prop_assert_eq!(hit, expected, "lookup of request {}", r);
+        hit.cpu_blocks = 0;
+        if self.allocate(r, hit, length)? {
+            self.requests[r].admitted = true;
+        }
+        Ok(())
+    }
+
     fn admit(&mut self, r: usize, chunk: u32) -> Result<(), TestCaseError> {
         let request = &self.requests[r];
         let length = request.length;
@@ -205,9 +237,11 @@ impl World {
             wanted.min((chunk * self.block_size).saturating_sub(1).max(1))
         };
         if self.allocate(r, hit, cached + new)? {
-            self.kv.record_lookup(length, cached);
-            self.pool.stats.query_tokens += u64::from(length);
-            self.pool.stats.hit_tokens += u64::from(cached);
+            if self.caching {
+                self.kv.record_lookup(length, cached);
+                self.pool.stats.query_tokens += u64::from(length);
+                self.pool.stats.hit_tokens += u64::from(cached);
+            }
             self.requests[r].admitted = true;
         }
         Ok(())
@@ -243,7 +277,7 @@ impl World {
             let key = request.key_fn();
             let table = &mut request.table;
             let held_end = table.len() * block_size + 1;
-            let threshold = if table.num_keyed < request.shared {
+            let threshold = if self.caching && table.num_keyed < request.shared {
                 held_end.min((table.num_keyed + 1) * block_size)
             } else {
                 held_end
@@ -258,7 +292,7 @@ impl World {
                 request.lagging = true;
                 continue;
             }
-            let all_shared_keyed = table.num_keyed >= request.shared;
+            let all_shared_keyed = self.caching && table.num_keyed >= request.shared;
             let seed = private_seed(request.owner);
             let keys = keys_of(&request.prefix, request.owner);
             let none = PrefixHit::default();
@@ -332,7 +366,7 @@ impl World {
                     let end = request.table.len() * block_size;
                     if mask & (1 << r) == 0
                         || !request.decoding()
-                        || request.table.num_keyed < request.shared
+                        || (self.caching && request.table.num_keyed < request.shared)
                         || end <= request.tokens
                     {
                         continue;
@@ -392,7 +426,7 @@ impl World {
 }
 
 proptest! {
-    #![proptest_config(config(160))]
+    #![proptest_config(config(300))]
     /// The KV cache equals vLLM's block pool over random engine-like operation sequences
     /// (see the module doc).
     #[test]
@@ -400,20 +434,22 @@ proptest! {
         block_size in prop::sample::select(vec![1u32, 2, 4, 16]),
         blocks in 4u32..24,
         cpu in prop::sample::select(vec![0u32, 6]),
+        caching in prop::sample::select(vec![true, true, true, true, true, true, true, false]),
         (sharing, quiet) in prop_oneof![
             Just((true, false)),
             Just((false, false)),
             Just((false, true)),
             Just((false, true)),
         ],
-        warm in any::<bool>(),
+        start in prop_oneof![Just(Start::Fresh), Just(Start::Warm), Just(Start::Restored)],
         seeded in prop::collection::vec((0..GROUPS, 0..MAX_SHARED), 0..4),
+        observed in prop::collection::vec(any::<u32>(), SLOTS),
         starts in prop::collection::vec((0..GROUPS, 0..=MAX_SHARED, any::<u32>()), SLOTS),
         ops in prop::collection::vec(op_strategy(), 1..250),
     ) {
         let mut world = World {
-            kv: KvCache::new(blocks, block_size, true, cpu),
-            pool: BlockPool::new(blocks, block_size, cpu),
+            kv: KvCache::new(blocks, block_size, caching, cpu),
+            pool: BlockPool::new(blocks, block_size, caching, cpu),
             requests: starts
                 .iter()
                 .enumerate()
@@ -425,23 +461,44 @@ proptest! {
             block_size,
             sharing,
             quiet,
+            caching,
         };
-        if warm {
-            // A cache that served before: every block used once (no virgin block), all
-            // back on the free list as one request's private blocks.
-            let mut before = Request::new(u64::MAX, 0, 0, 0, block_size);
-            before.length = blocks * block_size;
-            world.requests.push(before);
-            prop_assert!(world.allocate(SLOTS, PrefixHit::default(), blocks * block_size)?);
-            let before = world.requests.last_mut().expect("pushed");
-            world.kv.free(&mut before.table);
-            world.pool.free(&mut before.held);
-            world.requests.pop();
-        }
-        // A cache restored from outside: observed keys first, on a fresh cache.
-        for &(group, index) in seeded.iter().filter(|_| sharing) {
-            world.kv.seed_cached(prefix_key(group, index));
-            world.pool.seed(prefix_key(group, index));
+        match start {
+            Start::Fresh => {}
+            Start::Warm => {
+                // A cache that served before: every block used once (no virgin block), all
+                // back on the free list as one request's private blocks.
+                let mut before = Request::new(u64::MAX, 0, 0, 0, block_size);
+                before.length = blocks * block_size;
+                world.requests.push(before);
+                prop_assert!(world.allocate(SLOTS, PrefixHit::default(), blocks * block_size)?);
+                let before = world.requests.last_mut().expect("pushed");
+                world.kv.free(&mut before.table);
+                world.pool.free(&mut before.held);
+                world.requests.pop();
+            }
+            Start::Restored => {
+                // `Engine::restore`: the observed keys seeded on a fresh cache (shared
+                // prefixes', then each running request's leading blocks'), then each request
+                // running again on the blocks found among them.
+                let mut keys: Vec<u64> = seeded
+                    .iter()
+                    .filter(|_| sharing)
+                    .map(|&(group, index)| prefix_key(group, index))
+                    .collect();
+                for (request, &count) in world.requests.iter().zip(&observed) {
+                    let count = count % (request.length / block_size + 1);
+                    keys.extend((0..count).map(request.key_fn()));
+                }
+                for key in keys.into_iter().filter(|_| caching) {
+                    world.kv.seed_cached(key);
+                    world.pool.seed(key);
+                }
+                world.compare()?;
+                for r in 0..SLOTS {
+                    world.restore(r)?;
+                }
+            }
         }
         world.compare()?;
         let mut next_owner = SLOTS as u64;
