@@ -2,14 +2,13 @@
 //! them (latent keys) changes nothing observable. Two caches run the same random operations,
 //! one told which blocks are private, the other treating every block as shareable (every key
 //! in the map, the plain vLLM bookkeeping); every answer, counter and cached-key listing must
-//! agree after every operation, and both must pass their internal audit.
+//! agree after every operation (the CPU tier's keys in LRU order), and both must pass their
+//! internal audit. Block sizes 1, 4 and 16.
 #![allow(clippy::unwrap_used)]
 
 use ditto::sim::kv::hash::{BlockKeys, private_key, private_seed};
 use ditto::sim::kv::{BlockTable, KvCache, PrefixHit};
 use proptest::prelude::*;
-
-const BLOCK: u32 = 4;
 
 /// One request: a shared prefix of `shared` blocks, then private content.
 #[derive(Clone, Debug)]
@@ -51,7 +50,7 @@ impl Request {
 enum Op {
     /// Admit request `r` (if waiting): look up its prefix and allocate its sequence.
     Admit(usize),
-    /// Grow admitted request `r` by `n` tokens.
+    /// Grow admitted request `r` by up to three blocks' worth of tokens.
     Grow(usize, u32),
     /// Preempt admitted request `r` (it will look its blocks up again).
     Preempt(usize),
@@ -62,17 +61,26 @@ enum Op {
 fn op_strategy(requests: usize) -> impl Strategy<Value = Op> {
     prop_oneof![
         (0..requests).prop_map(Op::Admit),
-        (0..requests, 1u32..12).prop_map(|(r, n)| Op::Grow(r, n)),
+        (0..requests, any::<u32>()).prop_map(|(r, n)| Op::Grow(r, n)),
         (0..requests).prop_map(Op::Preempt),
         (0..requests).prop_map(Op::Finish),
     ]
 }
 
 /// Fresh private keys for request slot `r`, generation `generation` (unique across both).
-fn new_request(r: usize, generation: u64, shared: u32, prefix: &[u64], length: u32) -> Request {
+/// Its length: up to ten blocks.
+fn new_request(
+    r: usize,
+    generation: u64,
+    shared: u32,
+    prefix: &[u64],
+    length: u32,
+    block_size: u32,
+) -> Request {
     let owner = 0x1000_0000 + (r as u64) * 0x10_0000 + generation;
     let mut keys: Vec<u64> = prefix[..shared as usize].to_vec();
     keys.extend((shared..64).map(|index| private_key(owner, index)));
+    let length = 1 + length % (10 * block_size);
     Request {
         keys,
         owner,
@@ -81,6 +89,52 @@ fn new_request(r: usize, generation: u64, shared: u32, prefix: &[u64], length: u
         length,
         admitted: false,
     }
+}
+
+/// A property test's configuration: `cases` cases, unless `PROPTEST_CASES` asks for another
+/// number.
+fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(cases);
+    ProptestConfig::with_cases(cases)
+}
+
+/// The CPU tier's keys, least recently used first, read from the cache's `Debug` form (the
+/// only public view of their order: the tier's `keys`, `next` links and `head`).
+fn cpu_keys_lru_first(kv: &KvCache) -> Vec<u64> {
+    let text = format!("{kv:?}");
+    if text.contains("cpu: None") {
+        return Vec::new();
+    }
+    let tier = text
+        .split_once("cpu: Some(LruKeySet {")
+        .expect("a KvCache's Debug form shows its CPU tier")
+        .1;
+    let list = |field: &str| -> Vec<u64> {
+        let start = tier.find(&format!("{field}: [")).expect(field) + field.len() + 3;
+        let end = start + tier[start..].find(']').expect(field);
+        tier[start..end]
+            .split(", ")
+            .filter(|item| !item.is_empty())
+            .map(|item| item.parse().expect(field))
+            .collect()
+    };
+    let (keys, next) = (list("keys"), list("next"));
+    let head: u64 = tier
+        .split_once("head: ")
+        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|digits| digits.parse().ok())
+        .expect("head");
+    let mut order = Vec::new();
+    let mut cursor = head;
+    while cursor != u64::from(u32::MAX) {
+        order.push(keys[cursor as usize]);
+        cursor = next[cursor as usize];
+        assert!(order.len() <= keys.len(), "a cycle in the CPU tier's links");
+    }
+    order
 }
 
 /// The two caches and one table per request in each.
@@ -110,6 +164,9 @@ impl Pair {
             self.latent.cpu_resident_blocks(),
             self.mapped.cpu_resident_blocks()
         );
+        let cpu = cpu_keys_lru_first(&self.latent);
+        assert_eq!(cpu.len() as u32, self.latent.cpu_resident_blocks());
+        assert_eq!(cpu, cpu_keys_lru_first(&self.mapped), "CPU tiers differ");
         for (a, b) in &self.tables {
             // (Block ids differ: private blocks are anonymous in one cache, identified in
             // the other. Ids never reach output.)
@@ -129,33 +186,34 @@ impl Pair {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(config(400))]
     #[test]
     fn latent_private_keys_are_unobservable(
+        block_size in prop::sample::select(vec![1u32, 4, 16]),
         blocks in 6u32..40,
         cpu in prop::sample::select(vec![0u32, 5]),
         shares in prop::collection::vec(0u32..4, 4),
-        lengths in prop::collection::vec(1u32..40, 4),
+        lengths in prop::collection::vec(any::<u32>(), 4),
         ops in prop::collection::vec(op_strategy(4), 1..120),
     ) {
         let prefix: Vec<u64> = (0..8).map(|i| 0x500 + i).collect();
         let mut pair = Pair {
-            latent: KvCache::new(blocks, BLOCK, true, cpu),
-            mapped: KvCache::new(blocks, BLOCK, true, cpu),
+            latent: KvCache::new(blocks, block_size, true, cpu),
+            mapped: KvCache::new(blocks, block_size, true, cpu),
             tables: vec![(BlockTable::default(), BlockTable::default()); 4],
         };
         let mut generation = 0u64;
         let mut requests: Vec<Request> = (0..4)
-            .map(|r| new_request(r, 0, shares[r], &prefix, lengths[r]))
+            .map(|r| new_request(r, 0, shares[r], &prefix, lengths[r], block_size))
             .collect();
         for op in ops {
             match op {
                 Op::Admit(r) if !requests[r].admitted => {
                     let request = requests[r].clone();
-                    let full = (request.length - 1) / BLOCK;
+                    let full = (request.length - 1) / block_size;
                     let hit = pair.latent.lookup(request.latent_keys(), full);
                     prop_assert_eq!(hit, pair.mapped.lookup(request.mapped_keys(), full));
-                    let cached = hit.blocks() * BLOCK;
+                    let cached = hit.blocks() * block_size;
                     if pair.allocate(r, &request, hit, request.length) {
                         let query = request.length;
                         pair.latent.record_lookup(query, cached);
@@ -166,7 +224,8 @@ proptest! {
                 }
                 Op::Grow(r, n) if requests[r].admitted => {
                     let request = requests[r].clone();
-                    let total = (request.tokens + n).min(60 * BLOCK);
+                    let grown = request.tokens + 1 + n % (3 * block_size);
+                    let total = grown.min(60 * block_size);
                     if pair.allocate(r, &request, PrefixHit::default(), total) {
                         requests[r].tokens = total;
                         requests[r].length = requests[r].length.max(total);
@@ -184,7 +243,8 @@ proptest! {
                     pair.latent.free(a);
                     pair.mapped.free(b);
                     generation += 1;
-                    requests[r] = new_request(r, generation, shares[r], &prefix, lengths[r]);
+                    requests[r] =
+                        new_request(r, generation, shares[r], &prefix, lengths[r], block_size);
                 }
                 _ => continue,
             }

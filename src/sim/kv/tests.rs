@@ -9,7 +9,24 @@ use proptest::prelude::*;
 use super::hash::{BlockKeys, private_key, private_seed};
 use super::{BlockTable, KvCache, PrefixHit};
 
+mod block_pool;
+mod sequences;
+
 const BLOCK: u32 = 4;
+
+/// A property test's configuration: `cases` cases, unless `PROPTEST_CASES` asks for another
+/// number (proptest's default configuration reads it; 256 is its own default).
+fn config(cases: u32) -> ProptestConfig {
+    let default = ProptestConfig::default();
+    ProptestConfig {
+        cases: if default.cases == 256 {
+            cases
+        } else {
+            default.cases
+        },
+        ..default
+    }
+}
 
 /// Grows `table` of private request `owner` to `total` tokens.
 fn grow(kv: &mut KvCache, table: &mut BlockTable, owner: u64, total: u32) -> bool {
@@ -264,7 +281,7 @@ impl Model {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(config(300))]
     /// Growing and finishing private requests: the cache's runs give the same evictions,
     /// CPU-tier contents and free keys, in the same order, as blocks moved one by one.
     #[test]
