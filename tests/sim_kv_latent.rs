@@ -101,42 +101,6 @@ fn config(cases: u32) -> ProptestConfig {
     ProptestConfig::with_cases(cases)
 }
 
-/// The CPU tier's keys, least recently used first, read from the cache's `Debug` form (the
-/// only public view of their order: the tier's `keys`, `next` links and `head`).
-fn cpu_keys_lru_first(kv: &KvCache) -> Vec<u64> {
-    let text = format!("{kv:?}");
-    if text.contains("cpu: None") {
-        return Vec::new();
-    }
-    let tier = text
-        .split_once("cpu: Some(LruKeySet {")
-        .expect("a KvCache's Debug form shows its CPU tier")
-        .1;
-    let list = |field: &str| -> Vec<u64> {
-        let start = tier.find(&format!("{field}: [")).expect(field) + field.len() + 3;
-        let end = start + tier[start..].find(']').expect(field);
-        tier[start..end]
-            .split(", ")
-            .filter(|item| !item.is_empty())
-            .map(|item| item.parse().expect(field))
-            .collect()
-    };
-    let (keys, next) = (list("keys"), list("next"));
-    let head: u64 = tier
-        .split_once("head: ")
-        .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|digits| digits.parse().ok())
-        .expect("head");
-    let mut order = Vec::new();
-    let mut cursor = head;
-    while cursor != u64::from(u32::MAX) {
-        order.push(keys[cursor as usize]);
-        cursor = next[cursor as usize];
-        assert!(order.len() <= keys.len(), "a cycle in the CPU tier's links");
-    }
-    order
-}
-
 /// The two caches and one table per request in each.
 struct Pair {
     latent: KvCache,
@@ -164,9 +128,9 @@ impl Pair {
             self.latent.cpu_resident_blocks(),
             self.mapped.cpu_resident_blocks()
         );
-        let cpu = cpu_keys_lru_first(&self.latent);
+        let cpu = self.latent.cpu_keys_lru_first();
         assert_eq!(cpu.len() as u32, self.latent.cpu_resident_blocks());
-        assert_eq!(cpu, cpu_keys_lru_first(&self.mapped), "CPU tiers differ");
+        assert_eq!(cpu, self.mapped.cpu_keys_lru_first(), "CPU tiers differ");
         for (a, b) in &self.tables {
             // (Block ids differ: private blocks are anonymous in one cache, identified in
             // the other. Ids never reach output.)

@@ -240,6 +240,15 @@ impl KvCache {
         keys
     }
 
+    /// Keys in the CPU tier, least recently used (next dropped) first; empty without a tier.
+    /// The order its offloads and reloads leave is observable (what a later reload finds),
+    /// so tests compare it.
+    pub fn cpu_keys_lru_first(&self) -> Vec<u64> {
+        self.cpu
+            .as_ref()
+            .map_or_else(Vec::new, LruKeySet::keys_lru_first)
+    }
+
     /// Heap bytes held (estimate: the arena and runs as used, plus the key map's and CPU
     /// tier's capacity).
     pub fn memory_bytes(&self) -> usize {
@@ -461,8 +470,11 @@ impl KvCache {
     }
 
     /// Marks a free, never-keyed block as holding `key` and moves it to the most recently
-    /// used end of the free list (restoring a cache observed from outside). Does nothing if
-    /// `key` is already cached or no unkeyed free block is left.
+    /// used end of the free list (restoring a cache observed from outside): a virgin block,
+    /// else the least recently used free block if it is unkeyed. Does nothing if `key` is
+    /// already cached, or if neither exists (the head of the free list holds a key: seeding
+    /// fills a fresh cache from its virgin blocks, so keyed blocks only sit ahead of unkeyed
+    /// ones once the virgin blocks are spent).
     pub fn seed_cached(&mut self, key: u64) {
         if self.by_key.contains_key(&key) {
             return;

@@ -38,12 +38,6 @@ fn grow(kv: &mut KvCache, table: &mut BlockTable, owner: u64, total: u32) -> boo
     )
 }
 
-fn cpu_keys(kv: &KvCache) -> Vec<u64> {
-    kv.cpu
-        .as_ref()
-        .map_or_else(Vec::new, super::LruKeySet::keys_lru_first)
-}
-
 #[test]
 fn a_partial_take_splits_a_run_from_its_top() {
     let mut kv = KvCache::new(8, BLOCK, true, 0);
@@ -108,7 +102,7 @@ fn a_runs_evictions_reach_the_cpu_tier_top_first() {
     let mut b = BlockTable::default();
     assert!(grow(&mut kv, &mut b, 4, 16));
     let expected: Vec<u64> = [3, 2, 1, 0].iter().map(|&i| private_key(3, i)).collect();
-    assert_eq!(cpu_keys(&kv), expected);
+    assert_eq!(kv.cpu_keys_lru_first(), expected);
     assert_eq!(kv.stats().evicted_blocks, 4);
     // The CPU tier serves them back as a reload (identified blocks, keys in the map).
     kv.free(&mut b);
@@ -160,7 +154,7 @@ fn deferred_crossings_equal_single_takes() {
             assert_eq!(batched.free_keys_lru_first(), single.free_keys_lru_first());
             assert_eq!(batched.stats(), single.stats());
             assert_eq!(batched.free_blocks(), single.free_blocks());
-            assert_eq!(cpu_keys(&batched), cpu_keys(&single));
+            assert_eq!(batched.cpu_keys_lru_first(), single.cpu_keys_lru_first());
             assert_eq!(batched_tables, single_tables);
             batched.check(batched_tables.iter().skip(1)).unwrap();
         }
@@ -321,7 +315,7 @@ proptest! {
             prop_assert_eq!(kv.stats().evicted_blocks, model.evicted);
             let free_keys: Vec<u64> = model.free.iter().flatten().copied().collect();
             prop_assert_eq!(kv.free_keys_lru_first(), free_keys);
-            prop_assert_eq!(cpu_keys(&kv), model.cpu.iter().copied().collect::<Vec<_>>());
+            prop_assert_eq!(kv.cpu_keys_lru_first(), model.cpu.iter().copied().collect::<Vec<_>>());
             kv.check(tables.iter()).map_err(TestCaseError::fail)?;
         }
     }

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use super::super::hash::{BlockKeys, private_key, private_seed};
 use super::super::{BlockTable, Crossings, KvCache, PrefixHit};
 use super::block_pool::{BlockPool, Held};
-use super::{config, cpu_keys};
+use super::config;
 
 /// Requests alive at once (one per slot).
 const SLOTS: usize = 4;
@@ -407,7 +407,7 @@ impl World {
         prop_assert_eq!(kv.free_blocks(), pool.free_count());
         prop_assert_eq!(kv.stats(), pool.stats);
         prop_assert_eq!(kv.free_keys_lru_first(), pool.free_keys());
-        prop_assert_eq!(cpu_keys(kv), pool.cpu_keys());
+        prop_assert_eq!(kv.cpu_keys_lru_first(), pool.cpu_keys());
         for group in 0..GROUPS {
             for index in 0..MAX_SHARED {
                 let key = prefix_key(group, index);
