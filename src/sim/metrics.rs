@@ -135,6 +135,7 @@ impl KvUsageTrack {
     /// `interval_us` (0: no timeline). A sample holds the usage in effect at its time. A
     /// stretch without change keeps only its first and last samples, and the timeline stops
     /// at [`KV_TIMELINE_SAMPLES_MAX`], so it stays bounded whatever the time span.
+    #[inline]
     pub fn update(&mut self, now_us: u64, usage: f64, interval_us: u64) {
         debug_assert!(
             now_us >= self.last_change_us,

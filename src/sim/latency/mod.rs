@@ -256,6 +256,7 @@ impl LatencyModel {
     /// once per batch size and kept by the caller while that size holds (a drain's or a lazy
     /// window's successive steps); the other models price the whole formula. The same bits
     /// either way.
+    #[inline]
     pub fn decode_step_us(
         &self,
         kept: &mut Option<DecodeSteps>,
