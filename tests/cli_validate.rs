@@ -13,9 +13,9 @@ use serde_json::Value;
 /// Median absolute % errors (whole-run means) across the twelve dev runs with the embedded
 /// calibrated model when this guard was set (docs/fidelity.md). A change that makes a median
 /// worse than its guard fails; re-pin only with a better fit, and update docs/fidelity.md.
-const GUARD_E2E_MEAN: f64 = 3.0;
+const GUARD_E2E_MEAN: f64 = 2.5;
 const GUARD_TTFT_MEAN: f64 = 4.5;
-const GUARD_TPOT_MEAN: f64 = 3.5;
+const GUARD_TPOT_MEAN: f64 = 3.0;
 
 /// Per run: (name, E2E, TTFT, TPOT whole-run mean absolute % error bounds, bound on
 /// |predicted − measured| timed-out fraction). Each is the error when the guard was set plus
@@ -25,8 +25,8 @@ const PER_RUN: [(&str, f64, f64, f64, f64); 12] = [
     ("a100-llama3.1-8b-tp1-general-lite", 21.0, 4.5, 21.5, 0.03),
     ("h100-codellama34b-tp2-codegen", 2.5, 8.0, 2.5, 0.03),
     ("h100-codellama34b-tp2-general", 3.5, 6.0, 3.5, 0.03),
-    ("h100-llama2-70b-tp4-codegen", 14.5, 4.0, 14.5, 0.03),
-    ("h100-llama2-70b-tp4-reasoning", 63.5, 79.0, 20.5, 0.37),
+    ("h100-llama2-70b-tp4-codegen", 3.0, 5.0, 3.5, 0.03),
+    ("h100-llama2-70b-tp4-reasoning", 41.0, 51.0, 13.5, 0.37),
     ("h100-llama2-7b-tp1-codegen", 1.5, 3.5, 1.5, 0.03),
     ("h100-llama2-7b-tp1-general", 4.5, 10.0, 4.5, 0.03),
     ("h100-llama2-7b-tp1-reasoning", 4.0, 2.5, 6.0, 0.04),
@@ -176,27 +176,27 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
 }
 
 #[test]
-fn the_tp4_ttft_split_candidate_passes_the_guard_and_prices_tp4() {
-    // Goal: pin the finding of docs/fidelity.md "The TP 4 step" (stop 28): the shipped
-    // coefficients plus the all-reduce latency of the peers beyond the first
-    // (`allreduce_base_peers` 1, so TP 1 and TP 2 are priced exactly as shipped), with the
-    // first token's decode step not paying it (`first_token_peer_share` 0), hold every
-    // per-run bound and median of the guard and bring Llama-2-70b × 4 codegen within 3%
-    // E2E, where the default is ~13% too fast; with the first token's step paying it
-    // (share 1) the same file breaks the guard on that run's TTFT. Method: the candidate
-    // file over the twelve runs, and the same file with the share at 1.
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data/coefficients/ditto-calibrated-tp-peers-ttft.yaml");
-    let report = validate_json(&path.to_string_lossy(), &runs());
-    let failures = guard_failures(&report);
-    assert!(failures.is_empty(), "{failures:#?}");
+fn the_default_prices_the_tp4_step_and_its_ttft_split() {
+    // Goal: pin the finding of docs/fidelity.md "The TTFT split" (the default since stop
+    // 30): the all-reduce latency of the peers beyond the first (`allreduce_base_peers` 1,
+    // so TP 1 and TP 2 are priced as by the four-run fit alone) brings Llama-2-70b × 4
+    // codegen within 3% E2E, where the fit alone is ~13% too fast, and the first token's
+    // decode step not paying it (`first_token_peer_share` 0) keeps its TTFT within 4%;
+    // with the share at 1 the TTFT is over 5% (outside the guard). Method: the default over
+    // that run, then the shipped file with the share at 1.
     let tp4 = "h100-llama2-70b-tp4-codegen";
-    assert!(
-        ape(&report, tp4, "e2e_mean") < 3.0,
-        "{}",
-        ape(&report, tp4, "e2e_mean")
-    );
+    let dirs: Vec<String> = runs().into_iter().filter(|d| d.ends_with(tp4)).collect();
+    let report = validate_json("calibrated", &dirs);
+    let e2e = ape(&report, tp4, "e2e_mean");
+    assert!(e2e < 3.0, "70B x4 E2E {e2e}%");
+    assert!(ape(&report, tp4, "ttft_mean") < 4.0);
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/coefficients/ditto-calibrated.yaml");
     let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("first_token_peer_share: 0.000000"),
+        "the shipped split"
+    );
     let paying = std::env::temp_dir().join(format!("ditto-ft-peer-{}.yaml", std::process::id()));
     std::fs::write(
         &paying,
@@ -206,12 +206,10 @@ fn the_tp4_ttft_split_candidate_passes_the_guard_and_prices_tp4() {
         ),
     )
     .unwrap();
-    let dirs: Vec<String> = runs().into_iter().filter(|d| d.ends_with(tp4)).collect();
     let paid = validate_json(&paying.to_string_lossy(), &dirs);
     let _ = std::fs::remove_file(&paying);
     let paid_ttft = ape(&paid, tp4, "ttft_mean");
     assert!(paid_ttft > 5.0, "share 1: 70B x4 TTFT {paid_ttft}%");
-    assert!(ape(&report, tp4, "ttft_mean") < 4.0);
 }
 
 #[test]
