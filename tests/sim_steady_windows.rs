@@ -157,6 +157,60 @@ proptest! {
         prop_assert_eq!(fast.kv().stats(), reference.kv().stats());
         prop_assert_eq!(fast.counts(), reference.counts());
         prop_assert_eq!(fast.kv().free_keys_lru_first(), reference.kv().free_keys_lru_first());
+        prop_assert_eq!(fast.kv().cpu_keys_lru_first(), reference.kv().cpu_keys_lru_first());
+    }
+
+    /// A copy of an engine whose window holds steady members (lagging tables), taken
+    /// mid-run as a fork is, continues exactly as the original; switched to the reference
+    /// stepper (the window closes, every table caught up) it ends as the reference does;
+    /// and any drain offered on the way equals running on.
+    #[test]
+    fn steady_windows_fork_and_drain_exactly(
+        scenario in steady_scenario_strategy(),
+        cut_fraction in 0.05f64..0.95,
+    ) {
+        let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
+        let cut = (last as f64 * cut_fraction) as u64 + 1;
+        let mut engine = Engine::new(scenario.config.clone(), model(scenario.pricing)).unwrap();
+        for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {
+            engine.run_before(spec.arrival_us);
+            engine.submit(spec.clone()).unwrap();
+        }
+        engine.run_until(cut);
+        let rest: Vec<RequestSpec> =
+            scenario.requests.iter().filter(|r| r.arrival_us > cut).cloned().collect();
+        let finish = |mut engine: Engine| {
+            engine.run(rest.clone(), 5_000_000).unwrap();
+            engine
+        };
+        let mut switched = engine.clone();
+        switched.set_reference_stepper(true);
+        let (original, copy, switched) = (finish(engine.clone()), finish(engine.clone()), finish(switched));
+        for other in [&copy, &switched] {
+            prop_assert_eq!(&original.metrics().records, &other.metrics().records);
+            prop_assert_eq!(original.kv().stats(), other.kv().stats());
+            prop_assert_eq!(original.kv().free_keys_lru_first(), other.kv().free_keys_lru_first());
+            prop_assert_eq!(original.kv().cpu_keys_lru_first(), other.kv().cpu_keys_lru_first());
+        }
+        // Drains: wherever the run offers one, its ends equal running on.
+        let mut probe = engine;
+        let mut checked = 0;
+        while probe.process_next_event().is_some() && checked < 2 {
+            let Some(drain) = probe.drain(u64::MAX) else { continue };
+            let mut run = probe.clone();
+            let seen = run.metrics().records.len();
+            while run.process_next_event().is_some() {}
+            let mut ran: Vec<(u64, u64)> = run.metrics().records[seen..]
+                .iter()
+                .map(|record| (record.id.0, record.end_us))
+                .collect();
+            let mut drained: Vec<(u64, u64)> =
+                drain.ends.iter().map(|end| (end.id.0, end.end_us)).collect();
+            ran.sort_unstable();
+            drained.sort_unstable();
+            prop_assert_eq!(drained, ran);
+            checked += 1;
+        }
     }
 
 }

@@ -1,6 +1,7 @@
 //! Invariant checks: cheap ones after every event in debug builds, a full audit on demand.
 
 use super::Engine;
+use crate::sim::kv::BlockTable;
 use crate::sim::state::Phase;
 
 impl Engine {
@@ -100,10 +101,11 @@ impl Engine {
         if (!self.waiting.is_empty() || !self.running.is_empty()) && !self.step_pending {
             return Err("work waits but no step is pending (work conservation)".to_owned());
         }
-        let lagging = |slot: usize| caught_up.iter().find(|(at, _)| *at as usize == slot);
+        let caught_up: std::collections::BTreeMap<u32, BlockTable> =
+            caught_up.into_iter().collect();
         let tables = self.slots.iter().enumerate().filter_map(|(slot, state)| {
             let state = state.as_ref()?;
-            Some(lagging(slot).map_or(&state.blocks, |(_, table)| table))
+            Some(caught_up.get(&(slot as u32)).unwrap_or(&state.blocks))
         });
         self.kv.check(tables)?;
         if self.running.is_empty() && self.kv.used_blocks() != 0 {

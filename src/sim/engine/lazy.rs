@@ -54,8 +54,8 @@ pub(super) struct LazyWindow {
     /// The steady members (their every crossing the common one, counted without touching
     /// their tables: see `RequestState::lagging_blocks`), by the step of their next crossing:
     /// a ring like `kv_ring`, each bucket sorted by batch position. A bucket moves
-    /// `block_size` steps on whole, and a step counts its crossings in O(1) when the
-    /// cache's batch has room for them all.
+    /// `block_size` steps on whole, and a step with no other KV call counts its crossings in
+    /// O(1) when the cache's batch has room for them all (`sim/engine/steady.rs`).
     pub(super) steady_ring: Vec<Vec<u32>>,
     /// The member at each batch position: (slot, serial). The serial tells a finished
     /// member's leftover call from a new request that took its slot.

@@ -67,15 +67,17 @@ const RECORDS_RESERVE_MAX: usize = 1 << 22;
 const SAMPLES_RESERVE_MAX: usize = 1 << 24;
 
 /// How a lazy window's steady members' block crossings were counted (a diagnostic for tests
-/// and benchmarks; see `window_kv`).
+/// and benchmarks; see `sim/engine/steady.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SteadyCounts {
     /// Counted in batches, their tables left behind.
     pub batched: u64,
-    /// Taken one by one, their tables caught up first (a batch without room for them).
+    /// Taken one by one, their tables caught up first (a batch without room for them),
+    /// whether or not the call then succeeded.
     pub singly: u64,
-    /// Counted in a step whose forming then failed (the window closed), their tables caught
-    /// up at once.
+    /// Counted in a batch in a step whose forming then failed (the window closed), their
+    /// lagging tables caught up at once (a table the one-by-one path made exact is not
+    /// counted).
     pub caught_up_on_close: u64,
 }
 

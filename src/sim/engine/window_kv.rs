@@ -233,18 +233,17 @@ impl Engine {
     /// the window deferred. Never allocates.
     pub(super) fn catch_up_member(&mut self, slot: u32, total: u32) {
         let block_size = self.config.block_size;
-        if !self.config.enable_prefix_caching {
-            return;
-        }
         let state = self.slots[slot as usize]
             .as_mut()
             .expect("window members are live");
+        // (Only a prefix-caching cache batches crossings, so only then can a table lag; caught
+        // up first whatever the configuration, so the blocks it holds are never freed short.)
         if state.lagging_blocks {
             self.kv
                 .catch_up_crossings(&mut state.blocks, state.owner_seed, total);
             state.lagging_blocks = false;
         }
-        if total / block_size <= state.blocks.num_keyed {
+        if !self.config.enable_prefix_caching || total / block_size <= state.blocks.num_keyed {
             return;
         }
         let keyed = allocate_to(&mut self.kv, state, total, block_size, true);

@@ -141,7 +141,8 @@ mod tests {
 
     /// Crossings counted for a lagging table and caught up at the end leave the cache and
     /// the table exactly as one deferred take each, with every block size, over several
-    /// steps and with the table read between its crossings (a catch-up that finds nothing).
+    /// steps, caught up every five crossings and at the end, and caught up again when there
+    /// is nothing to catch up (no change).
     #[test]
     fn lagging_crossings_caught_up_equal_deferred_takes() {
         for block in [1u32, 2, 4, 16] {
@@ -170,6 +171,9 @@ mod tests {
                 assert!(batch.defer_lagging(1));
                 lagging.take_pending(&mut batch);
                 if crossing % 5 == 4 {
+                    lagging.catch_up_crossings(&mut lagging_table, seed, total);
+                    assert_eq!(lagging_table, exact_table, "block size {block}");
+                    // Nothing left to catch up: no change.
                     lagging.catch_up_crossings(&mut lagging_table, seed, total);
                     assert_eq!(lagging_table, exact_table, "block size {block}");
                 }
