@@ -144,6 +144,21 @@ fn run(scenario: &Scenario, reference: bool, audit: bool) -> Engine {
     engine
 }
 
+/// An engine run from the start of `scenario` to `cut_fraction` of its arrivals' span (fed
+/// only the requests arrived by then, as a mirror is), and that cut time.
+fn at_cut(scenario: &Scenario, cut_fraction: f64, reference: bool) -> (Engine, u64) {
+    let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
+    let cut = (last as f64 * cut_fraction) as u64 + 1;
+    let mut engine = Engine::new(scenario.config.clone(), model(scenario.pricing)).unwrap();
+    engine.set_reference_stepper(reference);
+    for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {
+        engine.run_before(spec.arrival_us);
+        engine.submit(spec.clone()).unwrap();
+    }
+    engine.run_until(cut);
+    (engine, cut)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
@@ -169,14 +184,7 @@ proptest! {
         scenario in steady_scenario_strategy(),
         cut_fraction in 0.05f64..0.95,
     ) {
-        let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
-        let cut = (last as f64 * cut_fraction) as u64 + 1;
-        let mut engine = Engine::new(scenario.config.clone(), model(scenario.pricing)).unwrap();
-        for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {
-            engine.run_before(spec.arrival_us);
-            engine.submit(spec.clone()).unwrap();
-        }
-        engine.run_until(cut);
+        let (engine, cut) = at_cut(&scenario, cut_fraction, false);
         let rest: Vec<RequestSpec> =
             scenario.requests.iter().filter(|r| r.arrival_us > cut).cloned().collect();
         let finish = |mut engine: Engine| {
@@ -238,18 +246,7 @@ proptest! {
         scenario in steady_scenario_strategy(),
         cut_fraction in 0.05f64..0.95,
     ) {
-        let last = scenario.requests.last().map_or(0, |r| r.arrival_us);
-        let cut = (last as f64 * cut_fraction) as u64 + 1;
-        let observe_at_cut = |reference: bool| {
-            let mut engine = Engine::new(scenario.config.clone(), model(scenario.pricing)).unwrap();
-            engine.set_reference_stepper(reference);
-            for spec in scenario.requests.iter().filter(|r| r.arrival_us <= cut) {
-                engine.run_before(spec.arrival_us);
-                engine.submit(spec.clone()).unwrap();
-            }
-            engine.run_until(cut);
-            engine.observe()
-        };
+        let observe_at_cut = |reference: bool| at_cut(&scenario, cut_fraction, reference).0.observe();
         prop_assert_eq!(observe_at_cut(false), observe_at_cut(true));
     }
 }
