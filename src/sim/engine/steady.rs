@@ -10,7 +10,6 @@
 
 use super::Engine;
 use super::lazy::LazyWindow;
-use super::window_kv::{call_in_batch, next_kv_step_of};
 use crate::sim::kv::Crossings;
 use crate::sim::state::RequestState;
 
@@ -67,42 +66,35 @@ impl Engine {
             *counted = upto;
             return true;
         }
-        let block_size = self.config.block_size;
-        let ring_len = window.kv_ring.len() as u32;
         while *counted < upto {
             self.steady_crossings.singly += 1;
             let position = steady[*counted];
-            let (slot, _) = window.by_position[position as usize];
+            let (slot, total) = self.steady_member(window, position, step);
+            // (Live: a finishing member leaves the ring, a closing window drops it.)
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("steady members are live");
-            let base = state.lazy_base_step.expect("steady members are members");
-            let total = state.num_computed + (window.step - base) + 1;
             self.kv
                 .catch_up_crossings(&mut state.blocks, state.owner_seed, total - 1);
-            if state.blocks.num_keyed >= state.shareable
-                && self.kv.take_crossing_deferred(
-                    &mut state.blocks,
-                    state.owner_seed,
-                    total,
-                    pending,
-                )
-            {
-                *counted += 1;
-                continue; // still steady
-            }
-            if !call_in_batch(&mut self.kv, pending, state, total, block_size, true) {
-                return false;
+            match self.member_call(window, pending, slot, position, total) {
+                Some(true) => {}                            // still steady
+                Some(false) => steady[*counted] = u32::MAX, // exact, rescheduled
+                None => return false,
             }
             *counted += 1;
-            state.lagging_blocks = false;
-            steady[*counted - 1] = u32::MAX;
-            let next =
-                next_kv_step_of(state, step, total, block_size, true).min(step + ring_len - 1);
-            debug_assert_ne!(next, step, "a call reschedules its member ahead");
-            window.kv_ring[(next & (ring_len - 1)) as usize].push(position);
         }
         true
+    }
+
+    /// The slot of the steady member at batch `position` and its tokens at window step
+    /// `step` (the step's crossing included).
+    fn steady_member(&self, window: &LazyWindow, position: u32, step: u32) -> (u32, u32) {
+        let (slot, _) = window.by_position[position as usize];
+        let state = self.state(slot);
+        let base = state
+            .lazy_base_step
+            .expect("steady members are window members");
+        (slot, state.num_computed + (step - base))
     }
 
     /// Debug builds: every steady member crossing at `step` is live, lagging, past its
@@ -116,8 +108,7 @@ impl Engine {
             assert_eq!(state.serial, serial, "a steady member finished unnoticed");
             assert!(state.lagging_blocks, "a steady member's table is exact");
             assert!(state.blocks.num_keyed >= state.shareable);
-            let base = state.lazy_base_step.expect("steady members are members");
-            let total = state.num_computed + (step - 1 - base) + 1;
+            let (_, total) = self.steady_member(window, position, step);
             let held = state.blocks.len().max((total - 1).div_ceil(block_size));
             assert_eq!(total, held * block_size + 1, "not a common crossing");
         }
@@ -130,12 +121,10 @@ impl Engine {
             if position == u32::MAX {
                 continue; // exact already
             }
-            let (slot, _) = window.by_position[position as usize];
+            let (slot, total) = self.steady_member(window, position, step);
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("steady members are live");
-            let base = state.lazy_base_step.expect("steady members are members");
-            let total = state.num_computed + (step - base);
             let before = state.blocks.len();
             self.kv
                 .catch_up_crossings(&mut state.blocks, state.owner_seed, total);

@@ -132,45 +132,19 @@ impl Engine {
                 };
                 let base = state.lazy_base_step.expect("due requests are members");
                 let total = state.num_computed + (window_step - base) + 1;
-                // The common crossing's block is taken with the next call on the cache (or
-                // at the end), together with the other crossings' before it.
-                let deferred = prefix_caching
-                    && state.blocks.num_keyed >= state.shareable
-                    && self.kv.take_crossing_deferred(
-                        &mut state.blocks,
-                        state.owner_seed,
-                        total,
-                        &mut pending,
-                    );
-                if deferred {
-                    // Its next call is the next crossing, `block_size` steps on: it turns
-                    // steady, its table left behind from then on.
-                    debug_assert_eq!(
-                        next_kv_step_of(state, step, total, block_size, prefix_caching),
-                        step + block_size
-                    );
-                    state.lagging_blocks = true;
-                    bucket[kept] = position;
-                    kept += 1;
-                    continue;
+                match self.member_call(window, &mut pending, slot, position, total) {
+                    // Deferred: it turns steady, and its bucket entry stays (the bucket
+                    // moves `block_size` steps on to the steady ring).
+                    Some(true) => {
+                        bucket[kept] = position;
+                        kept += 1;
+                    }
+                    Some(false) => {}
+                    None => {
+                        result = None; // the window closes (its ring is cleared when reused)
+                        break;
+                    }
                 }
-                if !call_in_batch(
-                    &mut self.kv,
-                    &mut pending,
-                    state,
-                    total,
-                    block_size,
-                    prefix_caching,
-                ) {
-                    result = None; // the window closes (its ring is cleared when reused)
-                    break;
-                }
-                // A call earlier than needed is harmless (it finds nothing to do and
-                // reschedules), so a far one is clamped to the ring.
-                let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
-                    .min(step + ring_len as u32 - 1);
-                debug_assert_ne!(next as usize & (ring_len - 1), bucket_index);
-                window.kv_ring[next as usize & (ring_len - 1)].push(position);
             } else {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;
@@ -226,6 +200,61 @@ impl Engine {
         window.steady_ring[bucket_index] = steady;
         window.kv_ring[bucket_index] = bucket;
         result
+    }
+
+    /// One due member's KV call at the next window step (`total` tokens then), in batch order
+    /// within the step's batch `pending`: its common crossing deferred into the batch (true:
+    /// it is steady from now on, its next call exactly `block_size` steps on), or an ordinary
+    /// call, after which its table is exact and it is rescheduled in `kv_ring` (false).
+    /// `None` if the cache cannot (the window closes). Used by the due members' bucket and by
+    /// steady members whose crossing cannot be batched.
+    pub(super) fn member_call(
+        &mut self,
+        window: &mut LazyWindow,
+        pending: &mut Crossings,
+        slot: u32,
+        position: u32,
+        total: u32,
+    ) -> Option<bool> {
+        let (block_size, prefix_caching) =
+            (self.config.block_size, self.config.enable_prefix_caching);
+        let step = window.step + 1;
+        let ring_len = window.kv_ring.len() as u32;
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("due members are live");
+        // The common crossing's block is taken with the next call on the cache (or at the
+        // step's end), together with the other crossings' before it.
+        let deferred = prefix_caching
+            && state.blocks.num_keyed >= state.shareable
+            && self
+                .kv
+                .take_crossing_deferred(&mut state.blocks, state.owner_seed, total, pending);
+        state.lagging_blocks = deferred;
+        if deferred {
+            debug_assert_eq!(
+                next_kv_step_of(state, step, total, block_size, prefix_caching),
+                step + block_size
+            );
+            return Some(true);
+        }
+        if !call_in_batch(
+            &mut self.kv,
+            pending,
+            state,
+            total,
+            block_size,
+            prefix_caching,
+        ) {
+            return None;
+        }
+        // A call earlier than needed is harmless (it finds nothing to do and reschedules),
+        // so a far one is clamped to the ring.
+        let next = next_kv_step_of(state, step, total, block_size, prefix_caching)
+            .min(step + ring_len - 1);
+        debug_assert_ne!(next, step, "a call reschedules its member ahead");
+        window.kv_ring[(next & (ring_len - 1)) as usize].push(position);
+        Some(false)
     }
 
     /// Brings a member's table up to `total` tokens as the step-by-step path would have it by
@@ -296,7 +325,7 @@ pub(super) fn next_kv_step_of(
 /// are taken first (so the free list is as single takes would have left it), then
 /// [`allocate_to`]; the batch is renewed after. False if the cache cannot (the window closes).
 #[inline(always)]
-pub(super) fn call_in_batch(
+fn call_in_batch(
     kv: &mut crate::sim::kv::KvCache,
     pending: &mut Crossings,
     state: &mut RequestState,

@@ -90,13 +90,28 @@ impl KvCache {
         }
         debug_assert!(self.virgin == 0 && self.by_key.is_empty() && self.prefix_caching);
         debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
-        table.seed = seed;
-        table.anon += 1;
-        // The blocks full at `total_tokens` (`len * block_size + 1`): the filled one, and
-        // the new one too when a block holds one token.
-        table.num_keyed = len + u32::from(self.block_size == 1);
+        self.record_crossing(table, seed, len);
         batch.pending += 1;
         true
+    }
+
+    /// A common crossing's mark on a table of `len` blocks (its block taken, or pending):
+    /// one more anonymous block of `seed`'s, and the blocks full at `len * block_size + 1`
+    /// tokens keyed. One place for [`Self::take_crossing`], [`Self::take_crossing_deferred`]
+    /// and [`Self::catch_up_crossings`].
+    #[inline(always)]
+    pub(super) fn record_crossing(&self, table: &mut BlockTable, seed: u64, len: u32) {
+        table.seed = seed;
+        table.anon += 1;
+        table.num_keyed = self.keyed_after_crossing(len);
+    }
+
+    /// Blocks full once a table of `len` blocks crossed into a new one
+    /// (`(len * block_size + 1) / block_size` without the division): the filled one, and the
+    /// new one too when a block holds one token.
+    #[inline(always)]
+    fn keyed_after_crossing(&self, len: u32) -> u32 {
+        len + u32::from(self.block_size == 1)
     }
 
     /// Writes into `table` the common crossings counted for it by
@@ -112,9 +127,8 @@ impl KvCache {
         }
         table.seed = seed;
         table.anon += needed - len;
-        // The last crossing's: the blocks before the new one, and the new one too when a
-        // block holds one token.
-        let keyed = needed - 1 + u32::from(self.block_size == 1);
+        // The last crossing's keying.
+        let keyed = self.keyed_after_crossing(needed - 1);
         table.num_keyed = table.num_keyed.max(keyed);
     }
 

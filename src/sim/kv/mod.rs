@@ -372,11 +372,7 @@ impl KvCache {
         debug_assert!(self.prefix_caching, "keying needs prefix caching");
         debug_assert!(table.num_keyed <= len && table.ids.len() as u32 <= table.num_keyed);
         self.take_anon_one();
-        table.seed = seed;
-        table.anon += 1;
-        // The blocks full at `total_tokens` (`len * block_size + 1`): the filled one, and
-        // the new one too when a block holds one token.
-        table.num_keyed = len + u32::from(self.block_size == 1);
+        self.record_crossing(table, seed, len);
         true
     }
 
