@@ -263,17 +263,14 @@ impl Engine {
                 .push((window.next_position, self.running[index]));
             window.next_position += 1;
         }
-        if self.in_flight.is_empty() {
-            self.scratch_shape.clear(); // an all-decode step (most are)
-        } else {
-            self.shape_in_flight();
-        }
         // (Past admissions nothing may fail: the step-by-step path could not redo them.)
         let (members, context) = (window.members, window.context_sum);
-        let step = if self.scratch_shape.is_empty() {
+        let step = if self.in_flight.is_empty() {
+            // An all-decode step (most are): priced from the kept terms, nothing shaped.
             self.latency
                 .decode_step_us(&mut window.decode_steps, members, context)
         } else {
+            self.shape_in_flight();
             self.latency
                 .step_with_decodes_us(&self.scratch_shape, members, context)
         };
