@@ -192,6 +192,11 @@ struct Seen {
     cache: Option<(Option<u32>, Option<u32>, u32)>,
     /// The last page's process-run marks.
     marks: Option<RestartMarks>,
+    /// The pod's series written on every scrape, looked up once (a lookup hashes the labels
+    /// under a lock): `ditto_live_scrapes_total{result="ok"}` and the `max_num_seqs`
+    /// mismatch gauge.
+    scrapes_ok: Option<prometheus::IntCounter>,
+    seqs_mismatch: Option<prometheus::IntGauge>,
 }
 
 /// The scrape loop: one scrape in flight, every `scrape_interval` (a late scrape delays the
@@ -235,9 +240,12 @@ pub async fn scrape_loop(pod: Arc<Pod>, news: mpsc::Sender<PodNews>) {
         match outcome {
             Ok(at_us) => {
                 last_at_us = at_us;
-                pod.metrics
-                    .scrapes
-                    .with_label_values(&[pod.id.as_str(), "ok"])
+                seen.scrapes_ok
+                    .get_or_insert_with(|| {
+                        pod.metrics
+                            .scrapes
+                            .with_label_values(&[pod.id.as_str(), "ok"])
+                    })
                     .inc();
                 pod.metrics
                     .publish_lag
@@ -328,9 +336,12 @@ async fn scrape_once(
         Err(_) => return Err(ScrapeFailure::NotInConfig),
     };
     let engine = &config.instances[index].engine;
-    pod.metrics
-        .config_mismatch
-        .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
+    seen.seqs_mismatch
+        .get_or_insert_with(|| {
+            pod.metrics
+                .config_mismatch
+                .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
+        })
         .set(i64::from(metrics.running > engine.max_num_seqs));
     let (metrics, capped) = cap_to_limits(metrics, engine, pod.store.limits());
     for (field, _) in &capped {

@@ -71,7 +71,7 @@ pub fn rebuild(
     let outputs: f64 = running_lengths.iter().map(|&(_, o)| f64::from(o - 1)).sum();
     let hit_rate = metrics.prefix_hit_rate().unwrap_or(0.0);
     let request = |index: usize, prefix: char, prompt: u32| ObservedRequest {
-        request_id: format!("live-{prefix}{index}"),
+        request_id: request_id(prefix, index),
         arrival_us: now_us,
         prompt_tokens: prompt,
         computed_tokens: 0,
@@ -121,6 +121,18 @@ pub fn rebuild(
         running,
         step_end_us: None,
     }
+}
+
+/// `live-{prefix}{index}`, written without the formatting machinery (a rebuild names every
+/// request of the pod on every scrape: `format!` was two fifths of a rebuild's instructions).
+fn request_id(prefix: char, index: usize) -> String {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(index);
+    let mut id = String::with_capacity(6 + digits.len());
+    id.push_str("live-");
+    id.push(prefix);
+    id.push_str(digits);
+    id
 }
 
 fn seed(instance_id: &str, waiting: u32, running: u32) -> u64 {
@@ -178,6 +190,13 @@ mod tests {
             rebuild("pod", &metrics, &engine(), 10),
             "deterministic"
         );
+    }
+
+    #[test]
+    fn request_ids_read_as_their_prefix_and_index() {
+        assert_eq!(request_id('w', 0), "live-w0");
+        assert_eq!(request_id('r', 1234567), "live-r1234567");
+        assert_eq!(request_id('r', 42), format!("live-r{}", 42));
     }
 
     #[test]

@@ -5,8 +5,10 @@
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper::Uri;
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::HeaderValue;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
 use tokio::net::TcpStream;
@@ -35,7 +37,9 @@ pub enum ScrapeError {
 #[derive(Debug)]
 pub struct Scraper {
     address: String,
-    path: String,
+    /// The request's target and `Host` header, parsed once (a scrape clones them: a
+    /// reference count, not a parse and a copy each time); why not, if they do not parse.
+    target: Result<(Uri, HeaderValue), String>,
     timeout: Duration,
     connection: Option<SendRequest<Empty<Bytes>>>,
 }
@@ -43,9 +47,17 @@ pub struct Scraper {
 impl Scraper {
     /// A scraper of `http://{address}{path}`.
     pub fn new(address: String, path: String, timeout: Duration) -> Self {
+        let target = path
+            .parse::<Uri>()
+            .map_err(|err| format!("path {path:?}: {err}"))
+            .and_then(|uri| {
+                let host = HeaderValue::from_str(&address)
+                    .map_err(|err| format!("address {address:?}: {err}"))?;
+                Ok((uri, host))
+            });
         Self {
             address,
-            path,
+            target,
             timeout,
             connection: None,
         }
@@ -91,9 +103,17 @@ impl Scraper {
             .ready()
             .await
             .map_err(|err| ScrapeError::Connection(err.to_string()))?;
-        let request = hyper::Request::get(self.path.as_str())
-            .header(hyper::header::HOST, self.address.as_str())
-            .header(hyper::header::ACCEPT, "text/plain;version=0.0.4")
+        let (uri, host) = self
+            .target
+            .as_ref()
+            .map_err(|err| ScrapeError::Connection(err.clone()))?;
+        let request = hyper::Request::get(uri.clone())
+            .header(hyper::header::HOST, host.clone())
+            // The text format vLLM serves (a static value: no copy).
+            .header(
+                hyper::header::ACCEPT,
+                HeaderValue::from_static("text/plain;version=0.0.4"),
+            )
             .body(Empty::<Bytes>::new())
             .map_err(|err| ScrapeError::Connection(err.to_string()))?;
         let response = sender

@@ -9,7 +9,7 @@
 
 mod parse;
 
-pub use parse::{Sample, parse};
+pub use parse::{Sample, parse, scan};
 
 /// Suffixes a family's samples carry beside its own name.
 const SUFFIXES: [&str; 5] = ["_bucket", "_sum", "_count", "_total", "_created"];
@@ -44,10 +44,7 @@ pub fn family(name: &str) -> &str {
 /// added over label sets; `None` without buckets. Buckets with a NaN or missing bound or a
 /// negative or non-finite count are dropped.
 pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
-    let mut merged: Vec<(f64, f64)> = Vec::new();
-    let mut found = false;
-    let mut first_set = true;
-    let mut sum: Option<f64> = None;
+    let mut builder = HistogramBuilder::default();
     for sample in samples {
         let Some((family, suffix)) = sample.name.split_at_checked(name.len()) else {
             continue;
@@ -56,38 +53,70 @@ pub fn histogram(samples: &[Sample<'_>], name: &str) -> Option<Histogram> {
             continue;
         }
         match suffix {
-            "_bucket" => {
-                found = true;
-                let Some(le) = sample.label("le").and_then(|le| parse_bound(&le)) else {
-                    continue;
-                };
-                // The first label set's buckets come in ascending order and are pushed
-                // without a search; from the first bound that is not above the last one (a
-                // later label set) every bound is looked up.
-                first_set &= merged.last().is_none_or(|&(last, _)| le > last);
-                let slot = if first_set {
-                    None
-                } else {
-                    merged.iter_mut().find(|(bound, _)| *bound == le)
-                };
-                match slot {
-                    Some(slot) => slot.1 += sample.value,
-                    None => merged.push((le, sample.value)),
-                }
-            }
-            "_sum" => *sum.get_or_insert(0.0) += sample.value,
+            "_bucket" => builder.bucket(sample),
+            "_sum" => builder.sum(sample.value),
             _ => {}
         }
     }
-    if !found {
-        return None;
+    builder.finish()
+}
+
+/// A histogram read sample by sample ([`histogram`] over a page's samples, or a caller that
+/// files samples as it scans: `live::text`): buckets and sums added over label sets.
+#[derive(Clone, Debug, Default)]
+pub struct HistogramBuilder {
+    merged: Vec<(f64, f64)>,
+    found: bool,
+    /// A later label set has begun (its bounds are looked up, not pushed).
+    later_set: bool,
+    sum: Option<f64>,
+}
+
+impl HistogramBuilder {
+    /// Adds a `_bucket` sample (one with no readable `le` still counts as found).
+    pub fn bucket(&mut self, sample: &Sample<'_>) {
+        self.found = true;
+        let Some(le) = sample.label("le").and_then(|le| parse_bound(&le)) else {
+            return;
+        };
+        // The first label set's buckets come in ascending order and are pushed without a
+        // search; from the first bound that is not above the last one (a later label set)
+        // every bound is looked up.
+        self.later_set |= !self.merged.last().is_none_or(|&(last, _)| le > last);
+        let slot = if self.later_set {
+            self.merged.iter_mut().find(|(bound, _)| *bound == le)
+        } else {
+            None
+        };
+        match slot {
+            Some(slot) => slot.1 += sample.value,
+            None => self.merged.push((le, sample.value)),
+        }
     }
-    merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
-    merged.sort_by(|a, b| a.0.total_cmp(&b.0));
-    Some(Histogram {
-        buckets: merged,
-        sum,
-    })
+
+    /// Adds a `_sum` sample's value.
+    pub fn sum(&mut self, value: f64) {
+        *self.sum.get_or_insert(0.0) += value;
+    }
+
+    /// True once a `_bucket` sample was added.
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// The histogram, `None` without buckets.
+    pub fn finish(self) -> Option<Histogram> {
+        if !self.found {
+            return None;
+        }
+        let mut merged = self.merged;
+        merged.retain(|(le, count)| !le.is_nan() && count.is_finite() && *count >= 0.0);
+        merged.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Some(Histogram {
+            buckets: merged,
+            sum: self.sum,
+        })
+    }
 }
 
 /// A bucket bound (`le`): a float, `+Inf` as the format writes it.

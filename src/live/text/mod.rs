@@ -1,0 +1,416 @@
+//! A pod's `/metrics` page → the numbers the mirror needs ([`PodMetrics`]).
+//!
+//! The page is scanned once by [`crate::prom_text::scan`] (only the lines of the series read
+//! here are read past their name), each sample filed by series as it comes. It accepts vLLM's current and deprecated names
+//! (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
+//! `vllm:inter_token_latency_seconds` / `vllm:time_per_output_token_seconds`,
+//! `vllm:prefix_cache_*` / `vllm:gpu_prefix_cache_*`), counters with or without `_total`,
+//! any `model_name`/`engine` labels (series are summed; usage is averaged), and the SGLang
+//! names of the model-server protocol (`sglang:num_queue_reqs`, `sglang:num_running_reqs`,
+//! `sglang:token_usage`, cache info `page_size`/`num_pages`). A page without the three
+//! required gauges is an error that names what is missing: the parser skips lines it cannot
+//! read, so garbage or truncated text shows up here.
+
+use std::borrow::Cow;
+
+pub use crate::prom_text::Histogram;
+use crate::prom_text::{self, HistogramBuilder, Sample};
+use thiserror::Error;
+
+/// Why a page could not be used.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum TextError {
+    /// A required gauge is absent (garbage, truncated text, or not a model server).
+    #[error("metrics text: no {0} (nor its deprecated or SGLang names)")]
+    Missing(&'static str),
+    /// A value is out of its range.
+    #[error("metrics text: {name} = {value} is out of range")]
+    OutOfRange {
+        /// The series.
+        name: &'static str,
+        /// The value read.
+        value: String,
+    },
+}
+
+/// What one scrape of one pod says.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PodMetrics {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// Requests running.
+    pub running: u32,
+    /// KV-cache usage in [0, 1].
+    pub kv_usage: f64,
+    /// `block_size` (or SGLang `page_size`) from the cache-config info gauge.
+    pub block_size: Option<u32>,
+    /// `num_gpu_blocks` (or SGLang `num_pages`) from the cache-config info gauge.
+    pub num_gpu_blocks: Option<u32>,
+    /// Prompt lengths of finished requests (`vllm:request_prompt_tokens`).
+    pub prompt_tokens: Option<Histogram>,
+    /// Output lengths of finished requests (`vllm:request_generation_tokens`).
+    pub generation_tokens: Option<Histogram>,
+    /// Prefix-cache queries, tokens (counter).
+    pub prefix_queries: Option<f64>,
+    /// Prefix-cache hits, tokens (counter).
+    pub prefix_hits: Option<f64>,
+    /// Inter-token latency observations (current or deprecated name), for reporting.
+    pub itl_count: Option<f64>,
+    /// When the pod's process started (`process_start_time_seconds`), if exported.
+    pub process_start: Option<f64>,
+    /// Data-parallel engines the page reports (distinct `engine` label values of
+    /// `cache_config_info`, else of the running gauge; 1 when unlabelled).
+    pub engines: u32,
+    /// Deprecated names this page used (reported on /metrics).
+    pub deprecated: Vec<&'static str>,
+}
+
+/// What tells one run of a pod's process from the next: its start time and its counters
+/// (a counter that goes back means the process restarted, as Prometheus reads a reset).
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct RestartMarks {
+    /// `process_start_time_seconds`.
+    pub start: Option<f64>,
+    /// Prefix-cache queries, prompt- and generation-length counts, ITL count.
+    pub counters: [Option<f64>; 4],
+}
+
+impl RestartMarks {
+    /// True when `self` (a later page) shows a process other than `before`'s: another start
+    /// time, or a counter below its earlier value.
+    pub fn restarted_since(&self, before: &RestartMarks) -> bool {
+        let other_start =
+            matches!((self.start, before.start), (Some(now), Some(then)) if now != then);
+        let reset = self
+            .counters
+            .iter()
+            .zip(before.counters.iter())
+            .any(|pair| matches!(pair, (Some(now), Some(then)) if now < then));
+        other_start || reset
+    }
+}
+
+impl PodMetrics {
+    /// The marks of this page's process run.
+    pub fn restart_marks(&self) -> RestartMarks {
+        RestartMarks {
+            start: self.process_start,
+            counters: [
+                self.prefix_queries,
+                self.prompt_tokens.as_ref().map(Histogram::count),
+                self.generation_tokens.as_ref().map(Histogram::count),
+                self.itl_count,
+            ],
+        }
+    }
+
+    /// Cumulative prefix-cache hit rate in [0, 1], if the counters are present.
+    pub fn prefix_hit_rate(&self) -> Option<f64> {
+        match (self.prefix_queries, self.prefix_hits) {
+            (Some(queries), Some(hits)) if queries > 0.0 => Some((hits / queries).clamp(0.0, 1.0)),
+            _ => None,
+        }
+    }
+}
+
+/// Series names, current first, then deprecated (marked), then SGLang.
+const WAITING: &[(&str, bool)] = &[
+    ("vllm:num_requests_waiting", false),
+    ("sglang:num_queue_reqs", false),
+];
+const RUNNING: &[(&str, bool)] = &[
+    ("vllm:num_requests_running", false),
+    ("sglang:num_running_reqs", false),
+];
+const KV_USAGE: &[(&str, bool)] = &[
+    ("vllm:kv_cache_usage_perc", false),
+    ("vllm:gpu_cache_usage_perc", true),
+    ("sglang:token_usage", false),
+];
+const CACHE_INFO: &[(&str, bool)] = &[
+    ("vllm:cache_config_info", false),
+    ("sglang:cache_config_info", false),
+];
+const PROMPT: &[(&str, bool)] = &[
+    ("vllm:request_prompt_tokens", false),
+    ("sglang:prompt_tokens_histogram", false),
+];
+const GENERATION: &[(&str, bool)] = &[
+    ("vllm:request_generation_tokens", false),
+    ("sglang:generation_tokens_histogram", false),
+];
+const PREFIX_QUERIES: &[(&str, bool)] = &[
+    ("vllm:prefix_cache_queries", false),
+    ("vllm:gpu_prefix_cache_queries", true),
+];
+const PREFIX_HITS: &[(&str, bool)] = &[
+    ("vllm:prefix_cache_hits", false),
+    ("vllm:gpu_prefix_cache_hits", true),
+];
+const ITL: &[(&str, bool)] = &[
+    ("vllm:inter_token_latency_seconds", false),
+    ("vllm:time_per_output_token_seconds", true),
+];
+/// prometheus-client's process collector (vLLM's API server exports it).
+const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
+
+/// The series this module reads, each read under one of its names (the tables above).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Series {
+    Waiting,
+    Running,
+    KvUsage,
+    PrefixQueries,
+    PrefixHits,
+    /// The inter-token-latency histogram's `_count` (its buckets are not read).
+    ItlCount,
+    ProcessStart,
+    CacheInfo,
+    PromptBucket,
+    PromptSum,
+    GenerationBucket,
+    GenerationSum,
+}
+
+/// The series summed (or averaged) over label sets, by their place in [`Reading::sums`].
+const SUMMED: usize = 7;
+
+/// What a sample line is to [`parse_metrics`]: its series and which of the series' names it
+/// carries (its index in the series' table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tag {
+    series: Series,
+    name: usize,
+}
+
+/// The tag of a sample name, `None` for the rest of a page (mostly latency histograms, not
+/// read past each line's name). Gauges and the info gauge by their exact name, counters with
+/// or without `_total`, the token histograms' `_bucket` and `_sum`, the inter-token-latency
+/// histogram's `_count` only.
+fn tag(name: &str) -> Option<Tag> {
+    if !(name.starts_with("vllm:") || name.starts_with("sglang:") || name.starts_with("process_")) {
+        return None;
+    }
+    let in_table = |names: &[(&str, bool)], series: Series, base: &str| {
+        names
+            .iter()
+            .position(|(known, _)| *known == base)
+            .map(|name| Tag { series, name })
+    };
+    let (base, suffix) = ["_bucket", "_sum", "_count", "_total"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix).map(|base| (base, *suffix)))
+        .unwrap_or((name, ""));
+    match suffix {
+        "_bucket" => in_table(PROMPT, Series::PromptBucket, base)
+            .or_else(|| in_table(GENERATION, Series::GenerationBucket, base)),
+        "_sum" => in_table(PROMPT, Series::PromptSum, base)
+            .or_else(|| in_table(GENERATION, Series::GenerationSum, base)),
+        "_count" => in_table(ITL, Series::ItlCount, base),
+        "_total" => in_table(PREFIX_QUERIES, Series::PrefixQueries, base)
+            .or_else(|| in_table(PREFIX_HITS, Series::PrefixHits, base)),
+        _ => [
+            (WAITING, Series::Waiting),
+            (RUNNING, Series::Running),
+            (KV_USAGE, Series::KvUsage),
+            (PREFIX_QUERIES, Series::PrefixQueries),
+            (PREFIX_HITS, Series::PrefixHits),
+            (PROCESS_START, Series::ProcessStart),
+            (CACHE_INFO, Series::CacheInfo),
+        ]
+        .iter()
+        .find_map(|&(names, series)| in_table(names, series, name)),
+    }
+}
+
+/// A page's samples filed by series in one pass ([`prom_text::scan`]).
+#[derive(Default)]
+struct Reading<'a> {
+    /// (label sets, sum) of each summed series ([`SUMMED`], in [`Series`] order) under each
+    /// of its names.
+    sums: [[(u32, f64); 3]; SUMMED],
+    /// The first cache-config info sample, under either name.
+    cache_info: Option<Sample<'a>>,
+    /// `engine` labels of the cache-config info samples, and of the running gauge's.
+    cache_engines: Vec<Cow<'a, str>>,
+    running_engines: Vec<Cow<'a, str>>,
+    /// The prompt (0) and generation (1) histograms under each of their names.
+    histograms: [[HistogramBuilder; 2]; 2],
+}
+
+impl<'a> Reading<'a> {
+    fn file(&mut self, tag: Tag, sample: Sample<'a>) {
+        let histogram = |series| match series {
+            Series::PromptBucket | Series::PromptSum => 0,
+            _ => 1,
+        };
+        match tag.series {
+            Series::CacheInfo => {
+                self.cache_engines.extend(sample.label("engine"));
+                self.cache_info.get_or_insert(sample);
+            }
+            Series::PromptBucket | Series::GenerationBucket => {
+                self.histograms[histogram(tag.series)][tag.name].bucket(&sample);
+            }
+            Series::PromptSum | Series::GenerationSum => {
+                self.histograms[histogram(tag.series)][tag.name].sum(sample.value);
+            }
+            series => {
+                if series == Series::Running {
+                    self.running_engines.extend(sample.label("engine"));
+                }
+                let (count, sum) = &mut self.sums[series as usize][tag.name];
+                *count += 1;
+                *sum += sample.value;
+            }
+        }
+    }
+
+    /// The first of `names` with samples of `series`, and their sum or mean over label sets.
+    fn summed(
+        &self,
+        series: Series,
+        names: &[(&'static str, bool)],
+        combine: Combine,
+    ) -> Option<(&'static str, f64)> {
+        names
+            .iter()
+            .zip(&self.sums[series as usize])
+            .find(|(_, (count, _))| *count > 0)
+            .map(|(&(name, _), &(count, sum))| match combine {
+                Combine::Sum => (name, sum),
+                Combine::Mean => (name, sum / f64::from(count)),
+            })
+    }
+
+    /// The first of `names` published as a histogram (`_bucket` samples).
+    fn histogram(
+        &mut self,
+        which: usize,
+        names: &[(&'static str, bool)],
+    ) -> Option<(&'static str, Histogram)> {
+        let builders = std::mem::take(&mut self.histograms[which]);
+        names
+            .iter()
+            .zip(builders)
+            .find(|(_, builder)| builder.found())
+            .and_then(|(&(name, _), builder)| Some((name, builder.finish()?)))
+    }
+}
+
+/// Distinct values, counted.
+fn distinct(mut values: Vec<Cow<'_, str>>) -> u32 {
+    values.sort_unstable();
+    values.dedup();
+    u32::try_from(values.len()).unwrap_or(u32::MAX)
+}
+
+/// Parses one `/metrics` page.
+pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
+    let mut reading = Reading::default();
+    prom_text::scan(text, tag, |tag, sample| reading.file(tag, sample));
+    let mut deprecated = Vec::new();
+    let mut note = |names: &[(&'static str, bool)], used: &str| {
+        if let Some(&(name, true)) = names.iter().find(|(name, _)| *name == used) {
+            deprecated.push(name);
+        }
+    };
+    let (name, waiting) = reading
+        .summed(Series::Waiting, WAITING, Combine::Sum)
+        .ok_or(TextError::Missing(WAITING[0].0))?;
+    note(WAITING, name);
+    let (name, running) = reading
+        .summed(Series::Running, RUNNING, Combine::Sum)
+        .ok_or(TextError::Missing(RUNNING[0].0))?;
+    note(RUNNING, name);
+    let (name, kv_usage) = reading
+        .summed(Series::KvUsage, KV_USAGE, Combine::Mean)
+        .ok_or(TextError::Missing(KV_USAGE[0].0))?;
+    note(KV_USAGE, name);
+    let count = |name: &'static str, value: f64| {
+        if value.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&value) {
+            Ok(value.round() as u32)
+        } else {
+            Err(TextError::OutOfRange {
+                name,
+                value: value.to_string(),
+            })
+        }
+    };
+    let waiting = count(WAITING[0].0, waiting)?;
+    let running = count(RUNNING[0].0, running)?;
+    // vLLM reports a fraction; some SGLang versions a percentage.
+    let kv_usage = if kv_usage > 1.0 && kv_usage <= 100.0 {
+        kv_usage / 100.0
+    } else {
+        kv_usage
+    };
+    if !(0.0..=1.0).contains(&kv_usage) {
+        return Err(TextError::OutOfRange {
+            name: KV_USAGE[0].0,
+            value: kv_usage.to_string(),
+        });
+    }
+    let mut histogram_of = |which: usize, names: &[(&'static str, bool)]| {
+        let (name, histogram) = reading.histogram(which, names)?;
+        note(names, name);
+        Some(histogram)
+    };
+    let prompt_tokens = histogram_of(0, PROMPT);
+    let generation_tokens = histogram_of(1, GENERATION);
+    // Of the inter-token-latency histogram only the count is read (a counter going back is
+    // a restart sign).
+    let itl_count = reading
+        .summed(Series::ItlCount, ITL, Combine::Sum)
+        .map(|(name, count)| {
+            note(ITL, name);
+            count
+        });
+    let mut counter = |series: Series, names: &[(&'static str, bool)]| {
+        reading
+            .summed(series, names, Combine::Sum)
+            .map(|(name, value)| {
+                note(names, name);
+                value
+            })
+    };
+    let prefix_queries = counter(Series::PrefixQueries, PREFIX_QUERIES);
+    let prefix_hits = counter(Series::PrefixHits, PREFIX_HITS);
+    let process_start = reading
+        .summed(Series::ProcessStart, PROCESS_START, Combine::Mean)
+        .map(|(_, start)| start);
+    let info = reading.cache_info.as_ref();
+    let engines = match distinct(std::mem::take(&mut reading.cache_engines)) {
+        0 => distinct(std::mem::take(&mut reading.running_engines)).max(1),
+        engines => engines,
+    };
+    deprecated.sort_unstable();
+    deprecated.dedup();
+    Ok(PodMetrics {
+        waiting,
+        running,
+        kv_usage,
+        block_size: info.and_then(|info| prom_text::label_u32(info, &["block_size", "page_size"])),
+        num_gpu_blocks: info
+            .and_then(|info| prom_text::label_u32(info, &["num_gpu_blocks", "num_pages"])),
+        prompt_tokens,
+        generation_tokens,
+        prefix_queries,
+        prefix_hits,
+        itl_count,
+        process_start,
+        engines,
+        deprecated,
+    })
+}
+
+#[derive(Clone, Copy)]
+enum Combine {
+    Sum,
+    Mean,
+}
+
+#[cfg(test)]
+mod reference;
+#[cfg(test)]
+mod tests;
