@@ -4,15 +4,12 @@
 //! Shared by the live mirror (`live::text`, a pod's page every 50 ms) and by fidelity runs
 //! known only from scrapes (`fidelity::scraped`). Pure: text in, values out.
 //!
-//! Parsing is [`parse`]'s (no regex, no allocation per line); this module adds what is
-//! built from the samples.
+//! Parsing is [`parse`]'s, or [`scan`]'s for a caller that files samples as they come (no
+//! regex, no allocation per line); this module adds what is built from the samples.
 
 mod parse;
 
 pub use parse::{Sample, parse, scan};
-
-/// Suffixes a family's samples carry beside its own name.
-const SUFFIXES: [&str; 5] = ["_bucket", "_sum", "_count", "_total", "_created"];
 
 /// A cumulative histogram: (upper bound, cumulative count), ascending; the last bound may be
 /// +Inf.
@@ -29,15 +26,6 @@ impl Histogram {
     pub fn count(&self) -> f64 {
         self.buckets.last().map_or(0.0, |&(_, count)| count)
     }
-}
-
-/// A sample name without its family suffix (`_bucket`, `_sum`, `_count`, `_total`,
-/// `_created`).
-pub fn family(name: &str) -> &str {
-    SUFFIXES
-        .iter()
-        .find_map(|suffix| name.strip_suffix(suffix))
-        .unwrap_or(name)
 }
 
 /// The histogram `name` (its `_bucket` samples by `le`, and its `_sum`), buckets and sums

@@ -1,7 +1,8 @@
 //! A pod's `/metrics` page → the numbers the mirror needs ([`PodMetrics`]).
 //!
 //! The page is scanned once by [`crate::prom_text::scan`] (only the lines of the series read
-//! here are read past their name), each sample filed by series as it comes. It accepts vLLM's current and deprecated names
+//! here are read past their name), each sample filed by series as it comes. It accepts
+//! vLLM's current and deprecated names
 //! (`vllm:kv_cache_usage_perc` / `vllm:gpu_cache_usage_perc`,
 //! `vllm:inter_token_latency_seconds` / `vllm:time_per_output_token_seconds`,
 //! `vllm:prefix_cache_*` / `vllm:gpu_prefix_cache_*`), counters with or without `_total`,
@@ -172,8 +173,37 @@ enum Series {
     GenerationSum,
 }
 
-/// The series summed (or averaged) over label sets, by their place in [`Reading::sums`].
-const SUMMED: usize = 7;
+/// The series summed (or averaged) over label sets: the first seven of [`Series`], which
+/// index [`Reading::sums`] by their place (`series as usize`).
+const SUMMED: usize = Series::CacheInfo as usize;
+
+/// The most names a summed series has (its row in [`Reading::sums`]).
+const SUMMED_NAMES: usize = 3;
+
+/// The token histograms' places in [`Reading::histograms`], and how many names each has.
+const PROMPT_HISTOGRAM: usize = 0;
+const GENERATION_HISTOGRAM: usize = 1;
+const HISTOGRAM_NAMES: usize = 2;
+
+// The readings' arrays are sized from the tables: a name added to a table must fit.
+const _: () = {
+    let summed = [
+        WAITING,
+        RUNNING,
+        KV_USAGE,
+        PREFIX_QUERIES,
+        PREFIX_HITS,
+        ITL,
+        PROCESS_START,
+    ];
+    assert!(summed.len() == SUMMED);
+    let mut at = 0;
+    while at < summed.len() {
+        assert!(summed[at].len() <= SUMMED_NAMES);
+        at += 1;
+    }
+    assert!(PROMPT.len() <= HISTOGRAM_NAMES && GENERATION.len() <= HISTOGRAM_NAMES);
+};
 
 /// What a sample line is to [`parse_metrics`]: its series and which of the series' names it
 /// carries (its index in the series' table).
@@ -228,21 +258,23 @@ fn tag(name: &str) -> Option<Tag> {
 struct Reading<'a> {
     /// (label sets, sum) of each summed series ([`SUMMED`], in [`Series`] order) under each
     /// of its names.
-    sums: [[(u32, f64); 3]; SUMMED],
+    sums: [[(u32, f64); SUMMED_NAMES]; SUMMED],
     /// The first cache-config info sample, under either name.
     cache_info: Option<Sample<'a>>,
-    /// `engine` labels of the cache-config info samples, and of the running gauge's.
+    /// `engine` labels of the cache-config info samples.
     cache_engines: Vec<Cow<'a, str>>,
+    /// `engine` labels of the running gauge's samples (the engines when there is no info).
     running_engines: Vec<Cow<'a, str>>,
-    /// The prompt (0) and generation (1) histograms under each of their names.
-    histograms: [[HistogramBuilder; 2]; 2],
+    /// The prompt ([`PROMPT_HISTOGRAM`]) and generation ([`GENERATION_HISTOGRAM`])
+    /// histograms under each of their names.
+    histograms: [[HistogramBuilder; HISTOGRAM_NAMES]; 2],
 }
 
 impl<'a> Reading<'a> {
     fn file(&mut self, tag: Tag, sample: Sample<'a>) {
         let histogram = |series| match series {
-            Series::PromptBucket | Series::PromptSum => 0,
-            _ => 1,
+            Series::PromptBucket | Series::PromptSum => PROMPT_HISTOGRAM,
+            _ => GENERATION_HISTOGRAM,
         };
         match tag.series {
             Series::CacheInfo => {
@@ -327,37 +359,14 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         .summed(Series::KvUsage, KV_USAGE, Combine::Mean)
         .ok_or(TextError::Missing(KV_USAGE[0].0))?;
     note(KV_USAGE, name);
-    let count = |name: &'static str, value: f64| {
-        if value.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&value) {
-            Ok(value.round() as u32)
-        } else {
-            Err(TextError::OutOfRange {
-                name,
-                value: value.to_string(),
-            })
-        }
-    };
-    let waiting = count(WAITING[0].0, waiting)?;
-    let running = count(RUNNING[0].0, running)?;
-    // vLLM reports a fraction; some SGLang versions a percentage.
-    let kv_usage = if kv_usage > 1.0 && kv_usage <= 100.0 {
-        kv_usage / 100.0
-    } else {
-        kv_usage
-    };
-    if !(0.0..=1.0).contains(&kv_usage) {
-        return Err(TextError::OutOfRange {
-            name: KV_USAGE[0].0,
-            value: kv_usage.to_string(),
-        });
-    }
+    let (waiting, running, kv_usage) = checked_gauges(waiting, running, kv_usage)?;
     let mut histogram_of = |which: usize, names: &[(&'static str, bool)]| {
         let (name, histogram) = reading.histogram(which, names)?;
         note(names, name);
         Some(histogram)
     };
-    let prompt_tokens = histogram_of(0, PROMPT);
-    let generation_tokens = histogram_of(1, GENERATION);
+    let prompt_tokens = histogram_of(PROMPT_HISTOGRAM, PROMPT);
+    let generation_tokens = histogram_of(GENERATION_HISTOGRAM, GENERATION);
     // Of the inter-token-latency histogram only the count is read (a counter going back is
     // a restart sign).
     let itl_count = reading
@@ -402,6 +411,35 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         engines,
         deprecated,
     })
+}
+
+/// The three required gauges as the mirror takes them: whole counts in `u32`, the KV usage
+/// a fraction in [0, 1] (vLLM reports a fraction; some SGLang versions a percentage).
+fn checked_gauges(waiting: f64, running: f64, kv_usage: f64) -> Result<(u32, u32, f64), TextError> {
+    let count = |name: &'static str, value: f64| {
+        if value.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&value) {
+            Ok(value.round() as u32)
+        } else {
+            Err(TextError::OutOfRange {
+                name,
+                value: value.to_string(),
+            })
+        }
+    };
+    let waiting = count(WAITING[0].0, waiting)?;
+    let running = count(RUNNING[0].0, running)?;
+    let kv_usage = if kv_usage > 1.0 && kv_usage <= 100.0 {
+        kv_usage / 100.0
+    } else {
+        kv_usage
+    };
+    if !(0.0..=1.0).contains(&kv_usage) {
+        return Err(TextError::OutOfRange {
+            name: KV_USAGE[0].0,
+            value: kv_usage.to_string(),
+        });
+    }
+    Ok((waiting, running, kv_usage))
 }
 
 #[derive(Clone, Copy)]

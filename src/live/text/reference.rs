@@ -1,13 +1,13 @@
 //! The reading of a page before it was filed in one pass (stop 31): every sample of a wanted
 //! family collected by `prom_text::parse`, then each series looked up by scanning them all.
 //! Kept as the oracle of the one-pass `parse_metrics` (tests.rs compares the two on random
-//! pages): simple enough to read as the rules of the format, slow enough not to be used.
+//! pages): simple enough to read as the rules of the format, slow enough not to be used. The
+//! required gauges' range checks are shared (`checked_gauges`): the oracle covers the filing.
 
 use super::*;
-use crate::prom_text::family;
 
 /// Every family this module reads.
-const WANTED: [&[(&str, bool)]; 10] = [
+pub(super) const WANTED: [&[(&str, bool)]; 10] = [
     WAITING,
     RUNNING,
     KV_USAGE,
@@ -52,30 +52,7 @@ pub(super) fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     let (name, kv_usage) =
         scalar(samples, KV_USAGE, Combine::Mean).ok_or(TextError::Missing(KV_USAGE[0].0))?;
     note(KV_USAGE, name);
-    let count = |name: &'static str, value: f64| {
-        if value.is_finite() && (0.0..=f64::from(u32::MAX)).contains(&value) {
-            Ok(value.round() as u32)
-        } else {
-            Err(TextError::OutOfRange {
-                name,
-                value: value.to_string(),
-            })
-        }
-    };
-    let waiting = count(WAITING[0].0, waiting)?;
-    let running = count(RUNNING[0].0, running)?;
-    // vLLM reports a fraction; some SGLang versions a percentage.
-    let kv_usage = if kv_usage > 1.0 && kv_usage <= 100.0 {
-        kv_usage / 100.0
-    } else {
-        kv_usage
-    };
-    if !(0.0..=1.0).contains(&kv_usage) {
-        return Err(TextError::OutOfRange {
-            name: KV_USAGE[0].0,
-            value: kv_usage.to_string(),
-        });
-    }
+    let (waiting, running, kv_usage) = checked_gauges(waiting, running, kv_usage)?;
     let mut metrics = PodMetrics {
         waiting,
         running,
@@ -188,4 +165,13 @@ fn histogram(
     names
         .iter()
         .find_map(|&(name, _)| prom_text::histogram(samples, name).map(|h| (name, h)))
+}
+
+/// A sample name without its family suffix (`_bucket`, `_sum`, `_count`, `_total`,
+/// `_created`).
+fn family(name: &str) -> &str {
+    ["_bucket", "_sum", "_count", "_total", "_created"]
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .unwrap_or(name)
 }

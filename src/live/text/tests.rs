@@ -125,26 +125,15 @@ fn a_new_start_time_or_a_counter_going_back_is_a_restart() {
 /// suffixes) or not, labels the reading looks at, and values in and out of range.
 fn line() -> impl proptest::strategy::Strategy<Value = String> {
     use proptest::prelude::*;
-    let known: Vec<&str> = [
-        WAITING,
-        RUNNING,
-        KV_USAGE,
-        CACHE_INFO,
-        PROMPT,
-        GENERATION,
-        PREFIX_QUERIES,
-        PREFIX_HITS,
-        ITL,
-        PROCESS_START,
-    ]
-    .iter()
-    .flat_map(|names| names.iter().map(|(name, _)| *name))
-    .chain([
-        "vllm:e2e_request_latency_seconds",
-        "vllm:num_preemptions",
-        "other",
-    ])
-    .collect();
+    let known: Vec<&str> = super::reference::WANTED
+        .iter()
+        .flat_map(|names| names.iter().map(|(name, _)| *name))
+        .chain([
+            "vllm:e2e_request_latency_seconds",
+            "vllm:num_preemptions",
+            "other",
+        ])
+        .collect();
     let suffixes = [
         "", "", "_total", "_bucket", "_bucket", "_sum", "_count", "_created",
     ];
@@ -182,17 +171,50 @@ fn line() -> impl proptest::strategy::Strategy<Value = String> {
         })
 }
 
+/// The three required gauges under any of their names, in range (so that most pages get past
+/// the checks and the rest of the reading is compared too), each to be put at a random place.
+fn required() -> impl proptest::strategy::Strategy<Value = Vec<(usize, String)>> {
+    use proptest::prelude::*;
+    let names = |table: &[(&'static str, bool)]| {
+        prop::sample::select(table.iter().map(|(name, _)| *name).collect::<Vec<_>>())
+    };
+    (
+        (names(WAITING), 0..40_u32, any::<usize>()),
+        (names(RUNNING), 0..40_u32, any::<usize>(), any::<bool>()),
+        (names(KV_USAGE), 0..=100_u32, any::<usize>()),
+    )
+        .prop_map(|(waiting, running, kv)| {
+            vec![
+                (waiting.2, format!("{} {}", waiting.0, waiting.1)),
+                (
+                    running.2,
+                    if running.3 {
+                        format!("{}{{engine=\"1\"}} {}", running.0, running.1)
+                    } else {
+                        format!("{} {}", running.0, running.1)
+                    },
+                ),
+                (kv.2, format!("{} {}", kv.0, f64::from(kv.1) / 100.0)),
+            ]
+        })
+}
+
 proptest::proptest! {
     /// The one-pass reading equals the reference reading (every sample collected, then each
     /// series looked up) on random pages: names in and out of the tables under every suffix,
     /// repeated and interleaved series, several label sets, engines, bounds that do not parse,
-    /// values out of range.
+    /// values out of range; most pages carry the required gauges, so their histograms,
+    /// counters, cache info, engines and deprecated names are compared too.
     #[test]
     fn the_one_pass_reading_equals_the_reference(
         lines in proptest::collection::vec(line(), 0..60),
+        required in proptest::option::weighted(0.8, required()),
         grouped: bool,
     ) {
         let mut lines = lines;
+        for (at, line) in required.into_iter().flatten() {
+            lines.insert(at % (lines.len() + 1), line);
+        }
         if grouped {
             // As a server writes it: each name's lines together.
             lines.sort_by(|a, b| {
