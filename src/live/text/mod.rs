@@ -155,7 +155,7 @@ const ITL: &[(&str, bool)] = &[
 /// prometheus-client's process collector (vLLM's API server exports it).
 const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
 
-/// The series this module reads, each read under one of its names (the tables above).
+/// The series this module reads, each read under one of its names ([`Series::names`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Series {
     Waiting,
@@ -173,40 +173,66 @@ enum Series {
     GenerationSum,
 }
 
-/// The series summed (or averaged) over label sets: the first seven of [`Series`], which
-/// index [`Reading::sums`] by their place (`series as usize`).
-const SUMMED: usize = Series::CacheInfo as usize;
+impl Series {
+    /// The series summed (or averaged) over label sets, in the order that indexes
+    /// [`Reading::sums`] (`series as usize`): the variants before `CacheInfo`.
+    const SUMMED: [Series; 7] = [
+        Series::Waiting,
+        Series::Running,
+        Series::KvUsage,
+        Series::PrefixQueries,
+        Series::PrefixHits,
+        Series::ItlCount,
+        Series::ProcessStart,
+    ];
+
+    /// The names the series is published under, current first (the table above).
+    const fn names(self) -> &'static [(&'static str, bool)] {
+        match self {
+            Series::Waiting => WAITING,
+            Series::Running => RUNNING,
+            Series::KvUsage => KV_USAGE,
+            Series::PrefixQueries => PREFIX_QUERIES,
+            Series::PrefixHits => PREFIX_HITS,
+            Series::ItlCount => ITL,
+            Series::ProcessStart => PROCESS_START,
+            Series::CacheInfo => CACHE_INFO,
+            Series::PromptBucket | Series::PromptSum => PROMPT,
+            Series::GenerationBucket | Series::GenerationSum => GENERATION,
+        }
+    }
+
+    /// The token histogram a bucket or sum series belongs to: its row in
+    /// [`Reading::histograms`] (prompt 0, generation 1).
+    const fn token_histogram(self) -> usize {
+        match self {
+            Series::GenerationBucket | Series::GenerationSum => 1,
+            _ => 0,
+        }
+    }
+}
 
 /// The most names a summed series has (its row in [`Reading::sums`]).
 const SUMMED_NAMES: usize = 3;
 
-/// The token histograms' places in [`Reading::histograms`], and how many names each has.
-const PROMPT_HISTOGRAM: usize = 0;
-const GENERATION_HISTOGRAM: usize = 1;
+/// The most names a token histogram has (its row in [`Reading::histograms`]).
 const HISTOGRAM_NAMES: usize = 2;
 
-// The readings' arrays are sized from the tables: a name added to a table must fit.
+// The readings' arrays are sized from the tables: a name added to a table must fit, and the
+// summed series must be the first variants, in order.
 const _: () = {
-    let summed = [
-        WAITING,
-        RUNNING,
-        KV_USAGE,
-        PREFIX_QUERIES,
-        PREFIX_HITS,
-        ITL,
-        PROCESS_START,
-    ];
-    assert!(summed.len() == SUMMED);
     let mut at = 0;
-    while at < summed.len() {
-        assert!(summed[at].len() <= SUMMED_NAMES);
+    while at < Series::SUMMED.len() {
+        assert!(Series::SUMMED[at] as usize == at);
+        assert!(Series::SUMMED[at].names().len() <= SUMMED_NAMES);
         at += 1;
     }
+    assert!(Series::CacheInfo as usize == Series::SUMMED.len());
     assert!(PROMPT.len() <= HISTOGRAM_NAMES && GENERATION.len() <= HISTOGRAM_NAMES);
 };
 
 /// What a sample line is to [`parse_metrics`]: its series and which of the series' names it
-/// carries (its index in the series' table).
+/// carries (its index in [`Series::names`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tag {
     series: Series,
@@ -221,71 +247,73 @@ fn tag(name: &str) -> Option<Tag> {
     if !(name.starts_with("vllm:") || name.starts_with("sglang:") || name.starts_with("process_")) {
         return None;
     }
-    let in_table = |names: &[(&str, bool)], series: Series, base: &str| {
-        names
-            .iter()
-            .position(|(known, _)| *known == base)
-            .map(|name| Tag { series, name })
-    };
     let (base, suffix) = ["_bucket", "_sum", "_count", "_total"]
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix).map(|base| (base, *suffix)))
         .unwrap_or((name, ""));
     match suffix {
-        "_bucket" => in_table(PROMPT, Series::PromptBucket, base)
-            .or_else(|| in_table(GENERATION, Series::GenerationBucket, base)),
-        "_sum" => in_table(PROMPT, Series::PromptSum, base)
-            .or_else(|| in_table(GENERATION, Series::GenerationSum, base)),
-        "_count" => in_table(ITL, Series::ItlCount, base),
-        "_total" => in_table(PREFIX_QUERIES, Series::PrefixQueries, base)
-            .or_else(|| in_table(PREFIX_HITS, Series::PrefixHits, base)),
-        _ => [
-            (WAITING, Series::Waiting),
-            (RUNNING, Series::Running),
-            (KV_USAGE, Series::KvUsage),
-            (PREFIX_QUERIES, Series::PrefixQueries),
-            (PREFIX_HITS, Series::PrefixHits),
-            (PROCESS_START, Series::ProcessStart),
-            (CACHE_INFO, Series::CacheInfo),
-        ]
-        .iter()
-        .find_map(|&(names, series)| in_table(names, series, name)),
+        "_bucket" => tag_among(base, [Series::PromptBucket, Series::GenerationBucket]),
+        "_sum" => tag_among(base, [Series::PromptSum, Series::GenerationSum]),
+        "_count" => tag_among(base, [Series::ItlCount]),
+        "_total" => tag_among(base, [Series::PrefixQueries, Series::PrefixHits]),
+        _ => tag_among(
+            name,
+            [
+                Series::Waiting,
+                Series::Running,
+                Series::KvUsage,
+                Series::PrefixQueries,
+                Series::PrefixHits,
+                Series::ProcessStart,
+                Series::CacheInfo,
+            ],
+        ),
     }
+}
+
+/// The first of `candidates` with a name `base`, and which of its names it is (a fixed-size
+/// array, so the search unrolls over the constant tables).
+fn tag_among<const N: usize>(base: &str, candidates: [Series; N]) -> Option<Tag> {
+    candidates.into_iter().find_map(|series| {
+        series
+            .names()
+            .iter()
+            .position(|(known, _)| *known == base)
+            .map(|name| Tag { series, name })
+    })
 }
 
 /// A page's samples filed by series in one pass ([`prom_text::scan`]).
 #[derive(Default)]
 struct Reading<'a> {
-    /// (label sets, sum) of each summed series ([`SUMMED`], in [`Series`] order) under each
-    /// of its names.
-    sums: [[(u32, f64); SUMMED_NAMES]; SUMMED],
+    /// (label sets, sum) of each summed series ([`Series::SUMMED`], in order) under each of
+    /// its names.
+    sums: [[(u32, f64); SUMMED_NAMES]; Series::SUMMED.len()],
     /// The first cache-config info sample, under either name.
     cache_info: Option<Sample<'a>>,
     /// `engine` labels of the cache-config info samples.
     cache_engines: Vec<Cow<'a, str>>,
     /// `engine` labels of the running gauge's samples (the engines when there is no info).
     running_engines: Vec<Cow<'a, str>>,
-    /// The prompt ([`PROMPT_HISTOGRAM`]) and generation ([`GENERATION_HISTOGRAM`])
-    /// histograms under each of their names.
+    /// The prompt and generation histograms ([`Series::token_histogram`]) under each of
+    /// their names.
     histograms: [[HistogramBuilder; HISTOGRAM_NAMES]; 2],
+    /// Deprecated names the values taken so far were read under.
+    deprecated: Vec<&'static str>,
 }
 
 impl<'a> Reading<'a> {
     fn file(&mut self, tag: Tag, sample: Sample<'a>) {
-        let histogram = |series| match series {
-            Series::PromptBucket | Series::PromptSum => PROMPT_HISTOGRAM,
-            _ => GENERATION_HISTOGRAM,
-        };
         match tag.series {
             Series::CacheInfo => {
                 self.cache_engines.extend(sample.label("engine"));
                 self.cache_info.get_or_insert(sample);
             }
-            Series::PromptBucket | Series::GenerationBucket => {
-                self.histograms[histogram(tag.series)][tag.name].bucket(&sample);
+            series @ (Series::PromptBucket | Series::GenerationBucket) => {
+                self.histograms[series.token_histogram()][tag.name].bucket(&sample);
             }
-            Series::PromptSum | Series::GenerationSum => {
-                self.histograms[histogram(tag.series)][tag.name].sum(sample.value);
+            series @ (Series::PromptSum | Series::GenerationSum) => {
+                self.histograms[series.token_histogram()][tag.name].sum(sample.value);
             }
             series => {
                 if series == Series::Running {
@@ -298,35 +326,42 @@ impl<'a> Reading<'a> {
         }
     }
 
-    /// The first of `names` with samples of `series`, and their sum or mean over label sets.
-    fn summed(
-        &self,
-        series: Series,
-        names: &[(&'static str, bool)],
-        combine: Combine,
-    ) -> Option<(&'static str, f64)> {
-        names
+    /// The first of `series`' names with samples: their sum or mean over label sets (the
+    /// name noted if deprecated).
+    fn summed(&mut self, series: Series, combine: Combine) -> Option<f64> {
+        let (&(name, deprecated), &(count, sum)) = series
+            .names()
             .iter()
             .zip(&self.sums[series as usize])
-            .find(|(_, (count, _))| *count > 0)
-            .map(|(&(name, _), &(count, sum))| match combine {
-                Combine::Sum => (name, sum),
-                Combine::Mean => (name, sum / f64::from(count)),
-            })
+            .find(|(_, (count, _))| *count > 0)?;
+        if deprecated {
+            self.deprecated.push(name);
+        }
+        Some(match combine {
+            Combine::Sum => sum,
+            Combine::Mean => sum / f64::from(count),
+        })
     }
 
-    /// The first of `names` published as a histogram (`_bucket` samples).
-    fn histogram(
-        &mut self,
-        which: usize,
-        names: &[(&'static str, bool)],
-    ) -> Option<(&'static str, Histogram)> {
-        let builders = std::mem::take(&mut self.histograms[which]);
-        names
+    /// [`Reading::summed`] of a required gauge: missing is an error naming its current name.
+    fn required(&mut self, series: Series, combine: Combine) -> Result<f64, TextError> {
+        self.summed(series, combine)
+            .ok_or(TextError::Missing(series.names()[0].0))
+    }
+
+    /// The first of the token histogram's names published as a histogram (`_bucket`
+    /// samples; the name noted if deprecated).
+    fn histogram(&mut self, series: Series) -> Option<Histogram> {
+        let builders = std::mem::take(&mut self.histograms[series.token_histogram()]);
+        let (&(name, deprecated), builder) = series
+            .names()
             .iter()
             .zip(builders)
-            .find(|(_, builder)| builder.found())
-            .and_then(|(&(name, _), builder)| Some((name, builder.finish()?)))
+            .find(|(_, builder)| builder.found())?;
+        if deprecated {
+            self.deprecated.push(name);
+        }
+        builder.finish()
     }
 }
 
@@ -341,58 +376,24 @@ fn distinct(mut values: Vec<Cow<'_, str>>) -> u32 {
 pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     let mut reading = Reading::default();
     prom_text::scan(text, tag, |tag, sample| reading.file(tag, sample));
-    let mut deprecated = Vec::new();
-    let mut note = |names: &[(&'static str, bool)], used: &str| {
-        if let Some(&(name, true)) = names.iter().find(|(name, _)| *name == used) {
-            deprecated.push(name);
-        }
-    };
-    let (name, waiting) = reading
-        .summed(Series::Waiting, WAITING, Combine::Sum)
-        .ok_or(TextError::Missing(WAITING[0].0))?;
-    note(WAITING, name);
-    let (name, running) = reading
-        .summed(Series::Running, RUNNING, Combine::Sum)
-        .ok_or(TextError::Missing(RUNNING[0].0))?;
-    note(RUNNING, name);
-    let (name, kv_usage) = reading
-        .summed(Series::KvUsage, KV_USAGE, Combine::Mean)
-        .ok_or(TextError::Missing(KV_USAGE[0].0))?;
-    note(KV_USAGE, name);
+    let waiting = reading.required(Series::Waiting, Combine::Sum)?;
+    let running = reading.required(Series::Running, Combine::Sum)?;
+    let kv_usage = reading.required(Series::KvUsage, Combine::Mean)?;
     let (waiting, running, kv_usage) = checked_gauges(waiting, running, kv_usage)?;
-    let mut histogram_of = |which: usize, names: &[(&'static str, bool)]| {
-        let (name, histogram) = reading.histogram(which, names)?;
-        note(names, name);
-        Some(histogram)
-    };
-    let prompt_tokens = histogram_of(PROMPT_HISTOGRAM, PROMPT);
-    let generation_tokens = histogram_of(GENERATION_HISTOGRAM, GENERATION);
+    let prompt_tokens = reading.histogram(Series::PromptBucket);
+    let generation_tokens = reading.histogram(Series::GenerationBucket);
     // Of the inter-token-latency histogram only the count is read (a counter going back is
     // a restart sign).
-    let itl_count = reading
-        .summed(Series::ItlCount, ITL, Combine::Sum)
-        .map(|(name, count)| {
-            note(ITL, name);
-            count
-        });
-    let mut counter = |series: Series, names: &[(&'static str, bool)]| {
-        reading
-            .summed(series, names, Combine::Sum)
-            .map(|(name, value)| {
-                note(names, name);
-                value
-            })
-    };
-    let prefix_queries = counter(Series::PrefixQueries, PREFIX_QUERIES);
-    let prefix_hits = counter(Series::PrefixHits, PREFIX_HITS);
-    let process_start = reading
-        .summed(Series::ProcessStart, PROCESS_START, Combine::Mean)
-        .map(|(_, start)| start);
-    let info = reading.cache_info.as_ref();
+    let itl_count = reading.summed(Series::ItlCount, Combine::Sum);
+    let prefix_queries = reading.summed(Series::PrefixQueries, Combine::Sum);
+    let prefix_hits = reading.summed(Series::PrefixHits, Combine::Sum);
+    let process_start = reading.summed(Series::ProcessStart, Combine::Mean);
     let engines = match distinct(std::mem::take(&mut reading.cache_engines)) {
         0 => distinct(std::mem::take(&mut reading.running_engines)).max(1),
         engines => engines,
     };
+    let info = reading.cache_info.as_ref();
+    let mut deprecated = std::mem::take(&mut reading.deprecated);
     deprecated.sort_unstable();
     deprecated.dedup();
     Ok(PodMetrics {
