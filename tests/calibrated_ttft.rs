@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 use ditto::catalog;
-use ditto::sim::latency::{CalibratedModel, LatencyModel};
+use ditto::sim::latency::{BatchEntry, CalibratedModel, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, RequestId, RequestSpec};
 
 #[test]
@@ -41,6 +41,42 @@ fn an_idle_servers_ttft_is_the_sum_of_its_parts() {
 }
 
 #[test]
+fn the_first_tokens_step_reads_the_whole_batchs_kv() {
+    // Goal: the decode step a first token waits for is priced with the KV the step that
+    // made it leaves behind (every sequence's context), not with the batch size alone: at
+    // 90 sequences of Llama-2-7b's 0.5 MB a token that is half the step (docs/fidelity.md,
+    // "Unloaded TTFT, part by part").
+    // Method: three requests of 600 tokens arrive together and are prefilled in one step;
+    // each sees front end + that step + the delay of a batch of three holding 1,800 tokens
+    // + the per-token time, and that delay is dearer than the same batch's without context.
+    let coefficients = catalog::calibrated_coefficients().unwrap();
+    let arch = catalog::model("llama-2-7b-hf").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    let model = CalibratedModel::new(&arch, &gpu, 1, &coefficients).unwrap();
+    let latency = LatencyModel::Calibrated(model.clone());
+    let prefill = BatchEntry {
+        context_tokens: 0,
+        new_tokens: 600,
+        prompt_tokens: 600,
+        is_prefill: true,
+    };
+    let step = latency.step_us(&[prefill; 3]);
+    let delay = model.first_token_delay_us(3, 1_800);
+    assert!(delay > model.first_token_delay_us(3, 0) + 200, "{delay}");
+    let expected = model.queueing_us(600) + step + delay + model.output_token_us();
+    let mut config = EngineConfig::vllm_defaults(10_000, 8192);
+    config.kv_sample_interval_us = 0;
+    let mut engine = Engine::new(config, latency).unwrap();
+    let requests = (0..3).map(|id| RequestSpec::synthetic(id, 0, 600, 4));
+    engine.run(requests, 1_000_000).unwrap();
+    let records = &engine.metrics().records;
+    assert_eq!(records.len(), 3);
+    for record in records {
+        assert_eq!(record.ttft_us(), Some(expected), "{record:?}");
+    }
+}
+
+#[test]
 fn the_first_token_waits_one_decode_step_of_the_model_at_hand() {
     // Goal: the part of an unloaded TTFT that grows with the model is that model's decode
     // step (docs/fidelity.md, "Unloaded TTFT, part by part"): the front end is the same for
@@ -54,7 +90,7 @@ fn the_first_token_waits_one_decode_step_of_the_model_at_hand() {
         let model = CalibratedModel::new(&arch, &gpu_spec, tp, &coefficients).unwrap();
         (
             model.unloaded_ttft(600, 2048),
-            model.first_token_delay_us(1),
+            model.first_token_delay_us(1, 600),
         )
     };
     let (small, small_delay) = parts("llama-2-7b-hf", "H100", 1);

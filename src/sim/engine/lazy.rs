@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::lifecycle::first_token_delay;
+use super::lifecycle::{first_token_delay, kv_after};
 use super::window_kv::next_kv_step_of;
 use super::{Engine, InFlight};
 use crate::sim::latency::DecodeSteps;
@@ -352,8 +352,11 @@ impl Engine {
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
         // The step's sequences: every member (finished ones included) plus the explicit.
         let batch = window.members + entries.len() as u64;
-        // The first-token delay, priced once the step has a first token (`first_token_delay`).
+        // The first-token delay, priced once the step has a first token (`first_token_delay`),
+        // from the KV the step leaves: the members' (before explicit requests join them
+        // below) and the explicit requests'.
         let mut first_delay_us = None;
+        let members_kv = window.context_sum;
         let mut still_explicit = 0;
         for (index, entry) in entries.iter().enumerate() {
             let (position, slot) = window.explicit[index];
@@ -367,7 +370,10 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            let delay_us = first_token_delay(&self.latency, &mut first_delay_us, batch, state);
+            let shape = &self.scratch_shape;
+            let context = || members_kv + kv_after(shape);
+            let delay_us =
+                first_token_delay(&self.latency, &mut first_delay_us, batch, context, state);
             if let Some(gap) = state.emit_token(now, token_us, delay_us, false)
                 && self.count_gaps
             {
@@ -477,6 +483,9 @@ impl Engine {
         if window.in_flight {
             let explicit = std::mem::take(&mut self.in_flight);
             self.in_flight = self.merge_window_batch(&explicit);
+            // Described whole, as the step-by-step path leaves a step it formed (the window
+            // shaped only the explicit entries; the first-token delay reads the shape).
+            self.shape_in_flight();
         }
         self.lazy_spare.0 = Some(window);
     }

@@ -3,7 +3,7 @@
 
 use super::{Engine, EventKind};
 use crate::sim::config::SchedulingPolicy;
-use crate::sim::latency::LatencyModel;
+use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::queue::QueueKey;
 use crate::sim::state::{Phase, RequestState};
@@ -153,6 +153,11 @@ impl Engine {
         let mut run_gap = u64::MAX;
         let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
+        debug_assert_eq!(
+            self.scratch_shape.len(),
+            in_flight.len(),
+            "the step's shape"
+        );
         // The first-token delay, priced once the step has a first token (`first_token_delay`).
         let batch = in_flight.len() as u64;
         let mut first_delay_us = None;
@@ -174,7 +179,10 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            let delay_us = first_token_delay(&self.latency, &mut first_delay_us, batch, state);
+            let shape = &self.scratch_shape;
+            let context = || kv_after(shape);
+            let delay_us =
+                first_token_delay(&self.latency, &mut first_delay_us, batch, context, state);
             if let Some(gap) = state.emit_token(now, token_us, delay_us, record_gaps) {
                 if self.reference {
                     if self.count_gaps {
@@ -266,23 +274,34 @@ impl Engine {
     }
 }
 
-/// The record `state` leaves when it ends with `outcome` at `end_us`.
 /// The first-token delivery delay to hand [`RequestState::emit_token`] for `state`'s next
-/// token in a step of `batch` sequences: priced at most once per step (`memo`), and only when
-/// that token is the request's first (the only time `emit_token` reads it; most steps emit
-/// none).
+/// token in a step of `batch` sequences holding `context()` tokens of KV once it has run:
+/// priced at most once per step (`memo`), and only when that token is the request's first
+/// (the only time `emit_token` reads it; most steps emit none); `context` is summed only
+/// for a model that prices it.
 pub(super) fn first_token_delay(
     latency: &LatencyModel,
     memo: &mut Option<u64>,
     batch: u64,
+    context: impl FnOnce() -> u64,
     state: &RequestState,
 ) -> u64 {
     if state.timeline.first_token_us.is_some() {
         return 0;
     }
-    *memo.get_or_insert_with(|| latency.first_token_delay_us(batch))
+    *memo.get_or_insert_with(|| latency.first_token_delay_us(batch, context))
 }
 
+/// Tokens of KV the sequences of the step `shape` describes hold once it has run: the
+/// context the step after it reads (the first-token delay prices that step).
+pub(super) fn kv_after(shape: &[BatchEntry]) -> u64 {
+    shape
+        .iter()
+        .map(|entry| u64::from(entry.context_tokens + entry.new_tokens))
+        .sum()
+}
+
+/// The record `state` leaves when it ends with `outcome` at `end_us`.
 pub(super) fn record_of(state: &mut RequestState, outcome: Outcome, end_us: u64) -> RequestRecord {
     let timeline = &mut state.timeline;
     RequestRecord {

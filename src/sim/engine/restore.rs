@@ -180,6 +180,8 @@ impl Engine {
                 }
                 engine.step_pending = true;
                 engine.counts.steps += 1;
+                // Described as a step formed here would be (the first-token delay reads it).
+                engine.shape_in_flight();
                 engine.push_event(end, EventKind::Step, 0, 0);
             }
             _ => {

@@ -40,8 +40,8 @@
 //! steps of B sequences more before the client sees that first token (the measured runs'
 //! clients see a request's first token one engine step after the step that sampled it: the
 //! low-load TTFT of every model is the front end, the prefill, the wait for the step in
-//! flight and one decode step of that model, see docs/fidelity.md; the step is priced
-//! without its KV reads, whose context the delay does not know); `output_token_us` per
+//! flight and one decode step of that model, see docs/fidelity.md; the step is priced with
+//! the KV reads of the batch's context, as the engine hands it); `output_token_us` per
 //! streamed token and `post_decode_us` after the last one.
 //!
 //! Per step, on the host: `waiting_us · min(W, waiting_cap)` for the W requests left waiting
@@ -207,7 +207,7 @@ pub struct UnloadedTtft {
     /// The first sampled token's way to the client: detokenisation, the API server's
     /// streaming path, and the decode step after the prefill, which the client waits for
     /// before it sees the first token (`first_token_us_per_seq·1 + first_token_steps·(one
-    /// decode step of one sequence) + output_token_us`).
+    /// decode step of the one sequence, reading its prompt's KV) + output_token_us`).
     pub first_token_us: u64,
 }
 
@@ -495,7 +495,8 @@ impl CalibratedModel {
             front_end_us: self.queueing_us(prompt_tokens),
             scheduler_us,
             prefill_us: steps_us - scheduler_us,
-            first_token_us: self.first_token_delay_us(1) + self.output_token_us(),
+            first_token_us: self.first_token_delay_us(1, u64::from(prompt_tokens.max(1)))
+                + self.output_token_us(),
         }
     }
 
@@ -510,27 +511,28 @@ impl CalibratedModel {
         us_trunc_from_f64(self.c[idx::OUTPUT_TOKEN_US])
     }
 
-    /// Delay of a first token made by a step of `batch` sequences (see the module doc).
-    pub fn first_token_delay_us(&self, batch: u64) -> u64 {
+    /// Delay of a first token made by a step of `batch` sequences that hold `context` tokens
+    /// of KV once it has run (see the module doc).
+    pub fn first_token_delay_us(&self, batch: u64, context: u64) -> u64 {
         let per_seq = self.c[idx::FIRST_TOKEN_US_PER_SEQ] * batch as f64;
         let steps = self.c[idx::FIRST_TOKEN_STEPS];
         let next_step = if steps > 0.0 {
-            steps * self.decode_step_us(batch.max(1)) as f64
+            steps * self.decode_step_us(batch.max(1), context) as f64
         } else {
             0.0
         };
         us_trunc_from_f64(per_seq + next_step)
     }
 
-    /// A decode step of `batch` sequences, their KV reads not counted (the delay knows the
-    /// batch, not its context): the step after a first token, which the client waits for
-    /// before it sees that token (see the module doc).
-    fn decode_step_us(&self, batch: u64) -> u64 {
+    /// A decode step of `batch` sequences holding `context` tokens of KV in total (each reads
+    /// its context and writes one token): the step after a first token, which the client
+    /// waits for before it sees that token (see the module doc).
+    fn decode_step_us(&self, batch: u64, context: u64) -> u64 {
         let shape = Shape {
             sequences: batch,
             tokens: batch,
-            attn_pairs_x2: batch,
-            kv_tokens: batch,
+            attn_pairs_x2: 2 * context + batch,
+            kv_tokens: context + batch,
         };
         self.price_with_peer_us(shape, self.first_token_peer_us)
     }

@@ -318,12 +318,14 @@ impl LatencyModel {
     }
 
     /// Extra time before the client sees a request's first token when the step that made it
-    /// ran `batch` sequences (the serving front end streams every sequence's token; a new
-    /// stream's first token waits behind them). Later tokens inherit it. 0 except for the
-    /// calibrated model.
-    pub fn first_token_delay_us(&self, batch: u64) -> u64 {
+    /// ran `batch` sequences holding `context()` tokens of KV once it had run (the serving
+    /// front end streams every sequence's token, so a new stream's first token waits behind
+    /// them; and the client sees it one decode step of that batch later). Later tokens
+    /// inherit it. 0 except for the calibrated model; `context` is called only when the
+    /// model prices it (summing it walks the batch).
+    pub fn first_token_delay_us(&self, batch: u64, context: impl FnOnce() -> u64) -> u64 {
         match self {
-            LatencyModel::Calibrated(model) => model.first_token_delay_us(batch),
+            LatencyModel::Calibrated(model) => model.first_token_delay_us(batch, context()),
             _ => 0,
         }
     }

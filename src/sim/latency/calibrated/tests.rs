@@ -183,30 +183,38 @@ fn unloaded_ttft_parts_add_up_and_separate_host_from_gpu() {
 #[test]
 fn first_token_waits_one_decode_step_of_the_batch() {
     // Goal: `first_token_steps` delays a first token by that many decode steps of the
-    // batch that made it (weights, host costs, no KV), on top of the per-sequence delay;
-    // 0 (a file without it) leaves the delay as it was.
+    // batch that made it (weights, host costs, and the KV reads of the batch's context),
+    // on top of the per-sequence delay; 0 (a file without it) leaves the delay as it was.
     let mut coefficients = CalibratedCoefficients::ROOFLINE;
     coefficients.values[idx::STEP_US] = 500.0;
     coefficients.values[idx::SEQ_US] = 4.0;
     coefficients.values[idx::FIRST_TOKEN_US_PER_SEQ] = 10.0;
     let off = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
-    assert_eq!(off.first_token_delay_us(8), 80);
+    assert_eq!(off.first_token_delay_us(8, 8 * 4000), 80);
     coefficients.values[idx::FIRST_TOKEN_STEPS] = 1.0;
     let on = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
     for batch in [1u64, 8, 64] {
-        let decodes: Vec<BatchEntry> = (0..batch).map(|_| entry(0, 1, false)).collect();
-        let step = on.step_us(&decodes);
-        let got = on.first_token_delay_us(batch);
-        assert!(
-            got.abs_diff(10 * batch + step) <= 1,
-            "batch {batch}: {got} vs {step}"
-        );
+        for context in [0u32, 600, 4000] {
+            let decodes: Vec<BatchEntry> = (0..batch).map(|_| entry(context, 1, false)).collect();
+            let step = on.step_us(&decodes);
+            let got = on.first_token_delay_us(batch, batch * u64::from(context));
+            assert!(
+                got.abs_diff(10 * batch + step) <= 1,
+                "batch {batch}, context {context}: {got} vs {step}"
+            );
+        }
     }
+    // The KV reads count: 64 sequences of 4,000 tokens hold 32 GiB of llama-3.1-8b's KV
+    // (128 KiB a token), ~10 ms at 3.35 TB/s, on top of the weights.
+    let short = on.first_token_delay_us(64, 0);
+    let long = on.first_token_delay_us(64, 64 * 4000);
+    assert!((9_000..12_000).contains(&(long - short)), "{short} {long}");
     // About one weight read of llama-3.1-8b (15 GB at 3.35 TB/s: 4.5 ms) plus the host.
-    let one = on.first_token_delay_us(1);
+    let one = on.first_token_delay_us(1, 0);
     assert!((4_900..5_100).contains(&one), "{one}");
+    // Unloaded, the next step reads the request's own prompt.
     let parts = on.unloaded_ttft(600, 2048);
-    assert_eq!(parts.first_token_us, on.first_token_delay_us(1));
+    assert_eq!(parts.first_token_us, on.first_token_delay_us(1, 600));
 }
 
 #[test]
@@ -309,13 +317,13 @@ fn peer_latency_can_skip_the_base_peers_and_the_first_token_step() {
     let tp4_without = model(&no_peer, 4).step_us(&decodes);
     assert!(tp4.abs_diff(tp4_without + 5 * 2 * layers * 2) <= 1, "{tp4}");
     // The first token's step: all of it at share 1, none at share 0; engine steps unchanged.
-    let full = model(&coefficients, 4).first_token_delay_us(8);
+    let full = model(&coefficients, 4).first_token_delay_us(8, 8 * 500);
     coefficients.values[idx::FIRST_TOKEN_PEER_SHARE] = 0.0;
     let shared = model(&coefficients, 4);
     assert_eq!(shared.step_us(&decodes), tp4);
     assert_eq!(
-        shared.first_token_delay_us(8),
-        model(&no_peer, 4).first_token_delay_us(8)
+        shared.first_token_delay_us(8, 8 * 500),
+        model(&no_peer, 4).first_token_delay_us(8, 8 * 500)
     );
-    assert!(full.abs_diff(shared.first_token_delay_us(8) + 5 * 2 * layers * 2) <= 1);
+    assert!(full.abs_diff(shared.first_token_delay_us(8, 8 * 500) + 5 * 2 * layers * 2) <= 1);
 }
