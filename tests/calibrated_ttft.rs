@@ -77,6 +77,48 @@ fn the_first_tokens_step_reads_the_whole_batchs_kv() {
 }
 
 #[test]
+fn a_first_token_made_beside_a_decode_window_counts_the_windows_kv() {
+    // Goal: a request whose first token is made in a lazy decode window's step (its prefill
+    // beside the window's members) is delayed by the same decode step, members' KV included,
+    // as the reference stepper prices it from the whole batch (docs/fidelity.md, "Unloaded
+    // TTFT, part by part"). Method: two long decoders, then a newcomer arriving while they
+    // decode in a window; the fast engine against the reference stepper, and the window
+    // must have run a mixed step.
+    let coefficients = catalog::calibrated_coefficients().unwrap();
+    let arch = catalog::model("llama-2-7b-hf").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    let run = |reference: bool| {
+        let model = CalibratedModel::new(&arch, &gpu, 1, &coefficients).unwrap();
+        let mut config = EngineConfig::vllm_defaults(10_000, 8192);
+        config.kv_sample_interval_us = 0;
+        let mut engine = Engine::new(config, LatencyModel::Calibrated(model)).unwrap();
+        engine.set_reference_stepper(reference);
+        let requests = [
+            RequestSpec::synthetic(0, 0, 1_500, 600),
+            RequestSpec::synthetic(1, 0, 1_200, 600),
+            RequestSpec::synthetic(2, 400_000, 300, 8),
+        ];
+        engine.run(requests, 10_000_000).unwrap();
+        engine
+    };
+    let (fast, reference) = (run(false), run(true));
+    assert!(
+        fast.mixed_lazy_steps() > 0,
+        "no first token beside a window"
+    );
+    let ttft = |engine: &Engine| {
+        let records = &engine.metrics().records;
+        records
+            .iter()
+            .find(|r| r.id == RequestId(2))
+            .unwrap()
+            .ttft_us()
+    };
+    assert_eq!(ttft(&fast), ttft(&reference));
+    assert_eq!(fast.metrics().records, reference.metrics().records);
+}
+
+#[test]
 fn the_first_token_waits_one_decode_step_of_the_model_at_hand() {
     // Goal: the part of an unloaded TTFT that grows with the model is that model's decode
     // step (docs/fidelity.md, "Unloaded TTFT, part by part"): the front end is the same for

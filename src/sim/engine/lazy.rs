@@ -272,7 +272,7 @@ impl Engine {
         } else {
             self.shape_in_flight();
             self.latency
-                .step_with_decodes_us(&self.scratch_shape, members, context)
+                .step_with_decodes_us(&self.step_shape, members, context)
         };
         let duration = step
             .expect("windows open only for models pricing decodes from (count, context)")
@@ -350,6 +350,10 @@ impl Engine {
         // The explicit requests' chunks: tokens emitted, members joining.
         let entries = std::mem::take(&mut self.in_flight);
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
+        debug_assert!(
+            entries.is_empty() || self.step_shape.len() == entries.len(),
+            "the explicit entries' shape"
+        );
         // The step's sequences: every member (finished ones included) plus the explicit.
         let batch = window.members + entries.len() as u64;
         // The first-token delay, priced once the step has a first token (`first_token_delay`),
@@ -370,7 +374,7 @@ impl Engine {
                 still_explicit += 1;
                 continue; // a prefill chunk that emits nothing
             }
-            let shape = &self.scratch_shape;
+            let shape = &self.step_shape;
             let context = || members_kv + kv_after(shape);
             let delay_us =
                 first_token_delay(&self.latency, &mut first_delay_us, batch, context, state);

@@ -153,11 +153,7 @@ impl Engine {
         let mut run_gap = u64::MAX;
         let mut run_count = 0u64;
         let in_flight = std::mem::take(&mut self.in_flight);
-        debug_assert_eq!(
-            self.scratch_shape.len(),
-            in_flight.len(),
-            "the step's shape"
-        );
+        debug_assert_eq!(self.step_shape.len(), in_flight.len(), "the step's shape");
         // The first-token delay, priced once the step has a first token (`first_token_delay`).
         let batch = in_flight.len() as u64;
         let mut first_delay_us = None;
@@ -179,7 +175,7 @@ impl Engine {
             if state.num_computed < state.num_tokens() {
                 continue; // a prefill chunk that emits nothing
             }
-            let shape = &self.scratch_shape;
+            let shape = &self.step_shape;
             let context = || kv_after(shape);
             let delay_us =
                 first_token_delay(&self.latency, &mut first_delay_us, batch, context, state);
@@ -297,7 +293,7 @@ pub(super) fn first_token_delay(
 pub(super) fn kv_after(shape: &[BatchEntry]) -> u64 {
     shape
         .iter()
-        .map(|entry| u64::from(entry.context_tokens + entry.new_tokens))
+        .map(|entry| u64::from(entry.context_tokens) + u64::from(entry.new_tokens))
         .sum()
 }
 

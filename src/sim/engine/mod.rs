@@ -97,7 +97,11 @@ pub struct Engine {
     kv: KvCache,
     step_pending: bool,
     in_flight: Vec<InFlight>,
-    scratch_shape: Vec<BatchEntry>,
+    /// The step in flight described for pricing, one entry per `in_flight` entry in order
+    /// (`shape_in_flight`); read again when the step ends (the first-token delay prices the
+    /// next decode step from its KV). Inside an open lazy window it describes only the
+    /// window's explicit requests; the window closing reshapes it whole.
+    step_shape: Vec<BatchEntry>,
     metrics: Metrics,
     counts: Counts,
     events_processed: u64,
@@ -139,7 +143,7 @@ impl Engine {
             kv,
             step_pending: false,
             in_flight: Vec::new(),
-            scratch_shape: Vec::new(),
+            step_shape: Vec::new(),
             metrics: Metrics::default(),
             counts: Counts::default(),
             events_processed: 0,
@@ -285,7 +289,7 @@ impl Engine {
             + (self.running.capacity() + self.free_slots.capacity()) * 4
             + self.waiting.len() * 32
             + self.in_flight.capacity() * std::mem::size_of::<InFlight>()
-            + self.scratch_shape.capacity() * std::mem::size_of::<BatchEntry>()
+            + self.step_shape.capacity() * std::mem::size_of::<BatchEntry>()
             + self.metrics.records.capacity() * std::mem::size_of::<crate::sim::RequestRecord>()
             + self.metrics.samples.memory_bytes()
             + self.metrics.token_gap_counts.capacity() * 17

@@ -34,7 +34,7 @@ impl Engine {
             return None;
         }
         self.shape_in_flight();
-        let step = self.latency.step_us(&self.scratch_shape);
+        let step = self.latency.step_us(&self.step_shape);
         Some(step.saturating_add(self.host_us(cpu_loads)))
     }
 
@@ -46,16 +46,16 @@ impl Engine {
         waiting.saturating_add(cpu_loads.saturating_mul(self.config.cpu_block_load_us))
     }
 
-    /// Describes the entries of `in_flight`, in order, into `scratch_shape` for pricing.
+    /// Describes the entries of `in_flight`, in order, into `step_shape` for pricing.
     pub(super) fn shape_in_flight(&mut self) {
-        self.scratch_shape.clear();
+        self.step_shape.clear();
         for index in 0..self.in_flight.len() {
             let entry = self.in_flight[index];
             let state = self.state(entry.slot);
             let context_tokens = state.num_computed;
             let prompt_tokens = state.num_tokens();
             let is_prefill = !state.is_decoding();
-            self.scratch_shape.push(BatchEntry {
+            self.step_shape.push(BatchEntry {
                 context_tokens,
                 new_tokens: entry.new_tokens,
                 prompt_tokens,

@@ -273,12 +273,18 @@ impl DecodeSteps {
         if self.decodes == 0 {
             return 1;
         }
-        // A decode's query meets its context plus itself: 1·(2·ctx + 1).
-        let attn_pairs_x2 = 2 * context + self.decodes;
-        let kv_tokens = context + self.decodes;
+        let (attn_pairs_x2, kv_tokens) = decode_terms(self.decodes, context);
         self.context
             .step_us(self.batch_part_us, attn_pairs_x2, kv_tokens)
     }
+}
+
+/// The attention and KV sums of `decodes` decodes holding `context` tokens in total:
+/// (2·Σ attention pairs, KV tokens read and written). A decode's query meets its context
+/// plus itself, 1·(2·ctx + 1), and it reads its context and writes one token.
+#[inline]
+fn decode_terms(decodes: u64, context: u64) -> (u64, u64) {
+    (2 * context + decodes, context + decodes)
 }
 
 impl CalibratedModel {
@@ -400,9 +406,9 @@ impl CalibratedModel {
         let mut shape = Self::shape(batch);
         shape.sequences += decodes;
         shape.tokens += decodes;
-        // A decode's query meets its context plus itself: 1·(2·ctx + 1).
-        shape.attn_pairs_x2 += 2 * context + decodes;
-        shape.kv_tokens += context + decodes;
+        let (attn_pairs_x2, kv_tokens) = decode_terms(decodes, context);
+        shape.attn_pairs_x2 += attn_pairs_x2;
+        shape.kv_tokens += kv_tokens;
         if shape.sequences == 0 {
             return 1;
         }
@@ -528,11 +534,12 @@ impl CalibratedModel {
     /// its context and writes one token): the step after a first token, which the client
     /// waits for before it sees that token (see the module doc).
     fn decode_step_us(&self, batch: u64, context: u64) -> u64 {
+        let (attn_pairs_x2, kv_tokens) = decode_terms(batch, context);
         let shape = Shape {
             sequences: batch,
             tokens: batch,
-            attn_pairs_x2: 2 * context + batch,
-            kv_tokens: context + batch,
+            attn_pairs_x2,
+            kv_tokens,
         };
         self.price_with_peer_us(shape, self.first_token_peer_us)
     }

@@ -204,7 +204,7 @@ fn first_token_waits_one_decode_step_of_the_batch() {
             );
         }
     }
-    // The KV reads count: 64 sequences of 4,000 tokens hold 32 GiB of llama-3.1-8b's KV
+    // The KV reads count: 64 sequences of 4,000 tokens hold 31 GiB of llama-3.1-8b's KV
     // (128 KiB a token), ~10 ms at 3.35 TB/s, on top of the weights.
     let short = on.first_token_delay_us(64, 0);
     let long = on.first_token_delay_us(64, 64 * 4000);
