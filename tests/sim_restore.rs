@@ -4,7 +4,7 @@
 
 use ditto::catalog;
 use ditto::sim::engine::{RestoreState, RestoredRequest};
-use ditto::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
+use ditto::sim::latency::{BatchEntry, BlackboxCoefficients, LatencyKind, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, Outcome, RequestSpec, SimError};
 
 fn model() -> LatencyModel {
@@ -362,4 +362,49 @@ fn final_lengths_are_checked_like_restored_ones() {
         Err(SimError::InvalidState { .. })
     ));
     fresh().set_final_lengths(&[(30, 30), (10, 10)]).unwrap();
+}
+
+#[test]
+fn a_request_that_times_out_mid_step_is_out_of_that_steps_first_token_delay() {
+    // Goal: a restored copy continues exactly even when the step in flight lost a request to
+    // its deadline before the observation: the original must not count the dead request in
+    // that step's first-token delay (batch and KV) when the restored copy, which never sees
+    // it, cannot. Method: the calibrated default; A and B prefill in one step, A's deadline
+    // falls inside it, the cut after A's timeout and before the step ends; B's first token
+    // (made by that step) must reach the client at the same time in both.
+    let arch = catalog::model("llama-3.1-8b-instruct").unwrap();
+    let gpu = catalog::gpu("H100").unwrap();
+    let model = catalog::latency_model(LatencyKind::Calibrated, &arch, &gpu, 1).unwrap();
+    let mut config = EngineConfig::vllm_defaults(50_000, 8_192);
+    config.kv_sample_interval_us = 0;
+    let enqueue = model.queueing_us(1_000);
+    let entry = BatchEntry {
+        context_tokens: 0,
+        new_tokens: 1_000,
+        prompt_tokens: 1_000,
+        is_prefill: true,
+    };
+    let step = model.step_us(&[entry; 2]);
+    let deadline = enqueue + step / 2;
+    let mut doomed = RequestSpec::synthetic(1, 0, 1_000, 50);
+    doomed.deadline_us = Some(deadline);
+    let specs = [doomed, RequestSpec::synthetic(2, 0, 1_000, 20)];
+    let mut original = Engine::new(config.clone(), model.clone()).unwrap();
+    for spec in specs {
+        original.submit(spec).unwrap();
+    }
+    original.run_until(deadline + 1);
+    let observed = original.observe();
+    assert_eq!(observed.running.len(), 1, "A timed out, B is mid-prefill");
+    assert_eq!(observed.step_end_us, Some(enqueue + step));
+    let mut restored = Engine::restore(config, model, observed).unwrap();
+    original.run(Vec::new(), u64::MAX).unwrap();
+    restored.run(Vec::new(), u64::MAX).unwrap();
+    let first_token = |engine: &Engine| {
+        let record = engine.metrics().records.iter().find(|r| r.id.0 == 2);
+        record.unwrap().first_token_us
+    };
+    assert_eq!(first_token(&original), first_token(&restored));
+    let timed_out = original.metrics().records.iter().find(|r| r.id.0 == 1);
+    assert_eq!(timed_out.unwrap().outcome, Outcome::TimedOut);
 }

@@ -63,6 +63,7 @@ impl Engine {
             }
             Phase::Running => {
                 self.running.retain(|&s| s != slot);
+                self.leave_step_in_flight(slot, serial);
                 let state = self.slots[slot as usize]
                     .as_mut()
                     .expect("live_mut found this slot");
@@ -75,6 +76,25 @@ impl Engine {
         self.counts.queued -= 1;
         self.counts.timed_out += 1;
         self.retire(slot, Outcome::TimedOut);
+    }
+
+    /// Takes the request in `slot` out of the step in flight, if it is in it: the work that
+    /// step does for it is already priced, but the batch it leaves behind (the first-token
+    /// delay's sequences and KV) no longer holds it, as an observation taken now would not
+    /// (`Engine::observe` lists running requests only). Called only outside a lazy window
+    /// (a timeout closes the window first), where `step_shape` runs beside `in_flight`.
+    /// Out of line: timeouts are rare, and inlined it grows the event loop's hot code.
+    #[inline(never)]
+    fn leave_step_in_flight(&mut self, slot: u32, serial: u64) {
+        let found = self
+            .in_flight
+            .iter()
+            .position(|entry| entry.slot == slot && entry.serial == serial);
+        if let Some(index) = found {
+            self.in_flight.remove(index);
+            debug_assert_eq!(self.step_shape.len(), self.in_flight.len() + 1);
+            self.step_shape.remove(index);
+        }
     }
 
     /// Ends the step in flight at `now`, then forms and schedules the next one.
@@ -164,7 +184,9 @@ impl Engine {
                 .and_then(Option::as_mut)
                 .filter(|state| state.serial == entry.serial)
             else {
-                continue; // timed out while the step ran
+                // A request that times out leaves the step (`leave_step_in_flight`).
+                debug_assert!(false, "an in-flight entry outlived its request");
+                continue;
             };
             debug_assert_eq!(state.phase, Phase::Running, "in-flight request not running");
             state.num_computed += entry.new_tokens;
