@@ -55,7 +55,11 @@ pub struct Validated {
     pub gpu: String,
     /// TP simulated.
     pub tp: u32,
-    /// GPU blocks simulated.
+    /// Data-parallel replicas simulated (each `tp` GPUs with `num_gpu_blocks`).
+    pub dp: u32,
+    /// Bytes per weight simulated (2 for a 16-bit model, 1 for FP8).
+    pub weight_bytes_per_param: f64,
+    /// GPU blocks simulated (per replica).
     pub num_gpu_blocks: u32,
     /// Uniform output length simulated, if any.
     pub output_len: Option<u32>,
@@ -137,6 +141,8 @@ pub fn validate_run(
         score: score::score(run, &replayed),
         gpu: gpu.name.clone(),
         tp: run.tp,
+        dp: run.dp,
+        weight_bytes_per_param: run.arch.effective_weight_bytes_per_param(),
         num_gpu_blocks: replayed.num_gpu_blocks,
         output_len: replayed.output_len,
     })
@@ -241,6 +247,8 @@ pub fn report_json(latency_model: &str, validated: &[Validated]) -> Value {
                 "name": v.score.name,
                 "gpu": v.gpu,
                 "tp": v.tp,
+                "dp": v.dp,
+                "weight_bytes_per_param": v.weight_bytes_per_param,
                 "num_gpu_blocks": v.num_gpu_blocks,
                 "output_len_simulated": v.output_len,
                 "unfinished_requests": v.score.unfinished,

@@ -11,8 +11,10 @@
 //!   inference-perf workload: shared-prefix shape, configured `output_len`, `ignore_eos`,
 //!   rate stages;
 //! - `workload_*.json`: the workload of a summary-only run (no replay files);
-//! - `s2r_error_records.csv`: the run's hardware, `gpu_mem_util`, summary actuals per stage,
-//!   and the published simulators' predictions and errors;
+//! - `s2r_error_records.csv`: the run's hardware, `gpu_mem_util`, TP and
+//!   `max_num_batched_tokens` (when `exp-config.yaml` does not say), `dp` (data-parallel
+//!   replicas), the weights' `precision`, summary actuals per stage, and the published
+//!   simulators' predictions and errors;
 //! - `metrics_before.txt`, `metrics_after.txt`, `scrape.yaml`: a run known only from vLLM's
 //!   own `/metrics` ([`super::scraped`]).
 //!
@@ -143,6 +145,14 @@ pub struct MeasuredRun {
     pub gpu: Option<String>,
     /// Tensor parallelism.
     pub tp: u32,
+    /// Data-parallel replicas the load was spread over, each a server of `tp` GPUs with the
+    /// limits and blocks below (`dp` in `s2r_error_records.csv`; 1 when not recorded). The
+    /// replay simulates that many ([`super::replay`]).
+    pub dp: u32,
+    /// The weights' precision the server ran, as recorded (`precision`: `FP16`, `FP8`). A
+    /// recorded FP8 sets 1-byte weights when the model's config declares no quantization
+    /// (vLLM's `--quantization fp8` on a 16-bit checkpoint).
+    pub precision: Option<String>,
     /// vLLM `max_num_seqs`.
     pub max_num_seqs: u32,
     /// vLLM `max_num_batched_tokens`.
@@ -218,8 +228,12 @@ impl MeasuredRun {
             arch,
             gpu: s2r.hardware.clone(),
             tp: u32_at(&exp, "tensor_parallelism").unwrap_or(1),
+            dp: 1,
+            precision: s2r.precision.clone(),
             max_num_seqs: u32_at(&exp, "max_num_seqs").unwrap_or(256),
-            max_num_batched_tokens: u32_at(&exp, "max_num_batched_tokens").unwrap_or(2048),
+            max_num_batched_tokens: u32_at(&exp, "max_num_batched_tokens")
+                .or(s2r.max_num_batched_tokens)
+                .unwrap_or(2048),
             max_model_len: u32_at(&exp, "max_model_len"),
             block_size: 16,
             num_gpu_blocks: None,
@@ -240,6 +254,13 @@ impl MeasuredRun {
         };
         if let Some(tp) = s2r.tp.filter(|_| exp.is_null()) {
             run.tp = tp;
+        }
+        run.dp = s2r
+            .dp
+            .or_else(|| dp_from_name(&run.name, run.tp))
+            .unwrap_or(1);
+        if let Some(precision) = &run.precision {
+            apply_precision(&mut run.arch, precision)?;
         }
         if let Some((file, profile)) = &profile {
             apply_profile(&mut run, file, profile)?;
@@ -311,6 +332,40 @@ fn missing_file(file: &str, reason: &str) -> FidelityError {
     FidelityError::BadFile {
         file: file.into(),
         reason: format!("missing: {reason}"),
+    }
+}
+
+/// The data-parallel degree a run's directory name records, when it keeps the dataset's
+/// `<id>-<model>-tp<T>-<workload>-<T>-<D>` form (the pipeline's TP-DP suffix, e.g.
+/// `35-llama-2-7b-hf-tp1-general-1-2`): `D`, when the name's `tp<T>` and the suffix's `T`
+/// both equal the run's TP; else `None`.
+fn dp_from_name(name: &str, tp: u32) -> Option<u32> {
+    let mut parts = name.rsplit('-');
+    let dp: u32 = parts.next()?.parse().ok()?;
+    let suffix_tp: u32 = parts.next()?.parse().ok()?;
+    let tp_tag = format!("tp{tp}");
+    let named_tp = name.split('-').any(|part| part == tp_tag);
+    (suffix_tp == tp && named_tp && dp >= 1).then_some(dp)
+}
+
+/// Applies a recorded weight precision to `arch`. `FP16`/`BF16` (the checkpoints' own
+/// width) change nothing; `FP8` sets 1-byte weights unless the model's config already
+/// declares a quantization (an FP8 checkpoint says so itself). On a GPU with FP8 tensor
+/// cores the GEMMs then run at the FP8 peak (W8A8); on one without (A100) at the 16-bit
+/// peak with the weights read at one byte (vLLM's weight-only FP8 there).
+fn apply_precision(arch: &mut ModelArch, precision: &str) -> Result<(), FidelityError> {
+    match precision.trim().to_ascii_uppercase().as_str() {
+        "FP16" | "BF16" | "BFLOAT16" | "FLOAT16" | "AUTO" => Ok(()),
+        "FP8" => {
+            if arch.weight_bytes_per_param == 0.0 {
+                arch.weight_bytes_per_param = 1.0;
+            }
+            Ok(())
+        }
+        other => Err(bad(
+            "s2r_error_records.csv",
+            format!("precision `{other}`: expected FP16, BF16 or FP8"),
+        )),
     }
 }
 
@@ -527,4 +582,29 @@ fn parse_ground_truth(text: &str) -> Result<Truth, FidelityError> {
         }
     }
     Ok(truth)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dp_from_name;
+
+    #[test]
+    fn the_tp_dp_suffix_of_a_run_name_gives_its_data_parallel_degree() {
+        assert_eq!(dp_from_name("35-llama-2-7b-hf-tp1-general-1-2", 1), Some(2));
+        assert_eq!(
+            dp_from_name("34-llama-4-scout-17b-16e-tp2-general-2-4", 2),
+            Some(4)
+        );
+        assert_eq!(
+            dp_from_name("38-llama-3-1-8b-tp1-general-lite-1-1", 1),
+            Some(1)
+        );
+        // The older forms (no suffix, or TP only) and our own names record none.
+        assert_eq!(dp_from_name("13-qwen3-14b-tp1-general-1", 1), None);
+        assert_eq!(dp_from_name("9-mixtral-8x7b-tp2-general", 2), None);
+        assert_eq!(dp_from_name("a100-llama3.1-8b-tp1-general-lite", 1), None);
+        // A suffix whose TP is not the run's is not read as TP-DP.
+        assert_eq!(dp_from_name("35-llama-2-7b-hf-tp1-general-1-2", 2), None);
+        assert_eq!(dp_from_name("35-llama-2-7b-hf-general-1-2", 1), None);
+    }
 }

@@ -27,6 +27,10 @@
 //! prompts stay at system + question + template in every round), and it generates the
 //! configured output length under `ignore_eos` (else the drawn request's recount).
 //!
+//! A data-parallel server (`dp` > 1 in the run's records: one vLLM server of `dp` ranks of
+//! `tp` GPUs, its own load balancer spreading the requests) is replayed as `dp` replicas of
+//! the measured server in a [`Cluster`] (see `replicas`).
+//!
 //! Summary-only runs (no replay files) get seeded Poisson arrivals per stage, prompts of
 //! system + question + [`TEMPLATE_TOKENS`] ± 16 tokens, and the configured output length;
 //! runs known from `/metrics` histograms draw prompt and output lengths from the histograms
@@ -35,6 +39,10 @@
 use rand_core::Rng;
 
 use crate::catalog;
+use crate::cluster::config::{
+    AdmissionPolicy, InstanceConfig, InstanceRole, RoutingPolicy, StalenessConfig,
+};
+use crate::cluster::{Cluster, ClusterConfig};
 use crate::sim::latency::{GpuSpec, LatencyModel};
 use crate::sim::metrics::Outcome;
 use crate::sim::rng::RngStreams;
@@ -199,11 +207,16 @@ pub fn replay(
     }
     let arrivals: Vec<u64> = requests.iter().map(|r| r.arrival_us).collect();
     let generated: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
-    let mut engine = Engine::new(config.clone(), latency)?;
-    engine.run(requests, REPLAY_EVENTS_MAX)?;
+    let engines = if run.dp > 1 {
+        replicas(run, config, latency, options.seed, requests)?
+    } else {
+        let mut engine = Engine::new(config.clone(), latency)?;
+        engine.run(requests, REPLAY_EVENTS_MAX)?;
+        vec![engine]
+    };
     let mut by_id: Vec<Option<(f64, f64)>> = vec![None; arrivals.len()];
     let mut timed_out = 0;
-    for record in &engine.metrics().records {
+    for record in engines.iter().flat_map(|engine| &engine.metrics().records) {
         if record.outcome == Outcome::TimedOut {
             timed_out += 1;
         }
@@ -241,6 +254,46 @@ pub fn replay(
     }
     Ok(replayed)
 }
+
+/// A data-parallel run (`run.dp` > 1): `dp` replicas of the measured server, each with
+/// its limits and blocks, behind a stand-in for vLLM's data-parallel load balancer (which
+/// sends a request to the rank with the lowest waiting × 4 + running, from counts the ranks
+/// report every 100 ms plus what it sent since): [`RoutingPolicy::LeastLoaded`], the
+/// replicas' waiting + running as last reported (every [`DP_STATS_INTERVAL_US`]) plus the
+/// requests sent there and not finished, ties at random (seeded). Returns the replicas once
+/// every request has finished.
+fn replicas(
+    run: &MeasuredRun,
+    config: &EngineConfig,
+    latency: LatencyModel,
+    seed: u64,
+    requests: Vec<RequestSpec>,
+) -> Result<Vec<Engine>, FidelityError> {
+    let instance = |index: u32| InstanceConfig {
+        id: format!("dp{index}"),
+        model: run.arch.name.clone(),
+        model_config_json: None,
+        gpu: run.gpu.clone().unwrap_or_default(),
+        tp: run.tp,
+        role: InstanceRole::Both,
+        engine: config.clone(),
+        latency: latency.clone(),
+        cost_per_hour: 0.0,
+    };
+    let cluster_config = ClusterConfig {
+        instances: (0..run.dp).map(instance).collect(),
+        routing: RoutingPolicy::LeastLoaded,
+        admission: AdmissionPolicy::Always,
+        staleness: StalenessConfig::uniform(DP_STATS_INTERVAL_US),
+    };
+    let mut cluster = Cluster::new(cluster_config, seed)?;
+    cluster.run(requests, REPLAY_EVENTS_MAX)?;
+    Ok(cluster.engines().to_vec())
+}
+
+/// How often vLLM's data-parallel replicas report their queue and running counts to the
+/// load balancer (its coordinator publishes them every 100 ms).
+pub const DP_STATS_INTERVAL_US: u64 = 100_000;
 
 /// The uniform output length to simulate, or `None` for the per-request recount.
 fn simulated_output_len(

@@ -1,6 +1,7 @@
 //! `s2r_error_records.csv`, the published error records of a measured run: its hardware,
-//! `gpu_mem_util` and TP, the measured summary per stage, and the published simulators'
-//! predictions and errors. Text in, no I/O; errors name the file and the line.
+//! `gpu_mem_util`, TP, `max_num_batched_tokens`, `dp` and `precision` (how the server was
+//! deployed), the measured summary per stage, and the published simulators' predictions and
+//! errors. Text in, no I/O; errors name the file and the line.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,13 @@ pub(super) struct S2r {
     pub(super) gpu_memory_utilization: Option<f64>,
     /// Tensor parallelism.
     pub(super) tp: Option<u32>,
+    /// `dp`: data-parallel replicas (each of `tp` GPUs) the load was spread over; empty means
+    /// one, as the dataset's own tooling reads it.
+    pub(super) dp: Option<u32>,
+    /// `precision`: the weights' precision the server ran (`FP16`, `FP8`).
+    pub(super) precision: Option<String>,
+    /// `max_num_batched_tokens`.
+    pub(super) max_num_batched_tokens: Option<u32>,
     /// Measured value by (stage, metric).
     pub(super) actuals: BTreeMap<(i32, String), f64>,
     /// The published simulators' predictions.
@@ -84,6 +92,30 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 .and_then(number)
                 .map(|v| v as u32)
                 .filter(|&t| t > 0);
+        }
+        if s2r.dp.is_none() {
+            s2r.dp = column("dp")
+                .map(cell)
+                .filter(|d| !d.is_empty())
+                .map_or(Ok(None), |d| match d.parse::<f64>() {
+                    Ok(v) if v >= 1.0 && v.fract() == 0.0 && v <= 1024.0 => Ok(Some(v as u32)),
+                    _ => Err(bad(
+                        FILE,
+                        format!("line {}: dp `{d}`: expected a whole number >= 1", n + 2),
+                    )),
+                })?;
+        }
+        if s2r.max_num_batched_tokens.is_none() {
+            s2r.max_num_batched_tokens = column("max_num_batched_tokens")
+                .and_then(number)
+                .filter(|&v| v >= 1.0 && v <= f64::from(u32::MAX))
+                .map(|v| v as u32);
+        }
+        if s2r.precision.is_none() {
+            s2r.precision = column("precision")
+                .map(cell)
+                .filter(|p| !p.is_empty())
+                .map(String::from);
         }
     }
     Ok(s2r)

@@ -1,0 +1,157 @@
+//! `ditto validate` honours how the measured server was deployed, as the published error
+//! records say it (`s2r_error_records.csv`, the dataset's own columns): `dp` data-parallel
+//! replicas sharing the load, and the weights' `precision`. Each variant is the A100 dev run
+//! (tests/data/gt) with one column or the load changed, written to a temporary directory;
+//! the predictions, not the scores, are compared.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+mod common;
+
+use common::cli::ditto;
+use serde_json::Value;
+
+const RUN: &str = "a100-llama3.1-8b-tp1-general-lite";
+
+/// A copy of the A100 run in a fresh temporary directory named `tag`, with the CSV's `column`
+/// set to `value` on every record and the workload's rates and request count multiplied by
+/// `load`.
+fn variant(tag: &str, column: Option<(&str, &str)>, load: f64) -> PathBuf {
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/gt")
+        .join(RUN);
+    let dir = std::env::temp_dir()
+        .join(format!("ditto-deploy-{}-{tag}", std::process::id()))
+        .join(RUN);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        source.join("model_config.json"),
+        dir.join("model_config.json"),
+    )
+    .unwrap();
+
+    let csv = std::fs::read_to_string(source.join("s2r_error_records.csv")).unwrap();
+    let mut lines = csv.lines();
+    let header = lines.next().unwrap();
+    let index = column.map(|(name, _)| header.split(',').position(|h| h == name).unwrap());
+    let mut out = format!("{header}\n");
+    for line in lines {
+        let mut cells: Vec<&str> = line.split(',').collect();
+        if let (Some(i), Some((_, value))) = (index, column) {
+            cells[i] = value;
+        }
+        out.push_str(&cells.join(","));
+        out.push('\n');
+    }
+    std::fs::write(dir.join("s2r_error_records.csv"), out).unwrap();
+
+    let name = "workload_general_lite.json";
+    let mut workload: Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join(name)).unwrap()).unwrap();
+    for stage in workload["stages"].as_array_mut().unwrap() {
+        stage["rate"] = (stage["rate"].as_f64().unwrap() * load).into();
+    }
+    workload["num_requests"] = ((workload["num_requests"].as_f64().unwrap() * load) as u64).into();
+    std::fs::write(dir.join(name), workload.to_string()).unwrap();
+    dir
+}
+
+/// `ditto validate --json` of one run directory: the run's report.
+fn validate(dir: &Path) -> Value {
+    let out = ditto(&["validate", "--json", dir.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["runs"][0].clone()
+}
+
+/// The whole run's predicted `metric` (ms).
+fn predicted(run: &Value, metric: &str) -> f64 {
+    run["stages"][0]["predicted_ms"][metric].as_f64().unwrap()
+}
+
+fn cleanup(dir: &Path) {
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir_all(parent);
+    }
+}
+
+#[test]
+fn data_parallel_replicas_share_the_load() {
+    let one = variant("dp1", None, 1.0);
+    let doubled = variant("dp1-x2", None, 2.0);
+    let two = variant("dp2-x2", Some(("dp", "2")), 2.0);
+    let (one_run, doubled_run, two_run) = (validate(&one), validate(&doubled), validate(&two));
+    assert_eq!(one_run["dp"], 1, "an empty dp is one replica");
+    assert_eq!(two_run["dp"], 2);
+
+    // Twice the load on one replica runs bigger batches: a slower token.
+    let tpot = |run: &Value| predicted(run, "tpot_mean");
+    assert!(
+        tpot(&doubled_run) > tpot(&one_run) * 1.10,
+        "one replica at twice the load: TPOT {} vs {}",
+        tpot(&doubled_run),
+        tpot(&one_run)
+    );
+    // Two replicas at twice the load each see about the original load.
+    for metric in ["tpot_mean", "e2e_mean", "ttft_mean"] {
+        let (a, b) = (predicted(&two_run, metric), predicted(&one_run, metric));
+        assert!(
+            (a / b - 1.0).abs() < 0.04,
+            "{metric}: two replicas at twice the load {a} vs one at the original {b}"
+        );
+    }
+    for dir in [one, doubled, two] {
+        cleanup(&dir);
+    }
+}
+
+#[test]
+fn fp8_precision_reads_one_byte_weights() {
+    let fp16 = variant("fp16", None, 1.0);
+    let fp8 = variant("fp8", Some(("precision", "FP8")), 1.0);
+    let (fp16_run, fp8_run) = (validate(&fp16), validate(&fp8));
+    assert_eq!(fp16_run["weight_bytes_per_param"], 2.0);
+    assert_eq!(fp8_run["weight_bytes_per_param"], 1.0);
+    // Half the weights' memory goes to the KV cache: ~8 GB of Llama-3.1-8B, 2 MiB a block.
+    let blocks = |run: &Value| run["num_gpu_blocks"].as_f64().unwrap();
+    let extra = blocks(&fp8_run) - blocks(&fp16_run);
+    assert!(
+        (3_500.0..4_300.0).contains(&extra),
+        "FP8 weights free {extra} blocks"
+    );
+    // A decode step streams the weights: half the bytes, a faster token (A100 has no FP8
+    // tensor cores, so the prefill's FLOPs stay at the 16-bit peak).
+    let tpot = |run: &Value| predicted(run, "tpot_mean");
+    assert!(
+        tpot(&fp8_run) < tpot(&fp16_run) * 0.85,
+        "FP8 TPOT {} vs FP16 {}",
+        tpot(&fp8_run),
+        tpot(&fp16_run)
+    );
+    for dir in [fp16, fp8] {
+        cleanup(&dir);
+    }
+}
+
+#[test]
+fn bad_deployment_columns_exit_2_naming_the_column() {
+    for (tag, column, value) in [
+        ("bad-dp", "dp", "two"),
+        ("zero-dp", "dp", "0"),
+        ("bad-precision", "precision", "FP4"),
+    ] {
+        let dir = variant(tag, Some((column, value)), 1.0);
+        let out = ditto(&["validate", dir.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{tag}: {stderr}");
+        assert!(stderr.contains(column), "{tag}: {stderr}");
+        assert!(stderr.contains(value), "{tag}: {stderr}");
+        cleanup(&dir);
+    }
+}
