@@ -75,6 +75,10 @@ pub(crate) static ADDED_GPUS_JSON: &str = include_str!("../../data/hardware_conf
 /// Per-GPU interconnect bandwidth for tensor-parallel all-reduces (ditto's, with sources).
 pub(crate) static INTERCONNECT_JSON: &str = include_str!("../../data/gpu_interconnect.json");
 
+/// Per-GPU decode attention kernel and the relative cost of its KV reads (ditto's, with
+/// sources).
+pub(crate) static ATTENTION_JSON: &str = include_str!("../../data/gpu_attention.json");
+
 /// BLIS's per (model, GPU, TP, vLLM version) blackbox alpha/beta coefficients.
 pub(crate) static BLACKBOX_YAML: &str =
     include_str!("../../data/coefficients/blis-blackbox-alpha-beta.yaml");

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::CatalogError;
-use super::embedded::{ADDED_GPUS_JSON, BLIS_GPUS_JSON, INTERCONNECT_JSON};
+use super::embedded::{ADDED_GPUS_JSON, ATTENTION_JSON, BLIS_GPUS_JSON, INTERCONNECT_JSON};
 use crate::sim::latency::GpuSpec;
 
 /// Extra spellings accepted for a GPU name (lowercase alias, canonical name).
@@ -49,12 +49,56 @@ struct RawInterconnect {
 }
 
 /// Parses both embedded files into one table sorted by name (a name in both is an error),
-/// with each GPU's interconnect bandwidth from `gpu_interconnect.json` (a GPU without an
-/// entry there is an error too).
+/// with each GPU's interconnect bandwidth from `gpu_interconnect.json` and its attention
+/// kernel's KV-read factor from `gpu_attention.json` (a GPU without an entry in either is an
+/// error too).
 pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
     let mut table = parse_tables()?;
     add_interconnect(&mut table, "gpu_interconnect.json", INTERCONNECT_JSON)?;
+    add_attention(&mut table, "gpu_attention.json", ATTENTION_JSON)?;
     Ok(table)
+}
+
+/// One entry of `gpu_attention.json`.
+#[derive(Deserialize)]
+struct RawAttention {
+    /// Cost of the decode attention kernel's KV reads relative to FlashAttention 3 on Hopper.
+    #[serde(rename = "KvReadFactor")]
+    kv_read_factor: f64,
+}
+
+/// Sets every GPU's `kv_read_factor` from `json` (name -> `{"KvReadFactor": ..}`; keys
+/// starting with `_` are comments).
+fn add_attention(
+    table: &mut [GpuSpec],
+    file: &'static str,
+    json: &str,
+) -> Result<(), CatalogError> {
+    let raw: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
+    let mut factors = BTreeMap::new();
+    for (name, value) in raw {
+        if name.starts_with('_') {
+            continue;
+        }
+        let entry: RawAttention = serde_json::from_value(value)
+            .map_err(|source| CatalogError::GpuJson { file, source })?;
+        factors.insert(name.to_ascii_lowercase(), entry.kv_read_factor);
+    }
+    for gpu in table.iter_mut() {
+        let Some(&factor) = factors.get(&gpu.name.to_ascii_lowercase()) else {
+            return Err(bad(gpu, "KvReadFactor", format!("missing from {file}")));
+        };
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(bad(
+                gpu,
+                "KvReadFactor",
+                format!("must be finite and > 0, got {factor}"),
+            ));
+        }
+        gpu.kv_read_factor = factor;
+    }
+    Ok(())
 }
 
 /// Sets every GPU's `interconnect_gbs` from `json` (name -> `{"InterconnectGBs": ..}`;
@@ -126,6 +170,7 @@ fn parse_file(file: &'static str, json: &str) -> Result<Vec<GpuSpec>, CatalogErr
             mfu_decode: entry.mfu_decode,
             memory_gib: entry.memory_gib,
             interconnect_gbs: 0.0,
+            kv_read_factor: 1.0,
         };
         check(&gpu)?;
         table.push(gpu);
@@ -268,6 +313,40 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("> 0"), "{err}");
+    }
+
+    #[test]
+    fn attention_entries_are_required_and_positive() {
+        let mut table = parse_tables().unwrap();
+        let err = add_attention(&mut table, "t.json", r#"{"H100": {"KvReadFactor": 1}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("KvReadFactor") && err.contains("t.json"),
+            "{err}"
+        );
+        let err = add_attention(
+            &mut table[..1],
+            "t.json",
+            r#"{"A100-80": {"KvReadFactor": -1}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("> 0"), "{err}");
+    }
+
+    #[test]
+    fn flash_attention_2_gpus_read_kv_dearer_than_hopper() {
+        // Ampere and Ada run FlashAttention 2 (data/gpu_attention.json); Hopper the kernel
+        // the coefficients were fitted with.
+        let table = parse_embedded().unwrap();
+        let factor = |name: &str| find(&table, name).unwrap().kv_read_factor;
+        for hopper in ["H100", "H100-PCIe", "H200"] {
+            assert_eq!(factor(hopper), 1.0, "{hopper}");
+        }
+        for fa2 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
+            assert_eq!(factor(fa2), 2.5, "{fa2}");
+        }
     }
 
     #[test]

@@ -97,6 +97,13 @@ pub struct GpuSpec {
     /// (NVLink, or PCIe on GPUs without it; `data/gpu_interconnect.json`). 0: unknown, and
     /// the calibrated model prices no all-reduce bytes.
     pub interconnect_gbs: f64,
+    /// Cost of the decode attention kernel's KV-cache reads relative to the kernel the
+    /// calibrated model's `kv` coefficient was fitted with (vLLM's FlashAttention 3 on
+    /// Hopper: 1). vLLM runs FlashAttention 2 on Ampere and Ada, which reads the KV cache at
+    /// about 0.35 of the HBM peak where the Hopper fit reads it at 0.88: 2.5
+    /// (`data/gpu_attention.json`, derivation in data/PROVENANCE.md). The calibrated model
+    /// multiplies its KV term by it; roofline and physics do not read it.
+    pub kv_read_factor: f64,
 }
 
 impl ModelArch {
@@ -235,6 +242,7 @@ pub(crate) mod tests {
             mfu_decode: 0.30,
             memory_gib: 80.0,
             interconnect_gbs: 450.0,
+            kv_read_factor: 1.0,
         }
     }
 

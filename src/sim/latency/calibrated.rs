@@ -374,7 +374,7 @@ impl CalibratedModel {
             flop_us_per_token: 2.0 * dense_params_per_token / flops_per_us,
             expert_flop_us_per_token: 2.0 * expert_params_per_token / flops_per_us,
             attn_us_per_token_ctx: 4.0 * layers * (heads / tp) * head_dim / flops_per_us,
-            kv_us_per_token: arch.kv_bytes_per_token(tp_u) / bytes_per_us,
+            kv_us_per_token: arch.kv_bytes_per_token(tp_u) * gpu.kv_read_factor / bytes_per_us,
         }
     }
 

@@ -327,3 +327,30 @@ fn peer_latency_can_skip_the_base_peers_and_the_first_token_step() {
     );
     assert!(full.abs_diff(shared.first_token_delay_us(8, 8 * 500) + 5 * 2 * layers * 2) <= 1);
 }
+
+#[test]
+fn the_kv_term_scales_with_the_gpus_attention_kernel() {
+    // A GPU whose attention kernel reads the KV cache 2.5x dearer (FlashAttention 2 on
+    // Ampere) prices a decode step's KV part 2.5x, everything else unchanged.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::KV] = 1.0;
+    let fa2 = GpuSpec {
+        kv_read_factor: 2.5,
+        ..h100()
+    };
+    let hopper = CalibratedModel::new(&llama_8b(), &h100(), 1, &coefficients).unwrap();
+    let ampere_kernel = CalibratedModel::new(&llama_8b(), &fa2, 1, &coefficients).unwrap();
+    let step = |model: &CalibratedModel, context: u32| {
+        let batch: Vec<BatchEntry> = (0..32).map(|_| entry(context, 1, false)).collect();
+        model.step_us(&batch) as f64
+    };
+    // 32 sequences x 2,000 more tokens x 128 KiB = 8.4 GB more KV: 2,504 us at 3.35 TB/s,
+    // beside 34 us of attention FLOPs that the factor leaves alone.
+    let hopper_kv = step(&hopper, 2_000) - step(&hopper, 0);
+    let ampere_kv = step(&ampere_kernel, 2_000) - step(&ampere_kernel, 0);
+    assert!((hopper_kv - 2_538.0).abs() < 3.0, "{hopper_kv}");
+    assert!(
+        (ampere_kv - hopper_kv - 1.5 * 2_504.0).abs() < 3.0,
+        "{ampere_kv}"
+    );
+}
