@@ -14,10 +14,23 @@ use serde_json::Value;
 
 const RUN: &str = "a100-llama3.1-8b-tp1-general-lite";
 
+/// A run directory under a temporary parent, removed when dropped (pass or fail).
+struct Variant {
+    dir: PathBuf,
+}
+
+impl Drop for Variant {
+    fn drop(&mut self) {
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir_all(parent);
+        }
+    }
+}
+
 /// A copy of the A100 run in a fresh temporary directory named `tag`, with the CSV's `column`
 /// set to `value` on every record and the workload's rates and request count multiplied by
 /// `load`.
-fn variant(tag: &str, column: Option<(&str, &str)>, load: f64) -> PathBuf {
+fn variant(tag: &str, column: Option<(&str, &str)>, load: f64) -> Variant {
     let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/gt")
         .join(RUN);
@@ -55,11 +68,12 @@ fn variant(tag: &str, column: Option<(&str, &str)>, load: f64) -> PathBuf {
     }
     workload["num_requests"] = ((workload["num_requests"].as_f64().unwrap() * load) as u64).into();
     std::fs::write(dir.join(name), workload.to_string()).unwrap();
-    dir
+    Variant { dir }
 }
 
 /// `ditto validate --json` of one run directory: the run's report.
-fn validate(dir: &Path) -> Value {
+fn validate(variant: &Variant) -> Value {
+    let dir: &Path = &variant.dir;
     let out = ditto(&["validate", "--json", dir.to_str().unwrap()]);
     assert!(
         out.status.success(),
@@ -75,12 +89,6 @@ fn predicted(run: &Value, metric: &str) -> f64 {
     run["stages"][0]["predicted_ms"][metric].as_f64().unwrap()
 }
 
-fn cleanup(dir: &Path) {
-    if let Some(parent) = dir.parent() {
-        let _ = std::fs::remove_dir_all(parent);
-    }
-}
-
 #[test]
 fn data_parallel_replicas_share_the_load() {
     let one = variant("dp1", None, 1.0);
@@ -89,6 +97,22 @@ fn data_parallel_replicas_share_the_load() {
     let (one_run, doubled_run, two_run) = (validate(&one), validate(&doubled), validate(&two));
     assert_eq!(one_run["dp"], 1, "an empty dp is one replica");
     assert_eq!(two_run["dp"], 2);
+    // With the dp cells empty, the dataset's folder name gives the degree.
+    let named = variant(
+        "named",
+        Some(("experiment_folder", "38-llama-3-1-8b-tp1-general-lite-1-2")),
+        2.0,
+    );
+    let named_run = validate(&named);
+    assert_eq!(named_run["dp"], 2);
+    assert_eq!(named_run["stages"][0], two_run["stages"][0]);
+    // Every request of the doubled load is replayed and scored: the two replicas' records
+    // are all read.
+    assert_eq!(two_run["unfinished_requests"], 0);
+    assert_eq!(
+        two_run["stages"][0]["count"], doubled_run["stages"][0]["count"],
+        "the same requests, scored"
+    );
 
     // Twice the load on one replica runs bigger batches: a slower token.
     let tpot = |run: &Value| predicted(run, "tpot_mean");
@@ -105,9 +129,6 @@ fn data_parallel_replicas_share_the_load() {
             (a / b - 1.0).abs() < 0.04,
             "{metric}: two replicas at twice the load {a} vs one at the original {b}"
         );
-    }
-    for dir in [one, doubled, two] {
-        cleanup(&dir);
     }
 }
 
@@ -134,24 +155,22 @@ fn fp8_precision_reads_one_byte_weights() {
         tpot(&fp8_run),
         tpot(&fp16_run)
     );
-    for dir in [fp16, fp8] {
-        cleanup(&dir);
-    }
 }
 
 #[test]
 fn bad_deployment_columns_exit_2_naming_the_column() {
     for (tag, column, value) in [
-        ("bad-dp", "dp", "two"),
-        ("zero-dp", "dp", "0"),
-        ("bad-precision", "precision", "FP4"),
+        ("bad", "dp", "two"),
+        ("zero", "dp", "0"),
+        ("huge", "dp", "100000"),
+        ("fp4", "precision", "FP4"),
     ] {
-        let dir = variant(tag, Some((column, value)), 1.0);
-        let out = ditto(&["validate", dir.to_str().unwrap()]);
+        let run = variant(tag, Some((column, value)), 1.0);
+        let out = ditto(&["validate", run.dir.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{tag}: {stderr}");
-        assert!(stderr.contains(column), "{tag}: {stderr}");
-        assert!(stderr.contains(value), "{tag}: {stderr}");
-        cleanup(&dir);
+        // The column and the value as written, after the run's path.
+        let named = format!("{column} `{value}`");
+        assert!(stderr.contains(&named), "{tag}: {stderr}");
     }
 }

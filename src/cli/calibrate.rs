@@ -188,8 +188,10 @@ impl LeaveOut {
     }
 }
 
-/// The group of a run named `<gpu>-<model...>-tp<N>-<workload...>` (the published runs'
-/// naming); a name without a `tp<N>` part is its own group.
+/// The group of a run named `<gpu or id>-<model...>-tp<N>-<workload...>` (the published
+/// runs' naming; the dataset's own folder names end in `-<N>` or `-<N>-<D>`, its TP and
+/// data-parallel degree, which are not part of the workload); a name without a `tp<N>` part
+/// is its own group.
 pub fn group_of(name: &str, kind: LeaveOut) -> String {
     let parts: Vec<&str> = name.split('-').collect();
     let tp = parts.iter().position(|p| {
@@ -199,8 +201,17 @@ pub fn group_of(name: &str, kind: LeaveOut) -> String {
     match (kind, tp) {
         (LeaveOut::Model, Some(tp)) if tp > 1 => parts[1..tp].join("-"),
         (LeaveOut::Workload, Some(tp)) if tp + 1 < parts.len() => {
-            let workload = parts[tp + 1..].join("-");
-            workload.trim_end_matches("-lite").to_string()
+            let degree = &parts[tp][2..];
+            let mut workload = &parts[tp + 1..];
+            let numeric = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+            match workload {
+                [rest @ .., t, d] if !rest.is_empty() && *t == degree && numeric(d) => {
+                    workload = rest;
+                }
+                [rest @ .., t] if !rest.is_empty() && *t == degree => workload = rest,
+                _ => {}
+            }
+            workload.join("-").trim_end_matches("-lite").to_string()
         }
         _ => name.to_string(),
     }
@@ -396,6 +407,16 @@ mod tests {
         assert_eq!(model("a100-llama3.1-8b-tp1-general-lite"), "llama3.1-8b");
         assert_eq!(workload("h100-llama2-70b-tp4-codegen"), "codegen");
         assert_eq!(workload("a100-llama3.1-8b-tp1-general-lite"), "general");
+        // The dataset's folder names: the TP(-DP) suffix is not the workload.
+        assert_eq!(workload("38-llama-3-1-8b-tp1-general-lite-1-1"), "general");
+        assert_eq!(workload("35-llama-2-7b-hf-tp1-general-1-2"), "general");
+        assert_eq!(workload("13-qwen3-14b-tp1-general-1"), "general");
+        assert_eq!(
+            workload("67-llama-2-7b-hf-tp1-reasoning-lite-1-1"),
+            "reasoning"
+        );
+        assert_eq!(workload("9-mixtral-8x7b-tp2-general"), "general");
+        assert_eq!(model("35-llama-2-7b-hf-tp1-general-1-2"), "llama-2-7b-hf");
         assert_eq!(group_of("my-run", LeaveOut::Model), "my-run");
         assert_eq!(
             group_of("h100-llama2-7b-tp1-x", LeaveOut::Run),

@@ -38,7 +38,8 @@ pub struct ValidateArgs {
     /// Do not give requests their workload's shared system prompt.
     #[arg(long)]
     pub no_shared_prefix: bool,
-    /// Seed of summary-only runs' generated arrivals.
+    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, lost lengths
+    /// of failed requests, and a data-parallel run's routing ties.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Print JSON instead of a table.
@@ -296,6 +297,11 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
         }
     };
     for v in validated {
+        let name = if v.dp > 1 {
+            format!("{} (dp {})", v.score.name, v.dp)
+        } else {
+            v.score.name.clone()
+        };
         for s in &v.score.stages {
             let stage = if s.stage < 0 {
                 "all".to_string()
@@ -317,7 +323,7 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
             let _ = writeln!(
                 out,
                 "{:<36} {:>5} {:>6} | {:>22} {:>22} {:>20} {:>20} {:>18} | {:>5} {:>5} | {:>11}",
-                v.score.name,
+                name,
                 stage,
                 s.count,
                 cell(p.e2e_mean, m.e2e_mean, e.e2e_mean),

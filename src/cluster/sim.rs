@@ -145,6 +145,12 @@ impl Cluster {
         &self.engines
     }
 
+    /// The instances' engines, in config order, taking the cluster apart (a replay reads
+    /// their records once the run is over).
+    pub fn into_engines(self) -> Vec<Engine> {
+        self.engines
+    }
+
     /// Current time (µs).
     pub fn now_us(&self) -> u64 {
         self.now_us

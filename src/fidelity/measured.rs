@@ -255,10 +255,6 @@ impl MeasuredRun {
         if let Some(tp) = s2r.tp.filter(|_| exp.is_null()) {
             run.tp = tp;
         }
-        run.dp = s2r
-            .dp
-            .or_else(|| dp_from_name(&run.name, run.tp))
-            .unwrap_or(1);
         if let Some(precision) = &run.precision {
             apply_precision(&mut run.arch, precision)?;
         }
@@ -276,6 +272,16 @@ impl MeasuredRun {
                 after,
             )?;
         }
+        // After the replay config and scrapes, which may set TP.
+        run.dp = s2r
+            .dp
+            .or_else(|| {
+                s2r.experiment_folder
+                    .as_deref()
+                    .and_then(|folder| dp_from_name(folder, run.tp))
+            })
+            .or_else(|| dp_from_name(&run.name, run.tp))
+            .unwrap_or(1);
         if run.stages.is_empty() {
             return Err(FidelityError::Missing {
                 what: "rate stages",
@@ -335,17 +341,25 @@ fn missing_file(file: &str, reason: &str) -> FidelityError {
     }
 }
 
-/// The data-parallel degree a run's directory name records, when it keeps the dataset's
+/// The most data-parallel replicas a run may declare (a bound on what one replay builds).
+pub const MAX_DATA_PARALLEL: u32 = 64;
+
+/// The data-parallel degree a run's name records, when it keeps the dataset's
 /// `<id>-<model>-tp<T>-<workload>-<T>-<D>` form (the pipeline's TP-DP suffix, e.g.
-/// `35-llama-2-7b-hf-tp1-general-1-2`): `D`, when the name's `tp<T>` and the suffix's `T`
-/// both equal the run's TP; else `None`.
+/// `35-llama-2-7b-hf-tp1-general-1-2`): `D`, when a `tp<T>` part comes before the workload,
+/// the suffix's `T` equals the run's TP and `D` is 1 to [`MAX_DATA_PARALLEL`]; else `None`.
 fn dp_from_name(name: &str, tp: u32) -> Option<u32> {
-    let mut parts = name.rsplit('-');
-    let dp: u32 = parts.next()?.parse().ok()?;
-    let suffix_tp: u32 = parts.next()?.parse().ok()?;
+    let parts: Vec<&str> = name.split('-').collect();
+    let [before @ .., workload, suffix_tp, dp] = parts.as_slice() else {
+        return None;
+    };
+    let dp: u32 = dp.parse().ok()?;
+    let suffix_tp: u32 = suffix_tp.parse().ok()?;
     let tp_tag = format!("tp{tp}");
-    let named_tp = name.split('-').any(|part| part == tp_tag);
-    (suffix_tp == tp && named_tp && dp >= 1).then_some(dp)
+    let named_tp = before.contains(&tp_tag.as_str());
+    let has_workload = workload.parse::<u32>().is_err() && !workload.is_empty();
+    (suffix_tp == tp && named_tp && has_workload && (1..=MAX_DATA_PARALLEL).contains(&dp))
+        .then_some(dp)
 }
 
 /// Applies a recorded weight precision to `arch`. `FP16`/`BF16` (the checkpoints' own
@@ -362,9 +376,9 @@ fn apply_precision(arch: &mut ModelArch, precision: &str) -> Result<(), Fidelity
             }
             Ok(())
         }
-        other => Err(bad(
+        _ => Err(bad(
             "s2r_error_records.csv",
-            format!("precision `{other}`: expected FP16, BF16 or FP8"),
+            format!("precision `{precision}`: expected FP16, BF16 or FP8"),
         )),
     }
 }
@@ -603,6 +617,8 @@ mod tests {
         assert_eq!(dp_from_name("13-qwen3-14b-tp1-general-1", 1), None);
         assert_eq!(dp_from_name("9-mixtral-8x7b-tp2-general", 2), None);
         assert_eq!(dp_from_name("a100-llama3.1-8b-tp1-general-lite", 1), None);
+        // A time stamp or a count is not a replica count.
+        assert_eq!(dp_from_name("x-tp1-codegen-1-155451", 1), None);
         // A suffix whose TP is not the run's is not read as TP-DP.
         assert_eq!(dp_from_name("35-llama-2-7b-hf-tp1-general-1-2", 2), None);
         assert_eq!(dp_from_name("35-llama-2-7b-hf-general-1-2", 1), None);

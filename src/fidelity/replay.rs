@@ -77,7 +77,8 @@ pub struct ReplayOptions {
     pub output_length: OutputLength,
     /// Give requests their shared system prompt (prefix caching hits).
     pub shared_prefix: bool,
-    /// Seed for summary-only runs' generated arrivals and lengths.
+    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, lost lengths of
+    /// failed requests, and a data-parallel run's routing ties.
     pub seed: u64,
 }
 
@@ -256,12 +257,14 @@ pub fn replay(
 }
 
 /// A data-parallel run (`run.dp` > 1): `dp` replicas of the measured server, each with
-/// its limits and blocks, behind a stand-in for vLLM's data-parallel load balancer (which
-/// sends a request to the rank with the lowest waiting × 4 + running, from counts the ranks
-/// report every 100 ms plus what it sent since): [`RoutingPolicy::LeastLoaded`], the
-/// replicas' waiting + running as last reported (every [`DP_STATS_INTERVAL_US`]) plus the
-/// requests sent there and not finished, ties at random (seeded). Returns the replicas once
-/// every request has finished.
+/// its limits and blocks, behind a stand-in for vLLM's data-parallel load balancer.
+/// vLLM's sends a request to the rank with the lowest waiting × 4 + running, from counts
+/// the ranks report every 100 ms plus 4 for each request it sent since, ties to the first
+/// rank; the stand-in is [`RoutingPolicy::LeastLoaded`]: each replica's waiting + running
+/// as last reported (every [`DP_STATS_INTERVAL_US`]) plus the requests sent there and not
+/// finished (so a request running at the last report counts twice), ties at random
+/// (seeded by the replay's seed). Both spread an even load evenly; they differ in how fast
+/// they correct an imbalance. Returns the replicas once every request has finished.
 fn replicas(
     run: &MeasuredRun,
     config: &EngineConfig,
@@ -288,7 +291,7 @@ fn replicas(
     };
     let mut cluster = Cluster::new(cluster_config, seed)?;
     cluster.run(requests, REPLAY_EVENTS_MAX)?;
-    Ok(cluster.engines().to_vec())
+    Ok(cluster.into_engines())
 }
 
 /// How often vLLM's data-parallel replicas report their queue and running counts to the

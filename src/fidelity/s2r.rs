@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::FidelityError;
+use super::measured::MAX_DATA_PARALLEL;
 use super::measured::{Published, bad};
 
 /// What `s2r_error_records.csv` says about the run.
@@ -17,9 +18,13 @@ pub(super) struct S2r {
     pub(super) gpu_memory_utilization: Option<f64>,
     /// Tensor parallelism.
     pub(super) tp: Option<u32>,
-    /// `dp`: data-parallel replicas (each of `tp` GPUs) the load was spread over; empty means
-    /// one, as the dataset's own tooling reads it.
+    /// `dp`: data-parallel replicas (each of `tp` GPUs) the load was spread over; `None` when
+    /// every cell is empty (the dataset's tooling then means one; the run's folder name may
+    /// still say, see [`super::measured`]).
     pub(super) dp: Option<u32>,
+    /// `experiment_folder`: the dataset's own name of the run (it may carry the TP-DP
+    /// suffix a renamed copy lost).
+    pub(super) experiment_folder: Option<String>,
     /// `precision`: the weights' precision the server ran (`FP16`, `FP8`).
     pub(super) precision: Option<String>,
     /// `max_num_batched_tokens`.
@@ -98,10 +103,17 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 .map(cell)
                 .filter(|d| !d.is_empty())
                 .map_or(Ok(None), |d| match d.parse::<f64>() {
-                    Ok(v) if v >= 1.0 && v.fract() == 0.0 && v <= 1024.0 => Ok(Some(v as u32)),
+                    Ok(v)
+                        if v >= 1.0 && v.fract() == 0.0 && v <= f64::from(MAX_DATA_PARALLEL) =>
+                    {
+                        Ok(Some(v as u32))
+                    }
                     _ => Err(bad(
                         FILE,
-                        format!("line {}: dp `{d}`: expected a whole number >= 1", n + 2),
+                        format!(
+                            "line {}: dp `{d}`: expected a whole number from 1 to {MAX_DATA_PARALLEL}",
+                            n + 2
+                        ),
                     )),
                 })?;
         }
@@ -110,6 +122,12 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 .and_then(number)
                 .filter(|&v| v >= 1.0 && v <= f64::from(u32::MAX))
                 .map(|v| v as u32);
+        }
+        if s2r.experiment_folder.is_none() {
+            s2r.experiment_folder = column("experiment_folder")
+                .map(cell)
+                .filter(|f| !f.is_empty())
+                .map(String::from);
         }
         if s2r.precision.is_none() {
             s2r.precision = column("precision")
