@@ -55,6 +55,45 @@ pub fn derived_gpu_blocks(
     Ok(blocks.max(planned))
 }
 
+/// KV blocks per GPU of one rank of a server of `data_parallel` ranks of `tp` GPUs. A
+/// mixture-of-experts model at `data_parallel` > 1 runs with expert parallelism (the
+/// dataset's pipeline adds `--enable-expert-parallel` for MoE at dp > 1): each GPU holds
+/// 1/(tp·dp) of the routed experts and 1/tp of the rest, with the measured reserve (the
+/// TP planner, which slices every weight over one rank, is not consulted: such a model
+/// may not fit one rank at all). Otherwise [`derived_gpu_blocks`].
+pub fn derived_gpu_blocks_per_rank(
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    data_parallel: u32,
+    gpu_memory_utilization: f64,
+    block_size: u32,
+) -> Result<u32, FidelityError> {
+    if !(arch.is_moe() && data_parallel > 1) {
+        return derived_gpu_blocks(arch, gpu, tp, gpu_memory_utilization, block_size);
+    }
+    let total = capacity::model_weight_bytes(arch) as f64;
+    let routed = capacity::routed_expert_weight_bytes(arch) as f64;
+    let (tp_f, ranks) = (f64::from(tp.max(1)), f64::from(data_parallel));
+    let weights = (total - routed) / tp_f + routed / (tp_f * ranks);
+    let free = gpu.memory_gib * gpu_memory_utilization * GIB
+        - weights
+        - SERVER_RESERVE_GIB_MULTI_GPU * GIB;
+    let block_bytes = arch.kv_bytes_per_block(tp, block_size) as f64;
+    let blocks = (free / block_bytes).floor();
+    if !(blocks.is_finite() && blocks >= 1.0) {
+        return Err(FidelityError::Missing {
+            what: "GPU memory",
+            reason: format!(
+                "`{}` with expert parallelism over {tp} × {data_parallel} GPUs leaves no KV \
+                 cache on a {} at gpu_memory_utilization {gpu_memory_utilization}",
+                arch.name, gpu.name
+            ),
+        });
+    }
+    Ok(blocks.min(f64::from(u32::MAX)) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +123,28 @@ mod tests {
             );
             assert!(planned < derived, "{model}: planner {planned}");
         }
+    }
+
+    #[test]
+    fn expert_parallel_ranks_hold_a_share_of_the_experts() {
+        // Mixtral-8x7B on 2 ranks of 2 H100s with expert parallelism: each GPU holds a
+        // quarter of the routed experts (~22 GB) and half of the rest, so it has ~22 GB more
+        // for KV than a TP 2 rank; a dense model is unchanged.
+        let h100 = catalog::gpu("H100").unwrap();
+        let mixtral = catalog::model("mixtral-8x7b-v0.1").unwrap();
+        let tp_only = derived_gpu_blocks(&mixtral, &h100, 2, 0.9, 16).unwrap();
+        let ep = derived_gpu_blocks_per_rank(&mixtral, &h100, 2, 2, 0.9, 16).unwrap();
+        let routed = capacity::routed_expert_weight_bytes(&mixtral) as f64;
+        let freed = routed / 2.0 - routed / 4.0;
+        let block = mixtral.kv_bytes_per_block(2, 16) as f64;
+        let expected = f64::from(tp_only) + freed / block;
+        assert!((f64::from(ep) - expected).abs() < 2.0, "{ep} vs {expected}");
+        assert!((8.0e10..9.5e10).contains(&routed), "{routed}");
+        let dense = catalog::model("llama-2-7b-hf").unwrap();
+        assert_eq!(
+            derived_gpu_blocks_per_rank(&dense, &h100, 1, 2, 0.9, 16).unwrap(),
+            derived_gpu_blocks(&dense, &h100, 1, 0.9, 16).unwrap()
+        );
     }
 
     #[test]

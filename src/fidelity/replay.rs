@@ -163,10 +163,11 @@ pub fn resolve_gpu(
 pub fn engine_config(run: &MeasuredRun, gpu: &GpuSpec) -> Result<EngineConfig, FidelityError> {
     let num_gpu_blocks = match run.num_gpu_blocks {
         Some(blocks) => blocks,
-        None => super::blocks::derived_gpu_blocks(
+        None => super::blocks::derived_gpu_blocks_per_rank(
             &run.arch,
             gpu,
             run.tp,
+            run.dp,
             run.gpu_memory_utilization,
             run.block_size,
         )?,
@@ -209,6 +210,13 @@ pub fn replay(
     let arrivals: Vec<u64> = requests.iter().map(|r| r.arrival_us).collect();
     let generated: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
     let engines = if run.dp > 1 {
+        // A mixture of experts at dp > 1 runs expert-parallel (the dataset's pipeline adds
+        // `--enable-expert-parallel`); a dense model's ranks are independent.
+        let latency = if run.arch.is_moe() {
+            latency.with_expert_parallel(run.dp)
+        } else {
+            latency
+        };
         replicas(run, config, latency, options.seed, requests)?
     } else {
         let mut engine = Engine::new(config.clone(), latency)?;

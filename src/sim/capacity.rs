@@ -231,6 +231,26 @@ pub fn model_weight_bytes(arch: &ModelArch) -> u64 {
     (params as f64 * arch.effective_weight_bytes_per_param()) as u64
 }
 
+/// Bytes of the routed experts' weights, every expert of every MoE layer (the part expert
+/// parallelism spreads over all the GPUs of a server's data-parallel ranks instead of
+/// slicing it over one rank's TP group); 0 for a dense model. Counted as
+/// [`model_weight_bytes`] counts them.
+pub fn routed_expert_weight_bytes(arch: &ModelArch) -> u64 {
+    if !arch.is_moe() {
+        return 0;
+    }
+    let d = u64::from(arch.hidden_size);
+    let layers = u64::from(arch.num_layers);
+    let d_ff_expert = if arch.moe_intermediate_size > 0 {
+        u64::from(arch.moe_intermediate_size)
+    } else {
+        u64::from(arch.intermediate_size)
+    };
+    let moe_layers = layers - u64::from(arch.first_k_dense_replace).min(layers);
+    let params = moe_layers * 3 * d * d_ff_expert * u64::from(arch.num_experts);
+    (params as f64 * arch.effective_weight_bytes_per_param()) as u64
+}
+
 /// Builds an `InvalidModel` error for `arch`.
 fn invalid(arch: &ModelArch, field: &'static str, problem: String) -> CapacityError {
     CapacityError::InvalidModel {

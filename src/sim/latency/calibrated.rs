@@ -168,8 +168,12 @@ pub struct CalibratedModel {
     first_token_peer_us: f64,
     /// Bytes read per step whatever the batch (µs at peak bandwidth).
     dense_weight_us: f64,
-    /// One routed expert of one MoE layer (µs at peak bandwidth); 0 for dense models.
+    /// One routed expert of one MoE layer (µs at peak bandwidth); 0 for dense models. Under
+    /// expert parallelism over `expert_groups` data-parallel ranks, divided by them.
     expert_weight_us: f64,
+    /// Data-parallel ranks whose tokens every GPU's routed experts serve (expert
+    /// parallelism, [`CalibratedModel::with_expert_parallel`]); 1 without.
+    expert_groups: f64,
     /// MoE layers.
     moe_layers: f64,
     /// Routed experts and experts per token (MoE only).
@@ -368,6 +372,7 @@ impl CalibratedModel {
             } else {
                 0.0
             },
+            expert_groups: 1.0,
             moe_layers: if arch.is_moe() { moe_layers } else { 0.0 },
             experts: arch.num_experts,
             top_k: arch.experts_per_tok.max(1),
@@ -376,6 +381,25 @@ impl CalibratedModel {
             attn_us_per_token_ctx: 4.0 * layers * (heads / tp) * head_dim / flops_per_us,
             kv_us_per_token: arch.kv_bytes_per_token(tp_u) * gpu.kv_read_factor / bytes_per_us,
         }
+    }
+
+    /// The same model for one rank of `data_parallel` ranks that run a mixture-of-experts
+    /// model with expert parallelism (vLLM's `--data-parallel-size D
+    /// --enable-expert-parallel`): each GPU of the tp·D holds 1/(tp·D) of the routed experts
+    /// whole, not a 1/tp slice of each, and serves the routed tokens of every rank, which
+    /// run their steps together. So a step reads 1/D of the expert bytes a TP-only rank
+    /// reads, for the experts that all D ranks' tokens touch (D × this rank's tokens: the
+    /// ranks' batches taken as equal). The FLOPs per GPU are unchanged (D× the tokens on
+    /// 1/D of the experts); the MoE layers' collectives stay priced as the TP all-reduces
+    /// (the extra all-gather and reduce-scatter over the D ranks are not). A dense model,
+    /// or D of 1, is unchanged.
+    pub fn with_expert_parallel(mut self, data_parallel: u32) -> Self {
+        if self.moe_layers > 0.0 && data_parallel > 1 {
+            let ranks = f64::from(data_parallel);
+            self.expert_weight_us /= ranks;
+            self.expert_groups = ranks;
+        }
+        self
     }
 
     /// The batch's integer sums.
@@ -436,7 +460,9 @@ impl CalibratedModel {
         let c = &self.c;
         let tokens = tokens as f64;
         let experts_touched = if self.moe_layers > 0.0 {
-            f64::from(self.experts) * activated_expert_fraction(self.experts, self.top_k, tokens)
+            let routed_tokens = tokens * self.expert_groups;
+            f64::from(self.experts)
+                * activated_expert_fraction(self.experts, self.top_k, routed_tokens)
         } else {
             0.0
         };

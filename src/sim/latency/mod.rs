@@ -210,6 +210,19 @@ pub enum LatencyModel {
 }
 
 impl LatencyModel {
+    /// The model for one rank of a data-parallel server that runs a mixture-of-experts model
+    /// with expert parallelism: the calibrated model prices it
+    /// ([`CalibratedModel::with_expert_parallel`]); the other kinds, fitted or derived per
+    /// TP replica, are returned unchanged.
+    pub fn with_expert_parallel(self, data_parallel: u32) -> Self {
+        match self {
+            LatencyModel::Calibrated(model) => {
+                LatencyModel::Calibrated(model.with_expert_parallel(data_parallel))
+            }
+            other => other,
+        }
+    }
+
     /// Which kind this is.
     pub fn kind(&self) -> LatencyKind {
         match self {

@@ -354,3 +354,41 @@ fn the_kv_term_scales_with_the_gpus_attention_kernel() {
         "{ampere_kv}"
     );
 }
+
+#[test]
+fn expert_parallel_ranks_read_a_share_of_the_routed_experts() {
+    // Mixtral-8x7B's shape (Llama-3.1-8B's with 8 experts of 14,336, 2 a token) at TP 2:
+    // one rank of two with expert parallelism reads half the routed-expert bytes a TP-only
+    // rank does, the rest of the step unchanged; a dense model is unchanged.
+    let moe = ModelArch {
+        num_experts: 8,
+        experts_per_tok: 2,
+        ..llama_8b()
+    };
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::WEIGHTS] = 1.0;
+    let tp_only = CalibratedModel::new(&moe, &h100(), 2, &coefficients).unwrap();
+    let ep = tp_only.clone().with_expert_parallel(2);
+    let decodes: Vec<BatchEntry> = (0..64).map(|_| entry(500, 1, false)).collect();
+    // 32 layers x 8 experts x 3 x 4096 x 14336 x 2 bytes / 2 GPUs = 22.5 GB: 6.7 ms at
+    // 3.35 TB/s on a TP-only rank, half of it with expert parallelism over 2 ranks.
+    let saved = tp_only.step_us(&decodes) as f64 - ep.step_us(&decodes) as f64;
+    let expert_us = 32.0 * 8.0 * 3.0 * 4096.0 * 14336.0 * 2.0 / 2.0 / 3.35e6;
+    assert!((saved - expert_us / 2.0).abs() < 2.0, "{saved} vs {expert_us}");
+    // With one token a rank, the other rank's token touches experts this rank's does not:
+    // 3.5 experts expected (1 - 0.75^2 of 8) at half the bytes, against 2 on a TP-only
+    // rank: a quarter of an expert's bytes saved, not the whole one a rank's own token
+    // alone would give.
+    let one = vec![entry(500, 1, false)];
+    let saved_one = tp_only.step_us(&one) as f64 - ep.step_us(&one) as f64;
+    assert!(
+        (saved_one - expert_us / 32.0).abs() < 2.0,
+        "{saved_one} vs {}",
+        expert_us / 32.0
+    );
+    let dense = CalibratedModel::new(&llama_8b(), &h100(), 2, &coefficients).unwrap();
+    assert_eq!(
+        dense.clone().with_expert_parallel(2).step_us(&decodes),
+        dense.step_us(&decodes)
+    );
+}
