@@ -40,14 +40,6 @@ struct RawGpu {
     memory_gib: f64,
 }
 
-/// One entry of `gpu_interconnect.json`.
-#[derive(Deserialize)]
-struct RawInterconnect {
-    /// Per-direction GPU-to-GPU bandwidth, GB/s.
-    #[serde(rename = "InterconnectGBs")]
-    interconnect_gbs: f64,
-}
-
 /// Parses both embedded files into one table sorted by name (a name in both is an error),
 /// with each GPU's interconnect bandwidth from `gpu_interconnect.json` and its attention
 /// kernel's KV-read factor from `gpu_attention.json` (a GPU without an entry in either is an
@@ -59,80 +51,68 @@ pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
     Ok(table)
 }
 
-/// One entry of `gpu_attention.json`.
-#[derive(Deserialize)]
-struct RawAttention {
-    /// Cost of the decode attention kernel's KV reads relative to FlashAttention 3 on Hopper.
-    #[serde(rename = "KvReadFactor")]
-    kv_read_factor: f64,
-}
-
-/// Sets every GPU's `kv_read_factor` from `json` (name -> `{"KvReadFactor": ..}`; keys
-/// starting with `_` are comments).
-fn add_attention(
-    table: &mut [GpuSpec],
-    file: &'static str,
-    json: &str,
-) -> Result<(), CatalogError> {
-    let raw: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
-    let mut factors = BTreeMap::new();
-    for (name, value) in raw {
-        if name.starts_with('_') {
-            continue;
-        }
-        let entry: RawAttention = serde_json::from_value(value)
-            .map_err(|source| CatalogError::GpuJson { file, source })?;
-        factors.insert(name.to_ascii_lowercase(), entry.kv_read_factor);
-    }
-    for gpu in table.iter_mut() {
-        let Some(&factor) = factors.get(&gpu.name.to_ascii_lowercase()) else {
-            return Err(bad(gpu, "KvReadFactor", format!("missing from {file}")));
-        };
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(bad(
-                gpu,
-                "KvReadFactor",
-                format!("must be finite and > 0, got {factor}"),
-            ));
-        }
-        gpu.kv_read_factor = factor;
-    }
-    Ok(())
-}
-
-/// Sets every GPU's `interconnect_gbs` from `json` (name -> `{"InterconnectGBs": ..}`;
-/// keys starting with `_` are comments).
+/// Sets every GPU's `interconnect_gbs` from `json` (name -> `{"InterconnectGBs": ..}`).
 fn add_interconnect(
     table: &mut [GpuSpec],
     file: &'static str,
     json: &str,
 ) -> Result<(), CatalogError> {
-    let raw: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
-    let mut links = BTreeMap::new();
-    for (name, value) in raw {
-        if name.starts_with('_') {
-            continue;
-        }
-        let entry: RawInterconnect = serde_json::from_value(value)
-            .map_err(|source| CatalogError::GpuJson { file, source })?;
-        links.insert(name.to_ascii_lowercase(), entry.interconnect_gbs);
-    }
-    for gpu in table.iter_mut() {
-        let Some(&gbs) = links.get(&gpu.name.to_ascii_lowercase()) else {
-            return Err(bad(gpu, "InterconnectGBs", format!("missing from {file}")));
-        };
-        if !(gbs.is_finite() && gbs > 0.0) {
-            return Err(bad(
-                gpu,
-                "InterconnectGBs",
-                format!("must be finite and > 0, got {gbs}"),
-            ));
-        }
-        gpu.interconnect_gbs = gbs;
+    let values = per_gpu_numbers(table, file, json, "InterconnectGBs")?;
+    for (gpu, value) in table.iter_mut().zip(values) {
+        gpu.interconnect_gbs = value;
     }
     Ok(())
+}
+
+/// Sets every GPU's `kv_read_factor` from `json` (name -> `{"KvReadFactor": ..}`).
+fn add_attention(
+    table: &mut [GpuSpec],
+    file: &'static str,
+    json: &str,
+) -> Result<(), CatalogError> {
+    let values = per_gpu_numbers(table, file, json, "KvReadFactor")?;
+    for (gpu, value) in table.iter_mut().zip(values) {
+        gpu.kv_read_factor = value;
+    }
+    Ok(())
+}
+
+/// One finite positive number per GPU of `table`, in its order, from a side file of
+/// name -> `{field: number, ...}` (names case-insensitive; keys starting with `_` are
+/// comments). A GPU without an entry, or an entry without such a `field`, is an error naming
+/// the GPU, the field and the file.
+fn per_gpu_numbers(
+    table: &[GpuSpec],
+    file: &'static str,
+    json: &str,
+    field: &'static str,
+) -> Result<Vec<f64>, CatalogError> {
+    let raw: BTreeMap<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
+    let entries: BTreeMap<String, &serde_json::Value> = raw
+        .iter()
+        .filter(|(name, _)| !name.starts_with('_'))
+        .map(|(name, entry)| (name.to_ascii_lowercase(), entry))
+        .collect();
+    table
+        .iter()
+        .map(|gpu| {
+            let Some(entry) = entries.get(&gpu.name.to_ascii_lowercase()) else {
+                return Err(bad(gpu, field, format!("missing from {file}")));
+            };
+            let Some(value) = entry.get(field).and_then(serde_json::Value::as_f64) else {
+                return Err(bad(gpu, field, format!("not a number in {file}")));
+            };
+            if !(value.is_finite() && value > 0.0) {
+                return Err(bad(
+                    gpu,
+                    field,
+                    format!("must be finite and > 0, got {value}"),
+                ));
+            }
+            Ok(value)
+        })
+        .collect()
 }
 
 /// Parses BLIS's file and ditto's additions into one table sorted by name.

@@ -374,7 +374,10 @@ fn expert_parallel_ranks_read_a_share_of_the_routed_experts() {
     // 3.35 TB/s on a TP-only rank, half of it with expert parallelism over 2 ranks.
     let saved = tp_only.step_us(&decodes) as f64 - ep.step_us(&decodes) as f64;
     let expert_us = 32.0 * 8.0 * 3.0 * 4096.0 * 14336.0 * 2.0 / 2.0 / 3.35e6;
-    assert!((saved - expert_us / 2.0).abs() < 2.0, "{saved} vs {expert_us}");
+    assert!(
+        (saved - expert_us / 2.0).abs() < 2.0,
+        "{saved} vs {expert_us}"
+    );
     // With one token a rank, the other rank's token touches experts this rank's does not:
     // 3.5 experts expected (1 - 0.75^2 of 8) at half the bytes, against 2 on a TP-only
     // rank: a quarter of an expert's bytes saved, not the whole one a rank's own token
