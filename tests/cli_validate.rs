@@ -361,10 +361,15 @@ fn the_a100_kv_reads_are_priced_for_its_attention_kernel() {
         .find(|l| l.trim_start().starts_with("kv:"))
         .unwrap();
     let kv: f64 = kv_line.split(':').nth(1).unwrap().trim().parse().unwrap();
+    let factor = ditto::catalog::gpu("A100-80").unwrap().kv_read_factor;
+    assert!(
+        factor > 1.0,
+        "the A100's attention kernel reads KV dearer than Hopper's"
+    );
     let file = std::env::temp_dir().join(format!("ditto-a100-kv-{}.yaml", std::process::id()));
     std::fs::write(
         &file,
-        shipped.replace(kv_line, &format!("  kv: {}", kv / 2.5)),
+        shipped.replace(kv_line, &format!("  kv: {}", kv / factor)),
     )
     .unwrap();
     // Signed E2E error (%) of stage `i` (0: the whole run, then the rate stages).

@@ -79,8 +79,9 @@ fn add_attention(
 
 /// One finite positive number per GPU of `table`, in its order, from a side file of
 /// name -> `{field: number, ...}` (names case-insensitive; keys starting with `_` are
-/// comments). A GPU without an entry, or an entry without such a `field`, is an error naming
-/// the GPU, the field and the file.
+/// comments). A GPU without an entry, an entry without such a `field`, and an entry for a
+/// GPU the table does not have (a misspelling) or named twice are errors naming the GPU,
+/// the field and the file.
 fn per_gpu_numbers(
     table: &[GpuSpec],
     file: &'static str,
@@ -89,11 +90,18 @@ fn per_gpu_numbers(
 ) -> Result<Vec<f64>, CatalogError> {
     let raw: BTreeMap<String, serde_json::Value> =
         serde_json::from_str(json).map_err(|source| CatalogError::GpuJson { file, source })?;
-    let entries: BTreeMap<String, &serde_json::Value> = raw
-        .iter()
-        .filter(|(name, _)| !name.starts_with('_'))
-        .map(|(name, entry)| (name.to_ascii_lowercase(), entry))
-        .collect();
+    let mut entries: BTreeMap<String, &serde_json::Value> = BTreeMap::new();
+    for (name, entry) in raw.iter().filter(|(name, _)| !name.starts_with('_')) {
+        let key = name.to_ascii_lowercase();
+        let known = table.iter().any(|gpu| gpu.name.eq_ignore_ascii_case(name));
+        if !known || entries.insert(key, entry).is_some() {
+            return Err(CatalogError::InvalidGpuSpec {
+                gpu: name.clone(),
+                field,
+                problem: format!("{file} names a GPU the hardware tables do not, or twice"),
+            });
+        }
+    }
     table
         .iter()
         .map(|gpu| {
@@ -313,6 +321,14 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("> 0"), "{err}");
+        let err = add_attention(
+            &mut table,
+            "t.json",
+            r#"{"A100-8O": {"KvReadFactor": 2.5}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("A100-8O") && err.contains("t.json"), "{err}");
     }
 
     #[test]

@@ -58,9 +58,10 @@ pub fn derived_gpu_blocks(
 /// KV blocks per GPU of one rank of a server of `data_parallel` ranks of `tp` GPUs. A
 /// mixture-of-experts model at `data_parallel` > 1 runs with expert parallelism (the
 /// dataset's pipeline adds `--enable-expert-parallel` for MoE at dp > 1): each GPU holds
-/// 1/(tp·dp) of the routed experts and 1/tp of the rest, with the measured reserve (the
-/// TP planner, which slices every weight over one rank, is not consulted: such a model
-/// may not fit one rank at all). Otherwise [`derived_gpu_blocks`].
+/// 1/(tp·dp) of the routed experts and 1/tp of the rest, with the measured multi-GPU
+/// reserve (dp > 1 sets up collectives across the ranks even at tp 1; the TP planner, which
+/// slices every weight over one rank, is not consulted: such a model may not fit one rank
+/// at all, but its input checks are). Otherwise [`derived_gpu_blocks`].
 pub fn derived_gpu_blocks_per_rank(
     arch: &ModelArch,
     gpu: &GpuSpec,
@@ -72,6 +73,7 @@ pub fn derived_gpu_blocks_per_rank(
     if !(arch.is_moe() && data_parallel > 1) {
         return derived_gpu_blocks(arch, gpu, tp, gpu_memory_utilization, block_size);
     }
+    capacity::check_inputs(arch, gpu, tp, gpu_memory_utilization, block_size)?;
     let total = capacity::model_weight_bytes(arch) as f64;
     let routed = capacity::routed_expert_weight_bytes(arch) as f64;
     let (tp_f, ranks) = (f64::from(tp.max(1)), f64::from(data_parallel));

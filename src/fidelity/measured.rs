@@ -227,7 +227,7 @@ impl MeasuredRun {
             name: files.name.clone(),
             arch,
             gpu: s2r.hardware.clone(),
-            tp: u32_at(&exp, "tensor_parallelism").unwrap_or(1),
+            tp: u32_at(&exp, "tensor_parallelism").or(s2r.tp).unwrap_or(1),
             dp: 1,
             precision: s2r.precision.clone(),
             max_num_seqs: u32_at(&exp, "max_num_seqs").unwrap_or(256),
@@ -252,9 +252,6 @@ impl MeasuredRun {
             prompt_lengths: None,
             output_lengths: None,
         };
-        if let Some(tp) = s2r.tp.filter(|_| exp.is_null()) {
-            run.tp = tp;
-        }
         if let Some(precision) = &run.precision {
             apply_precision(&mut run.arch, precision)?;
         }
@@ -272,7 +269,7 @@ impl MeasuredRun {
                 after,
             )?;
         }
-        // After the replay config and scrapes, which may set TP.
+        // After the replay config, which may set TP.
         run.dp = s2r
             .dp
             .or_else(|| {

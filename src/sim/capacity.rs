@@ -260,8 +260,9 @@ fn invalid(arch: &ModelArch, field: &'static str, problem: String) -> CapacityEr
     }
 }
 
-/// BLIS's input validation for the capacity estimate.
-fn check_inputs(
+/// BLIS's input validation for the capacity estimate (also what a fidelity replay's own
+/// block derivation checks first).
+pub(crate) fn check_inputs(
     arch: &ModelArch,
     gpu: &GpuSpec,
     tp: u32,

@@ -97,12 +97,14 @@ pub struct GpuSpec {
     /// (NVLink, or PCIe on GPUs without it; `data/gpu_interconnect.json`). 0: unknown, and
     /// the calibrated model prices no all-reduce bytes.
     pub interconnect_gbs: f64,
-    /// Cost of the decode attention kernel's KV-cache reads relative to the kernel the
-    /// calibrated model's `kv` coefficient was fitted with (vLLM's FlashAttention 3 on
-    /// Hopper: 1). vLLM runs FlashAttention 2 on Ampere and Ada, which reads the KV cache at
-    /// about 0.35 of the HBM peak where the Hopper fit reads it at 0.88: 2.5
-    /// (`data/gpu_attention.json`, derivation in data/PROVENANCE.md). The calibrated model
-    /// multiplies its KV term by it; roofline and physics do not read it.
+    /// Cost of the attention kernel's KV-cache traffic relative to the kernel the calibrated
+    /// model's `kv` coefficient was fitted with (vLLM's FlashAttention 3 on Hopper: 1).
+    /// vLLM runs FlashAttention 2 on Ampere and Ada; on an A100 its decode reads the KV
+    /// cache at about 0.35 of the HBM peak where the Hopper fit reads it at 0.88: 2.5
+    /// (`data/gpu_attention.json`, derivation in data/PROVENANCE.md; Ada's is assumed, not
+    /// measured). The calibrated model multiplies its whole KV term by it (decode reads,
+    /// and the smaller writes and prefill-context reads); roofline and physics do not read
+    /// it.
     pub kv_read_factor: f64,
 }
 

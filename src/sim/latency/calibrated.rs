@@ -394,9 +394,10 @@ impl CalibratedModel {
     /// (the extra all-gather and reduce-scatter over the D ranks are not). A dense model,
     /// or D of 1, is unchanged.
     pub fn with_expert_parallel(mut self, data_parallel: u32) -> Self {
-        if self.moe_layers > 0.0 && data_parallel > 1 {
-            let ranks = f64::from(data_parallel);
-            self.expert_weight_us /= ranks;
+        if self.moe_layers > 0.0 {
+            // From the TP-only figure, so a second call sets rather than compounds.
+            let ranks = f64::from(data_parallel.max(1));
+            self.expert_weight_us *= self.expert_groups / ranks;
             self.expert_groups = ranks;
         }
         self

@@ -99,6 +99,7 @@ fn check_positive(gpu: &GpuSpec, field: &'static str, value: f64) -> Result<(), 
 pub(crate) fn check_gpu_peaks(gpu: &GpuSpec) -> Result<(), LatencyError> {
     check_positive(gpu, "tflops_peak", gpu.tflops_peak)?;
     check_positive(gpu, "bw_peak_tbs", gpu.bw_peak_tbs)?;
+    check_positive(gpu, "kv_read_factor", gpu.kv_read_factor)?;
     if !(gpu.tflops_fp8.is_finite() && gpu.tflops_fp8 >= 0.0) {
         return Err(LatencyError::InvalidGpu {
             gpu: gpu.name.clone(),
@@ -146,5 +147,10 @@ mod tests {
         gpu.mfu_decode = f64::NAN;
         let message = check_gpu_mfu(&gpu).unwrap_err().to_string();
         assert!(message.contains("mfu_decode"), "{message}");
+
+        let mut gpu = h100();
+        gpu.kv_read_factor = 0.0;
+        let message = check_gpu_peaks(&gpu).unwrap_err().to_string();
+        assert!(message.contains("kv_read_factor"), "{message}");
     }
 }
