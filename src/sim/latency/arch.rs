@@ -153,6 +153,41 @@ impl ModelArch {
         (self.num_layers, 0)
     }
 
+    /// Split of the layers into (MoE layers, dense layers) as vLLM builds the model: with an
+    /// interleave step s > 0 (Llama 4) layer i is MoE when (i + 1) is a multiple of s, so
+    /// L / s of them (Scout, s = 1: every layer); otherwise every layer after the first
+    /// `first_k_dense_replace` (DeepSeek, GLM); dense models are all dense. The calibrated
+    /// model prices this split; roofline and physics keep BLIS's
+    /// ([`ModelArch::step_layer_split`]) for parity with BLIS's coefficients.
+    pub fn vllm_layer_split(&self) -> (u32, u32) {
+        if !self.is_moe() {
+            return (0, self.num_layers);
+        }
+        let moe_layers = self
+            .num_layers
+            .checked_div(self.interleave_moe_layer_step)
+            .unwrap_or(self.num_layers - self.first_k_dense_replace.min(self.num_layers));
+        (moe_layers, self.num_layers - moe_layers)
+    }
+
+    /// The shared-expert FFN width of a MoE layer as vLLM builds it: the config's
+    /// (`shared_expert_intermediate_size`, or a shared-expert count times the expert width),
+    /// else, for Llama 4 (an interleaved MoE, whose every MoE layer adds a shared expert of
+    /// the routed experts' width and whose config has no count), the expert width; else 0.
+    pub fn vllm_shared_expert_intermediate(&self) -> u32 {
+        if self.shared_expert_intermediate_size > 0 {
+            return self.shared_expert_intermediate_size;
+        }
+        if self.is_moe() && self.interleave_moe_layer_step > 0 {
+            return if self.moe_intermediate_size > 0 {
+                self.moe_intermediate_size
+            } else {
+                self.intermediate_size
+            };
+        }
+        0
+    }
+
     /// KV-cache bytes one token occupies on one GPU at tensor parallelism `tp`.
     ///
     /// Standard attention: `layers x 2 (K and V) x head_dim x kv_heads x kv_bytes / tp`, using
@@ -266,6 +301,43 @@ pub(crate) mod tests {
         arch.qk_rope_head_dim = 64;
         assert_eq!(arch.kv_bytes_per_token(1), 31_104.0);
         assert_eq!(arch.kv_bytes_per_token(4), 31_104.0);
+    }
+
+    #[test]
+    fn vllm_layer_split_is_what_vllm_builds() {
+        // vLLM's Llama 4 makes layer i MoE when (i + 1) % step == 0; DeepSeek and GLM keep
+        // their first `first_k_dense_replace` layers dense; Mixtral is all MoE.
+        let mut arch = llama_8b();
+        assert_eq!(arch.vllm_layer_split(), (0, 32));
+        arch.num_experts = 8;
+        arch.experts_per_tok = 2;
+        assert_eq!(arch.vllm_layer_split(), (32, 0));
+        arch.num_layers = 48;
+        arch.interleave_moe_layer_step = 1; // Llama-4 Scout
+        assert_eq!(arch.vllm_layer_split(), (48, 0));
+        arch.interleave_moe_layer_step = 2; // Llama-4 Maverick
+        assert_eq!(arch.vllm_layer_split(), (24, 24));
+        arch.interleave_moe_layer_step = 0;
+        arch.num_layers = 27;
+        arch.first_k_dense_replace = 1; // DeepSeek-V2-Lite
+        assert_eq!(arch.vllm_layer_split(), (26, 1));
+    }
+
+    #[test]
+    fn llama_4_moe_layers_have_a_shared_expert_of_the_expert_width() {
+        // Llama 4's MoE layers add a shared expert of `intermediate_size` (HF's and vLLM's
+        // Llama4 MoE); its config has no shared-expert count. Explicit widths win.
+        let mut arch = llama_8b();
+        arch.num_experts = 16;
+        arch.experts_per_tok = 1;
+        arch.intermediate_size = 8192;
+        assert_eq!(arch.vllm_shared_expert_intermediate(), 0);
+        arch.interleave_moe_layer_step = 1;
+        assert_eq!(arch.vllm_shared_expert_intermediate(), 8192);
+        arch.moe_intermediate_size = 4096;
+        assert_eq!(arch.vllm_shared_expert_intermediate(), 4096);
+        arch.shared_expert_intermediate_size = 2048;
+        assert_eq!(arch.vllm_shared_expert_intermediate(), 2048);
     }
 
     #[test]

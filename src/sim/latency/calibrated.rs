@@ -329,8 +329,10 @@ impl CalibratedModel {
         let d_ff = f64::from(arch.intermediate_size);
         let d_ff_moe = nonzero_or(arch.moe_intermediate_size, d_ff);
         let d_ff_dense = nonzero_or(arch.dense_intermediate_size, d_ff);
-        let d_ff_shared = f64::from(arch.shared_expert_intermediate_size);
-        let (moe_u, dense_u) = arch.step_layer_split();
+        // The layers and shared experts vLLM builds (not BLIS's split, which roofline and
+        // physics keep for parity).
+        let d_ff_shared = f64::from(arch.vllm_shared_expert_intermediate());
+        let (moe_u, dense_u) = arch.vllm_layer_split();
         let (moe_layers, dense_layers) = (f64::from(moe_u), f64::from(dense_u));
         let top_k = f64::from(arch.experts_per_tok.max(1));
         let wb = arch.effective_weight_bytes_per_param();

@@ -404,3 +404,40 @@ fn expert_parallel_ranks_read_a_share_of_the_routed_experts() {
         dense.step_us(&decodes)
     );
 }
+
+#[test]
+fn an_interleaved_moe_is_priced_with_the_layers_vllm_builds() {
+    // Llama-4 Scout's shape (48 layers, interleave step 1: every layer MoE, 16 experts of
+    // 8,192 plus a shared expert of 8,192; dense MLP 16,384 unused): at 64 decodes every
+    // expert is touched, so the step reads 48 x (16 + 1) x 3 x 5,120 x 8,192 bytes (1-byte
+    // weights) of FFNs on one GPU, beside the attention and LM head.
+    let scout = ModelArch {
+        num_layers: 48,
+        hidden_size: 5120,
+        num_heads: 40,
+        num_kv_heads: 8,
+        head_dim: 128,
+        intermediate_size: 8192,
+        dense_intermediate_size: 16384,
+        vocab_size: 202_048,
+        weight_bytes_per_param: 1.0,
+        num_experts: 16,
+        experts_per_tok: 1,
+        interleave_moe_layer_step: 1,
+        ..llama_8b()
+    };
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::WEIGHTS] = 1.0;
+    let model = CalibratedModel::new(&scout, &h100(), 1, &coefficients).unwrap();
+    let decodes: Vec<BatchEntry> = (0..64).map(|_| entry(0, 1, false)).collect();
+    let ffn_bytes = 48.0 * 17.0 * 3.0 * 5120.0 * 8192.0;
+    let attn_bytes = 48.0 * 5120.0 * (2.0 * 5120.0 + 2.0 * 1024.0);
+    let head_bytes = 202_048.0 * 5120.0;
+    let expected_weights_us = (ffn_bytes + attn_bytes + head_bytes) / 3.35e6;
+    let step = model.step_us(&decodes) as f64;
+    // The weights dominate this step; the rest (host terms of ROOFLINE: 0) is small.
+    assert!(
+        (step - expected_weights_us).abs() / expected_weights_us < 0.02,
+        "{step} vs {expected_weights_us}"
+    );
+}
