@@ -136,8 +136,14 @@ fn zero_interval_reads_live() {
 /// Instances 1..3 hold a queue at t=0, instance 0 is empty; then a burst of simultaneous
 /// arrivals comes in.
 fn herd_cluster(interval_us: u64) -> Cluster {
+    herd_cluster_with(queue_only(), interval_us)
+}
+
+/// Four instances of one sequence each, instances 1-3 already holding 5 long requests (1
+/// running, 4 waiting), then a burst of 12 at 1 ms routed by `routing`.
+fn herd_cluster_with(routing: RoutingPolicy, interval_us: u64) -> Cluster {
     let config = {
-        let mut config = cluster_config(4, queue_only(), StalenessConfig::uniform(interval_us));
+        let mut config = cluster_config(4, routing, StalenessConfig::uniform(interval_us));
         for instance in &mut config.instances {
             instance.engine.max_num_seqs = 1;
         }
@@ -184,6 +190,16 @@ fn stale_queue_depth_herds_a_burst_onto_one_instance() {
         &[12, 0, 0, 0],
         "every request sees the same stale best"
     );
+}
+
+#[test]
+fn vllm_data_parallel_adds_four_a_request_until_the_next_report() {
+    // vLLM's balancer on the same burst, the counts 50 ms stale: instance 0 scores 4 per
+    // request sent since the report, the others 4 · 4 waiting + 1 running = 17 plus 4 per
+    // request: 0, 4, 8, 12, 16 go to instance 0, then 17, 17, 17 to 1-3, then 20 to 0 and
+    // 21, 21, 21 to 1-3 (the first minimum wins ties).
+    let cluster = herd_cluster_with(RoutingPolicy::VllmDataParallel, 50_000);
+    assert_eq!(cluster.routed_counts(), &[6, 2, 2, 2]);
 }
 
 #[test]
@@ -458,6 +474,7 @@ fn routing_strategy() -> impl Strategy<Value = RoutingPolicy> {
         Just(RoutingPolicy::RoundRobin),
         Just(RoutingPolicy::Random),
         Just(RoutingPolicy::LeastLoaded),
+        Just(RoutingPolicy::VllmDataParallel),
         Just(RoutingPolicy::llm_d_default()),
         Just(precise_prefix_profile()),
         Just(RoutingPolicy::Weighted {

@@ -130,7 +130,7 @@ fn a_mixture_of_experts_at_dp_2_runs_expert_parallel() {
     // share the same requests, and with expert parallelism each GPU reads a quarter of
     // the routed experts instead of half, so the token is about twice as fast; halving the
     // load alone on TP-only ranks would barely move it (Mixtral's step is its weights:
-    // 19.1 against 20.7 ms when this test was written, 10.9 with expert parallelism).
+    // 19.1 against 20.7 ms when this test was written, 10.8 with expert parallelism).
     let mixtral = "h100-mixtral8x7b-tp2-general";
     let one = copy_with(mixtral, "moe-dp1", None);
     let two = copy_with(mixtral, "moe-dp2", Some(("dp", "2")));

@@ -122,8 +122,8 @@ pub struct RunArgs {
     /// Simulate a cluster of N copies of the instance the flags describe.
     #[arg(long, conflicts_with = "cluster")]
     pub instances: Option<u32>,
-    /// Routing policy of the cluster: round-robin, random, least-loaded or weighted
-    /// (llm-d's default profile).
+    /// Routing policy of the cluster: round-robin, random, least-loaded, vllm-dp (vLLM's
+    /// data-parallel balancer) or weighted (llm-d's default profile).
     #[arg(long)]
     pub routing: Option<String>,
     /// Refresh interval of every router signal in ms (0: live); default the cluster's (50).

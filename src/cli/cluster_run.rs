@@ -162,6 +162,7 @@ fn routing_name(policy: &RoutingPolicy) -> String {
         RoutingPolicy::RoundRobin => "round-robin".to_owned(),
         RoutingPolicy::Random => "random".to_owned(),
         RoutingPolicy::LeastLoaded => "least-loaded".to_owned(),
+        RoutingPolicy::VllmDataParallel => "vllm-dp".to_owned(),
         RoutingPolicy::Weighted { scorers, .. } => {
             let parts: Vec<String> = scorers
                 .iter()

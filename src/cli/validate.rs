@@ -38,8 +38,8 @@ pub struct ValidateArgs {
     /// Do not give requests their workload's shared system prompt.
     #[arg(long)]
     pub no_shared_prefix: bool,
-    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, lost lengths
-    /// of failed requests, and a data-parallel run's routing ties.
+    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, and lost
+    /// lengths of failed requests.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Print JSON instead of a table.

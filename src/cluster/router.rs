@@ -1,6 +1,8 @@
 //! The router: picks an instance for each admitted request.
 //!
-//! Policies: round-robin, random, least-loaded (queue + running + router in-flight), and
+//! Policies: round-robin, random, least-loaded (queue + running + router in-flight), vLLM's
+//! data-parallel balancer (4 · waiting + running as last reported, plus 4 a request sent
+//! since), and
 //! weighted scoring with llm-d's scorer formulas, each in [0, 1], combined as a weighted
 //! mean and picked by max score (seeded random tie-break) or weighted random. All randomness
 //! comes from the router's own named stream. The approximate prefix index (what llm-d's
@@ -21,6 +23,8 @@ pub struct RoutingContext<'a> {
     pub views: &'a [SignalView],
     /// Router-local in-flight requests (always fresh).
     pub in_flight: &'a [u64],
+    /// Requests sent to each instance since its queue-depth signal last refreshed.
+    pub sent_since_refresh: &'a [u64],
     /// Fraction of the prompt's full blocks each instance is believed to hold (leading
     /// blocks matched / prompt blocks, 0 for a prompt shorter than a block).
     pub prefix_fraction: &'a [f64],
@@ -99,6 +103,14 @@ impl Router {
                 pick
             }
             RoutingPolicy::Random => below(&mut self.rng, count),
+            RoutingPolicy::VllmDataParallel => {
+                let score = |i: usize| {
+                    let view = &context.views[i];
+                    4 * (view.queue_depth + context.sent_since_refresh[i]) + view.running
+                };
+                // The first minimum: ties go to the lowest index, as vLLM's loop does.
+                (0..count).min_by_key(|&i| score(i)).unwrap_or(0)
+            }
             RoutingPolicy::LeastLoaded => {
                 self.scores.clear();
                 self.scores.extend((0..count).map(|i| {
@@ -239,6 +251,7 @@ mod tests {
         let context = RoutingContext {
             views: &v,
             in_flight: &[0, 0, 0],
+            sent_since_refresh: &[0, 0, 0],
             prefix_fraction: &[0.0, 0.0, 0.0],
         };
         assert_eq!(score_of(Scorer::QueueDepth, 0, &context), 1.0);
@@ -248,6 +261,41 @@ mod tests {
             score_of(Scorer::LoadAware { threshold: 128 }, 1, &context),
             0.5 * (1.0 - 6.0 / 128.0)
         );
+    }
+
+    #[test]
+    fn vllm_data_parallel_counts_waiting_four_times_and_ties_to_the_first() {
+        // vLLM's DPLBAsyncMPClient: score = 4 · waiting + running, +4 per request sent since
+        // the last report, the first minimum wins.
+        let rng = RngStreams::new(1).stream("router");
+        let mut router = Router::new(RoutingPolicy::VllmDataParallel, 3, rng);
+        let mut pick = |queues: [u64; 3], running: [u64; 3], sent: [u64; 3]| {
+            let v: Vec<SignalView> = (0..3)
+                .map(|i| SignalView {
+                    queue_depth: queues[i],
+                    running: running[i],
+                    ..SignalView::default()
+                })
+                .collect();
+            router.pick(&RoutingContext {
+                views: &v,
+                // Ignored by this policy (least-loaded would pick instance 0 here).
+                in_flight: &[0, 9, 9],
+                sent_since_refresh: &sent,
+                prefix_fraction: &[0.0; 3],
+            })
+        };
+        assert_eq!(
+            pick([0, 0, 0], [0, 0, 0], [0, 0, 0]),
+            0,
+            "ties to the first"
+        );
+        assert_eq!(pick([0, 0, 0], [5, 3, 4], [0, 0, 0]), 1);
+        // One waiting outweighs three running: 4 vs 3.
+        assert_eq!(pick([1, 0, 0], [0, 3, 5], [0, 0, 0]), 1);
+        // A request sent since the report counts as waiting: 0+4 vs 3 vs 5.
+        assert_eq!(pick([0, 0, 0], [0, 3, 5], [1, 0, 0]), 1);
+        assert_eq!(pick([0, 0, 0], [0, 3, 5], [2, 1, 0]), 2); // 8, 7, 5
     }
 
     #[test]

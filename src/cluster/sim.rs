@@ -31,6 +31,9 @@ pub struct Cluster {
     captured: Vec<CapturedSignals>,
     ticks: Vec<RefreshTick>,
     in_flight: Vec<u64>,
+    /// Requests sent to each instance since its queue-depth signal last refreshed (what
+    /// vLLM's data-parallel balancer adds to the counts it was last sent).
+    sent_since_refresh: Vec<u64>,
     records_seen: Vec<usize>,
     pending: VecDeque<RequestSpec>,
     now_us: u64,
@@ -111,6 +114,7 @@ impl Cluster {
                 .iter()
                 .map(|e| e.counts().queued + e.counts().running)
                 .collect(),
+            sent_since_refresh: vec![0; count],
             records_seen: engines.iter().map(|e| e.metrics().records.len()).collect(),
             engines,
             router,
@@ -359,6 +363,9 @@ impl Cluster {
                 captured.refresh(signal, engine, now);
             }
         }
+        if signals.contains(&super::config::Signal::QueueDepth) {
+            self.sent_since_refresh.fill(0);
+        }
         // Nothing changes while every instance is idle: stop until the next arrival.
         let active = self.engines.iter().any(|e| !e.is_idle());
         let tick = &mut self.ticks[tick_index];
@@ -443,6 +450,7 @@ impl Cluster {
         let context = RoutingContext {
             views: &self.scratch_views,
             in_flight: &self.in_flight,
+            sent_since_refresh: &self.sent_since_refresh,
             prefix_fraction: &self.scratch_fraction,
         };
         let index = self.router.pick(&context);
@@ -466,6 +474,7 @@ impl Cluster {
         // The arrival is the instance's earliest event now: process it at once.
         engine.process_next_event();
         self.in_flight[index] += 1;
+        self.sent_since_refresh[index] += 1;
         self.routed_to[index] += 1;
         self.collect_finished(index);
     }

@@ -77,8 +77,8 @@ pub struct ReplayOptions {
     pub output_length: OutputLength,
     /// Give requests their shared system prompt (prefix caching hits).
     pub shared_prefix: bool,
-    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, lost lengths of
-    /// failed requests, and a data-parallel run's routing ties.
+    /// Seed of what a replay draws: summary-only runs' arrivals and lengths, and lost lengths
+    /// of failed requests.
     pub seed: u64,
 }
 
@@ -265,14 +265,10 @@ pub fn replay(
 }
 
 /// A data-parallel run (`run.dp` > 1): `dp` replicas of the measured server, each with
-/// its limits and blocks, behind a stand-in for vLLM's data-parallel load balancer.
-/// vLLM's sends a request to the rank with the lowest waiting × 4 + running, from counts
-/// the ranks report every 100 ms plus 4 for each request it sent since, ties to the first
-/// rank; the stand-in is [`RoutingPolicy::LeastLoaded`]: each replica's waiting + running
-/// as last reported (every [`DP_STATS_INTERVAL_US`]) plus the requests sent there and not
-/// finished (so a request running at the last report counts twice), ties at random
-/// (seeded by the replay's seed). Both spread an even load evenly; they differ in how fast
-/// they correct an imbalance. Returns the replicas once every request has finished.
+/// its limits and blocks, behind vLLM's data-parallel load balancer
+/// ([`RoutingPolicy::VllmDataParallel`]: the rank with the lowest waiting × 4 + running
+/// from the counts reported every [`DP_STATS_INTERVAL_US`], plus 4 for each request sent
+/// since, ties to the first rank). Returns the replicas once every request has finished.
 fn replicas(
     run: &MeasuredRun,
     config: &EngineConfig,
@@ -293,10 +289,11 @@ fn replicas(
     };
     let cluster_config = ClusterConfig {
         instances: (0..run.dp).map(instance).collect(),
-        routing: RoutingPolicy::LeastLoaded,
+        routing: RoutingPolicy::VllmDataParallel,
         admission: AdmissionPolicy::Always,
         staleness: StalenessConfig::uniform(DP_STATS_INTERVAL_US),
     };
+    // The balancer draws nothing; the seed only names the cluster's streams.
     let mut cluster = Cluster::new(cluster_config, seed)?;
     cluster.run(requests, REPLAY_EVENTS_MAX)?;
     Ok(cluster.into_engines())

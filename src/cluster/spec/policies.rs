@@ -97,6 +97,7 @@ pub fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecE
         "round-robin" => Ok(RoutingPolicy::RoundRobin),
         "random" => Ok(RoutingPolicy::Random),
         "least-loaded" => Ok(RoutingPolicy::LeastLoaded),
+        "vllm-dp" => Ok(RoutingPolicy::VllmDataParallel),
         "weighted" => {
             let picker = match spec.picker.as_deref().map(str::trim) {
                 None | Some("max-score") => Picker::MaxScore,
@@ -132,7 +133,7 @@ pub fn resolve_routing(spec: &RoutingSpec) -> Result<RoutingPolicy, ClusterSpecE
         other => Err(invalid(
             "routing.policy",
             format!(
-                "unknown policy {other:?}; expected round-robin, random, least-loaded or weighted"
+                "unknown policy {other:?}; expected round-robin, random, least-loaded, vllm-dp or weighted"
             ),
         )),
     }
@@ -310,7 +311,7 @@ pub fn resolve_staleness(spec: StalenessSpec) -> Result<StalenessConfig, Cluster
 }
 
 /// Parses a routing policy name for quick experiments (`--routing`): `round-robin`,
-/// `random`, `least-loaded` or `weighted` (llm-d's default profile).
+/// `random`, `least-loaded`, `vllm-dp` or `weighted` (llm-d's default profile).
 pub fn routing_by_name(name: &str) -> Result<RoutingPolicy, ClusterSpecError> {
     resolve_routing(&RoutingSpec {
         policy: name.to_owned(),

@@ -385,6 +385,7 @@ fn routing_to_proto(routing: &RoutingPolicy) -> proto::RouterPolicy {
         RoutingPolicy::RoundRobin => simple("round-robin"),
         RoutingPolicy::Random => simple("random"),
         RoutingPolicy::LeastLoaded => simple("least-loaded"),
+        RoutingPolicy::VllmDataParallel => simple("vllm-dp"),
         RoutingPolicy::Weighted { scorers, picker } => proto::RouterPolicy {
             policy: "weighted".to_owned(),
             scorers: scorers.iter().map(scorer_to_proto).collect(),
