@@ -680,3 +680,13 @@ fn a_pool_takes_a_calibrate_files_coefficients() {
     let err = spec::parse_cluster_yaml(&physics).unwrap_err().to_string();
     assert!(err.contains("pools[0].calibrated_coefficients"), "{err}");
 }
+
+#[test]
+fn vllm_data_parallel_with_live_counts_reads_them_alone() {
+    // Live signals count each dispatch at once (a request sent waits until the next
+    // step), so nothing is added for requests sent: the burst splits as with stale counts
+    // plus the tally, [6, 2, 2, 2]. Adding the tally to live counts would count each
+    // request twice (8 a request on instance 0: [5, 3, 2, 2]).
+    let cluster = herd_cluster_with(RoutingPolicy::VllmDataParallel, 0);
+    assert_eq!(cluster.routed_counts(), &[6, 2, 2, 2]);
+}

@@ -23,7 +23,8 @@ pub struct RoutingContext<'a> {
     pub views: &'a [SignalView],
     /// Router-local in-flight requests (always fresh).
     pub in_flight: &'a [u64],
-    /// Requests sent to each instance since its queue-depth signal last refreshed.
+    /// Requests sent to each instance since its queue-depth signal last refreshed (0 when
+    /// the queue depth is read live: it already counts them).
     pub sent_since_refresh: &'a [u64],
     /// Fraction of the prompt's full blocks each instance is believed to hold (leading
     /// blocks matched / prompt blocks, 0 for a prompt shorter than a block).

@@ -32,7 +32,8 @@ pub struct Cluster {
     ticks: Vec<RefreshTick>,
     in_flight: Vec<u64>,
     /// Requests sent to each instance since its queue-depth signal last refreshed (what
-    /// vLLM's data-parallel balancer adds to the counts it was last sent).
+    /// vLLM's data-parallel balancer adds to the counts it was last sent); always 0 when
+    /// the queue depth is read live.
     sent_since_refresh: Vec<u64>,
     records_seen: Vec<usize>,
     pending: VecDeque<RequestSpec>,
@@ -474,7 +475,11 @@ impl Cluster {
         // The arrival is the instance's earliest event now: process it at once.
         engine.process_next_event();
         self.in_flight[index] += 1;
-        self.sent_since_refresh[index] += 1;
+        // A live queue depth already counts the request; a stale one does not until the
+        // next refresh.
+        if self.config.staleness.queue_depth_us > 0 {
+            self.sent_since_refresh[index] += 1;
+        }
         self.routed_to[index] += 1;
         self.collect_finished(index);
     }
