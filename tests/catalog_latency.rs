@@ -37,12 +37,16 @@ fn build(kind: LatencyKind, model: &str, gpu: &str, tp: u32) -> Result<LatencyMo
 
 #[test]
 fn every_bundled_model_builds_every_analytic_model_on_h100() {
-    // Goal: the embedded configs are all usable. Method: roofline and physics must build at
-    // TP 1 and price a mixed batch at a finite, positive time; blackbox must either build or
-    // say that BLIS fitted no coefficients for the combination.
+    // Goal: the embedded configs are all usable. Method: roofline, physics and calibrated
+    // must build at TP 1 and price a mixed batch at a finite, positive time; blackbox must
+    // either build or say that BLIS fitted no coefficients for the combination.
     assert_eq!(catalog::model_names().len(), 14);
     for name in catalog::model_names() {
-        for kind in [LatencyKind::Roofline, LatencyKind::Physics] {
+        for kind in [
+            LatencyKind::Roofline,
+            LatencyKind::Physics,
+            LatencyKind::Calibrated,
+        ] {
             let model = build(kind, name, "H100", 1).unwrap();
             let step = model.step_us(&sample_batch());
             assert!(step > 1 && step < 10_000_000, "{name} {kind:?}: {step} µs");
@@ -155,11 +159,16 @@ fn architectures_read_as_blis_reads_them() {
     assert_eq!(scout.dense_intermediate_size, 16384);
     assert_eq!(scout.effective_weight_bytes_per_param(), 1.0);
     assert_eq!(scout.step_layer_split(), (24, 24));
+    // What vLLM builds (the calibrated model's split): every Scout layer MoE, each with a
+    // shared expert of the expert width.
+    assert_eq!(scout.vllm_layer_split(), (48, 0));
+    assert_eq!(scout.vllm_shared_expert_intermediate(), 8192);
     // DeepSeek-V2-Lite: MLA, shared experts, a dense first layer, yarn rope.
     let deepseek = catalog::model("deepseek-v2-lite").unwrap();
     assert!(deepseek.is_mla());
     assert_eq!(deepseek.shared_expert_intermediate_size, 2 * 1408);
     assert_eq!(deepseek.first_k_dense_replace, 1);
+    assert_eq!(deepseek.vllm_layer_split(), (26, 1));
     assert_eq!(deepseek.max_model_len, 163_840);
     // Qwen3-30B-A3B: `num_experts` alias and an explicit head_dim.
     let qwen = catalog::model("qwen3-30b-a3b").unwrap();
@@ -171,6 +180,7 @@ fn architectures_read_as_blis_reads_them() {
     let glm = catalog::model("glm-5.2-fp8").unwrap();
     assert_eq!(glm.bytes_per_param, 2.0);
     assert_eq!(glm.effective_weight_bytes_per_param(), 1.0);
+    assert_eq!(glm.vllm_layer_split(), (75, 3));
 }
 
 #[test]

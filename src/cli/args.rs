@@ -123,7 +123,8 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "cluster")]
     pub instances: Option<u32>,
     /// Routing policy of the cluster: round-robin, random, least-loaded, vllm-dp (vLLM's
-    /// data-parallel balancer) or weighted (llm-d's default profile).
+    /// data-parallel balancer; pair it with --refresh-interval-ms 100, vLLM's publishing
+    /// period) or weighted (llm-d's default profile).
     #[arg(long)]
     pub routing: Option<String>,
     /// Refresh interval of every router signal in ms (0: live); default the cluster's (50).

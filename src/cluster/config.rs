@@ -157,11 +157,12 @@ pub enum RoutingPolicy {
     Random,
     /// Least queue + running + router in-flight; ties broken at random (seeded).
     LeastLoaded,
-    /// vLLM's own data-parallel load balancer (`DPLBAsyncMPClient`): the lowest
-    /// 4 · waiting + running from the counts the ranks last reported (the queue-depth and
-    /// running signals, as stale as configured; vLLM's ranks report every 100 ms), plus 4 for
-    /// each request sent to a rank since its last report; ties to the lowest index. What
-    /// spreads requests over the ranks of one `--data-parallel-size` server.
+    /// vLLM's own data-parallel load balancer (`DPLBAsyncMPClient`, one API server): the
+    /// lowest 4 · waiting + running from the counts the ranks last reported (the queue-depth
+    /// and running signals, as stale as configured, assumed to refresh together; vLLM's
+    /// coordinator publishes at most every 100 ms), plus 4 for each request sent to a rank
+    /// since its queue depth was last refreshed; ties to the lowest index. What spreads
+    /// requests over the ranks of one `--data-parallel-size` server.
     VllmDataParallel,
     /// A weighted sum of scorers, then a picker.
     Weighted {

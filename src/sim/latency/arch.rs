@@ -63,12 +63,15 @@ pub struct ModelArch {
     /// Total shared-expert FFN width (`shared_expert_intermediate_size`, else
     /// `n_shared_experts` x per-expert width); 0 when the model has no shared experts.
     pub shared_expert_intermediate_size: u32,
-    /// `interleave_moe_layer_step`: 0 = every layer is MoE, s > 0 = one MoE layer per s+1.
+    /// `interleave_moe_layer_step`: 0 = every layer is MoE; s > 0: one MoE layer per s + 1
+    /// as BLIS reads it ([`ModelArch::step_layer_split`]), one per s as vLLM builds Llama 4
+    /// ([`ModelArch::vllm_layer_split`]).
     pub interleave_moe_layer_step: u32,
     /// Dense-layer FFN width in interleaved MoE models (`intermediate_size_mlp`); 0 = use
     /// `intermediate_size`.
     pub dense_intermediate_size: u32,
-    /// `first_k_dense_replace`: number of leading dense layers in an MoE model (capacity only).
+    /// `first_k_dense_replace`: number of leading dense layers in an MoE model (capacity and
+    /// the calibrated model's [`ModelArch::vllm_layer_split`]; BLIS's split ignores it).
     pub first_k_dense_replace: u32,
     /// `kv_lora_rank`: > 0 marks Multi-head Latent Attention (compressed KV latent).
     pub kv_lora_rank: u32,
@@ -158,7 +161,10 @@ impl ModelArch {
     /// L / s of them (Scout, s = 1: every layer); otherwise every layer after the first
     /// `first_k_dense_replace` (DeepSeek, GLM); dense models are all dense. The calibrated
     /// model prices this split; roofline and physics keep BLIS's
-    /// ([`ModelArch::step_layer_split`]) for parity with BLIS's coefficients.
+    /// ([`ModelArch::step_layer_split`]) for parity with BLIS's coefficients. Not read:
+    /// DeepSeek's `moe_layer_freq` and Qwen's `decoder_sparse_step` / `mlp_only_layers`
+    /// (1 and none in every bundled config); a Llama-4 config with step 0 (all dense in
+    /// vLLM) reads as a plain MoE, as a missing step does.
     pub fn vllm_layer_split(&self) -> (u32, u32) {
         if !self.is_moe() {
             return (0, self.num_layers);
