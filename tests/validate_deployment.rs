@@ -31,36 +31,16 @@ impl Drop for Variant {
 /// set to `value` on every record and the workload's rates and request count multiplied by
 /// `load`.
 fn variant(tag: &str, column: Option<(&str, &str)>, load: f64) -> Variant {
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/gt")
-        .join(RUN);
-    let dir = std::env::temp_dir()
-        .join(format!("ditto-deploy-{}-{tag}", std::process::id()))
-        .join(RUN);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::copy(
-        source.join("model_config.json"),
-        dir.join("model_config.json"),
-    )
-    .unwrap();
-
-    let csv = std::fs::read_to_string(source.join("s2r_error_records.csv")).unwrap();
-    let out = match column {
-        Some((name, value)) => with_column(&csv, name, value),
-        None => csv,
-    };
-    std::fs::write(dir.join("s2r_error_records.csv"), out).unwrap();
-
-    let name = "workload_general_lite.json";
+    let copy = copy_with(RUN, tag, column);
+    let path = copy.dir.join("workload_general_lite.json");
     let mut workload: Value =
-        serde_json::from_str(&std::fs::read_to_string(source.join(name)).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     for stage in workload["stages"].as_array_mut().unwrap() {
         stage["rate"] = (stage["rate"].as_f64().unwrap() * load).into();
     }
     workload["num_requests"] = ((workload["num_requests"].as_f64().unwrap() * load) as u64).into();
-    std::fs::write(dir.join(name), workload.to_string()).unwrap();
-    Variant { dir }
+    std::fs::write(&path, workload.to_string()).unwrap();
+    copy
 }
 
 /// `ditto validate --json` of one run directory: the run's report.
