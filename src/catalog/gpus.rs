@@ -46,33 +46,47 @@ struct RawGpu {
 /// error too).
 pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
     let mut table = parse_tables()?;
-    add_interconnect(&mut table, "gpu_interconnect.json", INTERCONNECT_JSON)?;
-    add_attention(&mut table, "gpu_attention.json", ATTENTION_JSON)?;
+    add_side_file(
+        &mut table,
+        "gpu_interconnect.json",
+        INTERCONNECT_JSON,
+        INTERCONNECT,
+    )?;
+    add_side_file(&mut table, "gpu_attention.json", ATTENTION_JSON, ATTENTION)?;
     Ok(table)
 }
 
-/// Sets every GPU's `interconnect_gbs` from `json` (name -> `{"InterconnectGBs": ..}`).
-fn add_interconnect(
-    table: &mut [GpuSpec],
-    file: &'static str,
-    json: &str,
-) -> Result<(), CatalogError> {
-    let values = per_gpu_numbers(table, file, json, "InterconnectGBs")?;
-    for (gpu, value) in table.iter_mut().zip(values) {
-        gpu.interconnect_gbs = value;
-    }
-    Ok(())
+/// A per-GPU side file's field and the `GpuSpec` value it sets.
+#[derive(Clone, Copy)]
+struct SideField {
+    /// The key each GPU's entry carries.
+    name: &'static str,
+    /// Stores a value in a GPU's spec.
+    set: fn(&mut GpuSpec, f64),
 }
 
-/// Sets every GPU's `kv_read_factor` from `json` (name -> `{"KvReadFactor": ..}`).
-fn add_attention(
+/// `gpu_interconnect.json`: per-direction GPU-to-GPU bandwidth, GB/s.
+const INTERCONNECT: SideField = SideField {
+    name: "InterconnectGBs",
+    set: |gpu, value| gpu.interconnect_gbs = value,
+};
+
+/// `gpu_attention.json`: the attention kernel's KV-read cost relative to Hopper's.
+const ATTENTION: SideField = SideField {
+    name: "KvReadFactor",
+    set: |gpu, value| gpu.kv_read_factor = value,
+};
+
+/// Sets `field` on every GPU of `table` from the side file `json` (name -> `{field: ..}`).
+fn add_side_file(
     table: &mut [GpuSpec],
     file: &'static str,
     json: &str,
+    field: SideField,
 ) -> Result<(), CatalogError> {
-    let values = per_gpu_numbers(table, file, json, "KvReadFactor")?;
+    let values = per_gpu_numbers(table, file, json, field.name)?;
     for (gpu, value) in table.iter_mut().zip(values) {
-        gpu.kv_read_factor = value;
+        (field.set)(gpu, value);
     }
     Ok(())
 }
@@ -280,55 +294,26 @@ mod tests {
     }
 
     #[test]
-    fn interconnect_entries_are_required_and_positive() {
-        let mut table = parse_tables().unwrap();
-        let err = add_interconnect(
-            &mut table,
-            "t.json",
-            r#"{"H100": {"InterconnectGBs": 450}}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            err.contains("InterconnectGBs") && err.contains("t.json"),
-            "{err}"
-        );
-        let err = add_interconnect(
-            &mut table[..1],
-            "t.json",
-            r#"{"A100-80": {"InterconnectGBs": 0}}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("> 0"), "{err}");
-    }
-
-    #[test]
-    fn attention_entries_are_required_and_positive() {
-        let mut table = parse_tables().unwrap();
-        let err = add_attention(&mut table, "t.json", r#"{"H100": {"KvReadFactor": 1}}"#)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("KvReadFactor") && err.contains("t.json"),
-            "{err}"
-        );
-        let err = add_attention(
-            &mut table[..1],
-            "t.json",
-            r#"{"A100-80": {"KvReadFactor": -1}}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("> 0"), "{err}");
-        let err = add_attention(
-            &mut table,
-            "t.json",
-            r#"{"A100-8O": {"KvReadFactor": 2.5}}"#,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("A100-8O") && err.contains("t.json"), "{err}");
+    fn side_file_entries_are_required_positive_and_known() {
+        for field in [INTERCONNECT, ATTENTION] {
+            let name = field.name;
+            let mut table = parse_tables().unwrap();
+            let only_h100 = format!(r#"{{"H100": {{"{name}": 1}}}}"#);
+            let err = add_side_file(&mut table, "t.json", &only_h100, field)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name) && err.contains("t.json"), "{err}");
+            let zero = format!(r#"{{"A100-80": {{"{name}": 0}}}}"#);
+            let err = add_side_file(&mut table[..1], "t.json", &zero, field)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("> 0"), "{err}");
+            let misspelt = format!(r#"{{"A100-8O": {{"{name}": 2.5}}}}"#);
+            let err = add_side_file(&mut table, "t.json", &misspelt, field)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("A100-8O") && err.contains("t.json"), "{err}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::cli::CliError;
 use crate::cli::progress::{self, Progress};
 use crate::cli::validate::{self, Validated, load_run, replay_options};
 use crate::fidelity::calibrate::{FitEvaluation, FitResult, FitSpec, Target, fit_observed};
-use crate::fidelity::score;
+use crate::fidelity::{deployment, score};
 use crate::sim::latency::CalibratedCoefficients;
 use crate::sim::latency::calibrated::COEFFICIENT_NAMES;
 
@@ -189,32 +189,19 @@ impl LeaveOut {
 }
 
 /// The group of a run named `<gpu or id>-<model...>-tp<N>-<workload...>` (the published
-/// runs' naming; the dataset's own folder names end in `-<N>` or `-<N>-<D>`, its TP and
-/// data-parallel degree, which are not part of the workload); a name without a `tp<N>` part
-/// is its own group.
+/// runs' naming, read by [`deployment::parse_run_name`], which drops the dataset's `-<N>`
+/// or `-<N>-<D>` suffix from the workload); a name without a `tp<N>` part, or without the
+/// part the grouping needs, is its own group.
 pub fn group_of(name: &str, kind: LeaveOut) -> String {
-    let parts: Vec<&str> = name.split('-').collect();
-    let tp = parts.iter().position(|p| {
-        p.strip_prefix("tp")
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    });
-    match (kind, tp) {
-        (LeaveOut::Model, Some(tp)) if tp > 1 => parts[1..tp].join("-"),
-        (LeaveOut::Workload, Some(tp)) if tp + 1 < parts.len() => {
-            let degree = &parts[tp][2..];
-            let mut workload = &parts[tp + 1..];
-            let numeric = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
-            match workload {
-                [rest @ .., t, d] if !rest.is_empty() && *t == degree && numeric(d) => {
-                    workload = rest;
-                }
-                [rest @ .., t] if !rest.is_empty() && *t == degree => workload = rest,
-                _ => {}
-            }
-            workload.join("-").trim_end_matches("-lite").to_string()
-        }
-        _ => name.to_string(),
-    }
+    let run = deployment::parse_run_name(name);
+    let group = match kind {
+        LeaveOut::Model => run.and_then(|run| run.model),
+        LeaveOut::Workload => run
+            .and_then(|run| run.workload)
+            .map(|workload| workload.trim_end_matches("-lite").to_string()),
+        LeaveOut::Run => None,
+    };
+    group.unwrap_or_else(|| name.to_string())
 }
 
 /// A fit with a progress bar of its evaluations and current error on stderr (when `show`).

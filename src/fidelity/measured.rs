@@ -30,6 +30,7 @@ use crate::sim::latency::ModelArch;
 use crate::workload::TraceFormat;
 
 use super::FidelityError;
+use super::deployment;
 use super::s2r::{S2r, parse_s2r};
 
 /// The text of a run directory's files (the caller reads them).
@@ -253,7 +254,7 @@ impl MeasuredRun {
             output_lengths: None,
         };
         if let Some(precision) = &run.precision {
-            apply_precision(&mut run.arch, precision)?;
+            deployment::apply_precision(&mut run.arch, precision)?;
         }
         if let Some((file, profile)) = &profile {
             apply_profile(&mut run, file, profile)?;
@@ -275,9 +276,9 @@ impl MeasuredRun {
             .or_else(|| {
                 s2r.experiment_folder
                     .as_deref()
-                    .and_then(|folder| dp_from_name(folder, run.tp))
+                    .and_then(|folder| deployment::dp_from_name(folder, run.tp))
             })
-            .or_else(|| dp_from_name(&run.name, run.tp))
+            .or_else(|| deployment::dp_from_name(&run.name, run.tp))
             .unwrap_or(1);
         if run.stages.is_empty() {
             return Err(FidelityError::Missing {
@@ -335,48 +336,6 @@ fn missing_file(file: &str, reason: &str) -> FidelityError {
     FidelityError::BadFile {
         file: file.into(),
         reason: format!("missing: {reason}"),
-    }
-}
-
-/// The most data-parallel replicas a run may declare (a bound on what one replay builds).
-pub const MAX_DATA_PARALLEL: u32 = 64;
-
-/// The data-parallel degree a run's name records, when it keeps the dataset's
-/// `<id>-<model>-tp<T>-<workload>-<T>-<D>` form (the pipeline's TP-DP suffix, e.g.
-/// `35-llama-2-7b-hf-tp1-general-1-2`): `D`, when a `tp<T>` part comes before the workload,
-/// the suffix's `T` equals the run's TP and `D` is 1 to [`MAX_DATA_PARALLEL`]; else `None`.
-fn dp_from_name(name: &str, tp: u32) -> Option<u32> {
-    let parts: Vec<&str> = name.split('-').collect();
-    let [before @ .., workload, suffix_tp, dp] = parts.as_slice() else {
-        return None;
-    };
-    let dp: u32 = dp.parse().ok()?;
-    let suffix_tp: u32 = suffix_tp.parse().ok()?;
-    let tp_tag = format!("tp{tp}");
-    let named_tp = before.contains(&tp_tag.as_str());
-    let has_workload = workload.parse::<u32>().is_err() && !workload.is_empty();
-    (suffix_tp == tp && named_tp && has_workload && (1..=MAX_DATA_PARALLEL).contains(&dp))
-        .then_some(dp)
-}
-
-/// Applies a recorded weight precision to `arch`. `FP16`/`BF16` (the checkpoints' own
-/// width) change nothing; `FP8` sets 1-byte weights unless the model's config already
-/// declares a quantization (an FP8 checkpoint says so itself). On a GPU with FP8 tensor
-/// cores the GEMMs then run at the FP8 peak (W8A8); on one without (A100) at the 16-bit
-/// peak with the weights read at one byte (vLLM's weight-only FP8 there).
-fn apply_precision(arch: &mut ModelArch, precision: &str) -> Result<(), FidelityError> {
-    match precision.trim().to_ascii_uppercase().as_str() {
-        "FP16" | "BF16" | "BFLOAT16" | "FLOAT16" | "AUTO" => Ok(()),
-        "FP8" => {
-            if arch.weight_bytes_per_param == 0.0 {
-                arch.weight_bytes_per_param = 1.0;
-            }
-            Ok(())
-        }
-        _ => Err(bad(
-            "s2r_error_records.csv",
-            format!("precision `{precision}`: expected FP16, BF16 or FP8"),
-        )),
     }
 }
 
@@ -593,31 +552,4 @@ fn parse_ground_truth(text: &str) -> Result<Truth, FidelityError> {
         }
     }
     Ok(truth)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::dp_from_name;
-
-    #[test]
-    fn the_tp_dp_suffix_of_a_run_name_gives_its_data_parallel_degree() {
-        assert_eq!(dp_from_name("35-llama-2-7b-hf-tp1-general-1-2", 1), Some(2));
-        assert_eq!(
-            dp_from_name("34-llama-4-scout-17b-16e-tp2-general-2-4", 2),
-            Some(4)
-        );
-        assert_eq!(
-            dp_from_name("38-llama-3-1-8b-tp1-general-lite-1-1", 1),
-            Some(1)
-        );
-        // The older forms (no suffix, or TP only) and our own names record none.
-        assert_eq!(dp_from_name("13-qwen3-14b-tp1-general-1", 1), None);
-        assert_eq!(dp_from_name("9-mixtral-8x7b-tp2-general", 2), None);
-        assert_eq!(dp_from_name("a100-llama3.1-8b-tp1-general-lite", 1), None);
-        // A time stamp or a count is not a replica count.
-        assert_eq!(dp_from_name("x-tp1-codegen-1-155451", 1), None);
-        // A suffix whose TP is not the run's is not read as TP-DP.
-        assert_eq!(dp_from_name("35-llama-2-7b-hf-tp1-general-1-2", 2), None);
-        assert_eq!(dp_from_name("35-llama-2-7b-hf-general-1-2", 1), None);
-    }
 }

@@ -7,6 +7,8 @@
 //!
 //! - [`blocks`]: the GPU KV block count of a run that did not record it, as the measured
 //!   servers sized theirs;
+//! - [`deployment`]: how the measured server was deployed (data-parallel degree, weight
+//!   precision) and the published run names;
 //! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`]: engine limits, model,
 //!   GPU, requests with their measured TTFT and E2E, rate stages, summary actuals;
 //! - [`replay`]: a run plus a latency model → simulated per-request TTFT and E2E;
@@ -21,6 +23,7 @@
 
 pub mod blocks;
 pub mod calibrate;
+pub mod deployment;
 pub mod measured;
 pub mod replay;
 mod s2r;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::FidelityError;
-use super::measured::MAX_DATA_PARALLEL;
+use super::deployment::MAX_DATA_PARALLEL;
 use super::measured::{Published, bad};
 
 /// What `s2r_error_records.csv` says about the run.
@@ -20,7 +20,7 @@ pub(super) struct S2r {
     pub(super) tp: Option<u32>,
     /// `dp`: data-parallel replicas (each of `tp` GPUs) the load was spread over; `None` when
     /// every cell is empty (the dataset's tooling then means one; the run's folder name may
-    /// still say, see [`super::measured`]).
+    /// still say, see [`super::deployment::dp_from_name`]).
     pub(super) dp: Option<u32>,
     /// `experiment_folder`: the dataset's own name of the run (it may carry the TP-DP
     /// suffix a renamed copy lost).
@@ -83,12 +83,15 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 ape: mape.and_then(number).unwrap_or(f64::NAN),
             });
         }
-        if s2r.hardware.is_none() {
-            s2r.hardware = column("hardware")
-                .map(cell)
-                .filter(|h| !h.is_empty())
-                .map(String::from);
-        }
+        // A non-empty cell of the column `name`; the first record that has one wins.
+        let text = |name: &str| column(name).map(cell).filter(|c| !c.is_empty());
+        let owned = |name: &str| text(name).map(String::from);
+        s2r.hardware = s2r.hardware.take().or_else(|| owned("hardware"));
+        s2r.experiment_folder = s2r
+            .experiment_folder
+            .take()
+            .or_else(|| owned("experiment_folder"));
+        s2r.precision = s2r.precision.take().or_else(|| owned("precision"));
         if s2r.gpu_memory_utilization.is_none() {
             s2r.gpu_memory_utilization = column("gpu_mem_util").and_then(number);
         }
@@ -99,41 +102,24 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 .filter(|&t| t > 0);
         }
         if s2r.dp.is_none() {
-            s2r.dp = column("dp")
-                .map(cell)
-                .filter(|d| !d.is_empty())
-                .map_or(Ok(None), |d| match d.parse::<f64>() {
-                    Ok(v)
-                        if v >= 1.0 && v.fract() == 0.0 && v <= f64::from(MAX_DATA_PARALLEL) =>
-                    {
-                        Ok(Some(v as u32))
-                    }
-                    _ => Err(bad(
-                        FILE,
-                        format!(
-                            "line {}: dp `{d}`: expected a whole number from 1 to {MAX_DATA_PARALLEL}",
-                            n + 2
-                        ),
-                    )),
-                })?;
+            s2r.dp = text("dp").map_or(Ok(None), |d| match d.parse::<f64>() {
+                Ok(v) if v >= 1.0 && v.fract() == 0.0 && v <= f64::from(MAX_DATA_PARALLEL) => {
+                    Ok(Some(v as u32))
+                }
+                _ => Err(bad(
+                    FILE,
+                    format!(
+                        "line {}: dp `{d}`: expected a whole number from 1 to {MAX_DATA_PARALLEL}",
+                        n + 2
+                    ),
+                )),
+            })?;
         }
         if s2r.max_num_batched_tokens.is_none() {
             s2r.max_num_batched_tokens = column("max_num_batched_tokens")
                 .and_then(number)
                 .filter(|&v| v >= 1.0 && v <= f64::from(u32::MAX))
                 .map(|v| v as u32);
-        }
-        if s2r.experiment_folder.is_none() {
-            s2r.experiment_folder = column("experiment_folder")
-                .map(cell)
-                .filter(|f| !f.is_empty())
-                .map(String::from);
-        }
-        if s2r.precision.is_none() {
-            s2r.precision = column("precision")
-                .map(cell)
-                .filter(|p| !p.is_empty())
-                .map(String::from);
         }
     }
     Ok(s2r)

@@ -198,21 +198,18 @@ pub fn model_weight_bytes(arch: &ModelArch) -> u64 {
     let dense_mlp_per_layer = 3 * d * d_ff;
     let mlp_total = if arch.is_moe() {
         let experts = u64::from(arch.num_experts);
-        let d_ff_expert = if arch.moe_intermediate_size > 0 {
-            u64::from(arch.moe_intermediate_size)
-        } else {
-            d_ff
-        };
-        let moe_per_layer = 3 * d * d_ff_expert * experts
-            + 3 * d * u64::from(arch.shared_expert_intermediate_size)
-            + experts * d;
+        // Beside the routed experts: the shared experts and the router.
+        let moe_rest_per_layer =
+            3 * d * u64::from(arch.shared_expert_intermediate_size) + experts * d;
         let dense_prefix_per_layer = if arch.dense_intermediate_size > 0 {
             3 * d * u64::from(arch.dense_intermediate_size)
         } else {
             dense_mlp_per_layer
         };
         let dense_layers = u64::from(arch.first_k_dense_replace).min(layers);
-        dense_layers * dense_prefix_per_layer + (layers - dense_layers) * moe_per_layer
+        dense_layers * dense_prefix_per_layer
+            + (layers - dense_layers) * moe_rest_per_layer
+            + routed_expert_params(arch)
     } else {
         layers * dense_mlp_per_layer
     };
@@ -236,19 +233,19 @@ pub fn model_weight_bytes(arch: &ModelArch) -> u64 {
 /// slicing it over one rank's TP group); 0 for a dense model. Counted as
 /// [`model_weight_bytes`] counts them.
 pub fn routed_expert_weight_bytes(arch: &ModelArch) -> u64 {
+    (routed_expert_params(arch) as f64 * arch.effective_weight_bytes_per_param()) as u64
+}
+
+/// Parameters of every routed expert of every MoE layer (the layers after the first
+/// `first_k_dense_replace`, as BLIS counts them); 0 for a dense model.
+fn routed_expert_params(arch: &ModelArch) -> u64 {
     if !arch.is_moe() {
         return 0;
     }
     let d = u64::from(arch.hidden_size);
     let layers = u64::from(arch.num_layers);
-    let d_ff_expert = if arch.moe_intermediate_size > 0 {
-        u64::from(arch.moe_intermediate_size)
-    } else {
-        u64::from(arch.intermediate_size)
-    };
     let moe_layers = layers - u64::from(arch.first_k_dense_replace).min(layers);
-    let params = moe_layers * 3 * d * d_ff_expert * u64::from(arch.num_experts);
-    (params as f64 * arch.effective_weight_bytes_per_param()) as u64
+    moe_layers * 3 * d * u64::from(arch.expert_intermediate_size()) * u64::from(arch.num_experts)
 }
 
 /// Builds an `InvalidModel` error for `arch`.

@@ -176,6 +176,15 @@ impl ModelArch {
         (moe_layers, self.num_layers - moe_layers)
     }
 
+    /// The FFN width of one routed expert: `moe_intermediate_size`, else `intermediate_size`.
+    pub fn expert_intermediate_size(&self) -> u32 {
+        if self.moe_intermediate_size > 0 {
+            self.moe_intermediate_size
+        } else {
+            self.intermediate_size
+        }
+    }
+
     /// The shared-expert FFN width of a MoE layer as vLLM builds it: the config's
     /// (`shared_expert_intermediate_size`, or a shared-expert count times the expert width),
     /// else, for Llama 4 (an interleaved MoE, whose every MoE layer adds a shared expert of
@@ -185,11 +194,7 @@ impl ModelArch {
             return self.shared_expert_intermediate_size;
         }
         if self.is_moe() && self.interleave_moe_layer_step > 0 {
-            return if self.moe_intermediate_size > 0 {
-                self.moe_intermediate_size
-            } else {
-                self.intermediate_size
-            };
+            return self.expert_intermediate_size();
         }
         0
     }

@@ -112,7 +112,7 @@ impl PhysicsModel {
         let head_dim = f64::from(head_dim_u);
         let d_kv = f64::from(arch.num_kv_heads) * head_dim;
         let d_ff = f64::from(arch.intermediate_size);
-        let d_ff_moe = nonzero_or(arch.moe_intermediate_size, d_ff);
+        let d_ff_moe = f64::from(arch.expert_intermediate_size());
         let d_ff_dense = nonzero_or(arch.dense_intermediate_size, d_ff);
         let d_ff_shared = f64::from(arch.shared_expert_intermediate_size);
         let (moe_layers_u, dense_layers_u) = arch.step_layer_split();

@@ -71,7 +71,7 @@ impl RooflineModel {
         } else {
             4.0 * d
         };
-        let d_ff_moe = nonzero_or(arch.moe_intermediate_size, d_ff);
+        let d_ff_moe = f64::from(arch.expert_intermediate_size());
         let d_ff_dense = nonzero_or(arch.dense_intermediate_size, d_ff);
         let (moe_layers, dense_layers) = arch.step_layer_split();
         let (moe_layers, dense_layers) = (f64::from(moe_layers), f64::from(dense_layers));

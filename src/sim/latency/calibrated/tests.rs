@@ -332,8 +332,8 @@ fn peer_latency_can_skip_the_base_peers_and_the_first_token_step() {
 fn the_kv_term_scales_with_the_gpus_attention_kernel() {
     // A GPU whose attention kernel reads the KV cache 2.5x dearer (FlashAttention 2 on
     // Ampere) prices a decode step's KV part 2.5x, everything else unchanged.
-    let mut coefficients = CalibratedCoefficients::ROOFLINE;
-    coefficients.values[idx::KV] = 1.0;
+    // Pure roofline: every efficiency 1, no host terms.
+    let coefficients = CalibratedCoefficients::ROOFLINE;
     let fa2 = GpuSpec {
         kv_read_factor: 2.5,
         ..h100()
@@ -365,8 +365,8 @@ fn expert_parallel_ranks_read_a_share_of_the_routed_experts() {
         experts_per_tok: 2,
         ..llama_8b()
     };
-    let mut coefficients = CalibratedCoefficients::ROOFLINE;
-    coefficients.values[idx::WEIGHTS] = 1.0;
+    // Pure roofline: every efficiency 1, no host terms.
+    let coefficients = CalibratedCoefficients::ROOFLINE;
     let tp_only = CalibratedModel::new(&moe, &h100(), 2, &coefficients).unwrap();
     let ep = tp_only.clone().with_expert_parallel(2);
     let decodes: Vec<BatchEntry> = (0..64).map(|_| entry(500, 1, false)).collect();
@@ -427,8 +427,8 @@ fn an_interleaved_moe_is_priced_with_the_layers_vllm_builds() {
         interleave_moe_layer_step: 1,
         ..llama_8b()
     };
-    let mut coefficients = CalibratedCoefficients::ROOFLINE;
-    coefficients.values[idx::WEIGHTS] = 1.0;
+    // Pure roofline: every efficiency 1, no host terms.
+    let coefficients = CalibratedCoefficients::ROOFLINE;
     let model = CalibratedModel::new(&scout, &h100(), 1, &coefficients).unwrap();
     let decodes: Vec<BatchEntry> = (0..64).map(|_| entry(0, 1, false)).collect();
     let touched = 16.0 * (1.0 - (15.0f64 / 16.0).powi(64));
