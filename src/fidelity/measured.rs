@@ -103,7 +103,7 @@ pub struct MeasuredRequest {
 
 /// A request that failed in the measurement (the client's timeout, in the overloaded runs).
 /// A failed request's token counts are usually lost (0 in the data: the client never saw
-/// them); the replay then draws them from the workload ([`super::replay`]).
+/// them); the replay then draws them from the workload ([`super::replay`](mod@super::replay)).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FailedRequest {
     /// The replay `index`.
@@ -148,7 +148,7 @@ pub struct MeasuredRun {
     pub tp: u32,
     /// Data-parallel replicas the load was spread over, each a server of `tp` GPUs with the
     /// limits and blocks below (`dp` in `s2r_error_records.csv`; 1 when not recorded). The
-    /// replay simulates that many ([`super::replay`]).
+    /// replay simulates that many ([`super::replay`](mod@super::replay)).
     pub dp: u32,
     /// The weights' precision the server ran, as recorded (`precision`: `FP16`, `FP8`). A
     /// recorded FP8 sets 1-byte weights when the model's config declares no quantization

@@ -11,7 +11,7 @@
 //!   precision) and the published run names;
 //! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`]: engine limits, model,
 //!   GPU, requests with their measured TTFT and E2E, rate stages, summary actuals;
-//! - [`replay`]: a run plus a latency model → simulated per-request TTFT and E2E;
+//! - [`replay`](mod@replay): a run plus a latency model → simulated per-request TTFT and E2E;
 //! - [`score`]: predicted vs. measured → the field's metrics (E2E/TTFT mean and p90, TPOT
 //!   mean), per stage and overall, absolute % errors, KS distances, medians across runs;
 //! - [`scraped`]: a run known only from two scrapes of vLLM's own `/metrics` → a
