@@ -36,6 +36,8 @@ struct CalibrationMetrics {
     rejected: IntCounterVec,
     coefficient: GaugeVec,
     ape: GaugeVec,
+    resets: IntCounterVec,
+    healthy: GaugeVec,
 }
 
 impl CalibrationMetrics {
@@ -69,6 +71,22 @@ impl CalibrationMetrics {
             ),
             &["phase"],
         )?;
+        let resets = IntCounterVec::new(
+            Opts::new(
+                "ditto_calibration_resets_total",
+                "Times a phase's fit left the plausible range and was reset to the identity, \
+                 by phase and reason.",
+            ),
+            &["phase", "reason"],
+        )?;
+        let healthy = GaugeVec::new(
+            Opts::new(
+                "ditto_calibration_healthy",
+                "1 when the phase's fit is within the plausible range (scale in [0.05, 1e4], \
+                 overhead within the phase's ceiling) and so may be persisted; else 0.",
+            ),
+            &["phase"],
+        )?;
         let ttft_is_e2e = prometheus::Gauge::new(
             "ditto_calibration_ttft_is_e2e",
             "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
@@ -88,6 +106,8 @@ impl CalibrationMetrics {
         metrics.register(Box::new(rejected.clone()))?;
         metrics.register(Box::new(coefficient.clone()))?;
         metrics.register(Box::new(ape.clone()))?;
+        metrics.register(Box::new(resets.clone()))?;
+        metrics.register(Box::new(healthy.clone()))?;
         Ok(Self {
             ttft_is_e2e,
             peer_samples,
@@ -95,6 +115,8 @@ impl CalibrationMetrics {
             rejected,
             coefficient,
             ape,
+            resets,
+            healthy,
         })
     }
 }
@@ -231,6 +253,7 @@ impl Calibrator {
             if samples.iter().any(|(phase, ..)| *phase == Phase::Ttft) {
                 calibration.set_ttft_is_e2e(ttft_is_e2e);
             }
+            let resets_before = [Phase::Ttft, Phase::Tpot].map(|p| calibration.phase(p).resets());
             for &(phase, simulated, measured) in samples {
                 match calibration.observe(phase, simulated, measured) {
                     Ok(()) => absorbed.accepted += 1,
@@ -238,6 +261,20 @@ impl Calibrator {
                         absorbed.rejected += 1;
                         self.count_rejected(phase.as_str(), why);
                     }
+                }
+            }
+            for (phase, before) in [Phase::Ttft, Phase::Tpot].into_iter().zip(resets_before) {
+                let c = calibration.phase(phase);
+                if let Some(reason) = c.last_reset().filter(|_| c.resets() > before) {
+                    tracing::warn!(
+                        phase = phase.as_str(),
+                        reason = reason.as_str(),
+                        "the online calibration left the plausible range and was reset"
+                    );
+                    self.metrics
+                        .resets
+                        .with_label_values(&[phase.as_str(), reason.as_str()])
+                        .inc_by(c.resets() - before);
                 }
             }
             self.export(&calibration);
@@ -358,7 +395,7 @@ impl Calibrator {
             Phase::Ttft => state.ttft,
             Phase::Tpot => state.tpot,
         };
-        let size_bytes = serde_json::to_vec(&phase_file(phase, &phase_state))
+        let size_bytes = serde_json::to_vec(&phase_file(&phase_state))
             .map_or(0, |bytes| bytes.len() as u64);
         ModelFile {
             size_bytes,
@@ -389,6 +426,8 @@ impl Calibrator {
             serde_json::json!({
                 "samples": c.samples(),
                 "rejected": c.rejected(),
+                "resets": c.resets(),
+                "healthy": c.healthy(),
                 "overhead_ms": overhead,
                 "scale": scale,
                 "rolling_ape": c.rolling_ape(),
@@ -430,6 +469,10 @@ impl Calibrator {
                 .ape
                 .with_label_values(&[name])
                 .set(c.rolling_ape().unwrap_or(0.0));
+            self.metrics
+                .healthy
+                .with_label_values(&[name])
+                .set(if c.healthy() { 1.0 } else { 0.0 });
         }
     }
 
@@ -443,7 +486,13 @@ impl Calibrator {
             .writing
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let state = self.lock().state();
+        let state = match self.lock().persistable_state() {
+            Ok(state) => state,
+            Err(reason) => {
+                tracing::warn!(%reason, "the calibration is out of range: not persisted");
+                return;
+            }
+        };
         if let Err(err) = save(path, &state) {
             tracing::warn!(%err, "cannot persist the calibration");
         }
@@ -528,9 +577,9 @@ mod tests {
 
     #[test]
     fn what_the_server_writes_it_can_read_back() {
-        // A fit driven out of the accepted range (anti-correlated samples drive the raw
-        // scale negative) is persisted clamped, so a restart never refuses the server's own
-        // file.
+        // Anti-correlated samples drive the raw scale negative: the state persisted is the
+        // map answers apply (the scale at its floor), so a restart never refuses the
+        // server's own file.
         let path = scratch("roundtrip");
         let metrics = Metrics::new().expect("metrics");
         let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
@@ -543,5 +592,35 @@ mod tests {
         calibrator.absorb(&samples, false);
         let state = load(&path).expect("readable").expect("exists");
         assert!(state.ttft.scale > 0.0, "{state:?}");
+    }
+
+    #[test]
+    fn a_fit_out_of_range_is_reset_counted_and_never_persisted() {
+        // Issue 38 D1: the probe's bad fit (scale 7,828, overhead -1,088,028 ms) was written
+        // (clamped) and reloaded after a restart. Samples implying a scale of 20,000 reset
+        // the fit instead; the reset is counted and the file only ever holds a plausible fit.
+        let path = scratch("diverged");
+        let metrics = Metrics::new().expect("metrics");
+        let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let samples: Vec<_> = (0..19)
+            .map(|i| {
+                let (simulated, measured) = if i % 2 == 0 { (1.0, 1.0) } else { (2.0, 20_001.0) };
+                (Phase::Tpot, simulated, measured)
+            })
+            .collect();
+        calibrator.absorb(&samples, false);
+        let text = metrics.encode().expect("encodes");
+        assert!(
+            text.lines().any(|l| l.starts_with(
+                r#"ditto_calibration_resets_total{phase="tpot",reason="diverged"}"#
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"ditto_calibration_healthy{phase="tpot"} 1"#),
+            "{text}"
+        );
+        let state = load(&path).expect("readable").expect("exists");
+        assert!(state.tpot.check(Phase::Tpot).is_ok(), "{state:?}");
     }
 }

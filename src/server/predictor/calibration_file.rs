@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::sim::latency::online::{CalibrationState, MAX_SCALE, MIN_SCALE, Phase, PhaseState};
+use crate::sim::latency::online::{CalibrationState, Phase, PhaseState};
 
 /// Why the calibration file cannot be used.
 #[derive(Debug, Error)]
@@ -51,14 +51,14 @@ pub(super) struct CalibrationFile {
     ttft_is_e2e: bool,
 }
 
-/// A phase's coefficients as persisted: within the ranges [`load`] accepts, so the server
-/// can always read back what it wrote (a raw fit can leave them: anti-correlated samples
-/// drive the scale below the floor that is applied anyway).
-pub(super) fn phase_file(phase: Phase, p: &PhaseState) -> PhaseFile {
-    let ceiling = phase.ceiling_ms();
+/// A phase's coefficients as persisted. The server saves only a state that passes
+/// [`PhaseState::check`] (`OnlineCalibration::persistable_state`), the check [`load`]
+/// applies, so it can always read back what it wrote; a fit out of range is never written
+/// (clamping it, as before, wrote a nonsense fit that loaded back).
+pub(super) fn phase_file(p: &PhaseState) -> PhaseFile {
     PhaseFile {
-        overhead_ms: p.overhead_ms.clamp(-ceiling, ceiling),
-        scale: p.scale.clamp(MIN_SCALE, MAX_SCALE),
+        overhead_ms: p.overhead_ms,
+        scale: p.scale,
         samples: p.samples,
     }
 }
@@ -66,36 +66,23 @@ pub(super) fn phase_file(phase: Phase, p: &PhaseState) -> PhaseFile {
 fn to_file(state: &CalibrationState) -> CalibrationFile {
     CalibrationFile {
         version: 1,
-        ttft: phase_file(Phase::Ttft, &state.ttft),
-        tpot: phase_file(Phase::Tpot, &state.tpot),
+        ttft: phase_file(&state.ttft),
+        tpot: phase_file(&state.tpot),
         ttft_is_e2e: state.ttft_is_e2e,
     }
 }
 
-/// One phase of a file, range-checked: the scale in [`MIN_SCALE`, `MAX_SCALE`] (the floor
-/// is what answers apply: below it, or zero or negative, is not what the server writes),
-/// the overhead within ± the phase's largest plausible latency. Errors name the field
-/// (`ttft.scale`).
+/// One phase of a file, range-checked by [`PhaseState::check`] (the scale in
+/// [`MIN_SCALE`, `MAX_SCALE`], the floor answers apply; the overhead within ± the phase's
+/// largest plausible latency). Errors name the field (`ttft.scale`).
 fn checked_phase(phase: Phase, p: &PhaseFile) -> Result<PhaseState, String> {
-    let name = phase.as_str();
-    let ceiling = phase.ceiling_ms();
-    if !p.scale.is_finite() || !(MIN_SCALE..=MAX_SCALE).contains(&p.scale) {
-        return Err(format!(
-            "{name}.scale: {} is outside [{MIN_SCALE}, {MAX_SCALE}]",
-            p.scale
-        ));
-    }
-    if !p.overhead_ms.is_finite() || p.overhead_ms.abs() > ceiling {
-        return Err(format!(
-            "{name}.overhead_ms: {} is outside [-{ceiling}, {ceiling}]",
-            p.overhead_ms
-        ));
-    }
-    Ok(PhaseState {
+    let state = PhaseState {
         overhead_ms: p.overhead_ms,
         scale: p.scale,
         samples: p.samples,
-    })
+    };
+    state.check(phase)?;
+    Ok(state)
 }
 
 /// Reads a calibration file; `Ok(None)` when it does not exist yet. A file that is not a

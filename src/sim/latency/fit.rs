@@ -1,6 +1,6 @@
 //! Calibration math, pure: a bounded Nelder-Mead minimiser (the offline fit, whose loss
-//! replays whole runs) and a recursive least-squares estimator (the online fit, one
-//! measurement at a time in O(k²) memory).
+//! replays whole runs) and an exponentially weighted least-squares estimator (the online fit,
+//! one measurement at a time in O(k²) memory, numerically safe however long it runs).
 //!
 //! Knows nothing about what the parameters mean or where the measurements come from.
 
@@ -102,30 +102,56 @@ where
     (point, value)
 }
 
-/// Recursive least squares with exponential forgetting: fits `y ≈ θ·x` one observation at
-/// a time, in O(k²) memory whatever the number of observations. With forgetting factor
+/// Exponentially weighted least squares with a ridge floor: fits `y ≈ θ·x` one observation
+/// at a time, in O(k²) memory whatever the number of observations. With forgetting factor
 /// λ < 1 old observations weigh λ^age, so the fit follows a drifting system.
+///
+/// It keeps the information form (`A = Σ λ^age w x xᵀ`, `b = Σ λ^age w x y`) and solves
+/// `(A + F) θ = b + F θ₀` after every observation, where `F` is a constant diagonal floor
+/// pulling θ toward the anchor θ₀. Why not the textbook covariance update
+/// (`P = (P − g xᵀ P) / λ`): under forgetting, `P` grows as λ^-n along any direction the
+/// inputs do not excite, and its subtraction loses positive definiteness to rounding; after
+/// ~17,000 samples at λ = 0.999 the estimate jumped to nonsense and never recovered. Here `A`
+/// only ever adds positive semi-definite terms and shrinks by λ, so it stays bounded
+/// (by `max w xxᵀ / (1 − λ)`), and the floor keeps the solve well posed where `A` is singular
+/// (one input value repeated: the fit is then exact there and the anchor picks the rest).
 #[derive(Clone, Debug, PartialEq)]
-pub struct RecursiveLeastSquares {
+pub struct ForgettingLeastSquares {
     theta: Vec<f64>,
-    /// Inverse information matrix, row-major k×k.
-    p: Vec<f64>,
+    /// `Σ λ^age w x xᵀ` plus the decaying prior, row-major k×k.
+    information: Vec<f64>,
+    /// `Σ λ^age w x y` plus the decaying prior's pull.
+    moment: Vec<f64>,
+    /// The constant diagonal of `F`.
+    floor: Vec<f64>,
+    /// θ₀, where the floor pulls.
+    anchor: Vec<f64>,
     lambda: f64,
     observations: u64,
 }
 
-impl RecursiveLeastSquares {
-    /// Starts at `prior` with confidence `1/prior_variance` in each parameter and forgetting
-    /// factor `lambda` in (0, 1].
-    pub fn new(prior: &[f64], prior_variance: f64, lambda: f64) -> Self {
-        let k = prior.len();
-        let mut p = vec![0.0; k * k];
+impl ForgettingLeastSquares {
+    /// Starts at `anchor` with a decaying diagonal prior of precision `prior` (as if that much
+    /// information had been seen at the anchor; forgotten like observations), a constant
+    /// diagonal floor `floor` toward the anchor (every entry > 0), and forgetting factor
+    /// `lambda` in (0, 1]. All three slices have the length k of θ.
+    pub fn new(anchor: &[f64], prior: &[f64], floor: &[f64], lambda: f64) -> Self {
+        let k = anchor.len();
+        let mut information = vec![0.0; k * k];
+        let mut moment = vec![0.0; k];
         for i in 0..k {
-            p[i * k + i] = prior_variance;
+            let precision = prior.get(i).copied().unwrap_or(0.0).max(0.0);
+            information[i * k + i] = precision;
+            moment[i] = precision * anchor[i];
         }
         Self {
-            theta: prior.to_vec(),
-            p,
+            theta: anchor.to_vec(),
+            information,
+            moment,
+            floor: (0..k)
+                .map(|i| floor.get(i).copied().unwrap_or(1.0).max(f64::MIN_POSITIVE))
+                .collect(),
+            anchor: anchor.to_vec(),
             lambda: lambda.clamp(1e-6, 1.0),
             observations: 0,
         }
@@ -146,8 +172,9 @@ impl RecursiveLeastSquares {
         self.theta.iter().zip(x).map(|(t, v)| t * v).sum()
     }
 
-    /// Absorbs one observation `y` at features `x` (same length as the prior), with weight
-    /// `weight` > 0. Non-finite inputs are ignored and reported as `false`.
+    /// Absorbs one observation `y` at features `x` (same length as θ), with weight
+    /// `weight` > 0. Non-finite inputs, and an observation whose solve is not finite, are
+    /// ignored (nothing changes) and reported as `false`.
     pub fn update(&mut self, x: &[f64], y: f64, weight: f64) -> bool {
         let k = self.theta.len();
         if x.len() != k || !y.is_finite() || !(weight > 0.0 && weight.is_finite()) {
@@ -156,28 +183,63 @@ impl RecursiveLeastSquares {
         if x.iter().any(|v| !v.is_finite()) {
             return false;
         }
-        // g = P x / (λ/w + xᵀ P x); θ += g (y − θ·x); P = (P − g xᵀ P) / λ.
-        let px: Vec<f64> = (0..k)
-            .map(|i| (0..k).map(|j| self.p[i * k + j] * x[j]).sum())
-            .collect();
-        let denominator = self.lambda / weight + x.iter().zip(&px).map(|(a, b)| a * b).sum::<f64>();
-        if !(denominator > 0.0 && denominator.is_finite()) {
-            return false;
-        }
-        let gain: Vec<f64> = px.iter().map(|v| v / denominator).collect();
-        let error = y - self.predict(x);
-        for (t, g) in self.theta.iter_mut().zip(&gain) {
-            *t += g * error;
-        }
-        let mut next = vec![0.0; k * k];
+        let mut information = self.information.clone();
+        let mut moment = self.moment.clone();
         for i in 0..k {
+            moment[i] = self.lambda * moment[i] + weight * x[i] * y;
             for j in 0..k {
-                next[i * k + j] = (self.p[i * k + j] - gain[i] * px[j]) / self.lambda;
+                information[i * k + j] = self.lambda * information[i * k + j] + weight * x[i] * x[j];
             }
         }
-        self.p = next;
+        let Some(theta) = self.solve(&information, &moment) else {
+            return false;
+        };
+        self.information = information;
+        self.moment = moment;
+        self.theta = theta;
         self.observations += 1;
         true
+    }
+
+    /// `(A + F)⁻¹ (b + F θ₀)` by Cholesky (A + F is symmetric positive definite), or `None`
+    /// if it is not finite.
+    fn solve(&self, information: &[f64], moment: &[f64]) -> Option<Vec<f64>> {
+        let k = self.theta.len();
+        let mut l = vec![0.0; k * k];
+        for i in 0..k {
+            for j in 0..=i {
+                let mut sum = information[i * k + j];
+                if i == j {
+                    sum += self.floor[i];
+                }
+                for m in 0..j {
+                    sum -= l[i * k + m] * l[j * k + m];
+                }
+                if i == j {
+                    if !(sum > 0.0 && sum.is_finite()) {
+                        return None;
+                    }
+                    l[i * k + i] = sum.sqrt();
+                } else {
+                    l[i * k + j] = sum / l[j * k + j];
+                }
+            }
+        }
+        let rhs: Vec<f64> = (0..k)
+            .map(|i| moment[i] + self.floor[i] * self.anchor[i])
+            .collect();
+        // L z = rhs, then Lᵀ θ = z.
+        let mut z = vec![0.0; k];
+        for i in 0..k {
+            let sum: f64 = (0..i).map(|m| l[i * k + m] * z[m]).sum();
+            z[i] = (rhs[i] - sum) / l[i * k + i];
+        }
+        let mut theta = vec![0.0; k];
+        for i in (0..k).rev() {
+            let sum: f64 = (i + 1..k).map(|m| l[m * k + i] * theta[m]).sum();
+            theta[i] = (z[i] - sum) / l[i * k + i];
+        }
+        theta.iter().all(|t| t.is_finite()).then_some(theta)
     }
 }
 
@@ -213,8 +275,8 @@ mod tests {
     }
 
     #[test]
-    fn rls_recovers_a_line_and_ignores_garbage() {
-        let mut rls = RecursiveLeastSquares::new(&[0.0, 1.0], 1e6, 1.0);
+    fn least_squares_recovers_a_line_and_ignores_garbage() {
+        let mut rls = ForgettingLeastSquares::new(&[0.0, 1.0], &[0.0, 0.0], &[1e-9, 1e-9], 1.0);
         for i in 0..200 {
             let x = f64::from(i) / 10.0;
             assert!(rls.update(&[1.0, x], 5.0 + 1.3 * x, 1.0));

@@ -1,13 +1,17 @@
 //! Online calibration of simulated latencies against measured ones: per phase (TTFT, TPOT)
 //! an additive overhead and a scale, `measured ≈ overhead + scale · simulated`, learnt one
-//! sample at a time by recursive least squares with forgetting (`fit::RecursiveLeastSquares`)
-//! in constant memory.
+//! sample at a time by least squares with forgetting and a ridge floor
+//! (`fit::ForgettingLeastSquares`) in constant memory, numerically safe however many samples
+//! arrive (the covariance-form update it replaces broke for good after ~17,000).
 //!
 //! Why both terms: the TTFT a router measures includes its own path (tokenization, gateway,
 //! streaming), a fixed cost the engine never sees, while a slower or faster GPU than the
 //! model's scales every step. Bad samples (non-finite, negative, absurdly large, or absurdly
 //! far from the prediction once the fit has settled) are rejected and counted, never
-//! absorbed. A bounded window of absolute percentage errors (each measured before the sample
+//! absorbed. A fit that leaves the plausible range anyway (overhead beyond the phase's
+//! ceiling, scale beyond [`MAX_SCALE`]) is reset to the identity with its reason counted
+//! ([`PhaseCalibration::resets`]), and only a state that passes [`PhaseState::check`] is
+//! ever persisted. A bounded window of absolute percentage errors (each measured before the sample
 //! is absorbed, so it is an honest out-of-sample error) says how well the calibration does.
 //!
 //! A router that does not stream (llm-d's `streamingMode: false`) records end-to-end latency
@@ -18,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use super::fit::RecursiveLeastSquares;
+use super::fit::ForgettingLeastSquares;
 
 /// Which latency a sample measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,6 +47,15 @@ impl Phase {
         match self {
             Phase::Ttft => 600_000.0,
             Phase::Tpot => 60_000.0,
+        }
+    }
+
+    /// A typical simulated latency of the phase, ms: the point where the fit's prior and
+    /// floor weigh a change of scale as much as the same change of overhead.
+    fn reference_ms(self) -> f64 {
+        match self {
+            Phase::Ttft => 100.0,
+            Phase::Tpot => 10.0,
         }
     }
 }
@@ -81,7 +94,12 @@ pub const MIN_SCALE: f64 = 0.05;
 /// The largest scale a persisted calibration may hold: a simulation 10 000 times too fast
 /// is a misconfigured model, not something to calibrate away.
 pub const MAX_SCALE: f64 = 1e4;
-const PRIOR_VARIANCE: f64 = 1e6;
+/// A restored fit weighs as much as this many samples at most (forgotten like samples).
+const RESTORED_CONFIDENCE: u64 = 100;
+/// The constant ridge toward the anchor, in samples at the phase's reference latency: a
+/// hundredth of one sample, negligible wherever samples vary, decisive only along what they
+/// never tell apart (every sample at one simulated latency).
+const FLOOR_SAMPLES: f64 = 0.01;
 
 /// The persisted part of one phase's calibration.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,6 +110,45 @@ pub struct PhaseState {
     pub scale: f64,
     /// Samples absorbed.
     pub samples: u64,
+}
+
+impl PhaseState {
+    /// Whether this state is plausible enough to persist and restore: the scale in
+    /// [[`MIN_SCALE`], [`MAX_SCALE`]] and the overhead within ± the phase's ceiling, both
+    /// finite. Errors name the field (`ttft.scale`).
+    pub fn check(&self, phase: Phase) -> Result<(), String> {
+        let name = phase.as_str();
+        let ceiling = phase.ceiling_ms();
+        if !self.scale.is_finite() || !(MIN_SCALE..=MAX_SCALE).contains(&self.scale) {
+            return Err(format!(
+                "{name}.scale: {} is outside [{MIN_SCALE}, {MAX_SCALE}]",
+                self.scale
+            ));
+        }
+        if !self.overhead_ms.is_finite() || self.overhead_ms.abs() > ceiling {
+            return Err(format!(
+                "{name}.overhead_ms: {} is outside [-{ceiling}, {ceiling}]",
+                self.overhead_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a phase's fit was reset to the identity by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResetReason {
+    /// The fit left the plausible range (see [`PhaseState::check`]).
+    Diverged,
+}
+
+impl ResetReason {
+    /// Lower-case name, for metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::Diverged => "diverged",
+        }
+    }
 }
 
 /// The persisted part of a calibration.
@@ -111,24 +168,35 @@ pub struct CalibrationState {
 #[derive(Clone, Debug)]
 pub struct PhaseCalibration {
     phase: Phase,
-    rls: RecursiveLeastSquares,
+    fit: ForgettingLeastSquares,
     lambda: f64,
     samples: u64,
     rejected: u64,
+    resets: u64,
+    last_reset: Option<ResetReason>,
     errors: VecDeque<f64>,
     window: usize,
 }
 
 impl PhaseCalibration {
     fn new(phase: Phase, state: PhaseState, lambda: f64, window: usize) -> Self {
-        // A restored fit is as confident as the samples behind it (at most as a thousand).
-        let variance = PRIOR_VARIANCE / (1.0 + state.samples.min(1_000) as f64);
+        // A restored fit is as confident as the samples behind it (at most
+        // RESTORED_CONFIDENCE), as if they had all been seen at the reference latency.
+        let reference = phase.reference_ms();
+        let confidence = state.samples.min(RESTORED_CONFIDENCE) as f64;
         Self {
             phase,
-            rls: RecursiveLeastSquares::new(&[state.overhead_ms, state.scale], variance, lambda),
+            fit: ForgettingLeastSquares::new(
+                &[state.overhead_ms, state.scale],
+                &[confidence, confidence * reference * reference],
+                &[FLOOR_SAMPLES, FLOOR_SAMPLES * reference * reference],
+                lambda,
+            ),
             lambda,
             samples: state.samples,
             rejected: 0,
+            resets: 0,
+            last_reset: None,
             errors: VecDeque::with_capacity(window),
             window: window.max(1),
         }
@@ -147,7 +215,7 @@ impl PhaseCalibration {
 
     /// (overhead ms, scale) as applied.
     pub fn coefficients(&self) -> (f64, f64) {
-        let theta = self.rls.theta();
+        let theta = self.fit.theta();
         (theta[0], theta[1].max(MIN_SCALE))
     }
 
@@ -165,11 +233,16 @@ impl PhaseCalibration {
         }
         self.errors
             .push_back((predicted - measured_ms).abs() / measured_ms);
-        if !self.rls.update(&[1.0, simulated_ms], measured_ms, 1.0) {
+        if !self.fit.update(&[1.0, simulated_ms], measured_ms, 1.0) {
             self.rejected += 1;
             return Err(Rejection::NotFinite);
         }
         self.samples += 1;
+        if !self.healthy() {
+            self.forget_fit();
+            self.resets += 1;
+            self.last_reset = Some(ResetReason::Diverged);
+        }
         Ok(())
     }
 
@@ -206,6 +279,21 @@ impl PhaseCalibration {
         self.rejected
     }
 
+    /// Times the fit was reset by itself since start (see [`ResetReason`]).
+    pub fn resets(&self) -> u64 {
+        self.resets
+    }
+
+    /// Why the fit was last reset by itself, if ever since start.
+    pub fn last_reset(&self) -> Option<ResetReason> {
+        self.last_reset
+    }
+
+    /// Whether the fit as it stands may be persisted ([`PhaseState::check`] on its state).
+    pub fn healthy(&self) -> bool {
+        self.state().check(self.phase).is_ok()
+    }
+
     /// Mean absolute percentage error over the recent window (as a fraction), `None` before
     /// the first sample.
     pub fn rolling_ape(&self) -> Option<f64> {
@@ -216,11 +304,12 @@ impl PhaseCalibration {
         }
     }
 
+    /// The fit as answers apply it (the scale floored at [`MIN_SCALE`]).
     fn state(&self) -> PhaseState {
-        let theta = self.rls.theta();
+        let (overhead_ms, scale) = self.coefficients();
         PhaseState {
-            overhead_ms: theta[0],
-            scale: theta[1],
+            overhead_ms,
+            scale,
             samples: self.samples,
         }
     }
@@ -237,13 +326,15 @@ impl PhaseCalibration {
     }
 
     /// Forgets the fit (back to the identity, no samples), keeping the error window and the
-    /// rejected count.
+    /// rejected and reset counts.
     fn forget_fit(&mut self) {
         let errors = std::mem::take(&mut self.errors);
-        let rejected = self.rejected;
+        let (rejected, resets, last_reset) = (self.rejected, self.resets, self.last_reset);
         self.reset();
         self.errors = errors;
         self.rejected = rejected;
+        self.resets = resets;
+        self.last_reset = last_reset;
     }
 }
 
@@ -321,7 +412,16 @@ impl OnlineCalibration {
         calibration.observe(simulated_ms, measured_ms)
     }
 
-    /// What to persist.
+    /// The state if both phases pass [`PhaseState::check`], else the first failure: a fit
+    /// gone bad is never persisted.
+    pub fn persistable_state(&self) -> Result<CalibrationState, String> {
+        let state = self.state();
+        state.ttft.check(Phase::Ttft)?;
+        state.tpot.check(Phase::Tpot)?;
+        Ok(state)
+    }
+
+    /// What to persist (see [`OnlineCalibration::persistable_state`]).
     pub fn state(&self) -> CalibrationState {
         CalibrationState {
             ttft: self.ttft.state(),
@@ -435,5 +535,105 @@ mod tests {
         assert_eq!(calibration.phase(Phase::Ttft).samples(), 1);
         let restored = OnlineCalibration::restore(calibration.state(), 1.0, 10);
         assert!(restored.ttft_is_e2e());
+    }
+
+    /// A small deterministic generator (xorshift64*): uniform in [0, 1).
+    struct Uniform(u64);
+
+    impl Uniform {
+        fn next(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// Issue 38 D1: at λ = 0.999 the covariance-form fit jumped to nonsense after ~17,900
+    /// noisy samples (overhead -6,252 ms, scale 19) and never recovered. 100,000 samples
+    /// with ±10% noise around 40 + 1.3 · simulated, whether the simulated latencies spread
+    /// widely, barely, or not at all: the calibrated answer stays within 2% of the truth.
+    #[test]
+    fn a_long_noisy_stream_keeps_tracking_a_linear_truth() {
+        for (spread, probes) in [
+            (1.0, &[120.0, 200.0, 280.0][..]),
+            (0.01, &[199.0, 200.0, 201.0][..]),
+            (0.0, &[200.0][..]),
+        ] {
+            let mut calibration = OnlineCalibration::new(0.999, 100);
+            let mut rng = Uniform(0x9E37_79B9_7F4A_7C15);
+            for i in 0..100_000u32 {
+                let simulated = 200.0 * (1.0 + spread * (rng.next() - 0.5));
+                let measured = (40.0 + 1.3 * simulated) * (1.0 + 0.2 * (rng.next() - 0.5));
+                let verdict = calibration.observe(Phase::Ttft, simulated, measured);
+                assert_eq!(verdict, Ok(()), "spread {spread}: sample {i} refused");
+            }
+            let phase = calibration.phase(Phase::Ttft);
+            assert_eq!(phase.resets(), 0, "spread {spread}");
+            for &at in probes {
+                let truth = 40.0 + 1.3 * at;
+                let answer = phase.apply(at);
+                assert!(
+                    (answer - truth).abs() / truth < 0.02,
+                    "spread {spread}: {answer} at {at} against {truth}"
+                );
+            }
+            assert!(calibration.persistable_state().is_ok(), "spread {spread}");
+        }
+    }
+
+    /// Exact data for long: the covariance form stopped learning TPOT at 19,327 samples
+    /// (`not_finite`); every sample is absorbed and the fit is exact.
+    #[test]
+    fn exact_samples_are_absorbed_however_many() {
+        let mut calibration = OnlineCalibration::new(0.999, 100);
+        let mut rng = Uniform(7);
+        for i in 0..50_000u32 {
+            let simulated = 5.0 + 30.0 * rng.next();
+            assert_eq!(
+                calibration.observe(Phase::Tpot, simulated, 2.0 + 1.1 * simulated),
+                Ok(()),
+                "sample {i}"
+            );
+        }
+        let (overhead, scale) = calibration.phase(Phase::Tpot).coefficients();
+        assert!(
+            (overhead - 2.0).abs() < 1e-3 && (scale - 1.1).abs() < 1e-4,
+            "{overhead} {scale}"
+        );
+    }
+
+    /// A fit driven out of the plausible range is reset with its reason and never offered
+    /// for persisting; answers then fall back to the simulation.
+    #[test]
+    fn a_diverging_fit_resets_with_a_reason() {
+        let mut calibration = OnlineCalibration::new(1.0, 10);
+        // Two clusters whose line has a scale of 20,000 (each sample is plausible on its own
+        // before the fit settles).
+        for i in 0..19 {
+            let simulated = if i % 2 == 0 { 1.0 } else { 2.0 };
+            let measured = if i % 2 == 0 { 1.0 } else { 20_001.0 };
+            calibration.observe(Phase::Tpot, simulated, measured).unwrap();
+        }
+        let phase = calibration.phase(Phase::Tpot);
+        assert!(phase.resets() >= 1, "{:?}", phase.coefficients());
+        assert_eq!(phase.last_reset(), Some(ResetReason::Diverged));
+        assert!(phase.healthy());
+        assert!(calibration.persistable_state().is_ok());
+    }
+
+    /// The persisted state is the map answers apply: a scale under the floor is saved at the
+    /// floor, so the file it makes always loads back.
+    #[test]
+    fn the_state_holds_the_applied_scale() {
+        let mut calibration = OnlineCalibration::new(1.0, 10);
+        for i in 0..10 {
+            let simulated = 100.0 + f64::from(i) * 10.0;
+            calibration
+                .observe(Phase::Ttft, simulated, 0.01 * simulated)
+                .unwrap();
+        }
+        let state = calibration.persistable_state().unwrap();
+        assert_eq!(state.ttft.scale, MIN_SCALE);
     }
 }
