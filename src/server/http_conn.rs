@@ -178,6 +178,39 @@ fn refusal(status: StatusCode, detail: String) -> Response {
         .into_response()
 }
 
+/// Why a body was not read whole.
+enum BodyReadError {
+    /// More than the limit arrived.
+    TooLarge,
+    /// The connection failed mid-body.
+    Failed,
+}
+
+/// Reads a body of at most `max_bytes` into one buffer, sized from `Content-Length` when it
+/// was announced (within the limit), so a body is held once: collecting its frames and then
+/// joining them (axum's `to_bytes`) held it twice at the peak (issue 38 D2). A capacity is
+/// only reserved, not touched: a stalled upload costs what has arrived.
+async fn read_body(
+    mut body: Body,
+    max_bytes: usize,
+    announced: Option<u64>,
+) -> Result<bytes::Bytes, BodyReadError> {
+    use http_body_util::BodyExt;
+
+    let expected = announced.map_or(0, |length| length.min(max_bytes as u64) as usize);
+    let mut buffer = Vec::with_capacity(expected);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| BodyReadError::Failed)?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > max_bytes {
+                return Err(BodyReadError::TooLarge);
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(bytes::Bytes::from(buffer))
+}
+
 /// Reads the request body within `limits` before the handler runs: 413 (JSON `detail`)
 /// when `Content-Length` announces more than the limit or more arrives, 408 when the body
 /// does not arrive within the read timeout, 400 when the connection fails mid-body.
@@ -204,25 +237,17 @@ pub async fn limit_body(
         return too_large();
     }
     let (parts, body) = request.into_parts();
-    let read = axum::body::to_bytes(body, limits.max_bytes);
+    let read = read_body(body, limits.max_bytes, announced);
     match tokio::time::timeout(limits.read_timeout, read).await {
         Ok(Ok(bytes)) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Ok(Err(err)) => {
-            let over = std::error::Error::source(&err)
-                .is_some_and(|source| source.is::<http_body_util::LengthLimitError>())
-                || err.into_inner().is::<http_body_util::LengthLimitError>();
-            if over {
-                too_large()
-            } else {
-                refusal(
-                    StatusCode::BAD_REQUEST,
-                    "the request body could not be read".to_owned(),
-                )
-            }
-        }
+        Ok(Err(BodyReadError::TooLarge)) => too_large(),
+        Ok(Err(BodyReadError::Failed)) => refusal(
+            StatusCode::BAD_REQUEST,
+            "the request body could not be read".to_owned(),
+        ),
         Err(_) => refusal(
             StatusCode::REQUEST_TIMEOUT,
             format!(

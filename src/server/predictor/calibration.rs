@@ -395,8 +395,8 @@ impl Calibrator {
             Phase::Ttft => state.ttft,
             Phase::Tpot => state.tpot,
         };
-        let size_bytes = serde_json::to_vec(&phase_file(&phase_state))
-            .map_or(0, |bytes| bytes.len() as u64);
+        let size_bytes =
+            serde_json::to_vec(&phase_file(&phase_state)).map_or(0, |bytes| bytes.len() as u64);
         ModelFile {
             size_bytes,
             last_modified_us: self.changed_at_us.load(Ordering::Relaxed),
@@ -604,16 +604,19 @@ mod tests {
         let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
         let samples: Vec<_> = (0..19)
             .map(|i| {
-                let (simulated, measured) = if i % 2 == 0 { (1.0, 1.0) } else { (2.0, 20_001.0) };
+                let (simulated, measured) = if i % 2 == 0 {
+                    (1.0, 1.0)
+                } else {
+                    (2.0, 20_001.0)
+                };
                 (Phase::Tpot, simulated, measured)
             })
             .collect();
         calibrator.absorb(&samples, false);
         let text = metrics.encode().expect("encodes");
         assert!(
-            text.lines().any(|l| l.starts_with(
-                r#"ditto_calibration_resets_total{phase="tpot",reason="diverged"}"#
-            )),
+            text.lines().any(|l| l
+                .starts_with(r#"ditto_calibration_resets_total{phase="tpot",reason="diverged"}"#)),
             "{text}"
         );
         assert!(

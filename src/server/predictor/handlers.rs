@@ -274,9 +274,9 @@ pub async fn predict(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Re
 }
 
 async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
-    let value = match schema::parse_body(body) {
+    let value = match schema::parse_body_within(body, schema::value_budget(1)) {
         Ok(value) => value,
-        Err(errors) => return unprocessable(errors),
+        Err(err) => return body_error(err),
     };
     let entry = match schema::aggregates(&value, &[Value::from("body")]) {
         Ok(entry) => entry,
@@ -297,6 +297,14 @@ async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         ])]),
         Some(Err(err)) => error_response(&err.into()),
         None => detail(StatusCode::INTERNAL_SERVER_ERROR, "no prediction"),
+    }
+}
+
+/// A body refused before validation: 422 for invalid JSON, 413 over its value budget.
+fn body_error(err: schema::BodyError) -> Response {
+    match err {
+        schema::BodyError::Invalid(errors) => unprocessable(errors),
+        schema::BodyError::TooLarge(reason) => detail(StatusCode::PAYLOAD_TOO_LARGE, reason),
     }
 }
 
@@ -330,10 +338,10 @@ fn bulk_entries<T>(
     field: &str,
     parse: fn(&Value, &[Value]) -> Result<T, Vec<FieldError>>,
 ) -> Result<Vec<Result<T, Vec<FieldError>>>, Response> {
-    let value = schema::parse_body(body).map_err(unprocessable)?;
+    let limit = predictor.options.max_bulk_entries;
+    let value = schema::parse_body_within(body, schema::value_budget(limit)).map_err(body_error)?;
     let object = schema::object(&value, &[Value::from("body")]).map_err(unprocessable)?;
     let items = schema::list(object, field).map_err(unprocessable)?;
-    let limit = predictor.options.max_bulk_entries;
     if items.len() > limit {
         return Err(detail(
             StatusCode::PAYLOAD_TOO_LARGE,

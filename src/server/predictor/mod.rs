@@ -16,6 +16,7 @@
 //! online calibration learnt from `/add_training_data_bulk` (`calibration`). A bulk call's
 //! entries are simulated in parallel on the simulation pool.
 
+pub mod bounded_json;
 pub mod calibration;
 pub mod calibration_file;
 pub mod compat;

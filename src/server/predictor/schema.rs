@@ -11,6 +11,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
+use super::bounded_json::BoundedJsonError;
 use crate::twin::aggregate::{PodAggregates, PodType};
 
 /// Most waiting or running requests one entry may report: ditto simulates each of them.
@@ -100,17 +101,61 @@ pub fn loc(base: &[Value], field: &str) -> Vec<Value> {
     loc
 }
 
-/// Parses a request body; invalid JSON is a `json_invalid` error as FastAPI reports it.
+/// JSON values one entry of a body may hold: an entry has about fifteen fields, so twice
+/// that leaves room for fields the API adds later without letting a list of scalars cost
+/// more than an entry's share.
+pub const VALUES_PER_ENTRY: usize = 32;
+/// JSON values a body may hold beside its entries (the envelope, flags).
+pub const BODY_VALUES_SLACK: usize = 1_024;
+
+/// The JSON values a body of at most `entries` entries may hold: every value parsed is
+/// counted and the parse stops at the budget, so a body's memory is bounded by its entry
+/// limit, not by its bytes (see [`super::bounded_json`]).
+pub fn value_budget(entries: usize) -> usize {
+    entries
+        .saturating_mul(VALUES_PER_ENTRY)
+        .saturating_add(BODY_VALUES_SLACK)
+}
+
+/// Why a body was refused before validation.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Not JSON: a `json_invalid` error as FastAPI reports it (422).
+    Invalid(Vec<FieldError>),
+    /// More JSON values than the body's budget (413): what it says.
+    TooLarge(String),
+}
+
+/// Parses a request body holding at most `max_values` JSON values ([`value_budget`]).
+pub fn parse_body_within(bytes: &[u8], max_values: usize) -> Result<Value, BodyError> {
+    super::bounded_json::parse(bytes, max_values).map_err(|err| match err {
+        BoundedJsonError::Invalid(err) => {
+            let mut error = FieldError::new(
+                "json_invalid",
+                vec![Value::from("body"), Value::from(err.column())],
+                "JSON decode error",
+                json!({}),
+            );
+            error.ctx = Some(json!({ "error": err.to_string() }));
+            BodyError::Invalid(vec![error])
+        }
+        BoundedJsonError::TooManyValues { limit } => BodyError::TooLarge(format!(
+            "body: more than {limit} JSON values (at most {VALUES_PER_ENTRY} per entry)"
+        )),
+    })
+}
+
+/// Parses a small request body (one object of flags or fields; [`value_budget`] of one
+/// entry); invalid JSON, or more values than that, is a `json_invalid` error.
 pub fn parse_body(bytes: &[u8]) -> Result<Value, Vec<FieldError>> {
-    serde_json::from_slice(bytes).map_err(|err| {
-        let mut error = FieldError::new(
+    parse_body_within(bytes, value_budget(1)).map_err(|err| match err {
+        BodyError::Invalid(errors) => errors,
+        BodyError::TooLarge(reason) => vec![FieldError::new(
             "json_invalid",
-            vec![Value::from("body"), Value::from(err.column())],
-            "JSON decode error",
+            vec![Value::from("body")],
+            reason,
             json!({}),
-        );
-        error.ctx = Some(json!({ "error": err.to_string() }));
-        vec![error]
+        )],
     })
 }
 

@@ -188,7 +188,8 @@ impl ForgettingLeastSquares {
         for i in 0..k {
             moment[i] = self.lambda * moment[i] + weight * x[i] * y;
             for j in 0..k {
-                information[i * k + j] = self.lambda * information[i * k + j] + weight * x[i] * x[j];
+                information[i * k + j] =
+                    self.lambda * information[i * k + j] + weight * x[i] * x[j];
             }
         }
         let Some(theta) = self.solve(&information, &moment) else {

@@ -613,7 +613,9 @@ mod tests {
         for i in 0..19 {
             let simulated = if i % 2 == 0 { 1.0 } else { 2.0 };
             let measured = if i % 2 == 0 { 1.0 } else { 20_001.0 };
-            calibration.observe(Phase::Tpot, simulated, measured).unwrap();
+            calibration
+                .observe(Phase::Tpot, simulated, measured)
+                .unwrap();
         }
         let phase = calibration.phase(Phase::Tpot);
         assert!(phase.resets() >= 1, "{:?}", phase.coefficients());
