@@ -323,9 +323,27 @@ fn invalid(model: &str, field: &str, problem: String) -> CatalogError {
     }
 }
 
-/// Rejects configs no latency model or capacity estimate could use: zero dimensions and
-/// inconsistent MoE fields (BLIS rejects these when it builds a model).
+/// The longest context a config may declare, tokens (2^24): above the longest any model
+/// publishes (Llama 4 Scout's 10,485,760); a config declaring more is broken, and one
+/// declaring 4e9 made ditto size every sequence limit from it (issue 38 D15).
+pub const MAX_CONTEXT_TOKENS: u32 = 1 << 24;
+
+/// Rejects configs no latency model or capacity estimate could use: zero dimensions,
+/// a context longer than [`MAX_CONTEXT_TOKENS`] and inconsistent MoE fields (BLIS rejects
+/// the others when it builds a model).
 fn check(arch: &ModelArch) -> Result<(), CatalogError> {
+    for (field, value) in [
+        ("max_position_embeddings", arch.max_position_embeddings),
+        ("rope_scaling.factor", arch.max_model_len),
+    ] {
+        if value > MAX_CONTEXT_TOKENS {
+            let problem = format!(
+                "gives a context of {value} tokens, more than {MAX_CONTEXT_TOKENS} \
+                 (no published model is that long)"
+            );
+            return Err(invalid(&arch.name, field, problem));
+        }
+    }
     let required = [
         ("num_hidden_layers", arch.num_layers),
         ("hidden_size", arch.hidden_size),
@@ -384,6 +402,32 @@ mod tests {
         );
         assert_eq!(glm.num_kv_heads, 2);
         assert_eq!(glm.intermediate_size, 256);
+    }
+
+    #[test]
+    fn an_absurd_context_is_refused_naming_the_field() {
+        let err = parse(
+            "m",
+            &format!(r#"{{{BASE}, "max_position_embeddings": 4e9}}"#),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("max_position_embeddings"), "{err}");
+        let err = parse(
+            "m",
+            &format!(
+                r#"{{{BASE}, "max_position_embeddings": 1048576,
+                    "rope_scaling": {{"type": "dynamic", "factor": 32.0}}}}"#
+            ),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("rope_scaling.factor"), "{err}");
+        // Llama 4 Scout's ten million tokens are fine.
+        let arch = parse_ok(&format!(
+            r#"{{{BASE}, "max_position_embeddings": 10485760}}"#
+        ));
+        assert_eq!(arch.max_model_len, 10_485_760);
     }
 
     #[test]

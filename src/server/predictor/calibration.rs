@@ -14,7 +14,7 @@ use prometheus::{GaugeVec, IntCounterVec, Opts};
 use serde::Serialize;
 
 pub use super::calibration_file::{CalibrationFileError, load};
-use super::calibration_file::{phase_file, save};
+use super::calibration_file::{phase_file, remove_stale_temporaries, save};
 
 use crate::sim::latency::online::{CalibrationState, OnlineCalibration, Phase, Rejection};
 use crate::telemetry::Metrics;
@@ -198,6 +198,12 @@ impl Calibrator {
         path: Option<PathBuf>,
         metrics: &Metrics,
     ) -> Result<Self, prometheus::Error> {
+        if let Some(path) = &path {
+            let removed = remove_stale_temporaries(path);
+            if removed > 0 {
+                tracing::info!(removed, file = %path.display(), "removed temporary files of an interrupted save");
+            }
+        }
         let calibration = match initial {
             Some(state) => OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW),
             None => OnlineCalibration::new(LAMBDA, ERROR_WINDOW),

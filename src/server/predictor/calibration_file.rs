@@ -115,6 +115,42 @@ pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileErro
     }))
 }
 
+/// Removes the temporary files a save of `path` leaves when its process dies between creating
+/// and renaming one (`<file>.<pid>.<n>.tmp`, as [`save`] names them); returns how many. Only
+/// for a server starting up, before its own first save: a save in flight would lose its
+/// file (in a container the dead process and the new one may share a pid, so pids cannot
+/// tell them apart).
+pub(super) fn remove_stale_temporaries(path: &Path) -> usize {
+    let (Some(directory), Some(name)) = (path.parent(), path.file_name()) else {
+        return 0;
+    };
+    let directory = if directory.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        directory
+    };
+    let prefix = format!("{}.", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(directory) else {
+        return 0;
+    };
+    let is_temporary = |entry: &str| {
+        entry
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.strip_suffix(".tmp"))
+            .and_then(|rest| rest.split_once('.'))
+            .is_some_and(|(pid, n)| {
+                [pid, n]
+                    .iter()
+                    .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+            })
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| is_temporary(&entry.file_name().to_string_lossy()))
+        .filter(|entry| std::fs::remove_file(entry.path()).is_ok())
+        .count()
+}
+
 /// Temporary files of concurrent saves never collide (the caller serialises saves too).
 static TEMPORARY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
@@ -207,5 +243,32 @@ mod tests {
         std::fs::write(&path, file_text((12.0, 1.3), (-0.5, 0.9))).expect("write");
         let state = load(&path).expect("in range").expect("exists");
         assert_eq!((state.ttft.overhead_ms, state.ttft.scale), (12.0, 1.3));
+    }
+
+    #[test]
+    fn a_crashed_saves_temporary_is_removed_at_start_and_nothing_else() {
+        // Issue 38: kill -9 during training left `calibration.json.<pid>.<n>.tmp` for ever.
+        let path = scratch("stale");
+        let dir = path.parent().expect("dir").to_owned();
+        let keep = [
+            "calibration.json",
+            "calibration.json.bak",
+            "calibration.json.x.1.tmp",
+        ];
+        for name in keep
+            .iter()
+            .chain(&["calibration.json.4242.7.tmp", "calibration.json.1.0.tmp"])
+        {
+            std::fs::write(dir.join(name), "{}").expect("write");
+        }
+        assert_eq!(remove_stale_temporaries(&path), 2);
+        let mut left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort_unstable();
+        let mut expected: Vec<_> = keep.iter().map(|name| (*name).to_owned()).collect();
+        expected.sort_unstable();
+        assert_eq!(left, expected);
     }
 }
