@@ -85,10 +85,25 @@ pub fn cluster_from_proto(message: &proto::ClusterConfig) -> Result<DecodedConfi
     })
 }
 
+/// Largest `model_config_json`, bytes: ten times the largest config.json ditto embeds
+/// (Llama 4 Scout FP8's 27 KB, most of it its quantization ignore list). A 14 MB array parsed
+/// to 521 MB per sync, and echoed by GetSnapshot it broke clients' 4 MB receive limit
+/// (issue 38 D13).
+pub const MAX_MODEL_CONFIG_BYTES: usize = 256 * 1024;
+
 fn instance_from_proto(
     spec: &proto::InstanceSpec,
     path: &str,
 ) -> Result<InstanceConfig, TwinError> {
+    if spec.model_config_json.len() > MAX_MODEL_CONFIG_BYTES {
+        return Err(TwinError::invalid(
+            join(path, "model_config_json"),
+            format!(
+                "{} bytes exceed the limit of {MAX_MODEL_CONFIG_BYTES} (a config.json is tens of KB)",
+                spec.model_config_json.len()
+            ),
+        ));
+    }
     if spec.id.trim().is_empty() {
         return Err(TwinError::invalid(join(path, "id"), "must not be empty"));
     }
@@ -505,6 +520,14 @@ mod tests {
         assert!(
             err.to_string()
                 .starts_with("instances[0].engine.max_num_seqs: "),
+            "{err}"
+        );
+        let mut message = one_instance();
+        message.instances[0].model_config_json = format!("[{}0]", "0,".repeat(200_000));
+        let err = cluster_from_proto(&message).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("instances[0].model_config_json: 400003 bytes exceed"),
             "{err}"
         );
         let mut message = one_instance();
