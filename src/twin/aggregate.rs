@@ -123,6 +123,8 @@ pub struct AggregateOptions {
 pub struct Estimate {
     /// The mean or the configured quantile.
     pub value: f64,
+    /// The mean over replications (the centre a conformal quantile is added to).
+    pub mean: f64,
     /// Half the distance between the 16th and 84th percentiles (one standard deviation for a
     /// normal spread).
     pub uncertainty: f64,
@@ -428,6 +430,7 @@ fn estimate(distribution: &super::question::Distribution, objective: Objective) 
     };
     Estimate {
         value,
+        mean: distribution.mean,
         uncertainty: ((at(0.84) - at(0.16)) / 2.0).max(0.0),
         bounds: (at(0.05), at(0.95)),
     }

@@ -16,8 +16,12 @@ use serde::Serialize;
 pub use super::calibration_file::{CalibrationFileError, load};
 use super::calibration_file::{phase_file, remove_stale_temporaries, save};
 
-use crate::sim::latency::online::{CalibrationState, OnlineCalibration, Phase, Rejection};
+use crate::sim::latency::online::{
+    CalibrationState, LoadFeatures, OnlineCalibration, Phase, PhaseCalibration, Rejection,
+    load_features,
+};
 use crate::telemetry::Metrics;
+use crate::twin::aggregate::{AggregatePrediction, Estimate, Objective, PodAggregates};
 use crate::twin::question::{Distribution, RoutingAnswer};
 
 /// Forgetting factor: a sample's weight halves after about 700 newer ones.
@@ -38,6 +42,8 @@ struct CalibrationMetrics {
     ape: GaugeVec,
     resets: IntCounterVec,
     healthy: GaugeVec,
+    coverage: GaugeVec,
+    level: GaugeVec,
 }
 
 impl CalibrationMetrics {
@@ -87,6 +93,24 @@ impl CalibrationMetrics {
             ),
             &["phase"],
         )?;
+        let coverage = GaugeVec::new(
+            Opts::new(
+                "ditto_calibration_quantile_coverage",
+                "Fraction of the last training samples (up to 2,000) measured at or under the \
+                 quantile predicted for them before they were absorbed, by phase: should be \
+                 the target quantile (LATENCY_QUANTILE_ALPHA); NaN before conformal \
+                 quantiles start (50 samples).",
+            ),
+            &["phase"],
+        )?;
+        let level = GaugeVec::new(
+            Opts::new(
+                "ditto_calibration_quantile_level",
+                "The residual quantile level adaptive conformal inference uses for the target \
+                 quantile now, by phase (the target when the residuals are exchangeable).",
+            ),
+            &["phase"],
+        )?;
         let ttft_is_e2e = prometheus::Gauge::new(
             "ditto_calibration_ttft_is_e2e",
             "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
@@ -108,6 +132,8 @@ impl CalibrationMetrics {
         metrics.register(Box::new(ape.clone()))?;
         metrics.register(Box::new(resets.clone()))?;
         metrics.register(Box::new(healthy.clone()))?;
+        metrics.register(Box::new(coverage.clone()))?;
+        metrics.register(Box::new(level.clone()))?;
         Ok(Self {
             ttft_is_e2e,
             peer_samples,
@@ -117,6 +143,8 @@ impl CalibrationMetrics {
             ape,
             resets,
             healthy,
+            coverage,
+            level,
         })
     }
 }
@@ -192,10 +220,12 @@ pub struct Calibrator {
 }
 
 impl Calibrator {
-    /// A calibrator starting from `initial` (identity when `None`), persisting to `path`.
+    /// A calibrator starting from `initial` (identity when `None`), persisting to `path`,
+    /// its conformal layer steering the quantile `target_quantile` (the predictor's).
     pub fn new(
         initial: Option<CalibrationState>,
         path: Option<PathBuf>,
+        target_quantile: f64,
         metrics: &Metrics,
     ) -> Result<Self, prometheus::Error> {
         if let Some(path) = &path {
@@ -207,7 +237,8 @@ impl Calibrator {
         let calibration = match initial {
             Some(state) => OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW),
             None => OnlineCalibration::new(LAMBDA, ERROR_WINDOW),
-        };
+        }
+        .with_target_quantile(target_quantile);
         let calibrator = Self {
             inner: Mutex::new(calibration),
             path,
@@ -249,10 +280,15 @@ impl Calibrator {
         self.lock().ttft_is_e2e()
     }
 
-    /// Absorbs samples in order: `(phase, simulated ms, measured ms)`; persists if changed.
+    /// Absorbs samples in order: `(phase, simulated ms, load, measured ms)`; persists if
+    /// changed.
     /// `ttft_is_e2e` says what this call's TTFT samples measure (the router either streams
     /// or not); a change of mode forgets the TTFT fit first.
-    pub fn absorb(&self, samples: &[(Phase, f64, f64)], ttft_is_e2e: bool) -> Absorbed {
+    pub fn absorb(
+        &self,
+        samples: &[(Phase, f64, LoadFeatures, f64)],
+        ttft_is_e2e: bool,
+    ) -> Absorbed {
         let mut absorbed = Absorbed::default();
         {
             let mut calibration = self.lock();
@@ -260,8 +296,9 @@ impl Calibrator {
                 calibration.set_ttft_is_e2e(ttft_is_e2e);
             }
             let resets_before = [Phase::Ttft, Phase::Tpot].map(|p| calibration.phase(p).resets());
-            for &(phase, simulated, measured) in samples {
-                match calibration.observe(phase, simulated, measured) {
+            for (phase, simulated, load, measured) in samples {
+                let phase = *phase;
+                match calibration.observe_at(phase, *simulated, load, *measured) {
                     Ok(()) => absorbed.accepted += 1,
                     Err(why) => {
                         absorbed.rejected += 1;
@@ -294,30 +331,56 @@ impl Calibrator {
         absorbed
     }
 
+    /// A prediction's (TTFT, TPOT) estimates for a pod of `aggregates` through the
+    /// calibration, under one lock: when the router does not stream, TTFT is the end-to-end
+    /// estimate for `output_tokens` (what its samples measured). See [`calibrated_estimate`]
+    /// for what each becomes.
+    pub fn calibrate_prediction(
+        &self,
+        prediction: &AggregatePrediction,
+        aggregates: &PodAggregates,
+        output_tokens: u32,
+        objective: Objective,
+    ) -> (Estimate, Estimate) {
+        let load = load_features(
+            aggregates.prefill_tokens_in_flight,
+            aggregates.decode_tokens_in_flight,
+        );
+        let calibration = self.lock();
+        let ttft_raw = if calibration.ttft_is_e2e() {
+            super::handlers::e2e_estimate(prediction, output_tokens)
+        } else {
+            prediction.ttft
+        };
+        (
+            calibrated_estimate(calibration.phase(Phase::Ttft), ttft_raw, &load, objective),
+            calibrated_estimate(
+                calibration.phase(Phase::Tpot),
+                prediction.tpot,
+                &load,
+                objective,
+            ),
+        )
+    }
+
     /// Maps a routing answer's TTFT and TPOT distributions (means and quantiles) through the
     /// calibration, as the predictor's own answers are (when the TTFT samples measured E2E,
-    /// the E2E distribution takes the TTFT map and TTFT stays the simulation's). SLO
-    /// probabilities stay the simulation's.
+    /// the E2E distribution takes the TTFT map and TTFT stays the simulation's): the mean
+    /// by the fit, each quantile conformally once the phase has residuals enough
+    /// ([`calibrated_distribution`]). SLO probabilities stay the simulation's.
     pub fn calibrate_routing(&self, answer: &mut RoutingAnswer) {
-        let Coefficients {
-            ttft,
-            tpot,
-            ttft_is_e2e: e2e,
-        } = self.coefficients();
-        let map = |distribution: &mut Distribution, (overhead, scale): (f64, f64)| {
-            let apply = |v: f64| (overhead + scale * v).max(0.0);
-            distribution.mean = apply(distribution.mean);
-            for (_, value) in &mut distribution.quantiles {
-                *value = apply(*value);
-            }
-        };
+        let calibration = self.lock();
+        let (ttft, tpot) = (
+            calibration.phase(Phase::Ttft),
+            calibration.phase(Phase::Tpot),
+        );
         for candidate in answer.candidates.iter_mut().filter(|c| c.valid) {
-            if e2e {
-                map(&mut candidate.e2e_ms, ttft);
+            if calibration.ttft_is_e2e() {
+                calibrated_distribution(ttft, &mut candidate.e2e_ms);
             } else {
-                map(&mut candidate.ttft_ms, ttft);
+                calibrated_distribution(ttft, &mut candidate.ttft_ms);
             }
-            map(&mut candidate.tpot_ms, tpot);
+            calibrated_distribution(tpot, &mut candidate.tpot_ms);
         }
     }
 
@@ -379,7 +442,19 @@ impl Calibrator {
             return Ok(false);
         };
         let mut calibration = self.lock();
-        *calibration = OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW);
+        let target = calibration.phase(Phase::Ttft).conformal().target();
+        let restored =
+            OnlineCalibration::restore(state, LAMBDA, ERROR_WINDOW).with_target_quantile(target);
+        // The file this server wrote last: its residuals were measured against this very
+        // fit, so they stay (the peer's clients reload after every training round).
+        if calibration
+            .persistable_state()
+            .is_ok_and(|current| current.same_fit(&state))
+        {
+            calibration.replace_fit(restored);
+        } else {
+            *calibration = restored;
+        }
         self.export(&calibration);
         self.changed_at_us
             .store(crate::server::deadline::wall_now_us(), Ordering::Relaxed);
@@ -434,6 +509,8 @@ impl Calibrator {
                 "rejected": c.rejected(),
                 "resets": c.resets(),
                 "healthy": c.healthy(),
+                "conformal_residuals": c.conformal().len(),
+                "quantile_coverage": c.conformal().coverage(),
                 "overhead_ms": overhead,
                 "scale": scale,
                 "rolling_ape": c.rolling_ape(),
@@ -479,6 +556,14 @@ impl Calibrator {
                 .healthy
                 .with_label_values(&[name])
                 .set(if c.healthy() { 1.0 } else { 0.0 });
+            self.metrics
+                .coverage
+                .with_label_values(&[name])
+                .set(c.conformal().coverage().unwrap_or(f64::NAN));
+            self.metrics
+                .level
+                .with_label_values(&[name])
+                .set(c.conformal().adapted_level());
         }
     }
 
@@ -505,6 +590,60 @@ impl Calibrator {
     }
 }
 
+/// A simulated estimate through a phase's calibration under `load`. The centre is the fit
+/// applied to the replications' mean. Until the phase has conformal residuals enough, the value and
+/// bounds are the fit applied to the simulation's, the spread scaled. Then a quantile is the
+/// centre plus the residuals' quantile (the target quantile at ACI's adapted level), and so
+/// are the bounds (5th and 95th) and the spread (16th to 84th): what the simulation does not
+/// model widens them to what was measured.
+pub fn calibrated_estimate(
+    phase: &PhaseCalibration,
+    raw: Estimate,
+    load: &LoadFeatures,
+    objective: Objective,
+) -> Estimate {
+    let (_, scale) = phase.coefficients();
+    let centre = phase.apply_at(raw.mean, load);
+    let conformal = phase.conformal();
+    let offsets = [0.05, 0.16, 0.84, 0.95].map(|q| conformal.offset(q));
+    let [Some(p05), Some(p16), Some(p84), Some(p95)] = offsets else {
+        return Estimate {
+            value: phase.apply_at(raw.value, load),
+            mean: centre,
+            uncertainty: raw.uncertainty * scale,
+            bounds: (
+                phase.apply_at(raw.bounds.0, load),
+                phase.apply_at(raw.bounds.1, load),
+            ),
+        };
+    };
+    let at = |offset: f64| (centre + offset).max(0.0);
+    let value = match objective {
+        Objective::Mean => centre,
+        Objective::Quantile(q) => conformal.offset(q).map_or(centre, at),
+    };
+    Estimate {
+        value,
+        mean: centre,
+        uncertainty: ((p84 - p16) / 2.0).max(0.0),
+        bounds: (at(p05), at(p95)),
+    }
+}
+
+/// A routing answer's distribution through a phase's calibration: the mean by the fit;
+/// each quantile the fitted mean plus the residuals' quantile once the phase has residuals
+/// enough, else the fit applied to the simulated quantile.
+pub fn calibrated_distribution(phase: &PhaseCalibration, distribution: &mut Distribution) {
+    let centre = phase.apply(distribution.mean);
+    for (q, value) in &mut distribution.quantiles {
+        *value = match phase.conformal().offset(*q) {
+            Some(offset) => (centre + offset).max(0.0),
+            None => phase.apply(*value),
+        };
+    }
+    distribution.mean = centre;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -513,6 +652,8 @@ mod tests {
 
     use super::super::calibration_file::scratch;
 
+    const NO_LOAD: LoadFeatures = [0.0; 2];
+
     #[test]
     fn concurrent_training_never_leaves_a_torn_file() {
         // D2: eight trainers persisting at once while a reader reads the file: every read
@@ -520,7 +661,7 @@ mod tests {
         let path = scratch("torn");
         let metrics = Metrics::new().expect("metrics");
         let calibrator =
-            Arc::new(Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator"));
+            Arc::new(Calibrator::new(None, Some(path.clone()), 0.9, &metrics).expect("calibrator"));
         let done = Arc::new(AtomicBool::new(false));
         let reader = {
             let (path, done) = (path.clone(), Arc::clone(&done));
@@ -549,8 +690,8 @@ mod tests {
                         let simulated = 10.0 + f64::from(w * 150 + i % 97);
                         calibrator.absorb(
                             &[
-                                (Phase::Ttft, simulated, 1.3 * simulated),
-                                (Phase::Tpot, simulated / 10.0, simulated / 8.0),
+                                (Phase::Ttft, simulated, NO_LOAD, 1.3 * simulated),
+                                (Phase::Tpot, simulated / 10.0, NO_LOAD, simulated / 8.0),
                             ],
                             false,
                         );
@@ -588,11 +729,12 @@ mod tests {
         // server's own file.
         let path = scratch("roundtrip");
         let metrics = Metrics::new().expect("metrics");
-        let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let calibrator =
+            Calibrator::new(None, Some(path.clone()), 0.9, &metrics).expect("calibrator");
         let samples: Vec<_> = (0..20)
             .map(|i| {
                 let simulated = 10.0 + f64::from(i);
-                (Phase::Ttft, simulated, 200.0 - 5.0 * simulated)
+                (Phase::Ttft, simulated, NO_LOAD, 200.0 - 5.0 * simulated)
             })
             .collect();
         calibrator.absorb(&samples, false);
@@ -607,7 +749,8 @@ mod tests {
         // the fit instead; the reset is counted and the file only ever holds a plausible fit.
         let path = scratch("diverged");
         let metrics = Metrics::new().expect("metrics");
-        let calibrator = Calibrator::new(None, Some(path.clone()), &metrics).expect("calibrator");
+        let calibrator =
+            Calibrator::new(None, Some(path.clone()), 0.9, &metrics).expect("calibrator");
         let samples: Vec<_> = (0..19)
             .map(|i| {
                 let (simulated, measured) = if i % 2 == 0 {
@@ -615,7 +758,7 @@ mod tests {
                 } else {
                     (2.0, 20_001.0)
                 };
-                (Phase::Tpot, simulated, measured)
+                (Phase::Tpot, simulated, NO_LOAD, measured)
             })
             .collect();
         calibrator.absorb(&samples, false);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::sim::latency::online::{CalibrationState, Phase, PhaseState};
+use crate::sim::latency::online::{CalibrationState, LoadFeatures, Phase, PhaseState};
 
 /// Why the calibration file cannot be used.
 #[derive(Debug, Error)]
@@ -38,6 +38,12 @@ pub(super) struct PhaseFile {
     overhead_ms: f64,
     scale: f64,
     samples: u64,
+    /// ms per thousand prefill and decode tokens in flight (absent in older files: 0).
+    #[serde(default)]
+    load_coefficients: LoadFeatures,
+    /// The load features' recent means (absent in older files: 0).
+    #[serde(default)]
+    load_means: LoadFeatures,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -60,6 +66,8 @@ pub(super) fn phase_file(p: &PhaseState) -> PhaseFile {
         overhead_ms: p.overhead_ms,
         scale: p.scale,
         samples: p.samples,
+        load_coefficients: p.load_coefficients,
+        load_means: p.load_means,
     }
 }
 
@@ -80,6 +88,8 @@ fn checked_phase(phase: Phase, p: &PhaseFile) -> Result<PhaseState, String> {
         overhead_ms: p.overhead_ms,
         scale: p.scale,
         samples: p.samples,
+        load_coefficients: p.load_coefficients,
+        load_means: p.load_means,
     };
     state.check(phase)?;
     Ok(state)

@@ -15,10 +15,10 @@ use serde_json::{Value, json};
 
 use super::calibration::Absorbed;
 use super::schema::{self, FieldError, TrainingEntry, iso8601};
-use super::{Predictor, Source, calibrated};
+use super::{Predictor, Source};
 use crate::server::deadline::wall_now_us;
 use crate::server::error::CallError;
-use crate::sim::latency::online::Phase;
+use crate::sim::latency::online::{Phase, load_features};
 use crate::twin::aggregate::{AggregatePrediction, Estimate, Objective, PodAggregates};
 use crate::twin::{MirrorSnapshot, TwinError};
 
@@ -174,6 +174,7 @@ pub(crate) fn e2e_estimate(prediction: &AggregatePrediction, output_tokens: u32)
     let (ttft, tpot) = (prediction.ttft, prediction.tpot);
     Estimate {
         value: ttft.value + tpot.value * tokens,
+        mean: ttft.mean + tpot.mean * tokens,
         uncertainty: ttft.uncertainty + tpot.uncertainty * tokens,
         bounds: (
             ttft.bounds.0 + tpot.bounds.0 * tokens,
@@ -200,16 +201,25 @@ pub(crate) async fn train_entries(
     for (entry, result) in entries.iter().zip(results) {
         match result {
             Ok((prediction, _)) if prediction.valid => {
+                let load = load_features(
+                    entry.aggregates.prefill_tokens_in_flight,
+                    entry.aggregates.decode_tokens_in_flight,
+                );
                 if entry.aggregates.pod_type.carries_ttft() {
                     let simulated = if e2e {
                         e2e_estimate(&prediction, output_tokens).value
                     } else {
                         prediction.ttft.value
                     };
-                    samples.push((Phase::Ttft, simulated, entry.actual_ttft_ms));
+                    samples.push((Phase::Ttft, simulated, load, entry.actual_ttft_ms));
                 }
                 if entry.aggregates.pod_type.carries_tpot() {
-                    samples.push((Phase::Tpot, prediction.tpot.value, entry.actual_tpot_ms));
+                    samples.push((
+                        Phase::Tpot,
+                        prediction.tpot.value,
+                        load,
+                        entry.actual_tpot_ms,
+                    ));
                 }
             }
             _ => unsimulated += 1,
@@ -225,19 +235,16 @@ impl Predictor {
     fn out(
         &self,
         snapshot: &MirrorSnapshot,
+        aggregates: &PodAggregates,
         prediction: &AggregatePrediction,
         source: Source,
     ) -> PredictionOut {
-        let coefficients = self.calibrator.coefficients();
-        let (ttft_c, tpot_c) = (coefficients.ttft, coefficients.tpot);
-        // A router that does not stream compares "TTFT" with end-to-end latency.
-        let ttft_raw = if coefficients.ttft_is_e2e {
-            e2e_estimate(prediction, self.options.output_tokens)
-        } else {
-            prediction.ttft
-        };
-        let ttft = calibrated(ttft_raw, ttft_c);
-        let tpot = calibrated(prediction.tpot, tpot_c);
+        let (ttft, tpot) = self.calibrator.calibrate_prediction(
+            prediction,
+            aggregates,
+            self.options.output_tokens,
+            self.options.objective,
+        );
         PredictionOut {
             ttft_ms: ttft.value,
             tpot_ms: tpot.value,
@@ -289,7 +296,7 @@ async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         };
     match results.pop() {
         Some(Ok((prediction, source))) if prediction.valid => {
-            ok_json(predictor.out(&snapshot, &prediction, source))
+            ok_json(predictor.out(&snapshot, &entry, &prediction, source))
         }
         Some(Ok(_)) => unprocessable(vec![unservable(vec![
             Value::from("body"),
@@ -399,14 +406,16 @@ async fn predict_entries(
     predictor: &Arc<Predictor>,
     entries: Vec<PodAggregates>,
 ) -> Result<Vec<Outcome>, Response> {
-    let (snapshot, results) = simulate(predictor, entries, predictor.options.objective).await?;
+    let (snapshot, results) =
+        simulate(predictor, entries.clone(), predictor.options.objective).await?;
     Ok(results
         .into_iter()
+        .zip(&entries)
         .enumerate()
-        .map(|(index, result)| match result {
-            Ok((prediction, source)) if prediction.valid => {
-                Outcome::Predicted(Box::new(predictor.out(&snapshot, &prediction, source)))
-            }
+        .map(|(index, (result, entry))| match result {
+            Ok((prediction, source)) if prediction.valid => Outcome::Predicted(Box::new(
+                predictor.out(&snapshot, entry, &prediction, source),
+            )),
             Ok(_) => Outcome::Unservable(unservable(vec![
                 Value::from("body"),
                 Value::from("requests"),

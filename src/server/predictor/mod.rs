@@ -37,8 +37,8 @@ use axum::routing::{get, post};
 use crate::cluster::config::ClusterConfig;
 use crate::sim::latency::online::CalibrationState;
 use crate::twin::aggregate::{
-    AggregateOptions, AggregatePrediction, Estimate, Objective, PodAggregates, PodType,
-    predict_aggregates, single_instance_config,
+    AggregateOptions, AggregatePrediction, Objective, PodAggregates, PodType, predict_aggregates,
+    single_instance_config,
 };
 use crate::twin::limits::CancelFlag;
 use crate::twin::snapshot::{MirrorSnapshot, TwinSettings};
@@ -132,6 +132,7 @@ impl Predictor {
         let calibrator = Calibrator::new(
             options.initial_calibration.take(),
             options.calibration_file.clone(),
+            options.quantile,
             &shared.metrics,
         )?;
         compat::register_peer_metrics(
@@ -266,18 +267,6 @@ fn entry_key(entry: &PodAggregates) -> [u64; 11] {
         entry.encoder_input_size,
         entry.encoder_matched_size,
     ]
-}
-
-/// A simulated estimate passed through a phase's calibration `(overhead ms, scale)`: the
-/// value and bounds mapped, the spread scaled.
-pub fn calibrated(raw: Estimate, coefficients: (f64, f64)) -> Estimate {
-    let (overhead, scale) = coefficients;
-    let apply = |v: f64| (overhead + scale * v).max(0.0);
-    Estimate {
-        value: apply(raw.value),
-        uncertainty: raw.uncertainty * scale,
-        bounds: (apply(raw.bounds.0), apply(raw.bounds.1)),
-    }
 }
 
 /// The predictor's calls that are also counted as RPCs (`ditto_rpc_requests_total` with

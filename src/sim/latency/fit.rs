@@ -202,6 +202,49 @@ impl ForgettingLeastSquares {
         true
     }
 
+    /// The least-squares estimate with parameter `index` held at `value` (the others
+    /// re-solved on the same information), or `None` if it is not finite: the constrained
+    /// optimum when the free one falls outside a bound.
+    pub fn theta_with_fixed(&self, index: usize, value: f64) -> Option<Vec<f64>> {
+        let k = self.theta.len();
+        if index >= k || !value.is_finite() {
+            return None;
+        }
+        // Move the fixed column to the right-hand side, and pin its own row: the floor
+        // weighted by a huge factor is numerically a constraint in a Cholesky solve; the
+        // explicit reduction below is exact.
+        let free: Vec<usize> = (0..k).filter(|&i| i != index).collect();
+        let n = free.len();
+        let mut information = vec![0.0; n * n];
+        let mut moment = vec![0.0; n];
+        let mut floor = vec![0.0; n];
+        let mut anchor = vec![0.0; n];
+        for (r, &i) in free.iter().enumerate() {
+            moment[r] = self.moment[i] - self.information[i * k + index] * value;
+            floor[r] = self.floor[i];
+            anchor[r] = self.anchor[i];
+            for (c, &j) in free.iter().enumerate() {
+                information[r * n + c] = self.information[i * k + j];
+            }
+        }
+        let reduced = ForgettingLeastSquares {
+            theta: vec![0.0; n],
+            information: information.clone(),
+            moment: moment.clone(),
+            floor,
+            anchor,
+            lambda: self.lambda,
+            observations: self.observations,
+        };
+        let solved = reduced.solve(&information, &moment)?;
+        let mut theta = Vec::with_capacity(k);
+        let mut rest = solved.into_iter();
+        for i in 0..k {
+            theta.push(if i == index { value } else { rest.next()? });
+        }
+        Some(theta)
+    }
+
     /// `(A + F)⁻¹ (b + F θ₀)` by Cholesky (A + F is symmetric positive definite), or `None`
     /// if it is not finite.
     fn solve(&self, information: &[f64], moment: &[f64]) -> Option<Vec<f64>> {
@@ -247,6 +290,20 @@ impl ForgettingLeastSquares {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fixed_parameter_re_solves_the_others() {
+        // y = 3 + 0·x: with the slope held at 0.5 the intercept is the mean of y − 0.5x.
+        let mut fit = ForgettingLeastSquares::new(&[0.0, 1.0], &[0.0, 0.0], &[1e-9, 1e-9], 1.0);
+        for x in [1.0, 2.0, 3.0, 4.0, 5.0] {
+            assert!(fit.update(&[1.0, x], 3.0, 1.0));
+        }
+        assert!(fit.theta()[1].abs() < 1e-6);
+        let fixed = fit.theta_with_fixed(1, 0.5).expect("solves");
+        assert_eq!(fixed[1], 0.5);
+        assert!((fixed[0] - (3.0 - 0.5 * 3.0)).abs() < 1e-6, "{fixed:?}");
+        assert_eq!(fit.theta_with_fixed(2, 0.0), None);
+    }
 
     #[test]
     fn nelder_mead_finds_a_quadratic_minimum() {

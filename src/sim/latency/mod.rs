@@ -18,6 +18,7 @@
 pub mod arch;
 pub mod blackbox;
 pub mod calibrated;
+pub mod conformal;
 pub mod fit;
 pub mod online;
 pub mod physics;

@@ -22,6 +22,7 @@
 
 use std::collections::VecDeque;
 
+use super::conformal::ConformalResiduals;
 use super::fit::ForgettingLeastSquares;
 
 /// Which latency a sample measures.
@@ -47,6 +48,18 @@ impl Phase {
         match self {
             Phase::Ttft => 600_000.0,
             Phase::Tpot => 60_000.0,
+        }
+    }
+
+    /// Which load feature the phase's fit corrects for: the prefill tokens in flight for
+    /// TTFT (prompts ahead of the first token), the decode tokens in flight for TPOT (the
+    /// batch a token waits on). The other feature's coefficient stays 0: the simulation
+    /// prices the cross effects, and a fit free to use both learnt spurious ones from
+    /// correlated features.
+    pub fn load_feature(self) -> usize {
+        match self {
+            Phase::Ttft => 0,
+            Phase::Tpot => 1,
         }
     }
 
@@ -96,20 +109,44 @@ pub const MIN_SCALE: f64 = 0.05;
 pub const MAX_SCALE: f64 = 1e4;
 /// A restored fit weighs as much as this many samples at most (forgotten like samples).
 const RESTORED_CONFIDENCE: u64 = 100;
+/// The quantile the conformal layer steers for when none is set (the peer's default).
+pub const DEFAULT_TARGET_QUANTILE: f64 = 0.9;
 /// The constant ridge toward the anchor, in samples at the phase's reference latency: a
 /// hundredth of one sample, negligible wherever samples vary, decisive only along what they
 /// never tell apart (every sample at one simulated latency).
 const FLOOR_SAMPLES: f64 = 0.01;
 
-/// The persisted part of one phase's calibration.
+/// The load a sample was measured under, beside its simulated latency: the pod's prefill
+/// and decode tokens in flight, in thousands (the predictor API's `prefill_tokens_in_flight`
+/// and `decode_tokens_in_flight`).
+pub type LoadFeatures = [f64; LOAD_FEATURES];
+/// How many load features the fit carries.
+pub const LOAD_FEATURES: usize = 2;
+
+/// The load features of a pod's aggregates.
+pub fn load_features(prefill_tokens_in_flight: u64, decode_tokens_in_flight: u64) -> LoadFeatures {
+    [
+        prefill_tokens_in_flight as f64 / 1000.0,
+        decode_tokens_in_flight as f64 / 1000.0,
+    ]
+}
+
+/// The persisted part of one phase's calibration:
+/// `measured ≈ overhead + scale · simulated + Σ load_coefficients · load`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PhaseState {
-    /// Additive overhead, ms.
+    /// Additive overhead, ms (at zero load features).
     pub overhead_ms: f64,
     /// Multiplicative scale.
     pub scale: f64,
     /// Samples absorbed.
     pub samples: u64,
+    /// ms per thousand prefill and decode tokens in flight: what the simulation misses of
+    /// the load (0 when it prices the load right).
+    pub load_coefficients: LoadFeatures,
+    /// The load features' recent means (forgotten like samples): the load assumed for an
+    /// answer that does not say its own (PredictRouting).
+    pub load_means: LoadFeatures,
 }
 
 impl PhaseState {
@@ -131,9 +168,29 @@ impl PhaseState {
                 self.overhead_ms
             ));
         }
+        for (i, (&coefficient, &mean)) in self
+            .load_coefficients
+            .iter()
+            .zip(&self.load_means)
+            .enumerate()
+        {
+            if !coefficient.is_finite() || coefficient.abs() > ceiling {
+                return Err(format!(
+                    "{name}.load_coefficients[{i}]: {coefficient} is outside [-{ceiling}, {ceiling}]"
+                ));
+            }
+            if !mean.is_finite() || !(0.0..=MAX_LOAD_FEATURE).contains(&mean) {
+                return Err(format!(
+                    "{name}.load_means[{i}]: {mean} is outside [0, {MAX_LOAD_FEATURE}]"
+                ));
+            }
+        }
         Ok(())
     }
 }
+
+/// The largest load feature accepted (a million thousand tokens in flight).
+pub const MAX_LOAD_FEATURE: f64 = 1e6;
 
 /// Why a phase's fit was reset to the identity by itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -164,16 +221,43 @@ pub struct CalibrationState {
     pub ttft_is_e2e: bool,
 }
 
+impl CalibrationState {
+    /// Whether `other` is this state as read back from a file: every number equal to a
+    /// relative 1e-9 (a decimal round trip may move the last bit), the rest equal.
+    pub fn same_fit(&self, other: &CalibrationState) -> bool {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-9);
+        let phase = |a: &PhaseState, b: &PhaseState| {
+            a.samples == b.samples
+                && close(a.overhead_ms, b.overhead_ms)
+                && close(a.scale, b.scale)
+                && a.load_coefficients
+                    .iter()
+                    .chain(&a.load_means)
+                    .zip(b.load_coefficients.iter().chain(&b.load_means))
+                    .all(|(&x, &y)| close(x, y))
+        };
+        self.ttft_is_e2e == other.ttft_is_e2e
+            && phase(&self.ttft, &other.ttft)
+            && phase(&self.tpot, &other.tpot)
+    }
+}
+
 /// One phase's fit, counters and error window.
 #[derive(Clone, Debug)]
 pub struct PhaseCalibration {
     phase: Phase,
     fit: ForgettingLeastSquares,
+    /// (overhead, scale, load coefficient) as answers apply them ([`Self::constrained`]).
+    applied: [f64; 3],
     lambda: f64,
     samples: u64,
     rejected: u64,
     resets: u64,
     last_reset: Option<ResetReason>,
+    conformal: ConformalResiduals,
+    /// Σ λ^age · load features and Σ λ^age, for [`PhaseState::load_means`].
+    load_sums: LoadFeatures,
+    load_weight: f64,
     errors: VecDeque<f64>,
     window: usize,
 }
@@ -182,30 +266,75 @@ impl PhaseCalibration {
     fn new(phase: Phase, state: PhaseState, lambda: f64, window: usize) -> Self {
         // A restored fit is as confident as the samples behind it (at most
         // RESTORED_CONFIDENCE), as if they had all been seen at the reference latency.
+        // The load coefficients' prior and floor are per thousand tokens.
         let reference = phase.reference_ms();
         let confidence = state.samples.min(RESTORED_CONFIDENCE) as f64;
+        let load_coefficient = state.load_coefficients[phase.load_feature()];
+        let [m0, m1] = state.load_means;
+        let fit = ForgettingLeastSquares::new(
+            &[state.overhead_ms, state.scale, load_coefficient],
+            &[confidence, confidence * reference * reference, confidence],
+            &[
+                FLOOR_SAMPLES,
+                FLOOR_SAMPLES * reference * reference,
+                FLOOR_SAMPLES,
+            ],
+            lambda,
+        );
         Self {
             phase,
-            fit: ForgettingLeastSquares::new(
-                &[state.overhead_ms, state.scale],
-                &[confidence, confidence * reference * reference],
-                &[FLOOR_SAMPLES, FLOOR_SAMPLES * reference * reference],
-                lambda,
-            ),
+            applied: Self::constrained(&fit),
+            fit,
+            load_sums: [m0 * confidence, m1 * confidence],
+            load_weight: confidence,
             lambda,
             samples: state.samples,
             rejected: 0,
             resets: 0,
             last_reset: None,
+            conformal: ConformalResiduals::new(DEFAULT_TARGET_QUANTILE),
             errors: VecDeque::with_capacity(window),
             window: window.max(1),
         }
     }
 
-    /// The calibrated latency for a simulated one, ms (never negative).
+    /// The calibrated latency for a simulated one at the recent mean load, ms (never
+    /// negative).
     pub fn apply(&self, simulated_ms: f64) -> f64 {
         let (overhead, scale) = self.coefficients();
         (overhead + scale * simulated_ms).max(0.0)
+    }
+
+    /// The calibrated latency for a simulated one under `load`, ms (never negative).
+    pub fn apply_at(&self, simulated_ms: f64, load: &LoadFeatures) -> f64 {
+        let [overhead, scale, load_coefficient] = self.applied;
+        let correction = load_coefficient * load[self.phase.load_feature()];
+        (overhead + scale * simulated_ms + correction).max(0.0)
+    }
+
+    /// The fit's (overhead, scale, load coefficient), the scale at least [`MIN_SCALE`]: the
+    /// free optimum when its scale is above the floor, else the optimum with the scale held
+    /// at the floor (the others re-solved, so the floor costs the answers nothing it need
+    /// not; flooring the scale alone shifted every answer by the dropped part).
+    fn constrained(fit: &ForgettingLeastSquares) -> [f64; 3] {
+        let theta = fit.theta();
+        let free = [theta[0], theta[1], theta[2]];
+        if theta[1] >= MIN_SCALE {
+            return free;
+        }
+        match fit.theta_with_fixed(1, MIN_SCALE) {
+            Some(held) if held.len() == 3 => [held[0], held[1], held[2]],
+            _ => [free[0], MIN_SCALE, free[2]],
+        }
+    }
+
+    /// The load features' recent means (zero before the first sample).
+    pub fn load_means(&self) -> LoadFeatures {
+        if self.load_weight > 0.0 {
+            self.load_sums.map(|sum| sum / self.load_weight)
+        } else {
+            [0.0; LOAD_FEATURES]
+        }
     }
 
     /// The scale applied to spreads (uncertainties, bound widths).
@@ -213,30 +342,60 @@ impl PhaseCalibration {
         self.coefficients().1
     }
 
-    /// (overhead ms, scale) as applied.
+    /// (overhead ms, scale) as applied at the recent mean load (the overhead includes the
+    /// load terms at their means).
     pub fn coefficients(&self) -> (f64, f64) {
-        let theta = self.fit.theta();
-        (theta[0], theta[1].max(MIN_SCALE))
+        let [overhead, scale, load_coefficient] = self.applied;
+        let means = self.load_means();
+        (
+            overhead + load_coefficient * means[self.phase.load_feature()],
+            scale,
+        )
     }
 
-    /// Absorbs one measured latency for the latency simulated on the same inputs, or says
-    /// why not.
+    /// Absorbs one measured latency for the latency simulated on the same inputs, at the
+    /// recent mean load, or says why not.
     pub fn observe(&mut self, simulated_ms: f64, measured_ms: f64) -> Result<(), Rejection> {
-        let verdict = self.check(simulated_ms, measured_ms);
+        let load = self.load_means();
+        self.observe_at(simulated_ms, &load, measured_ms)
+    }
+
+    /// Absorbs one measured latency for the latency simulated on the same inputs under
+    /// `load`, or says why not.
+    pub fn observe_at(
+        &mut self,
+        simulated_ms: f64,
+        load: &LoadFeatures,
+        measured_ms: f64,
+    ) -> Result<(), Rejection> {
+        let mut verdict = self.check(simulated_ms, measured_ms);
+        if load
+            .iter()
+            .any(|f| !f.is_finite() || !(0.0..=MAX_LOAD_FEATURE).contains(f))
+        {
+            verdict = Err(Rejection::Absurd);
+        }
         if verdict.is_err() {
             self.rejected += 1;
             return verdict;
         }
-        let predicted = self.apply(simulated_ms);
+        let predicted = self.apply_at(simulated_ms, load);
         if self.errors.len() == self.window {
             self.errors.pop_front();
         }
         self.errors
             .push_back((predicted - measured_ms).abs() / measured_ms);
-        if !self.fit.update(&[1.0, simulated_ms], measured_ms, 1.0) {
+        self.conformal.observe(predicted, measured_ms);
+        let x = [1.0, simulated_ms, load[self.phase.load_feature()]];
+        if !self.fit.update(&x, measured_ms, 1.0) {
             self.rejected += 1;
             return Err(Rejection::NotFinite);
         }
+        self.applied = Self::constrained(&self.fit);
+        for (sum, f) in self.load_sums.iter_mut().zip(load) {
+            *sum = self.lambda * *sum + f;
+        }
+        self.load_weight = self.lambda * self.load_weight + 1.0;
         self.samples += 1;
         if !self.healthy() {
             self.forget_fit();
@@ -279,6 +438,12 @@ impl PhaseCalibration {
         self.rejected
     }
 
+    /// The conformal residuals of this phase's calibrated predictions: what a predicted
+    /// quantile adds to the calibrated centre, and its coverage.
+    pub fn conformal(&self) -> &ConformalResiduals {
+        &self.conformal
+    }
+
     /// Times the fit was reset by itself since start (see [`ResetReason`]).
     pub fn resets(&self) -> u64 {
         self.resets
@@ -306,17 +471,26 @@ impl PhaseCalibration {
 
     /// The fit as answers apply it (the scale floored at [`MIN_SCALE`]).
     fn state(&self) -> PhaseState {
-        let (overhead_ms, scale) = self.coefficients();
+        let [overhead_ms, scale, load_coefficient] = self.applied;
         PhaseState {
             overhead_ms,
             scale,
             samples: self.samples,
+            load_coefficients: {
+                let mut coefficients = [0.0; LOAD_FEATURES];
+                coefficients[self.phase.load_feature()] = load_coefficient;
+                coefficients
+            },
+            load_means: self.load_means(),
         }
     }
 
-    /// Forgets everything learnt (back to the identity).
+    /// Forgets everything learnt (back to the identity; residuals measured against the old
+    /// fit go too).
     fn reset(&mut self) {
+        let target = self.conformal.target();
         *self = PhaseCalibration::new(self.phase, IDENTITY, self.lambda, self.window);
+        self.conformal = ConformalResiduals::new(target);
     }
 
     /// Samples in the error window: each was scored against the calibrated prediction
@@ -342,6 +516,8 @@ const IDENTITY: PhaseState = PhaseState {
     overhead_ms: 0.0,
     scale: 1.0,
     samples: 0,
+    load_coefficients: [0.0; LOAD_FEATURES],
+    load_means: [0.0; LOAD_FEATURES],
 };
 
 /// Both phases' calibrations.
@@ -376,6 +552,27 @@ impl OnlineCalibration {
         }
     }
 
+    /// Steers both phases' conformal layer for quantile `target` (the predictor's
+    /// `LATENCY_QUANTILE_ALPHA`), forgetting their residuals.
+    pub fn with_target_quantile(mut self, target: f64) -> Self {
+        self.ttft.conformal = ConformalResiduals::new(target);
+        self.tpot.conformal = ConformalResiduals::new(target);
+        self
+    }
+
+    /// Takes `other`'s fits and counters, keeping this calibration's conformal residuals and
+    /// error windows: for a reload of the state this calibration itself persisted.
+    pub fn replace_fit(&mut self, mut other: OnlineCalibration) {
+        for (mine, theirs) in [
+            (&mut self.ttft, &mut other.ttft),
+            (&mut self.tpot, &mut other.tpot),
+        ] {
+            std::mem::swap(&mut theirs.conformal, &mut mine.conformal);
+            std::mem::swap(&mut theirs.errors, &mut mine.errors);
+        }
+        *self = other;
+    }
+
     /// Whether the TTFT phase learns (and answers) end-to-end latency.
     pub fn ttft_is_e2e(&self) -> bool {
         self.ttft_is_e2e
@@ -398,18 +595,34 @@ impl OnlineCalibration {
         }
     }
 
-    /// Absorbs a sample of `phase`, or says why not (and counts it).
+    /// Absorbs a sample of `phase` at the recent mean load, or says why not (and counts
+    /// it).
     pub fn observe(
         &mut self,
         phase: Phase,
         simulated_ms: f64,
         measured_ms: f64,
     ) -> Result<(), Rejection> {
-        let calibration = match phase {
+        self.phase_mut(phase).observe(simulated_ms, measured_ms)
+    }
+
+    /// Absorbs a sample of `phase` measured under `load`, or says why not (and counts it).
+    pub fn observe_at(
+        &mut self,
+        phase: Phase,
+        simulated_ms: f64,
+        load: &LoadFeatures,
+        measured_ms: f64,
+    ) -> Result<(), Rejection> {
+        self.phase_mut(phase)
+            .observe_at(simulated_ms, load, measured_ms)
+    }
+
+    fn phase_mut(&mut self, phase: Phase) -> &mut PhaseCalibration {
+        match phase {
             Phase::Ttft => &mut self.ttft,
             Phase::Tpot => &mut self.tpot,
-        };
-        calibration.observe(simulated_ms, measured_ms)
+        }
     }
 
     /// The state if both phases pass [`PhaseState::check`], else the first failure: a fit
@@ -439,6 +652,7 @@ impl OnlineCalibration {
             }
             if evaluations {
                 phase.errors.clear();
+                phase.conformal.clear();
             }
             if rejected {
                 phase.rejected = 0;
