@@ -262,48 +262,24 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         &shared,
     );
     let router = http::router(Arc::clone(&shared), predictor, auth, rejections);
-    let metrics = match metrics_listener {
-        None => None,
+    let (metrics_addr, metrics) = match metrics_listener {
+        None => (None, None),
         Some((addr, listener)) => {
-            let bound = listener
-                .local_addr()
-                .map_err(|source| ServeError::Bind { addr, source })?;
             let limits = super::http_conn::HttpLimits {
                 max_connections: options.metrics_max_connections,
                 ..options.http
             };
-            let connections = super::http_conn::ConnectionMetrics::register_as(
-                &shared.metrics,
-                "ditto_metrics_http",
-                "--metrics-max-connections",
+            let (bound, task) = serve_probes(
+                addr,
+                listener,
+                probes,
+                limits,
+                &shared,
+                tls.as_ref(),
+                stopped(stop_rx.clone()),
             )?;
-            let stop = stopped(stop_rx.clone());
-            let task = match &tls {
-                None => tokio::spawn(super::http_conn::serve(
-                    listener,
-                    probes,
-                    limits,
-                    connections,
-                    stop,
-                )),
-                Some(acceptors) => {
-                    let listener = tls::TlsListener::new(listener, acceptors.http.clone())
-                        .map_err(|source| ServeError::Bind { addr, source })?;
-                    tokio::spawn(super::http_conn::serve(
-                        listener,
-                        probes,
-                        limits,
-                        connections,
-                        stop,
-                    ))
-                }
-            };
-            Some((bound, task))
+            (Some(bound), Some(task))
         }
-    };
-    let (metrics_addr, metrics) = match metrics {
-        Some((addr, task)) => (Some(addr), Some(task)),
-        None => (None, None),
     };
     let (grpc, http) = match &tls {
         None => {
@@ -364,6 +340,49 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         lifecycle,
         background,
     })
+}
+
+/// Serves `probes` (metrics and the probes) on the `--metrics-addr` listener within `limits`,
+/// over TLS when the server has it, its connections counted apart
+/// (`ditto_metrics_http_connections*`); returns the bound address and the task.
+fn serve_probes(
+    addr: SocketAddr,
+    listener: TcpListener,
+    probes: axum::Router,
+    limits: super::http_conn::HttpLimits,
+    shared: &Shared,
+    tls: Option<&TlsAcceptors>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), ServeError> {
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let connections = super::http_conn::ConnectionMetrics::register_as(
+        &shared.metrics,
+        "ditto_metrics_http",
+        "--metrics-max-connections",
+    )?;
+    let task = match tls {
+        None => tokio::spawn(super::http_conn::serve(
+            listener,
+            probes,
+            limits,
+            connections,
+            stop,
+        )),
+        Some(acceptors) => {
+            let listener = tls::TlsListener::new(listener, acceptors.http.clone())
+                .map_err(|source| ServeError::Bind { addr, source })?;
+            tokio::spawn(super::http_conn::serve(
+                listener,
+                probes,
+                limits,
+                connections,
+                stop,
+            ))
+        }
+    };
+    Ok((bound, task))
 }
 
 /// Starts the live mirror and reports SERVING after each instance set it syncs.
