@@ -10,12 +10,14 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import grpc
 import pytest
 import requests
 
 from conftest import BINARY, Server, free_port
+from test_tls import pki  # noqa: F401 - the fixture
 
 TIMEOUT = 30
 HEADER_TIMEOUT_MS = 1000
@@ -334,3 +336,27 @@ def test_bad_metrics_listener_flags_exit_2_naming_the_flag(flags, named):
         assert good.returncode == 0, good.stderr
     finally:
         os.unlink(config.name)
+
+
+def test_the_metrics_listener_speaks_tls_when_the_server_does(pki):
+    import ssl
+
+    import grpc as grpc_module
+    from test_tls import secure
+
+    metrics_port = free_port()
+    env = dict(os.environ, DITTO_TLS_CERT_FILE=pki["tls.crt"], DITTO_TLS_KEY_FILE=pki["tls.key"])
+    server = Server(extra_args=["--metrics-addr", f"127.0.0.1:{metrics_port}"], env=env)
+    try:
+        secure(server, grpc_module.ssl_channel_credentials(root_certificates=pki["ca_pem"]))
+        server.wait_serving()
+        context = ssl.create_default_context(cafile=pki["ca.crt"])
+        with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/healthz", timeout=10, context=context) as reply:
+            assert reply.status == 200 and json.loads(reply.read())["status"] == "ok"
+        # Plain HTTP on it gets no HTTP answer.
+        assert probe_ms(metrics_port)[0] is None
+    finally:
+        code = server.terminate()
+        output = server.output()
+        os.unlink(server.log.name)
+        assert code == 0, output
