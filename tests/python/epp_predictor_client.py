@@ -36,7 +36,8 @@ fields ignored, a known field of the wrong JSON type (a string for a float64, 3.
 a time that is not RFC 3339) is an error.
 
 Everything the client would log goes to `self.log` as (level, message, details); every HTTP call
-it makes goes to `self.calls` as (method, path, status or None). `self.downloads` and
+it makes goes to `self.calls` as (method, path, status or None), each training POST to
+`self.flushed` as (entries sent, status, reply body). `self.downloads` and
 `self.in_process` record the tree downloads and in-process predictions the EPP would make.
 """
 
@@ -296,6 +297,7 @@ class EppPredictorClient:
         self.downloads = []
         self.in_process = []
         self.refreshes = 0
+        self.flushed = []
         self.server_status = None
         self.model_info = None
         self.cached_metrics = None
@@ -552,10 +554,12 @@ class EppPredictorClient:
             batch = self._sample(batch, self.config.max_sample_size)
         url = self.config.training_url + "/add_training_data_bulk"
         try:
-            status, _ = self._http("POST", url, {"entries": batch})
+            status, reply = self._http("POST", url, {"entries": batch})
         except OSError as err:
             self._log("error", "Bulk POST failed", url=url, error=str(err))
             return
+        with self.lock:
+            self.flushed.append((batch, status, reply))
         if status != 202:
             self._log("error", "Bulk POST returned non-202 status", url=url, status=status)
         else:
