@@ -25,6 +25,7 @@ import pytest
 from conftest import Server, free_port
 from epp_predictor_client import EppPredictorClient, prediction_request, training_entry
 from fake_kube_api import FakeKubeApi
+from test_http_limits import bound_metrics_port
 from test_live import Fake, eventually, gauges_are
 
 BOUND_S = 30.0
@@ -97,15 +98,14 @@ def sidecar(tmp_path):
         env["KUBECONFIG"] = api.kubeconfig(str(tmp_path / "kubeconfig"))
         # The chart configures the predictor for the mean; ditto reads the same variable.
         env["LATENCY_OBJECTIVE_TYPE"] = "mean"
-        metrics_port = free_port()
         server = Server([
             "--config", str(tmp_path / "cluster.yaml"),
             "--inference-pool", "qwen3-32b", "--pods-namespace", "llm-d",
             "--scrape-interval-ms", "50",
-            "--metrics-addr", f"127.0.0.1:{metrics_port}",
+            "--metrics-addr", "127.0.0.1:0",
         ], env=env)
-        server.metrics_port = metrics_port
         server.wait_serving()
+        server.metrics_port = bound_metrics_port(server)
         eventually(server, lambda i: sorted(i) == ["llm-d/qwen3-32b-decode-0", "llm-d/qwen3-32b-decode-1"]
                    and gauges_are(i["llm-d/qwen3-32b-decode-0"], 3, 0, 0.25), "the pool mirrored")
         yield server

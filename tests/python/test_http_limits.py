@@ -6,6 +6,7 @@ small by its flag so the test runs in seconds; docs/operations.md lists the defa
 
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -254,11 +255,23 @@ def probe_ms(port, path="/healthz"):
     return status, elapsed
 
 
+def bound_metrics_port(server):
+    """The port ditto's --metrics-addr listener bound (asked for with port 0, so no other
+    process can take it first), from its ready line."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        found = re.search(r"metrics on [0-9.]+:(\d+) \(ready\)", server.output())
+        if found:
+            return int(found.group(1))
+        time.sleep(0.02)
+    raise AssertionError(f"no metrics listener in the ready line:\n{server.output()}")
+
+
 def test_probes_answer_on_the_metrics_listener_while_the_api_connection_cap_is_held():
     # Issue 38 D7: 1,100 connections held on the API port (cap 1024 by default) must not
     # starve /healthz, which the kubelet asks on the metrics listener.
-    metrics_port = free_port()
-    server = start("--metrics-addr", f"127.0.0.1:{metrics_port}")
+    server = start("--metrics-addr", "127.0.0.1:0")
+    metrics_port = bound_metrics_port(server)
     held = []
     try:
         for _ in range(HELD):
@@ -289,8 +302,8 @@ def test_probes_answer_on_the_metrics_listener_while_the_api_connection_cap_is_h
 
 
 def test_the_metrics_listener_serves_only_probes_and_metrics_under_its_own_cap():
-    metrics_port = free_port()
-    server = start("--metrics-addr", f"127.0.0.1:{metrics_port}", "--metrics-max-connections", "2")
+    server = start("--metrics-addr", "127.0.0.1:0", "--metrics-max-connections", "2")
+    metrics_port = bound_metrics_port(server)
     base = f"http://127.0.0.1:{metrics_port}"
     try:
         assert requests.get(base + "/healthz", timeout=TIMEOUT).json()["status"] == "ok"
@@ -344,12 +357,12 @@ def test_the_metrics_listener_speaks_tls_when_the_server_does(pki):
     import grpc as grpc_module
     from test_tls import secure
 
-    metrics_port = free_port()
     env = dict(os.environ, DITTO_TLS_CERT_FILE=pki["tls.crt"], DITTO_TLS_KEY_FILE=pki["tls.key"])
-    server = Server(extra_args=["--metrics-addr", f"127.0.0.1:{metrics_port}"], env=env)
+    server = Server(extra_args=["--metrics-addr", "127.0.0.1:0"], env=env)
     try:
         secure(server, grpc_module.ssl_channel_credentials(root_certificates=pki["ca_pem"]))
         server.wait_serving()
+        metrics_port = bound_metrics_port(server)
         context = ssl.create_default_context(cafile=pki["ca.crt"])
         with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/healthz", timeout=10, context=context) as reply:
             assert reply.status == 200 and json.loads(reply.read())["status"] == "ok"
