@@ -1,4 +1,4 @@
-//! The `ditto serve` flags bounding the HTTP listener against slow and greedy clients
+//! The `ditto serve` flags bounding the HTTP listeners against slow and greedy clients
 //! (`server::http_conn`).
 
 use std::time::Duration;
@@ -7,6 +7,7 @@ use clap::Args;
 
 use crate::cli::serve::ServeCommandError;
 use crate::server::http_conn::{BodyLimits, HttpLimits};
+use crate::server::run::DEFAULT_METRICS_MAX_CONNECTIONS;
 
 /// Most connections the cap may be set to (each holds a file descriptor and a task).
 const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
@@ -27,6 +28,10 @@ pub struct HttpArgs {
     /// Most HTTP connections open at once; a connection beyond is closed on arrival.
     #[arg(long, env = "DITTO_HTTP_MAX_CONNECTIONS", default_value_t = HttpLimits::DEFAULT.max_connections)]
     pub http_max_connections: usize,
+    /// Most connections open at once on the --metrics-addr listener (probes and Prometheus),
+    /// counted apart from --http-max-connections.
+    #[arg(long, env = "DITTO_METRICS_MAX_CONNECTIONS", default_value_t = DEFAULT_METRICS_MAX_CONNECTIONS)]
+    pub metrics_max_connections: usize,
 }
 
 fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
@@ -37,6 +42,17 @@ fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
 }
 
 impl HttpArgs {
+    /// The metrics listener's connection cap, or the flag that is out of range.
+    pub fn metrics_max_connections(&self) -> Result<usize, ServeCommandError> {
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.metrics_max_connections) {
+            return Err(bad(
+                "metrics-max-connections",
+                format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
+            ));
+        }
+        Ok(self.metrics_max_connections)
+    }
+
     /// The listener's bounds, or the flag that is out of range.
     pub fn limits(&self) -> Result<HttpLimits, ServeCommandError> {
         if self.http_header_read_timeout_ms == 0 {

@@ -23,6 +23,12 @@ pub struct SecurityArgs {
     /// Require the token on reads too (predictions, forecasts, snapshots, /metrics).
     #[arg(long, env = "DITTO_AUTH_READS")]
     pub auth_reads: bool,
+    /// Without a token, also accept writes (gRPC SyncClusterConfig, Push*,
+    /// AddTrainingSamples; HTTP /add_training_data_bulk, /flush, /reload) from peers other
+    /// than loopback. Off: only the pod or host itself may write (others get 403 /
+    /// PERMISSION_DENIED). No effect with a token, which then decides.
+    #[arg(long, env = "DITTO_ALLOW_REMOTE_WRITES")]
+    pub allow_remote_writes: bool,
     /// PEM certificate chain: serve gRPC and HTTP over TLS (needs --tls-key-file). Plain
     /// TCP without it.
     #[arg(long, env = "DITTO_TLS_CERT_FILE", value_name = "FILE")]
@@ -78,6 +84,7 @@ impl SecurityArgs {
         Ok(AuthPolicy {
             token,
             reads: self.auth_reads,
+            remote_writes: self.allow_remote_writes,
         })
     }
 }

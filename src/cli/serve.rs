@@ -42,9 +42,15 @@ pub struct ServeArgs {
     /// gRPC listen address.
     #[arg(long, env = "DITTO_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
-    /// HTTP listen address (/metrics, /healthz, /readyz).
+    /// HTTP listen address: the latency predictor API, /metrics, /healthz, /readyz. In the
+    /// EPP's pod, 127.0.0.1:9011 keeps the API (and its writes) inside the pod.
     #[arg(long, env = "DITTO_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
+    /// A second HTTP listener serving only /metrics, /healthz and /readyz, with its own
+    /// connection cap (--metrics-max-connections), for the kubelet's probes and Prometheus
+    /// (e.g. 0.0.0.0:9012). Default: none, everything on --http-addr.
+    #[arg(long, env = "DITTO_METRICS_ADDR", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
     /// Most candidates per routing question.
     #[arg(long, env = "DITTO_MAX_CANDIDATES", default_value_t = Limits::DEFAULT.max_candidates)]
     pub max_candidates: u32,
@@ -240,6 +246,24 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     options.tls = args.security.tls()?;
     options.predictor = args.predictor.options()?;
     options.http = args.http.limits()?;
+    options.metrics_max_connections = args.http.metrics_max_connections()?;
+    options.metrics_addr = args.metrics_addr;
+    if let Some(metrics) = args.metrics_addr
+        && metrics.port() != 0
+    {
+        for (flag, addr) in [("http-addr", args.http_addr), ("grpc-addr", args.grpc_addr)] {
+            if addr.port() == metrics.port()
+                && (addr.ip() == metrics.ip()
+                    || addr.ip().is_unspecified()
+                    || metrics.ip().is_unspecified())
+            {
+                return Err(ServeCommandError::BadFlag {
+                    flag: "metrics-addr",
+                    reason: format!("{metrics} overlaps --{flag} {addr}: use another port"),
+                });
+            }
+        }
+    }
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
@@ -271,9 +295,10 @@ pub fn main(args: &ServeArgs) -> ExitCode {
         say(&format!("warning: {err}; traces are off"));
     }
     let outcome = options(args).and_then(|options| {
-        serve_until_signal(options, |grpc, http| {
+        serve_until_signal(options, |grpc, http, metrics| {
+            let metrics = metrics.map_or_else(String::new, |addr| format!(", metrics on {addr}"));
             say(&format!(
-                "ditto serve: gRPC on {grpc}, HTTP on {http} (ready)"
+                "ditto serve: gRPC on {grpc}, HTTP on {http}{metrics} (ready)"
             ));
         })
         .map_err(ServeCommandError::from)

@@ -1,4 +1,7 @@
-//! Bearer-token authentication of the Twin API: writes (SyncClusterConfig, PushInstanceState,
+//! Bearer-token authentication of the Twin API and the latency predictor's HTTP API, and the
+//! loopback rule for writes without a token.
+//!
+//! Bearer tokens: writes (SyncClusterConfig, PushInstanceState,
 //! PushKvEvents, AddTrainingSamples) need `authorization: Bearer <token>` when a token is configured; reads
 //! (predictions, forecasts, snapshots, HTTP `/metrics`) need it only when asked to. Health,
 //! reflection, `/healthz` and `/readyz` never do (probes carry no secrets).
@@ -7,9 +10,14 @@
 //! environment (`DITTO_AUTH_TOKEN`), never from a flag value that `ps` shows. It is compared
 //! in constant time and never printed: its `Debug` is redacted. A refused call gets
 //! UNAUTHENTICATED (gRPC) or 401 (HTTP) before any handler runs, so it changes nothing.
+//!
+//! Without a token, writes are taken only from loopback peers (the pod itself, in a sidecar):
+//! a write from any other address gets PERMISSION_DENIED (gRPC) or 403 (HTTP) naming the
+//! ways out, unless `--allow-remote-writes` opts in to today's open behaviour.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -161,6 +169,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// The flag that lets peers other than loopback write without a token.
+pub const REMOTE_WRITES_FLAG: &str = "--allow-remote-writes";
+
 /// Who may call what.
 #[derive(Clone, Debug, Default)]
 pub struct AuthPolicy {
@@ -168,9 +179,57 @@ pub struct AuthPolicy {
     pub token: Option<BearerToken>,
     /// Whether reads need the token too.
     pub reads: bool,
+    /// Without a token: whether peers other than loopback may write ([`REMOTE_WRITES_FLAG`]).
+    /// Off by default: writes are then taken only from the pod or host itself.
+    pub remote_writes: bool,
+}
+
+/// What the policy says about one call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go ahead.
+    Allow,
+    /// Missing or wrong bearer token (401 / UNAUTHENTICATED).
+    Unauthenticated,
+    /// A write from a peer other than loopback with no token configured (403 /
+    /// PERMISSION_DENIED).
+    RemoteWrite,
+}
+
+/// The message of a refused remote write, naming the ways out.
+pub const REMOTE_WRITE_REFUSED: &str = "writes are accepted only from loopback when no bearer \
+     token is configured: configure a token (DITTO_AUTH_TOKEN_FILE or DITTO_AUTH_TOKEN) or \
+     start ditto serve with --allow-remote-writes";
+
+/// Whether `ip` is loopback (127.0.0.0/8, ::1, or 127.x mapped into IPv6).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
 }
 
 impl AuthPolicy {
+    /// The verdict on a call with these headers from `peer` (None: unknown, treated as
+    /// remote); `write` says whether it changes state. With a token the token rule applies;
+    /// without one, reads always pass and writes pass from loopback, or from anywhere with
+    /// [`AuthPolicy::remote_writes`].
+    pub fn verdict(&self, write: bool, headers: &HeaderMap, peer: Option<IpAddr>) -> Verdict {
+        if self.token.is_some() {
+            return if self.allows(write, headers) {
+                Verdict::Allow
+            } else {
+                Verdict::Unauthenticated
+            };
+        }
+        if write && !self.remote_writes && !peer.is_some_and(is_loopback) {
+            return Verdict::RemoteWrite;
+        }
+        Verdict::Allow
+    }
+
     /// Whether a call with these headers may proceed; `write` says whether it changes the
     /// mirror.
     pub fn allows(&self, write: bool, headers: &HeaderMap) -> bool {
@@ -242,13 +301,24 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let path = request.uri().path();
-        if !self.policy.allows(is_write_path(path), request.headers()) {
+        let peer = request
+            .extensions()
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(tonic::transport::server::TcpConnectInfo::remote_addr)
+            .map(|addr| addr.ip());
+        let verdict = self
+            .policy
+            .verdict(is_write_path(path), request.headers(), peer);
+        if verdict != Verdict::Allow {
             let method = path.rsplit('/').next().unwrap_or("");
             let method = if method.len() <= 64 { method } else { "other" };
             self.rejections.with_label_values(&[method]).inc();
-            let status = Status::unauthenticated(
-                "missing or wrong bearer token (send `authorization: Bearer <token>`)",
-            );
+            let status = match verdict {
+                Verdict::RemoteWrite => Status::permission_denied(REMOTE_WRITE_REFUSED),
+                _ => Status::unauthenticated(
+                    "missing or wrong bearer token (send `authorization: Bearer <token>`)",
+                ),
+            };
             return Box::pin(std::future::ready(Ok(status.into_http())));
         }
         let clone = self.inner.clone();
@@ -302,12 +372,17 @@ mod tests {
         let writes_only = AuthPolicy {
             token: token.clone(),
             reads: false,
+            remote_writes: false,
         };
         assert!(writes_only.allows(true, &good));
         assert!(!writes_only.allows(true, &bad));
         assert!(!writes_only.allows(true, &none));
         assert!(writes_only.allows(false, &none));
-        let all = AuthPolicy { token, reads: true };
+        let all = AuthPolicy {
+            token,
+            reads: true,
+            remote_writes: false,
+        };
         assert!(!all.allows(false, &none));
         assert!(all.allows(false, &good));
         assert!(AuthPolicy::default().allows(true, &none));
@@ -315,5 +390,45 @@ mod tests {
         assert!(is_write_path("/ditto.v1.Twin/SyncClusterConfig"));
         assert!(is_write_path("/ditto.v1.Twin/AddTrainingSamples"));
         assert!(!is_write_path("/ditto.v1.Twin/PredictRouting"));
+    }
+
+    #[test]
+    fn without_a_token_writes_come_only_from_loopback_unless_opted_in() {
+        let none = HeaderMap::new();
+        let local: IpAddr = "127.0.0.1".parse().unwrap();
+        let local6: IpAddr = "::1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.9".parse().unwrap();
+        let remote: IpAddr = "10.1.2.3".parse().unwrap();
+        let open = AuthPolicy::default();
+        for peer in [local, local6, mapped] {
+            assert_eq!(
+                open.verdict(true, &none, Some(peer)),
+                Verdict::Allow,
+                "{peer}"
+            );
+        }
+        assert_eq!(
+            open.verdict(true, &none, Some(remote)),
+            Verdict::RemoteWrite
+        );
+        assert_eq!(open.verdict(true, &none, None), Verdict::RemoteWrite);
+        assert_eq!(open.verdict(false, &none, Some(remote)), Verdict::Allow);
+        let opted_in = AuthPolicy {
+            remote_writes: true,
+            ..AuthPolicy::default()
+        };
+        assert_eq!(opted_in.verdict(true, &none, Some(remote)), Verdict::Allow);
+        // With a token the token rule applies, from anywhere.
+        let token = AuthPolicy {
+            token: Some(BearerToken::new(SECRET, TOKEN_ENV).unwrap()),
+            ..AuthPolicy::default()
+        };
+        let good = headers(&format!("Bearer {SECRET}"));
+        assert_eq!(token.verdict(true, &good, Some(remote)), Verdict::Allow);
+        assert_eq!(
+            token.verdict(true, &none, Some(local)),
+            Verdict::Unauthenticated
+        );
+        assert!(REMOTE_WRITE_REFUSED.contains(REMOTE_WRITES_FLAG));
     }
 }

@@ -75,13 +75,23 @@ pub struct ConnectionMetrics {
 impl ConnectionMetrics {
     /// Registers `ditto_http_connections` and `ditto_http_connections_refused_total`.
     pub fn register(metrics: &Metrics) -> Result<Self, prometheus::Error> {
+        Self::register_as(metrics, "ditto_http", "--http-max-connections")
+    }
+
+    /// Registers `<prefix>_connections` and `<prefix>_connections_refused_total` for a
+    /// listener whose cap is set by `flag`.
+    pub fn register_as(
+        metrics: &Metrics,
+        prefix: &str,
+        flag: &str,
+    ) -> Result<Self, prometheus::Error> {
         let open = IntGauge::new(
-            "ditto_http_connections",
-            "HTTP connections open (at most --http-max-connections).",
+            format!("{prefix}_connections"),
+            format!("HTTP connections open (at most {flag})."),
         )?;
         let refused = IntCounter::new(
-            "ditto_http_connections_refused_total",
-            "HTTP connections closed on arrival because --http-max-connections were open.",
+            format!("{prefix}_connections_refused_total"),
+            format!("HTTP connections closed on arrival because {flag} were open."),
         )?;
         metrics.register(Box::new(open.clone()))?;
         metrics.register(Box::new(refused.clone()))?;
@@ -100,7 +110,8 @@ impl Drop for OpenConnection {
 
 /// Serves `router` over HTTP/1.1 on `listener` within `limits` until `stop` resolves; then
 /// stops accepting, lets every connection finish its request in flight, and returns once
-/// all are closed.
+/// all are closed. Each request carries its connection's peer address as
+/// `axum::extract::ConnectInfo<SocketAddr>`.
 pub async fn serve<L>(
     mut listener: L,
     router: Router,
@@ -109,7 +120,7 @@ pub async fn serve<L>(
     stop: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
     // Permits are u32 (acquire_many); the flag is validated far below.
     let capacity = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
@@ -117,7 +128,7 @@ where
     let (stopping, stopped) = watch::channel(false);
     tokio::pin!(stop);
     loop {
-        let (io, _peer) = tokio::select! {
+        let (io, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = &mut stop => break,
         };
@@ -128,7 +139,15 @@ where
         };
         metrics.open.inc();
         let open = OpenConnection(metrics.open.clone());
-        let service = TowerToHyperService::new(router.clone());
+        let inner = TowerToHyperService::new(router.clone());
+        let service = hyper::service::service_fn(
+            move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                hyper::service::Service::call(&inner, request)
+            },
+        );
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
             let _slot = slot;

@@ -1,5 +1,7 @@
 //! Startup and shutdown of the server: the gRPC listener (Twin, health, reflection v1 and
-//! v1alpha) and the HTTP listener (metrics, liveness, readiness).
+//! v1alpha), the HTTP listener (the latency predictor API, metrics, liveness, readiness) and,
+//! with `--metrics-addr`, a second HTTP listener with only metrics and the probes, under its
+//! own connection cap.
 //!
 //! Order: the initial config is validated and synced before anything binds (a bad config
 //! fails fast); health reports SERVING as soon as a config is in. On shutdown new Twin calls
@@ -86,7 +88,15 @@ pub struct ServerOptions {
     pub tls: Option<TlsFiles>,
     /// Bounds of the HTTP listener (connections, header and body reads).
     pub http: super::http_conn::HttpLimits,
+    /// The metrics and probes listener (`/metrics`, `/healthz`, `/readyz` only), if any
+    /// (port 0: any free port).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Most connections open at once on the metrics listener.
+    pub metrics_max_connections: usize,
 }
+
+/// Default cap on the metrics listener's connections (the kubelet and a few scrapers).
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 64;
 
 impl ServerOptions {
     /// Defaults on the given addresses, with no initial config.
@@ -112,6 +122,8 @@ impl ServerOptions {
             auth: AuthPolicy::default(),
             tls: None,
             http: super::http_conn::HttpLimits::DEFAULT,
+            metrics_addr: None,
+            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
         }
     }
 }
@@ -126,6 +138,8 @@ pub struct RunningServer {
     stop: watch::Sender<bool>,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<std::io::Result<()>>,
+    metrics_addr: Option<SocketAddr>,
+    metrics: Option<JoinHandle<std::io::Result<()>>>,
     drain: Duration,
     /// The live mirror's tasks (stopped when the server is dropped).
     _live: Option<crate::live::LiveHandle>,
@@ -207,6 +221,10 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
+    let metrics_listener = match options.metrics_addr {
+        Some(addr) => Some((addr, bind(addr).await?)),
+        None => None,
+    };
     let grpc_addr = grpc_listener
         .local_addr()
         .map_err(|source| ServeError::Bind {
@@ -234,7 +252,35 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     )?);
     let connections = super::http_conn::ConnectionMetrics::register(&shared.metrics)?;
     let _ = shared.predictor.set(Arc::downgrade(&predictor));
+    let probes = http::observed(
+        http::probe_router(
+            Arc::clone(&shared),
+            Arc::clone(&predictor),
+            Arc::clone(&auth),
+            rejections.clone(),
+        ),
+        &shared,
+    );
     let router = http::router(Arc::clone(&shared), predictor, auth, rejections);
+    let (metrics_addr, metrics) = match metrics_listener {
+        None => (None, None),
+        Some((addr, listener)) => {
+            let limits = super::http_conn::HttpLimits {
+                max_connections: options.metrics_max_connections,
+                ..options.http
+            };
+            let (bound, task) = serve_probes(
+                addr,
+                listener,
+                probes,
+                limits,
+                &shared,
+                tls.as_ref(),
+                stopped(stop_rx.clone()),
+            )?;
+            (Some(bound), Some(task))
+        }
+    };
     let (grpc, http) = match &tls {
         None => {
             let grpc = routes.serve_with_incoming_shutdown(
@@ -278,7 +324,8 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         (Some(_), Some(_)) => "TLS",
         _ => "plain",
     };
-    tracing::info!(%grpc_addr, %http_addr, auth = auth_mode, transport, "ditto serving");
+    let metrics_listen = metrics_addr.map_or_else(|| "off".to_owned(), |addr| addr.to_string());
+    tracing::info!(%grpc_addr, %http_addr, metrics_addr = %metrics_listen, auth = auth_mode, transport, "ditto serving");
     Ok(RunningServer {
         grpc_addr,
         http_addr,
@@ -286,11 +333,56 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         stop,
         grpc,
         http,
+        metrics_addr,
+        metrics,
         drain: options.drain,
         _live: live,
         lifecycle,
         background,
     })
+}
+
+/// Serves `probes` (metrics and the probes) on the `--metrics-addr` listener within `limits`,
+/// over TLS when the server has it, its connections counted apart
+/// (`ditto_metrics_http_connections*`); returns the bound address and the task.
+fn serve_probes(
+    addr: SocketAddr,
+    listener: TcpListener,
+    probes: axum::Router,
+    limits: super::http_conn::HttpLimits,
+    shared: &Shared,
+    tls: Option<&TlsAcceptors>,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), ServeError> {
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let connections = super::http_conn::ConnectionMetrics::register_as(
+        &shared.metrics,
+        "ditto_metrics_http",
+        "--metrics-max-connections",
+    )?;
+    let task = match tls {
+        None => tokio::spawn(super::http_conn::serve(
+            listener,
+            probes,
+            limits,
+            connections,
+            stop,
+        )),
+        Some(acceptors) => {
+            let listener = tls::TlsListener::new(listener, acceptors.http.clone())
+                .map_err(|source| ServeError::Bind { addr, source })?;
+            tokio::spawn(super::http_conn::serve(
+                listener,
+                probes,
+                limits,
+                connections,
+                stop,
+            ))
+        }
+    };
+    Ok((bound, task))
 }
 
 /// Starts the live mirror and reports SERVING after each instance set it syncs.
@@ -325,6 +417,11 @@ impl RunningServer {
     /// The bound HTTP address.
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// The bound metrics listener's address, if `--metrics-addr` is set.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The mirror.
@@ -365,17 +462,25 @@ impl RunningServer {
         let _ = self.stop.send(true);
         let grpc_abort = self.grpc.abort_handle();
         let http_abort = self.http.abort_handle();
+        let metrics_abort = self.metrics.as_ref().map(JoinHandle::abort_handle);
         let grace = deadline
             .saturating_duration_since(tokio::time::Instant::now())
             .min(CLOSE_GRACE);
         let drained = tokio::time::timeout(grace, async {
             let grpc = self.grpc.await;
             let http = self.http.await;
-            (grpc, http)
+            let metrics = match self.metrics {
+                Some(task) => Some(task.await),
+                None => None,
+            };
+            (grpc, http, metrics)
         })
         .await;
         match drained {
-            Ok((grpc, http)) => {
+            Ok((grpc, http, metrics)) => {
+                if let Some(Ok(result)) = metrics {
+                    result.map_err(ServeError::Http)?;
+                }
                 if let Ok(result) = grpc {
                     result?;
                 }
@@ -388,6 +493,9 @@ impl RunningServer {
                 tracing::debug!("dropping the connections still open");
                 grpc_abort.abort();
                 http_abort.abort();
+                if let Some(abort) = metrics_abort {
+                    abort.abort();
+                }
                 Ok(())
             }
         }
@@ -404,10 +512,10 @@ async fn termination() -> Result<(), ServeError> {
 }
 
 /// Runs the server on its own runtime until SIGTERM or SIGINT, then shuts it down
-/// gracefully. `on_ready` gets the bound gRPC and HTTP addresses once both listen.
+/// gracefully. `on_ready` gets the bound gRPC, HTTP and metrics addresses once all listen.
 pub fn serve_until_signal(
     options: ServerOptions,
-    on_ready: impl FnOnce(SocketAddr, SocketAddr),
+    on_ready: impl FnOnce(SocketAddr, SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServeError> {
     let drain = options.drain;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -419,7 +527,11 @@ pub fn serve_until_signal(
         // Install the handlers before reporting ready, so an early signal is not lost.
         let signal = tokio::spawn(termination());
         let server = start(options).await?;
-        on_ready(server.grpc_addr(), server.http_addr());
+        on_ready(
+            server.grpc_addr(),
+            server.http_addr(),
+            server.metrics_addr(),
+        );
         let signalled = signal.await;
         signalled_at = Some(std::time::Instant::now());
         let shutdown = server.shutdown().await;

@@ -5,10 +5,17 @@ With a token (from DITTO_AUTH_TOKEN_FILE or DITTO_AUTH_TOKEN), every write witho
 a wrong one is UNAUTHENTICATED and changes nothing; the right token is accepted; reads need
 it only with --auth-reads (then /metrics answers 401 without it); health and the HTTP probes
 never need it. The token never shows in the process's command line or its log.
+
+Without a token, writes (gRPC and the predictor API's) are accepted only from loopback peers:
+from another host they get PERMISSION_DENIED / 403 naming the ways out, unless
+--allow-remote-writes (DITTO_ALLOW_REMOTE_WRITES) opts in.
 """
 
+import json
 import os
 import secrets
+import socket
+import subprocess
 import tempfile
 import urllib.error
 import urllib.request
@@ -16,8 +23,10 @@ import urllib.request
 import grpc
 import pytest
 
-from conftest import BINARY, Server
+from conftest import BINARY, Server, free_port
 from ditto.v1 import twin_pb2 as pb
+from ditto.v1 import twin_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 A = "ns/vllm-0:8000"
 
@@ -256,5 +265,125 @@ def test_the_latency_predictor_api_writes_need_the_token(token_file):
         assert http_post(server, "/predict", entry)[0] == 200
         _, metrics = http_get(server, "/metrics")
         assert 'ditto_auth_rejections_total{method="/flush"} 2' in metrics, metrics
+    finally:
+        stop(server)
+
+
+# --- writes without a token: loopback only, unless --allow-remote-writes ---------------------
+
+SAMPLE = (
+    '{"entries": [{"kv_cache_percentage": 0.1, "input_token_length": 200,'
+    ' "num_request_waiting": 0, "num_request_running": 1, "num_tokens_generated": 0,'
+    ' "prefix_cache_score": 0.0, "actual_ttft_ms": 50.0, "actual_tpot_ms": 0.0}]}'
+)
+ENTRY = (
+    '{"kv_cache_percentage": 0.1, "input_token_length": 200, "num_request_waiting": 0,'
+    ' "num_request_running": 1, "num_tokens_generated": 0, "prefix_cache_score": 0.0}'
+)
+
+
+def own_address():
+    """This host's address on its first non-loopback interface (connecting to it from here
+    makes the server see a peer that is not loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+class OpenServer(Server):
+    """`ditto serve` listening on every interface, as in a pod (the fixture's binds loopback)."""
+
+    def __init__(self, extra_args=(), env=None):
+        self.grpc_port = free_port()
+        self.http_port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="ditto-serve-", suffix=".log", delete=False)
+        args = [BINARY, "serve", "--grpc-addr", f"0.0.0.0:{self.grpc_port}",
+                "--http-addr", f"0.0.0.0:{self.http_port}", "--drain-ms", "2000", *extra_args]
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.twin = twin_pb2_grpc.TwinStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+
+def start_open(env_extra=None, extra_args=()):
+    env = dict(os.environ)
+    env.pop("DITTO_AUTH_TOKEN", None)
+    env.pop("DITTO_AUTH_TOKEN_FILE", None)
+    env.pop("DITTO_ALLOW_REMOTE_WRITES", None)
+    env.update(env_extra or {})
+    server = OpenServer(extra_args=extra_args, env=env)
+    server.wait_serving()
+    return server
+
+
+def post_from(host, server, path, body, token=None):
+    request = urllib.request.Request(f"http://{host}:{server.http_port}{path}", data=body.encode(), method="POST")
+    request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.fixture
+def remote():
+    address = own_address()
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect from")
+    return address
+
+
+def test_without_a_token_writes_from_other_hosts_are_refused_and_loopback_ones_accepted(remote):
+    server = start_open()
+    try:
+        before = http_get(server, "/data/status")[1]
+        for path, body in (("/add_training_data_bulk", SAMPLE), ("/flush", "{}"), ("/reload", "{}")):
+            status, text = post_from(remote, server, path, body)
+            assert status == 403, (path, status, text)
+            assert "--allow-remote-writes" in json.loads(text)["detail"] and "DITTO_AUTH_TOKEN" in text
+        assert http_get(server, "/data/status")[1] == before, "a refused write changed the calibration"
+        # Reads stay open from anywhere; writes from loopback go through.
+        assert post_from(remote, server, "/predict", ENTRY)[0] == 200
+        assert post_from("127.0.0.1", server, "/add_training_data_bulk", SAMPLE)[0] == 202
+        # gRPC writes likewise: PERMISSION_DENIED from another host, accepted from loopback.
+        with grpc.insecure_channel(f"{remote}:{server.grpc_port}") as channel:
+            twin = twin_pb2_grpc.TwinStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                twin.SyncClusterConfig(config(64), timeout=10)
+            assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "--allow-remote-writes" in caught.value.details()
+            twin.GetSnapshot(snapshot_request(), timeout=10)
+        server.twin.SyncClusterConfig(config(64), timeout=10)
+        _, metrics = http_get(server, "/metrics")
+        assert 'ditto_auth_rejections_total{method="/flush"} 1' in metrics
+        assert 'ditto_auth_rejections_total{method="SyncClusterConfig"} 1' in metrics
+    finally:
+        stop(server)
+
+
+def test_remote_writes_are_an_explicit_opt_in(remote):
+    server = start_open({"DITTO_ALLOW_REMOTE_WRITES": "true"})
+    try:
+        assert post_from(remote, server, "/add_training_data_bulk", SAMPLE)[0] == 202
+        with grpc.insecure_channel(f"{remote}:{server.grpc_port}") as channel:
+            twin_pb2_grpc.TwinStub(channel).SyncClusterConfig(config(64), timeout=10)
+    finally:
+        stop(server)
+
+
+def test_with_a_token_the_token_decides_from_any_host(remote, token_file):
+    token, path = token_file
+    server = start_open({"DITTO_AUTH_TOKEN_FILE": path})
+    try:
+        assert post_from(remote, server, "/add_training_data_bulk", SAMPLE)[0] == 401
+        assert post_from("127.0.0.1", server, "/add_training_data_bulk", SAMPLE)[0] == 401
+        assert post_from(remote, server, "/add_training_data_bulk", SAMPLE, token=token)[0] == 202
     finally:
         stop(server)

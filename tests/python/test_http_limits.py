@@ -6,16 +6,19 @@ small by its flag so the test runs in seconds; docs/operations.md lists the defa
 
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import grpc
 import pytest
 import requests
 
-from conftest import Server
+from conftest import BINARY, Server, free_port
+from test_tls import pki  # noqa: F401 - the fixture
 
 TIMEOUT = 30
 HEADER_TIMEOUT_MS = 1000
@@ -233,3 +236,140 @@ def test_a_calibration_file_in_range_loads():
     finally:
         stop(server)
         os.unlink(path)
+
+
+# --- the metrics listener (--metrics-addr): probes and Prometheus apart from the API ---------
+
+HELD = 1100
+PROBE_BOUND_S = 0.1
+
+
+def probe_ms(port, path="/healthz"):
+    """Milliseconds for a new connection's GET `path` to be answered (status, ms)."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        data = read_until_closed(sock, 5)
+    elapsed = (time.monotonic() - started) * 1000
+    status = int(data.split(b" ", 2)[1]) if data and data.startswith(b"HTTP/1.1 ") else None
+    return status, elapsed
+
+
+def bound_metrics_port(server):
+    """The port ditto's --metrics-addr listener bound (asked for with port 0, so no other
+    process can take it first), from its ready line."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        found = re.search(r"metrics on [0-9.]+:(\d+) \(ready\)", server.output())
+        if found:
+            return int(found.group(1))
+        time.sleep(0.02)
+    raise AssertionError(f"no metrics listener in the ready line:\n{server.output()}")
+
+
+def test_probes_answer_on_the_metrics_listener_while_the_api_connection_cap_is_held():
+    # Issue 38 D7: 1,100 connections held on the API port (cap 1024 by default) must not
+    # starve /healthz, which the kubelet asks on the metrics listener.
+    server = start("--metrics-addr", "127.0.0.1:0")
+    metrics_port = bound_metrics_port(server)
+    held = []
+    try:
+        for _ in range(HELD):
+            sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
+            sock.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        deadline = time.monotonic() + 10
+        while True:
+            text = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            if "ditto_http_connections 1024" in text:
+                break
+            assert time.monotonic() < deadline, "the API's connection cap was not reached"
+            time.sleep(0.05)
+        # The API port is full: a new connection there is closed unanswered.
+        status, _ = probe_ms(server.http_port)
+        assert status is None, "the API listener served a connection beyond its cap"
+        timings = []
+        for _ in range(5):
+            status, elapsed = probe_ms(metrics_port)
+            assert status == 200
+            timings.append(elapsed)
+        assert max(timings) < PROBE_BOUND_S * 1000, timings
+        assert probe_ms(metrics_port, "/readyz")[0] == 200
+    finally:
+        for sock in held:
+            sock.close()
+        stop(server)
+
+
+def test_the_metrics_listener_serves_only_probes_and_metrics_under_its_own_cap():
+    server = start("--metrics-addr", "127.0.0.1:0", "--metrics-max-connections", "2")
+    metrics_port = bound_metrics_port(server)
+    base = f"http://127.0.0.1:{metrics_port}"
+    try:
+        assert requests.get(base + "/healthz", timeout=TIMEOUT).json()["status"] == "ok"
+        assert requests.get(base + "/readyz", timeout=TIMEOUT).status_code == 200
+        assert "ditto_metrics_http_connections" in requests.get(base + "/metrics", timeout=TIMEOUT).text
+        # The predictor API is not on it.
+        assert requests.get(base + "/status", timeout=TIMEOUT).status_code == 404
+        assert requests.post(base + "/predict", json=ENTRY, timeout=TIMEOUT).status_code == 404
+        assert requests.post(base + "/flush", json={}, timeout=TIMEOUT).status_code == 404
+        # Its own cap: two held connections fill it, the API listener is unaffected.
+        held = [socket.create_connection(("127.0.0.1", metrics_port), timeout=TIMEOUT) for _ in range(2)]
+        try:
+            time.sleep(0.3)
+            assert probe_ms(metrics_port)[0] is None
+            assert requests.get(server.url + "/healthz", timeout=TIMEOUT).status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
+        text = requests.get(server.url + "/metrics", timeout=TIMEOUT).text
+        assert "ditto_metrics_http_connections_refused_total 1" in text, text
+    finally:
+        stop(server)
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--metrics-addr", "127.0.0.1:{http}"], "--metrics-addr"),
+    (["--metrics-addr", "127.0.0.1:1", "--metrics-max-connections", "0"], "--metrics-max-connections"),
+])
+def test_bad_metrics_listener_flags_exit_2_naming_the_flag(flags, named):
+    http = free_port()
+    args = [a.format(http=http) for a in flags]
+    result = subprocess.run([BINARY, "serve", "--http-addr", f"127.0.0.1:{http}", *args],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr, result.stderr
+    # --check-config validates the same flags (the deploy manifests' contract).
+    config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    config.write("pools:\n  - {name: vllm, replicas: 1}\n")
+    config.close()
+    try:
+        good = subprocess.run([BINARY, "serve", "--check-config", config.name, "--metrics-addr=0.0.0.0:9012",
+                               "--http-addr=127.0.0.1:9011"], capture_output=True, text=True, timeout=TIMEOUT)
+        assert good.returncode == 0, good.stderr
+    finally:
+        os.unlink(config.name)
+
+
+def test_the_metrics_listener_speaks_tls_when_the_server_does(pki):
+    import ssl
+
+    import grpc as grpc_module
+    from test_tls import secure
+
+    env = dict(os.environ, DITTO_TLS_CERT_FILE=pki["tls.crt"], DITTO_TLS_KEY_FILE=pki["tls.key"])
+    server = Server(extra_args=["--metrics-addr", "127.0.0.1:0"], env=env)
+    try:
+        secure(server, grpc_module.ssl_channel_credentials(root_certificates=pki["ca_pem"]))
+        server.wait_serving()
+        metrics_port = bound_metrics_port(server)
+        context = ssl.create_default_context(cafile=pki["ca.crt"])
+        with urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/healthz", timeout=10, context=context) as reply:
+            assert reply.status == 200 and json.loads(reply.read())["status"] == "ok"
+        # Plain HTTP on it gets no HTTP answer.
+        assert probe_ms(metrics_port)[0] is None
+    finally:
+        code = server.terminate()
+        output = server.output()
+        os.unlink(server.log.name)
+        assert code == 0, output

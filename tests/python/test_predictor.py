@@ -241,7 +241,7 @@ def test_service_endpoints(predictor):
     assert status.status_code == 200
     body = status.json()
     assert body["is_ready"] is True
-    assert body["model_type"] == "ditto-simulation"
+    assert body["model_type"] == "lightgbm" and body["engine"] == "ditto-simulation"
     assert body["objective_type"] == "mean"
     assert body["quantile"] == 0.9
     datetime.datetime.fromisoformat(body["last_model_load"])
@@ -571,13 +571,13 @@ def test_probes_and_root_answer_json_as_the_peer(predictor):
     assert readyz.status_code == 200
     body = readyz.json()
     assert body["status"] == "ready"
-    assert body["model_type"] == "ditto-simulation"
+    assert body["model_type"] == "lightgbm" and body["engine"] == "ditto-simulation"
     assert body["objective_type"] == "mean" and body["quantile"] == 0.9
     root = get(predictor, "/")
     assert root.status_code == 200, root.text
     body = root.json()
     assert isinstance(body["message"], str) and body["message"]
-    assert body["model_type"] == "ditto-simulation"
+    assert body["model_type"] == "lightgbm" and body["engine"] == "ditto-simulation"
     assert body["objective_type"] == "mean"
     assert body["quantile"] == 0.9
     assert body["is_ready"] is True
@@ -606,7 +606,7 @@ def test_data_status_and_flush_speak_the_peer_shapes(predictor):
     assert status["test_data"] == {"ttft_samples": 0, "tpot_samples": 0, "total_samples": 0}
     assert status["ensemble"]["ensemble_mode"] is False
     assert status["ensemble"]["ensemble_active"] is False
-    assert status["model_type"] == "ditto-simulation"
+    assert status["model_type"] == "lightgbm" and status["engine"] == "ditto-simulation"
 
     batch = training_entries(predictor, 30)
     response = post(predictor, "/add_training_data_bulk", {"entries": batch})
@@ -660,7 +660,7 @@ def test_models_list_and_model_info_describe_the_calibration(predictor):
     response = get(predictor, "/models/list")
     assert response.status_code == 200, response.text
     body = response.json()
-    assert body["model_type"] == "ditto-simulation"
+    assert body["model_type"] == "lightgbm" and body["engine"] == "ditto-simulation"
     datetime.datetime.fromisoformat(body["server_time"])
     models = body["models"]
     # The calibration of each phase is the model; the peer's scalers and gated ensembles
@@ -675,7 +675,7 @@ def test_models_list_and_model_info_describe_the_calibration(predictor):
     assert info.status_code == 200, info.text
     before = info.json()
     assert before["model_name"] == "ttft" and before["exists"] is True
-    assert before["size_bytes"] > 0 and before["model_type"] == "ditto-simulation"
+    assert before["size_bytes"] > 0 and before["model_type"] == "lightgbm"
     assert before["quantile"] == 0.9 and before["downloadable"] is False
     assert post(predictor, "/add_training_data_bulk", {"entries": training_entries(predictor, 5)}).status_code == 202
     after = get(predictor, "/model/ttft/info").json()
@@ -689,7 +689,7 @@ def test_models_list_and_model_info_describe_the_calibration(predictor):
 def test_metrics_carry_the_peer_series(predictor):
     assert post(predictor, "/add_training_data_bulk", {"entries": training_entries(predictor, 7)}).status_code == 202
     text = get(predictor, "/metrics").text
-    for line in ('model_type{type="ditto-simulation"} 1', 'objective_type{type="mean"} 1', "model_quantile 0.9",
+    for line in ('model_type{type="lightgbm"} 1', 'objective_type{type="mean"} 1', "model_quantile 0.9",
                  "ensemble_active 0", "ensemble_mode 0", 'training_samples_count{model="ttft"} 7',
                  'training_samples_count{model="tpot"} 7'):
         assert re.search("^" + re.escape(line) + "$", text, re.M), line

@@ -22,6 +22,15 @@ use serde_json::{Map, Value, json};
 use super::Predictor;
 use super::calibration::{FlushRequest, Flushed};
 use super::handlers::{MODEL_TYPE, detail, json_response, objective_type, ok_json, unprocessable};
+
+/// The `model_type` of the service descriptions (`/status`, `/model/download/info`, `/`,
+/// `/readyz`, the model listings, `model_type{type}`): `lightgbm`, the peer's type that its
+/// client (llm-d's EPP, `latencypredictorclient`) treats as "predictions over HTTP, nothing to
+/// download". Its 60 s refresh logs any type it does not know ("Unknown model type"),
+/// predicts `bayesian_ridge` in process from coefficients scraped off `/metrics`, and
+/// downloads `xgboost` trees (`/model/{ttft,tpot}/xgb/json`) unless
+/// `LATENCY_USE_NATIVE_XGBOOST=false`. What ditto really is stays in `engine`.
+pub const PEER_MODEL_TYPE: &str = "lightgbm";
 use super::schema::{self, FieldError, iso8601, loc};
 use crate::server::deadline::wall_now_us;
 use crate::sim::latency::online::Phase;
@@ -61,7 +70,7 @@ pub fn register_peer_metrics(
         ),
         &["type"],
     )?;
-    model_type.with_label_values(&[MODEL_TYPE]).set(1.0);
+    model_type.with_label_values(&[PEER_MODEL_TYPE]).set(1.0);
     let objective_type = GaugeVec::new(
         Opts::new(
             "objective_type",
@@ -117,7 +126,8 @@ pub fn readyz(predictor: &Predictor) -> Response {
     if predictor.shared.is_ready() {
         ok_json(json!({
             "status": "ready",
-            "model_type": MODEL_TYPE,
+            "model_type": PEER_MODEL_TYPE,
+            "engine": MODEL_TYPE,
             "objective_type": objective_type(predictor.options.objective),
             "quantile": predictor.options.quantile,
         }))
@@ -131,7 +141,8 @@ pub async fn root(State(predictor): State<Arc<Predictor>>, headers: HeaderMap) -
     let options = &predictor.options;
     ok_json(json!({
         "message": "ditto is running: latency predictions by simulating the pod",
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
         "objective_type": objective_type(options.objective),
         "quantile": options.quantile,
         "is_ready": predictor.shared.is_ready(),
@@ -145,7 +156,8 @@ pub async fn status(State(predictor): State<Arc<Predictor>>, headers: HeaderMap)
     let options = &predictor.options;
     ok_json(json!({
         "is_ready": predictor.shared.is_ready(),
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
         "objective_type": objective_type(options.objective),
         "quantile": options.quantile,
         "last_model_load": iso8601(predictor.started_at_us),
@@ -164,7 +176,8 @@ pub async fn reload(State(predictor): State<Arc<Predictor>>) -> Response {
             "synced": false,
             "loaded": loaded,
             "is_ready": predictor.shared.is_ready(),
-            "model_type": MODEL_TYPE,
+            "model_type": PEER_MODEL_TYPE,
+            "engine": MODEL_TYPE,
             "objective_type": objective_type(predictor.options.objective),
             "quantile": predictor.options.quantile,
             "last_load_time": iso8601(predictor.started_at_us),
@@ -191,7 +204,8 @@ pub async fn data_status(State(predictor): State<Arc<Predictor>>) -> Response {
         "bucket_distribution": {},
         "model_ready": predictor.shared.is_ready(),
         "last_retrain": predictor.calibrator.trained_at_us().map(iso8601),
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
         "calibration": predictor.calibrator.summary(),
     }))
 }
@@ -340,7 +354,8 @@ pub async fn models_list(State(predictor): State<Arc<Predictor>>) -> Response {
     }
     ok_json(json!({
         "models": models,
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
         "quantile": predictor.options.quantile,
         "server_time": iso8601(wall_now_us()),
         "downloadable": false,
@@ -366,23 +381,27 @@ pub async fn model_info(
         "size_bytes": file.size_bytes,
         "last_modified": iso8601(file.last_modified_us),
         "exists": true,
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
         "quantile": predictor.options.quantile,
         "downloadable": false,
     }))
 }
 
-/// `GET /model/download/info`: ditto has no tree model to download.
+/// `GET /model/download/info`, read by the EPP's refresh: `model_type` [`PEER_MODEL_TYPE`]
+/// (remote predictions, no download), the objective and quantile; there is nothing to
+/// download.
 pub async fn download_info(State(predictor): State<Arc<Predictor>>) -> Response {
     ok_json(json!({
-        "model_type": MODEL_TYPE,
+        "model_type": PEER_MODEL_TYPE,
+        "engine": MODEL_TYPE,
+        "objective_type": objective_type(predictor.options.objective),
         "quantile": predictor.options.quantile,
         "downloadable": false,
         "available_endpoints": {},
         "model_status": { "ttft_model_ready": true, "tpot_model_ready": true },
         "message": "ditto predicts by simulating the pod, not with a regressor: there is no \
-                    XGBoost model to download; keep LATENCY_USE_NATIVE_XGBOOST=false and call \
-                    /predict/bulk/strict",
+                    model to download; call /predict/bulk/strict",
         "calibration": predictor.calibrator.summary(),
     }))
 }
