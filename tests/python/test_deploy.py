@@ -165,6 +165,80 @@ CRD_SCHEMAS = {
             },
         },
     },
+    "PodMonitor": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": "PodMonitor"},
+            "metadata": METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "podMetricsEndpoints"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": SELECTOR,
+                    "podMetricsEndpoints": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["port"],
+                            "additionalProperties": False,
+                            "properties": {"port": {"type": "string"}, "path": {"type": "string"}, "interval": DURATION},
+                        },
+                    },
+                },
+            },
+        },
+    },
+    # Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1), the
+    # fields the router chart renders.
+    "InferencePool": {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+        "properties": {
+            "apiVersion": {"const": "inference.networking.k8s.io/v1"},
+            "kind": {"const": "InferencePool"},
+            "metadata": METADATA,
+            "spec": {
+                "type": "object",
+                "required": ["selector", "targetPorts", "endpointPickerRef"],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": SELECTOR,
+                    "targetPorts": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["number"],
+                            "additionalProperties": False,
+                            "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
+                        },
+                    },
+                    "appProtocol": {"type": "string"},
+                    "endpointPickerRef": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "port": {
+                                "type": "object",
+                                "required": ["number"],
+                                "additionalProperties": False,
+                                "properties": {"number": {"type": "integer"}},
+                            },
+                            "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                        },
+                    },
+                },
+            },
+        },
+    },
     "PrometheusRule": {
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -213,7 +287,7 @@ CRD_SCHEMAS = {
 def validate(obj, where):
     """kubernetes-validate --strict at the pinned version, or the CRD subset schema."""
     try:
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+        if obj["apiVersion"].startswith(("monitoring.coreos.com/", "inference.networking.k8s.io/")):
             jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
         else:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
@@ -417,9 +491,13 @@ def test_every_file_in_deploy_validates(tmp_path):
                 validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
                 seen.add("patch")
             elif "router" in document:
-                # Values for llm-d's router chart: the container its `router.proxy` renders, the
-                # pod volumes of `router.epp.volumes`, the `epp` container's extra env.
-                validate(router_values_pod(document), where)
+                # Values for llm-d's router chart: the plugin config they add must load (every
+                # pluginRef names a plugin) and be the one the EPP is told to read.
+                epp = document["router"]["epp"]
+                text = epp["pluginsCustomConfig"][epp["pluginsConfigFile"]]
+                problems = plugin_config_problems(yaml.safe_load(text))
+                assert not problems, (where, problems)
+                assert document["router"]["latencyPredictor"]["enabled"] is False, where
                 seen.add("router-values")
             elif "pools" in document:
                 code, _, stderr = check_config({"args": []}, yaml.safe_dump(document), tmp_path)
@@ -436,39 +514,58 @@ def test_every_file_in_deploy_validates(tmp_path):
             else:
                 validate(document, where)
                 seen.add(document["kind"])
-    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster", "router-values"} <= seen, seen
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "router-values", "PodMonitor", "InferencePool"} <= seen, seen
 
 
-def router_values_pod(values):
-    """The EPP pod llm-d's router chart renders from these values (routerlib
-    `_deployment.yaml`: the proxy sidecar's fields, `router.epp.volumes`, `router.epp.env`)."""
-    proxy = values["router"]["proxy"]
-    assert proxy["enabled"] is True and proxy.get("mode", "sidecar") == "sidecar"
-    fields = ["name", "image", "imagePullPolicy", "args", "env", "ports", "livenessProbe", "readinessProbe",
-              "startupProbe", "securityContext", "resources", "volumeMounts"]
-    sidecar = {k: proxy[k] for k in fields if k in proxy}
-    epp = {"name": "epp", "image": "ghcr.io/llm-d/llm-d-router:v0.8.0", "env": values["router"]["epp"]["env"],
-           "volumeMounts": [{"name": "plugins-config-volume", "mountPath": "/config"}]}
-    volumes = values["router"]["epp"]["volumes"] + [{"name": "plugins-config-volume", "configMap": {"name": "x-epp"}}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x-epp"},
-            "spec": {"terminationGracePeriodSeconds": 130, "containers": [epp, sidecar], "volumes": volumes}}
+def plugin_config_problems(config):
+    """What keeps an EndpointPickerConfig from loading: a pluginRef naming no plugin, a plugin
+    without a type, two plugins of one name (a plugin's name is its `name`, else its `type`)."""
+    problems = []
+    if config.get("kind") != "EndpointPickerConfig":
+        problems.append(f"kind {config.get('kind')!r}")
+    names = []
+    for plugin in config.get("plugins", []):
+        if "type" not in plugin:
+            problems.append(f"plugin without a type: {plugin}")
+        names.append(plugin.get("name", plugin.get("type")))
+    problems += [f"plugin {n!r} defined twice" for n in set(names) if names.count(n) > 1]
+    for profile in config.get("schedulingProfiles", []):
+        for ref in profile.get("plugins", []):
+            if ref["pluginRef"] not in names:
+                problems.append(f"profile {profile['name']!r}: pluginRef {ref['pluginRef']!r} names no plugin")
+    return problems
 
 
-def test_router_chart_values_add_ditto_to_the_epp_pod(tmp_path):
-    values = yaml.safe_load(open(os.path.join(DEPLOY, "llm-d-router", "values-ditto.yaml")))
-    pod = router_values_pod(values)
-    validate(pod, "deploy/llm-d-router/values-ditto.yaml")
-    epp, ditto = pod["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in epp["env"]}
-    http = next(a for a in ditto["args"] if a.startswith("--http-addr=")).rsplit(":", 1)[1]
-    assert env["PREDICTION_SERVER_URL"] == env["TRAINING_SERVER_URL"] == f"http://127.0.0.1:{http}"
-    volumes = {v["name"] for v in pod["spec"]["volumes"]}
-    assert {m["name"] for m in ditto["volumeMounts"]} <= volumes
-    cluster_yaml = open(os.path.join(DEPLOY, "components", "ditto-epp-sidecar", "cluster.yaml")).read()
-    code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
-    assert code == 0, stderr
-    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
-    assert drain_ms < 130 * 1000
+def resolved_env(container, pod_metadata, namespace):
+    """A container's env as the kubelet sets it: plain values, and the Downward API's
+    `metadata.namespace`, `metadata.name` and `metadata.labels['KEY']` resolved."""
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+            continue
+        path = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        label = re.fullmatch(r"metadata\.labels\['([^']+)'\]", path or "")
+        if path == "metadata.namespace":
+            env[item["name"]] = namespace
+        elif path == "metadata.name":
+            env[item["name"]] = pod_metadata.get("name", "pod-0")
+        elif label:
+            # A label the pod does not have resolves to the empty string.
+            env[item["name"]] = pod_metadata.get("labels", {}).get(label.group(1), "")
+    return env
+
+
+def check_sidecar_flags(ditto, pod_metadata, namespace, tmp_path, monkeypatch):
+    """ditto's flags and env in the EPP pod (Downward API resolved) through `ditto serve
+    --check-config` with the embedded default cluster's file and a kubeconfig no API server
+    answers: (exit code, stdout, stderr)."""
+    env = resolved_env(ditto, pod_metadata, namespace)
+    spec = {"args": ditto["args"], "env": [{"name": k, "value": v} for k, v in env.items()]}
+    monkeypatch.setenv("KUBECONFIG", dead_kubeconfig(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cluster_yaml = open(os.path.join(ROOT, "data", "clusters", "default.yaml"), encoding="utf-8").read()
+    return check_config(spec, cluster_yaml, tmp_path)
 
 
 def kustomize(directory):
@@ -484,10 +581,18 @@ def kustomize(directory):
     ).stdout
 
 
-# The router chart's EPP Deployment (llm-d/llm-d-router config/charts/routerlib) for release
-# `prod-router` in namespace `inference-prod`: neither the overlay's stand-in name nor its
-# namespace.
+# The router chart's output (llm-d/llm-d-router config/charts, gateway mode) for release
+# `prod-router` in namespace `inference-prod`, cut to the EPP Deployment and its InferencePool:
+# neither the overlay's stand-in name nor its namespace.
 ROUTER_EPP = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: prod-router, namespace: inference-prod}
+spec:
+  targetPorts: [{number: 8000}]
+  selector: {matchLabels: {app: vllm-qwen3-32b}}
+  endpointPickerRef: {name: prod-router-epp, port: {number: 9002}, failureMode: FailOpen}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -523,47 +628,50 @@ spec:
 """
 
 
-def test_the_epp_component_over_any_release_name_and_namespace(tmp_path):
+def test_the_epp_component_over_any_release_name_and_namespace(tmp_path, monkeypatch):
     work = tmp_path / "mine"
     work.mkdir()
     (work / "epp.yaml").write_text(ROUTER_EPP)
     component = os.path.relpath(os.path.join(DEPLOY, "components", "ditto-epp-sidecar"), work)
     (work / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"namespace: inference-prod\nresources: [epp.yaml]\ncomponents: [{component}]\n"
+        f"resources: [epp.yaml]\ncomponents: [{component}]\n"
     )
     objects = [d for d in yaml.safe_load_all(kustomize(str(work))) if d]
     for obj in objects:
         validate(obj, "kubectl kustomize (component over prod-router-epp)")
     (epp,) = [o for o in objects if o["kind"] == "Deployment"]
     assert epp["metadata"]["name"] == "prod-router-epp" and epp["metadata"]["namespace"] == "inference-prod"
-    pod = epp["spec"]["template"]["spec"]
+    template = epp["spec"]["template"]
+    pod = template["spec"]
     assert pod["terminationGracePeriodSeconds"] == 130, "the EPP's grace period is kept"
     assert epp["spec"]["strategy"] == {"type": "Recreate"}
+    assert [c["name"] for c in pod["containers"]] == ["epp", "ditto"]
     ditto = container(pod)
     env = {e["name"]: e.get("value") for e in container(pod, "epp")["env"]}
     assert env["PREDICTION_SERVER_URL"] == "http://127.0.0.1:9011" and "NAMESPACE" in env
-    # Every mount names a volume, every ConfigMap volume a ConfigMap of the output in the same
-    # namespace (the generated one under its hashed name).
-    volumes = {v["name"]: v for v in pod["volumes"]}
+    # The release's pool, through the pod label the replacement set.
+    ditto_env = resolved_env(ditto, template["metadata"], "inference-prod")
+    assert ditto_env["DITTO_INFERENCE_POOL"] == "prod-router", ditto_env
+    assert ditto_env["DITTO_PODS_NAMESPACE"] == "inference-prod", ditto_env
+    # Every mount names a volume; ditto brings no ConfigMap of its own.
+    volumes = {v["name"] for v in pod["volumes"]}
     for c in pod["containers"]:
         for mount in c.get("volumeMounts", []):
             assert mount["name"] in volumes, (c["name"], mount)
-    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
-    generated = volumes["ditto-config"]["configMap"]["name"]
-    assert generated.startswith("ditto-config-") and generated in configmaps, (generated, list(configmaps))
-    assert configmaps[generated]["metadata"]["namespace"] == "inference-prod"
-    code, _, stderr = check_config(ditto, configmaps[generated]["data"]["cluster.yaml"], tmp_path)
-    assert code == 0, stderr
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"] == []
     drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
     assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
+    code, stdout, stderr = check_sidecar_flags(ditto, template["metadata"], "inference-prod", tmp_path, monkeypatch)
+    assert code == 0, stderr
+    assert "live mirror: 1 pod source" in stdout, stdout
 
 
 KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
-def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path):
+def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path, monkeypatch):
     rendered = kustomize(os.path.join(DEPLOY, directory))
     objects = [d for d in yaml.safe_load_all(rendered) if d]
     for obj in objects:
@@ -574,10 +682,15 @@ def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path)
             continue
         pod = obj["spec"]["template"]["spec"]
         ditto = container(pod)
-        (mount,) = [m for m in ditto["volumeMounts"] if m["mountPath"] == "/etc/ditto"]
-        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-        cluster_yaml = configmaps[volume["configMap"]["name"]]["data"]["cluster.yaml"]
-        code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+        mounts = [m for m in ditto.get("volumeMounts", []) if m["mountPath"] == "/etc/ditto"]
+        if mounts:
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mounts[0]["name"]]
+            cluster_yaml = configmaps[volume["configMap"]["name"]]["data"]["cluster.yaml"]
+            code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+        else:
+            # ditto in the EPP's pod: no cluster YAML, its pool from the Kubernetes API.
+            metadata = obj["spec"]["template"]["metadata"]
+            code, _, stderr = check_sidecar_flags(ditto, metadata, obj["metadata"]["namespace"], tmp_path, monkeypatch)
         assert code == 0, f"deploy/{directory}: {stderr}"
         drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
         assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000

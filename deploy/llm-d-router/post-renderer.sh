@@ -1,0 +1,40 @@
+#!/bin/sh
+# Helm post-renderer (step 2 of 2, after values-ditto.yaml): reads the router chart's rendered
+# manifests on stdin and writes them with ditto in the EPP's pod, through the kustomize
+# component deploy/components/ditto-epp-sidecar (and, with the argument `podmonitor`, the
+# PodMonitor of deploy/components/ditto-podmonitor). Needs `kubectl` (kustomize v5, kubectl
+# 1.27+) or `kustomize` on PATH.
+#
+#   helm upgrade --install <release> <router chart> -n <namespace> \
+#     -f your-values.yaml -f deploy/llm-d-router/values-ditto.yaml \
+#     --post-renderer deploy/llm-d-router/post-renderer.sh [--post-renderer-args podmonitor]
+#
+# Without Helm's --post-renderer: helm template ... | deploy/llm-d-router/post-renderer.sh
+set -eu
+components=$(cd "$(dirname "$0")/../components" && pwd -P)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT INT TERM
+cat >"$work/rendered.yaml"
+# kustomize takes components by relative path only.
+relative() {
+  python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$1" "$work" 2>/dev/null \
+    || realpath --relative-to="$work" "$1"
+}
+{
+  echo "apiVersion: kustomize.config.k8s.io/v1beta1"
+  echo "kind: Kustomization"
+  echo "resources: [rendered.yaml]"
+  echo "components:"
+  echo "  - $(relative "$components/ditto-epp-sidecar")"
+  for option in "$@"; do
+    case "$option" in
+      podmonitor) echo "  - $(relative "$components/ditto-podmonitor")" ;;
+      *) echo "post-renderer.sh: unknown argument '$option' (known: podmonitor)" >&2; exit 2 ;;
+    esac
+  done
+} >"$work/kustomization.yaml"
+if command -v kustomize >/dev/null 2>&1; then
+  kustomize build "$work"
+else
+  kubectl kustomize "$work"
+fi
