@@ -1,13 +1,15 @@
 #!/bin/sh
 # Helm post-renderer (step 2 of 2, after values-ditto.yaml): reads the router chart's rendered
 # manifests on stdin and writes them with ditto in the EPP's pod, through the kustomize
-# component deploy/components/ditto-epp-sidecar (and, with the argument `podmonitor`, the
-# PodMonitor of deploy/components/ditto-podmonitor). Needs `kubectl` (kustomize v5, kubectl
-# 1.27+) or `kustomize` on PATH.
+# component deploy/components/ditto-epp-sidecar. Arguments add the optional components:
+# `podmonitor` (deploy/components/ditto-podmonitor: Prometheus scrapes ditto) and
+# `cluster-config` (deploy/components/ditto-cluster-config: ditto reads a cluster YAML from
+# the release's plugin ConfigMap). Needs `kubectl` (kustomize v5, kubectl 1.27+) or
+# `kustomize` on PATH.
 #
 #   helm upgrade --install <release> <router chart> -n <namespace> \
 #     -f your-values.yaml -f deploy/llm-d-router/values-ditto.yaml \
-#     --post-renderer deploy/llm-d-router/post-renderer.sh [--post-renderer-args podmonitor]
+#     --post-renderer deploy/llm-d-router/post-renderer.sh [--post-renderer-args podmonitor ...]
 #
 # Without Helm's --post-renderer: helm template ... | deploy/llm-d-router/post-renderer.sh
 set -eu
@@ -29,7 +31,8 @@ relative() {
   for option in "$@"; do
     case "$option" in
       podmonitor) echo "  - $(relative "$components/ditto-podmonitor")" ;;
-      *) echo "post-renderer.sh: unknown argument '$option' (known: podmonitor)" >&2; exit 2 ;;
+      cluster-config) echo "  - $(relative "$components/ditto-cluster-config")" ;;
+      *) echo "post-renderer.sh: unknown argument '$option' (known: podmonitor, cluster-config)" >&2; exit 2 ;;
     esac
   done
 } >"$work/kustomization.yaml"

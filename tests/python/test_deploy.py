@@ -556,15 +556,18 @@ def resolved_env(container, pod_metadata, namespace):
     return env
 
 
-def check_sidecar_flags(ditto, pod_metadata, namespace, tmp_path, monkeypatch):
+def check_sidecar_flags(ditto, pod_metadata, namespace, tmp_path, monkeypatch, cluster_yaml=None):
     """ditto's flags and env in the EPP pod (Downward API resolved) through `ditto serve
-    --check-config` with the embedded default cluster's file and a kubeconfig no API server
-    answers: (exit code, stdout, stderr)."""
+    --check-config` with `cluster_yaml` (the file DITTO_CONFIG names in the pod; without one,
+    the embedded default cluster's file) and a kubeconfig no API server answers:
+    (exit code, stdout, stderr)."""
     env = resolved_env(ditto, pod_metadata, namespace)
+    env.pop("DITTO_CONFIG", None)
     spec = {"args": ditto["args"], "env": [{"name": k, "value": v} for k, v in env.items()]}
     monkeypatch.setenv("KUBECONFIG", dead_kubeconfig(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    cluster_yaml = open(os.path.join(ROOT, "data", "clusters", "default.yaml"), encoding="utf-8").read()
+    if cluster_yaml is None:
+        cluster_yaml = open(os.path.join(ROOT, "data", "clusters", "default.yaml"), encoding="utf-8").read()
     return check_config(spec, cluster_yaml, tmp_path)
 
 

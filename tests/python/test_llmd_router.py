@@ -110,12 +110,14 @@ def kustomize_missing():
     return False
 
 
-def install(route, statefulset, tmp_path, release=RELEASE):
+def install(route, statefulset, tmp_path, release=RELEASE, operator=None, options=("podmonitor",)):
     """The documented install's objects: values-ditto.yaml over the operator's values, then the
-    post-renderer (Helm's route) or the operator's kustomization (kustomize's route)."""
-    values = helm_merge(operator_values(statefulset), yaml.safe_load(open(VALUES_DITTO, encoding="utf-8")))
+    post-renderer (Helm's route, with `options`) or the operator's kustomization (kustomize's
+    route, both components)."""
+    operator = operator_values(statefulset) if operator is None else operator
+    values = helm_merge(operator, yaml.safe_load(open(VALUES_DITTO, encoding="utf-8")))
     manifests = helm_template(values, release)
-    output = post_render(manifests, "podmonitor") if route == "post-renderer" else own_kustomization(manifests, tmp_path)
+    output = post_render(manifests, *options) if route == "post-renderer" else own_kustomization(manifests, tmp_path)
     return [d for d in yaml.safe_load_all(output) if d]
 
 
@@ -342,5 +344,39 @@ def test_the_rendered_sidecar_passes_check_config(statefulset, tmp_path, monkeyp
     epp = the_epp(install("post-renderer", statefulset, tmp_path))
     template = epp["spec"]["template"]
     code, stdout, stderr = check_sidecar_flags(named(template["spec"], "ditto"), template["metadata"], NAMESPACE, tmp_path, monkeypatch)
+    assert code == 0, stderr
+    assert "live mirror: 1 pod source" in stdout, stdout
+
+
+# A cluster YAML of the operator's (docs/cluster.md), in the release's plugin ConfigMap.
+CLUSTER_YAML = """pools:
+  - name: decode
+    replicas: 2
+    model: llama-3.1-8b-instruct
+    gpu: H100
+    tp: 1
+"""
+
+
+def test_a_cluster_yaml_of_the_release_overrides_inference(tmp_path, monkeypatch):
+    """With `cluster-config`, ditto reads `ditto-cluster.yaml` from the release's own plugin
+    ConfigMap (the operator's pluginsCustomConfig key, kept beside values-ditto.yaml's), and the
+    file the binary is given is that ConfigMap's key."""
+    operator = operator_values(False)
+    operator["router"]["epp"]["pluginsCustomConfig"] = {"ditto-cluster.yaml": CLUSTER_YAML}
+    objects = install("post-renderer", False, tmp_path, operator=operator, options=("podmonitor", "cluster-config"))
+    assert failed_checks(objects) == {}
+    epp = the_epp(objects)
+    template = epp["spec"]["template"]
+    ditto = named(template["spec"], "ditto")
+    path = ditto_env(epp)["DITTO_CONFIG"]
+    (mount,) = [m for m in ditto["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert mount.get("readOnly") is True
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == volume["configMap"]["name"]]
+    assert configmap["metadata"]["name"] == f"{RELEASE}-epp"
+    cluster_yaml = configmap["data"][path[len(mount["mountPath"].rstrip("/")) + 1:]]
+    assert cluster_yaml == CLUSTER_YAML
+    code, stdout, stderr = check_sidecar_flags(ditto, template["metadata"], NAMESPACE, tmp_path, monkeypatch, cluster_yaml)
     assert code == 0, stderr
     assert "live mirror: 1 pod source" in stdout, stdout
