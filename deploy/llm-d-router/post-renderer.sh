@@ -13,7 +13,9 @@
 #
 # Without Helm's --post-renderer: helm template ... | deploy/llm-d-router/post-renderer.sh
 set -eu
-components=$(cd "$(dirname "$0")/../components" && pwd -P)
+# The script's own directory, symlinks resolved (a Helm plugin directory may be one).
+here=$(cd "$(dirname "$0")" && pwd -P)
+components=$(cd "$here/../components" && pwd -P)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT INT TERM
 cat >"$work/rendered.yaml"
