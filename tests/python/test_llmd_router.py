@@ -15,19 +15,26 @@ TRAINING_SERVER_URL set once each, to ditto's API on the pod's loopback; ditto m
 release's own InferencePool; the EPP is the first container; ditto has no readinessProbe and
 its API is not bound beyond loopback; the operator's env var and volume are kept; ditto's
 objective is the chart's; nothing of ditto's is shared between two releases of a namespace;
-Prometheus finds ditto's metrics port; every object validates.
+Prometheus finds ditto's metrics port; every object validates. Then ditto run with the
+rendered flags and env against a stand-in Kubernetes API (fake_kube_api.py) serving the chart's
+own InferencePool mirrors exactly that pool's pods, and the three install documents agree with
+what renders.
 """
 
 import os
 import re
 import subprocess
+import urllib.error
+import urllib.request
 
 import helm_python as helm
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, Server, free_port
+from fake_kube_api import FakeKubeApi
 from test_deploy import check_sidecar_flags, kustomize, plugin_config_problems, resolved_env, validate
+from test_live import Fake, eventually
 
 STANDIN = os.path.join(ROOT, "tests", "python", "llmd_router_standin")
 DEPLOY = os.path.join(ROOT, "deploy")
@@ -380,3 +387,101 @@ def test_a_cluster_yaml_of_the_release_overrides_inference(tmp_path, monkeypatch
     code, stdout, stderr = check_sidecar_flags(ditto, template["metadata"], NAMESPACE, tmp_path, monkeypatch, cluster_yaml)
     assert code == 0, stderr
     assert "live mirror: 1 pod source" in stdout, stdout
+
+
+def sidecar_process_args(ditto):
+    """The rendered flags with the three listeners moved to free ports on the same hosts (the
+    Server fixture sets --grpc-addr, --http-addr and --drain-ms itself)."""
+    args, metrics_port = [], free_port()
+    for arg in ditto["args"]:
+        name = arg.split("=", 1)[0]
+        if name in ("--grpc-addr", "--http-addr", "--drain-ms"):
+            continue
+        if name == "--metrics-addr":
+            arg = f"--metrics-addr={arg.split('=', 1)[1].rsplit(':', 1)[0]}:{metrics_port}"
+        args.append(arg)
+    return args, metrics_port
+
+
+def test_the_rendered_sidecar_mirrors_the_releases_pool_and_serves_probes_apart(tmp_path):
+    """ditto run with the flags and env the install renders (Downward API resolved) against a
+    stand-in Kubernetes API serving the chart's own InferencePool and a second release's pool:
+    it mirrors exactly the Ready pods of its release's pool, in the release's namespace, and its
+    metrics listener answers the probes and /metrics but not the predictor API."""
+    objects = install("post-renderer", False, tmp_path)
+    epp = the_epp(objects)
+    template = epp["spec"]["template"]
+    ditto = named(template["spec"], "ditto")
+    (pool,) = [o for o in objects if o["kind"] == "InferencePool"]
+    kube = FakeKubeApi()
+    fakes, port = [], free_port()
+    try:
+        for index, (name, labels) in enumerate([
+            ("qwen-0", pool["spec"]["selector"]["matchLabels"]),
+            ("llama-0", {"llm-d.ai/inferenceServing": "true", "llm-d.ai/model": "llama"}),
+        ]):
+            fakes.append(Fake(f"127.0.0.{index + 2}", port))
+            kube.pod(name, fakes[-1].host, labels, namespace=NAMESPACE)
+        kube.pool(pool["metadata"]["name"], pool["spec"]["selector"]["matchLabels"], port, namespace=NAMESPACE)
+        kube.pool("llama-router", {"llm-d.ai/model": "llama"}, port, namespace=NAMESPACE)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DITTO_") and k != "KUBERNETES_SERVICE_HOST"}
+        env.update(resolved_env(ditto, template["metadata"], epp["metadata"]["namespace"]))
+        # The kubeconfig's own namespace is not the release's: the pod's namespace must win.
+        env["KUBECONFIG"] = kube.kubeconfig(str(tmp_path / "kubeconfig"), namespace="default")
+        args, metrics_port = sidecar_process_args(ditto)
+        server = Server([*args, "--scrape-interval-ms", "50"], env=env)
+        try:
+            server.wait_serving()
+            eventually(server, lambda i: sorted(i) == [f"{NAMESPACE}/qwen-0"] and i[f"{NAMESPACE}/qwen-0"].HasField("gauges"),
+                       "the release's pool mirrored")
+
+            def get(path, method="GET"):
+                request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}{path}", method=method, data=b"{}" if method == "POST" else None)
+                try:
+                    with urllib.request.urlopen(request, timeout=10) as reply:
+                        return reply.status, reply.read().decode()
+                except urllib.error.HTTPError as err:
+                    return err.code, err.read().decode()
+
+            probe = named(template["spec"], "ditto")["livenessProbe"]["httpGet"]["path"]
+            assert get(probe)[0] == 200
+            status, body = get("/metrics")
+            assert status == 200 and "ditto_" in body
+            assert get("/add_training_data_bulk", "POST")[0] == 404
+            assert get("/predict/bulk/strict", "POST")[0] == 404
+        finally:
+            code, output = server.terminate(), server.output()
+            os.unlink(server.log.name)
+            assert code == 0, output
+    finally:
+        for fake in fakes:
+            fake.stop()
+        kube.close()
+
+
+DOCS = {name: os.path.join(ROOT, *name.split("/")) for name in ("docs/latency-predictor.md", "deploy/README.md", "docs/operations.md")}
+
+
+def test_the_install_docs_agree_with_what_renders(tmp_path):
+    """The three documents name files that exist, give the same command in the same order, and
+    state the listeners, URLs and plugins the install renders."""
+    texts = {name: open(path, encoding="utf-8").read() for name, path in DOCS.items()}
+    for name, text in texts.items():
+        for path in set(re.findall(r"deploy/[\w./-]*[\w/]", text)):
+            assert os.path.exists(os.path.join(ROOT, path)), (name, path)
+    command = re.compile(r"-f your-values\.yaml \\\s+-f deploy/llm-d-router/values-ditto\.yaml \\\s+--post-renderer deploy/llm-d-router/post-renderer\.sh")
+    for name in ("docs/latency-predictor.md", "deploy/README.md"):
+        assert command.search(texts[name]), name
+    epp = the_epp(install("post-renderer", False, tmp_path))
+    pod = epp["spec"]["template"]["spec"]
+    ditto = named(pod, "ditto")
+    for arg in re.findall(r"`(--(?:http|grpc|metrics)-addr=[^`]+)`", texts["docs/operations.md"]):
+        assert arg in ditto["args"], arg
+    url = next(e["value"] for e in named(pod, "epp")["env"] if e["name"] == "PREDICTION_SERVER_URL")
+    assert f"`{url}`" in texts["docs/latency-predictor.md"] and f"`{url}`" in texts["deploy/README.md"]
+    values = yaml.safe_load(open(VALUES_DITTO, encoding="utf-8"))["router"]["epp"]
+    config = yaml.safe_load(values["pluginsCustomConfig"][values["pluginsConfigFile"]])
+    section = texts["docs/latency-predictor.md"].split("## Point the router at ditto", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"^\| `([a-z][a-z-]+)`", section, re.MULTILINE))
+    scheduling = {p["type"] for p in config["plugins"]} - {"metrics-data-source", "core-metrics-extractor"}
+    assert table == scheduling, (table, scheduling)
