@@ -33,7 +33,7 @@ import yaml
 
 from conftest import ROOT, Server, free_port
 from fake_kube_api import FakeKubeApi
-from test_deploy import check_sidecar_flags, kustomize, plugin_config_problems, resolved_env, validate
+from k8s_manifests import check_sidecar_flags, kustomize, plugin_config_problems, resolved_env, validate
 from test_live import Fake, eventually
 
 STANDIN = os.path.join(ROOT, "tests", "python", "llmd_router_standin")
