@@ -13,23 +13,27 @@ cluster.yaml that the chart and the manifests render go through the real binary'
 import copy
 import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
 
 import helm_python as helm
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 
 from conftest import BINARY, ROOT, Server
 from ditto.v1 import twin_pb2 as pb
+from k8s_manifests import (
+    KUBE_VERSION,
+    check_config,
+    check_sidecar_flags,
+    dead_kubeconfig,
+    kustomize,
+    plugin_config_problems,
+    resolved_env,
+    validate,
+)
 
-# The oldest Kubernetes the chart supports (Chart.yaml kubeVersion >=1.27; native gRPC
-# probes are GA since 1.27); pinned so a schema update cannot change the verdict silently.
-KUBE_VERSION = "1.30.0"
 CHART = os.path.join(ROOT, "helm", "ditto")
 DEPLOY = os.path.join(ROOT, "deploy")
 RELEASE, NAMESPACE = "ditto", "llm-d"
@@ -100,141 +104,6 @@ def deployment(objects):
 def container(pod_spec, name="ditto"):
     (found,) = [c for c in pod_spec["containers"] if c["name"] == name]
     return found
-
-
-# The fields of the Prometheus Operator's CRDs (monitoring.coreos.com/v1) the chart uses,
-# strict like kubernetes-validate --strict: an unknown or misspelt field fails.
-METADATA = {
-    "type": "object",
-    "required": ["name"],
-    "properties": {
-        "name": {"type": "string"},
-        "namespace": {"type": "string"},
-        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-    },
-    "additionalProperties": False,
-}
-SELECTOR = {
-    "type": "object",
-    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
-    "additionalProperties": False,
-}
-DURATION = {"type": "string", "pattern": "^(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$"}
-CRD_SCHEMAS = {
-    "ServiceMonitor": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False,
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "kind": {"const": "ServiceMonitor"},
-            "metadata": METADATA,
-            "spec": {
-                "type": "object",
-                "required": ["selector", "endpoints"],
-                "additionalProperties": False,
-                "properties": {
-                    "selector": SELECTOR,
-                    "namespaceSelector": {
-                        "type": "object",
-                        "properties": {"matchNames": {"type": "array", "items": {"type": "string"}}},
-                        "additionalProperties": False,
-                    },
-                    "endpoints": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "properties": {
-                                "port": {"type": "string"},
-                                "path": {"type": "string"},
-                                "interval": DURATION,
-                                "scrapeTimeout": DURATION,
-                                "scheme": {"enum": ["http", "https"]},
-                                "tlsConfig": {
-                                    "type": "object",
-                                    "properties": {"insecureSkipVerify": {"type": "boolean"}},
-                                    "additionalProperties": False,
-                                },
-                            },
-                        },
-                    },
-                },
-            },
-        },
-    },
-    "PrometheusRule": {
-        "type": "object",
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "additionalProperties": False,
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "kind": {"const": "PrometheusRule"},
-            "metadata": METADATA,
-            "spec": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "groups": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "required": ["name", "rules"],
-                            "additionalProperties": False,
-                            "properties": {
-                                "name": {"type": "string"},
-                                "rules": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "required": ["alert", "expr"],
-                                        "additionalProperties": False,
-                                        "properties": {
-                                            "alert": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
-                                            "expr": {"type": "string", "minLength": 1},
-                                            "for": DURATION,
-                                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-                                        },
-                                    },
-                                },
-                            },
-                        },
-                    }
-                },
-            },
-        },
-    },
-}
-
-
-def validate(obj, where):
-    """kubernetes-validate --strict at the pinned version, or the CRD subset schema."""
-    try:
-        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
-            jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
-        else:
-            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-    except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as err:
-        raise AssertionError(f"{where}: {obj['kind']}/{obj['metadata'].get('name')}: {err}") from err
-
-
-def check_config(spec, cluster_yaml, tmp_path):
-    """Runs a rendered container's flags and plain env with `cluster_yaml` through the binary."""
-    file = tmp_path / "cluster.yaml"
-    file.write_text(cluster_yaml)
-    env = {key: value for key, value in os.environ.items() if not key.startswith("DITTO_")}
-    env.update({e["name"]: e["value"] for e in spec.get("env", []) if "value" in e})
-    result = subprocess.run(
-        [BINARY, "serve", *spec["args"], "--check-config", str(file)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return result.returncode, result.stdout, result.stderr
 
 
 def test_helm_lint_strict_is_clean_with_defaults_and_every_toggle():
@@ -417,9 +286,13 @@ def test_every_file_in_deploy_validates(tmp_path):
                 validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "patch"}, "spec": pod}, where)
                 seen.add("patch")
             elif "router" in document:
-                # Values for llm-d's router chart: the container its `router.proxy` renders, the
-                # pod volumes of `router.epp.volumes`, the `epp` container's extra env.
-                validate(router_values_pod(document), where)
+                # Values for llm-d's router chart: the plugin config they add must load (every
+                # pluginRef names a plugin) and be the one the EPP is told to read.
+                epp = document["router"]["epp"]
+                text = epp["pluginsCustomConfig"][epp["pluginsConfigFile"]]
+                problems = plugin_config_problems(yaml.safe_load(text))
+                assert not problems, (where, problems)
+                assert document["router"]["latencyPredictor"]["enabled"] is False, where
                 seen.add("router-values")
             elif "pools" in document:
                 code, _, stderr = check_config({"args": []}, yaml.safe_dump(document), tmp_path)
@@ -436,58 +309,21 @@ def test_every_file_in_deploy_validates(tmp_path):
             else:
                 validate(document, where)
                 seen.add(document["kind"])
-    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "cluster", "router-values"} <= seen, seen
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler", "patch", "kustomization", "router-values", "PodMonitor", "InferencePool"} <= seen, seen
 
 
-def router_values_pod(values):
-    """The EPP pod llm-d's router chart renders from these values (routerlib
-    `_deployment.yaml`: the proxy sidecar's fields, `router.epp.volumes`, `router.epp.env`)."""
-    proxy = values["router"]["proxy"]
-    assert proxy["enabled"] is True and proxy.get("mode", "sidecar") == "sidecar"
-    fields = ["name", "image", "imagePullPolicy", "args", "env", "ports", "livenessProbe", "readinessProbe",
-              "startupProbe", "securityContext", "resources", "volumeMounts"]
-    sidecar = {k: proxy[k] for k in fields if k in proxy}
-    epp = {"name": "epp", "image": "ghcr.io/llm-d/llm-d-router:v0.8.0", "env": values["router"]["epp"]["env"],
-           "volumeMounts": [{"name": "plugins-config-volume", "mountPath": "/config"}]}
-    volumes = values["router"]["epp"]["volumes"] + [{"name": "plugins-config-volume", "configMap": {"name": "x-epp"}}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x-epp"},
-            "spec": {"terminationGracePeriodSeconds": 130, "containers": [epp, sidecar], "volumes": volumes}}
-
-
-def test_router_chart_values_add_ditto_to_the_epp_pod(tmp_path):
-    values = yaml.safe_load(open(os.path.join(DEPLOY, "llm-d-router", "values-ditto.yaml")))
-    pod = router_values_pod(values)
-    validate(pod, "deploy/llm-d-router/values-ditto.yaml")
-    epp, ditto = pod["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in epp["env"]}
-    http = next(a for a in ditto["args"] if a.startswith("--http-addr=")).rsplit(":", 1)[1]
-    assert env["PREDICTION_SERVER_URL"] == env["TRAINING_SERVER_URL"] == f"http://127.0.0.1:{http}"
-    volumes = {v["name"] for v in pod["spec"]["volumes"]}
-    assert {m["name"] for m in ditto["volumeMounts"]} <= volumes
-    cluster_yaml = open(os.path.join(DEPLOY, "components", "ditto-epp-sidecar", "cluster.yaml")).read()
-    code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
-    assert code == 0, stderr
-    drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
-    assert drain_ms < 130 * 1000
-
-
-def kustomize(directory):
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (for `kubectl kustomize`) is not installed; the files were validated one by one")
-    version = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60).stdout
-    found = re.search(r"Kustomize Version: v(\d+)", version)
-    if found is None or int(found.group(1)) < 5:
-        pytest.skip(f"kubectl's kustomize is older than v5 (components, regex targets): {version!r}")
-    return subprocess.run(
-        [kubectl, "kustomize", directory], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-
-
-# The router chart's EPP Deployment (llm-d/llm-d-router config/charts/routerlib) for release
-# `prod-router` in namespace `inference-prod`: neither the overlay's stand-in name nor its
-# namespace.
+# The router chart's output (llm-d/llm-d-router config/charts, gateway mode) for release
+# `prod-router` in namespace `inference-prod`, cut to the EPP Deployment and its InferencePool:
+# neither the overlay's stand-in name nor its namespace.
 ROUTER_EPP = """
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: prod-router, namespace: inference-prod}
+spec:
+  targetPorts: [{number: 8000}]
+  selector: {matchLabels: {app: vllm-qwen3-32b}}
+  endpointPickerRef: {name: prod-router-epp, port: {number: 9002}, failureMode: FailOpen}
+---
 apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -523,47 +359,50 @@ spec:
 """
 
 
-def test_the_epp_component_over_any_release_name_and_namespace(tmp_path):
+def test_the_epp_component_over_any_release_name_and_namespace(tmp_path, monkeypatch):
     work = tmp_path / "mine"
     work.mkdir()
     (work / "epp.yaml").write_text(ROUTER_EPP)
     component = os.path.relpath(os.path.join(DEPLOY, "components", "ditto-epp-sidecar"), work)
     (work / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"namespace: inference-prod\nresources: [epp.yaml]\ncomponents: [{component}]\n"
+        f"resources: [epp.yaml]\ncomponents: [{component}]\n"
     )
     objects = [d for d in yaml.safe_load_all(kustomize(str(work))) if d]
     for obj in objects:
         validate(obj, "kubectl kustomize (component over prod-router-epp)")
     (epp,) = [o for o in objects if o["kind"] == "Deployment"]
     assert epp["metadata"]["name"] == "prod-router-epp" and epp["metadata"]["namespace"] == "inference-prod"
-    pod = epp["spec"]["template"]["spec"]
+    template = epp["spec"]["template"]
+    pod = template["spec"]
     assert pod["terminationGracePeriodSeconds"] == 130, "the EPP's grace period is kept"
     assert epp["spec"]["strategy"] == {"type": "Recreate"}
+    assert [c["name"] for c in pod["containers"]] == ["epp", "ditto"]
     ditto = container(pod)
     env = {e["name"]: e.get("value") for e in container(pod, "epp")["env"]}
     assert env["PREDICTION_SERVER_URL"] == "http://127.0.0.1:9011" and "NAMESPACE" in env
-    # Every mount names a volume, every ConfigMap volume a ConfigMap of the output in the same
-    # namespace (the generated one under its hashed name).
-    volumes = {v["name"]: v for v in pod["volumes"]}
+    # The release's pool, through the pod label the replacement set.
+    ditto_env = resolved_env(ditto, template["metadata"], "inference-prod")
+    assert ditto_env["DITTO_INFERENCE_POOL"] == "prod-router", ditto_env
+    assert ditto_env["DITTO_PODS_NAMESPACE"] == "inference-prod", ditto_env
+    # Every mount names a volume; ditto brings no ConfigMap of its own.
+    volumes = {v["name"] for v in pod["volumes"]}
     for c in pod["containers"]:
         for mount in c.get("volumeMounts", []):
             assert mount["name"] in volumes, (c["name"], mount)
-    configmaps = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ConfigMap"}
-    generated = volumes["ditto-config"]["configMap"]["name"]
-    assert generated.startswith("ditto-config-") and generated in configmaps, (generated, list(configmaps))
-    assert configmaps[generated]["metadata"]["namespace"] == "inference-prod"
-    code, _, stderr = check_config(ditto, configmaps[generated]["data"]["cluster.yaml"], tmp_path)
-    assert code == 0, stderr
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"] == []
     drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
     assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
+    code, stdout, stderr = check_sidecar_flags(ditto, template["metadata"], "inference-prod", tmp_path, monkeypatch)
+    assert code == 0, stderr
+    assert "live mirror: 1 pod source" in stdout, stdout
 
 
 KUSTOMIZATIONS = ["base", "overlays/epp-sidecar", "examples/hpa"]
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS)
-def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path):
+def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path, monkeypatch):
     rendered = kustomize(os.path.join(DEPLOY, directory))
     objects = [d for d in yaml.safe_load_all(rendered) if d]
     for obj in objects:
@@ -574,10 +413,15 @@ def test_kustomize_output_validates_and_passes_check_config(directory, tmp_path)
             continue
         pod = obj["spec"]["template"]["spec"]
         ditto = container(pod)
-        (mount,) = [m for m in ditto["volumeMounts"] if m["mountPath"] == "/etc/ditto"]
-        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-        cluster_yaml = configmaps[volume["configMap"]["name"]]["data"]["cluster.yaml"]
-        code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+        mounts = [m for m in ditto.get("volumeMounts", []) if m["mountPath"] == "/etc/ditto"]
+        if mounts:
+            (volume,) = [v for v in pod["volumes"] if v["name"] == mounts[0]["name"]]
+            cluster_yaml = configmaps[volume["configMap"]["name"]]["data"]["cluster.yaml"]
+            code, _, stderr = check_config(ditto, cluster_yaml, tmp_path)
+        else:
+            # ditto in the EPP's pod: no cluster YAML, its pool from the Kubernetes API.
+            metadata = obj["spec"]["template"]["metadata"]
+            code, _, stderr = check_sidecar_flags(ditto, metadata, obj["metadata"]["namespace"], tmp_path, monkeypatch)
         assert code == 0, f"deploy/{directory}: {stderr}"
         drain_ms = int(next(a for a in ditto["args"] if a.startswith("--drain-ms=")).split("=")[1])
         assert drain_ms < pod["terminationGracePeriodSeconds"] * 1000
@@ -606,17 +450,6 @@ DISCOVERY = {
     "selector": lambda: kube_discovery(podsSelector="llm-d.ai/inferenceServing=true,llm-d.ai/role=decode", podsNamespace="llm-d"),
     "inference-pool": lambda: kube_discovery(inferencePool="qwen-pool"),
 }
-
-
-def dead_kubeconfig(tmp_path):
-    """A kubeconfig naming a closed loopback port: loads, but no API server answers."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:9\n"
-        "users:\n- name: u\n  user: {}\ncontexts:\n- name: c\n  context: {cluster: c, user: u, namespace: llm-d}\n"
-        "current-context: c\n"
-    )
-    return str(path)
 
 
 @pytest.mark.parametrize("mode", sorted(DISCOVERY))
