@@ -255,6 +255,18 @@ def probe_ms(port, path="/healthz"):
     return status, elapsed
 
 
+def wait_for_open_metrics_connections(server, count):
+    """Until the API listener's /metrics says the metrics listener holds `count` connections."""
+    deadline = time.monotonic() + TIMEOUT
+    text = ""
+    while time.monotonic() < deadline:
+        text = requests.get(server.url + "/metrics", timeout=TIMEOUT).text
+        if f"ditto_metrics_http_connections {count}" in text.splitlines():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"the metrics listener never held {count} connections:\n{text}")
+
+
 def bound_metrics_port(server):
     """The port ditto's --metrics-addr listener bound (asked for with port 0, so no other
     process can take it first), from its ready line."""
@@ -306,17 +318,23 @@ def test_the_metrics_listener_serves_only_probes_and_metrics_under_its_own_cap()
     metrics_port = bound_metrics_port(server)
     base = f"http://127.0.0.1:{metrics_port}"
     try:
+        # One request at a time, each waiting for the last to be counted closed (cap 2).
         assert requests.get(base + "/healthz", timeout=TIMEOUT).json()["status"] == "ok"
+        wait_for_open_metrics_connections(server, 0)
         assert requests.get(base + "/readyz", timeout=TIMEOUT).status_code == 200
+        wait_for_open_metrics_connections(server, 0)
         assert "ditto_metrics_http_connections" in requests.get(base + "/metrics", timeout=TIMEOUT).text
         # The predictor API is not on it.
-        assert requests.get(base + "/status", timeout=TIMEOUT).status_code == 404
-        assert requests.post(base + "/predict", json=ENTRY, timeout=TIMEOUT).status_code == 404
-        assert requests.post(base + "/flush", json={}, timeout=TIMEOUT).status_code == 404
-        # Its own cap: two held connections fill it, the API listener is unaffected.
+        for method, path in (("GET", "/status"), ("POST", "/predict"), ("POST", "/flush")):
+            wait_for_open_metrics_connections(server, 0)
+            assert requests.request(method, base + path, json=ENTRY, timeout=TIMEOUT).status_code == 404
+        # Its own cap: two held connections fill it, the API listener is unaffected. The
+        # requests above have closed their connections, but the server counts a close when it
+        # reads it: wait for its gauge to say 0, then 2, so no earlier connection is counted.
+        wait_for_open_metrics_connections(server, 0)
         held = [socket.create_connection(("127.0.0.1", metrics_port), timeout=TIMEOUT) for _ in range(2)]
         try:
-            time.sleep(0.3)
+            wait_for_open_metrics_connections(server, 2)
             assert probe_ms(metrics_port)[0] is None
             assert requests.get(server.url + "/healthz", timeout=TIMEOUT).status_code == 200
         finally:
