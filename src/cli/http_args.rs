@@ -25,6 +25,10 @@ pub struct HttpArgs {
     /// Largest request body, bytes (more, or a Content-Length announcing more: 413).
     #[arg(long, env = "DITTO_HTTP_MAX_BODY_BYTES", default_value_t = BodyLimits::DEFAULT.max_bytes)]
     pub http_max_body_bytes: usize,
+    /// Most request-body bytes held at once over every request, read or being read (more:
+    /// 503 at once); at least --http-max-body-bytes.
+    #[arg(long, env = "DITTO_HTTP_MAX_BODY_BYTES_IN_FLIGHT", default_value_t = BodyLimits::DEFAULT.max_in_flight_bytes)]
+    pub http_max_body_bytes_in_flight: usize,
     /// Most HTTP connections open at once; a connection beyond is closed on arrival.
     #[arg(long, env = "DITTO_HTTP_MAX_CONNECTIONS", default_value_t = HttpLimits::DEFAULT.max_connections)]
     pub http_max_connections: usize,
@@ -64,6 +68,15 @@ impl HttpArgs {
         if self.http_max_body_bytes == 0 {
             return Err(bad("http-max-body-bytes", "must be at least 1"));
         }
+        if self.http_max_body_bytes_in_flight < self.http_max_body_bytes {
+            return Err(bad(
+                "http-max-body-bytes-in-flight",
+                format!(
+                    "{} is under --http-max-body-bytes {}: a body of the largest size could never be read",
+                    self.http_max_body_bytes_in_flight, self.http_max_body_bytes
+                ),
+            ));
+        }
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.http_max_connections) {
             return Err(bad(
                 "http-max-connections",
@@ -76,6 +89,7 @@ impl HttpArgs {
             body: BodyLimits {
                 max_bytes: self.http_max_body_bytes,
                 read_timeout: Duration::from_millis(self.http_body_read_timeout_ms),
+                max_in_flight_bytes: self.http_max_body_bytes_in_flight,
             },
         })
     }

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus::{IntCounter, IntGauge};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::telemetry::Metrics;
 
@@ -40,14 +40,29 @@ pub struct BodyLimits {
     pub max_bytes: usize,
     /// Longest a client may take to send the whole body (more: 408).
     pub read_timeout: Duration,
+    /// Most body bytes held at once over every request of the listener, read or being
+    /// read, until each request is answered (more: 503 at once). Without it, 32 uploads
+    /// stalled one byte short of 63 MB held 2.3 GB (issue 38 D3).
+    pub max_in_flight_bytes: usize,
 }
 
 impl BodyLimits {
-    /// 64 MiB (a 10 000-entry bulk call is about 3 MB) within 30 s.
+    /// 64 MiB (a 10 000-entry bulk call is about 3 MB) within 30 s; 128 MiB in flight.
     pub const DEFAULT: Self = Self {
         max_bytes: 64 * 1024 * 1024,
         read_timeout: Duration::from_secs(30),
+        max_in_flight_bytes: 128 * 1024 * 1024,
     };
+
+    /// The budget the bodies of one listener share ([`limit_body`]'s state), in KiB
+    /// permits.
+    pub fn in_flight_budget(&self) -> Arc<Semaphore> {
+        let permits = self
+            .max_in_flight_bytes
+            .div_ceil(1024)
+            .min(Semaphore::MAX_PERMITS);
+        Arc::new(Semaphore::new(permits))
+    }
 }
 
 impl HttpLimits {
@@ -201,6 +216,8 @@ fn refusal(status: StatusCode, detail: String) -> Response {
 enum BodyReadError {
     /// More than the limit arrived.
     TooLarge,
+    /// The listener's bodies in flight already hold the budget.
+    Busy,
     /// The connection failed mid-body.
     Failed,
 }
@@ -208,33 +225,52 @@ enum BodyReadError {
 /// Reads a body of at most `max_bytes` into one buffer, sized from `Content-Length` when it
 /// was announced (within the limit), so a body is held once: collecting its frames and then
 /// joining them (axum's `to_bytes`) held it twice at the peak (issue 38 D2). A capacity is
-/// only reserved, not touched: a stalled upload costs what has arrived.
+/// only reserved, not touched: a stalled upload costs what has arrived. Every KiB that
+/// arrives takes a permit of `budget` first; the permits come back when the returned guard
+/// is dropped (after the answer).
 async fn read_body(
     mut body: Body,
     max_bytes: usize,
     announced: Option<u64>,
-) -> Result<bytes::Bytes, BodyReadError> {
+    budget: &Arc<Semaphore>,
+) -> Result<(bytes::Bytes, Option<OwnedSemaphorePermit>), BodyReadError> {
     use http_body_util::BodyExt;
 
     let expected = announced.map_or(0, |length| length.min(max_bytes as u64) as usize);
     let mut buffer = Vec::with_capacity(expected);
+    let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|_| BodyReadError::Failed)?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > max_bytes {
+            let total = buffer.len() + data.len();
+            if total > max_bytes {
                 return Err(BodyReadError::TooLarge);
+            }
+            let held_kib = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+            let more = total.div_ceil(1024).saturating_sub(held_kib);
+            if more > 0 {
+                let permit = u32::try_from(more)
+                    .ok()
+                    .and_then(|n| Arc::clone(budget).try_acquire_many_owned(n).ok())
+                    .ok_or(BodyReadError::Busy)?;
+                match &mut held {
+                    Some(held) => held.merge(permit),
+                    None => held = Some(permit),
+                }
             }
             buffer.extend_from_slice(&data);
         }
     }
-    Ok(bytes::Bytes::from(buffer))
+    Ok((bytes::Bytes::from(buffer), held))
 }
 
 /// Reads the request body within `limits` before the handler runs: 413 (JSON `detail`)
-/// when `Content-Length` announces more than the limit or more arrives, 408 when the body
-/// does not arrive within the read timeout, 400 when the connection fails mid-body.
+/// when `Content-Length` announces more than the limit or more arrives, 503 when the
+/// listener's bodies in flight already hold `budget` (shared by every request; taken as the
+/// bytes arrive, given back once the request is answered), 408 when the body does not arrive
+/// within the read timeout, 400 when the connection fails mid-body.
 pub async fn limit_body(
-    State(limits): State<BodyLimits>,
+    State((limits, budget)): State<(BodyLimits, Arc<Semaphore>)>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -256,13 +292,24 @@ pub async fn limit_body(
         return too_large();
     }
     let (parts, body) = request.into_parts();
-    let read = read_body(body, limits.max_bytes, announced);
+    let read = read_body(body, limits.max_bytes, announced, &budget);
     match tokio::time::timeout(limits.read_timeout, read).await {
-        Ok(Ok(bytes)) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
+        Ok(Ok((bytes, held))) => {
+            let response = next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+            drop(held);
+            response
         }
         Ok(Err(BodyReadError::TooLarge)) => too_large(),
+        Ok(Err(BodyReadError::Busy)) => refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the request bodies being read already hold {} bytes \
+                 (--http-max-body-bytes-in-flight); retry",
+                limits.max_in_flight_bytes
+            ),
+        ),
         Ok(Err(BodyReadError::Failed)) => refusal(
             StatusCode::BAD_REQUEST,
             "the request body could not be read".to_owned(),

@@ -72,3 +72,54 @@ def test_a_list_of_31m_values_is_refused_within_256_mb(server, path, field):
     assert peak < PEAK_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB after {path}"
     # Still serving, and a well-formed request is still answered.
     assert requests.get(server.url + "/healthz", timeout=TIMEOUT).status_code == 200
+
+
+def test_stalled_uploads_share_a_bounded_budget():
+    # Issue 38 D3: 32 connections each sending 62 of a declared 63 MB and stalling held 2.3 GB.
+    # Every body byte held counts against --http-max-body-bytes-in-flight (128 MiB by
+    # default): once the stalled bodies hold it, another body's bytes get 503 at once, and
+    # the server's peak resident memory stays under 256 MB.
+    import socket
+    import time
+
+    server = Server()
+    server.wait_serving()
+    url = f"http://127.0.0.1:{server.http_port}"
+    declared = 63 * 1024 * 1024
+    chunk = b"0" * (1024 * 1024)
+    sockets, refused = [], 0
+    try:
+        for _ in range(8):
+            sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
+            sock.sendall(
+                b"POST /add_training_data_bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {declared}\r\n\r\n".encode()
+            )
+            try:
+                for _ in range(62):
+                    sock.sendall(chunk)
+            except OSError:
+                refused += 1
+            sockets.append(sock)
+        time.sleep(0.5)
+        answers = []
+        for sock in sockets:
+            sock.settimeout(0.5)
+            try:
+                answers.append(sock.recv(4096))
+            except (socket.timeout, OSError):
+                answers.append(b"")
+        busy = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        # Two 62 MB bodies fit 128 MiB; the other six are refused as their bytes arrive.
+        assert len(busy) >= 6, answers
+        assert b"--http-max-body-bytes-in-flight" in busy[0]
+        peak = peak_rss_bytes(server.process.pid)
+        assert peak < PEAK_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
+        assert requests.get(url + "/healthz", timeout=TIMEOUT).status_code == 200
+    finally:
+        for sock in sockets:
+            sock.close()
+        output = server.output()
+        code = server.terminate()
+        os.unlink(server.log.name)
+        assert code == 0, f"ditto serve exited {code}:\n{output}"

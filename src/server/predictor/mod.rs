@@ -313,7 +313,7 @@ pub fn router(predictor: Arc<Predictor>) -> Router {
         .route("/model/{name}/download", get(compat::not_downloadable))
         .route("/model/{name}/xgb/json", get(compat::not_downloadable))
         .layer(axum::middleware::from_fn_with_state(
-            body_limits,
+            (body_limits, body_limits.in_flight_budget()),
             crate::server::http_conn::limit_body,
         ))
         .layer(DefaultBodyLimit::disable())
