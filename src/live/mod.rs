@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod infer;
 pub mod k8s;
 pub mod kv;
 pub mod kv_bench;
@@ -86,6 +87,21 @@ struct Entry {
     /// (block_size, num_gpu_blocks per engine, engines) the pod publishes.
     cache: (Option<u32>, Option<u32>, u32),
     vanished_since: Option<Instant>,
+    /// What the pod's spec, node and `/metrics` say about what it runs.
+    inputs: infer::PodInputs,
+    /// What was inferred from `inputs` (`None`: its source does not infer).
+    inferred: Option<infer::Inferred>,
+    /// The labels of its `ditto_live_inferred` series (to replace or drop it).
+    inferred_labels: Option<Vec<String>>,
+}
+
+impl Entry {
+    /// The inferred instance, when its source infers and inference succeeded.
+    fn inferred_instance(&self) -> Option<&InstanceConfig> {
+        self.inferred
+            .as_ref()
+            .and_then(|inferred| inferred.instance.as_ref().ok())
+    }
 }
 
 impl Drop for Entry {
@@ -105,6 +121,34 @@ struct Coordinator {
     synced: watch::Sender<u64>,
     /// The Kubernetes discovery tasks (aborted with the coordinator).
     kube_tasks: tokio::task::JoinSet<()>,
+    /// `ditto_live_inferred`: what each pod was inferred to run (see [`infer`]).
+    inferred_gauge: prometheus::IntGaugeVec,
+}
+
+/// The labels of `ditto_live_inferred` (one series per pod).
+const INFERRED_LABELS: [&str; 7] = [
+    "instance",
+    "model",
+    "gpu",
+    "tp",
+    "model_source",
+    "gpu_source",
+    "tp_source",
+];
+
+fn register_inferred_gauge(
+    registry: &prometheus::Registry,
+) -> Result<prometheus::IntGaugeVec, prometheus::Error> {
+    let gauge = prometheus::IntGaugeVec::new(
+        prometheus::Opts::new(
+            "ditto_live_inferred",
+            "What the live mirror inferred each pod to run (1), or 0 while it cannot be \
+             inferred (the pod is stale, signal inference); labels carry each value's source",
+        ),
+        &INFERRED_LABELS,
+    )?;
+    registry.register(Box::new(gauge.clone()))?;
+    Ok(gauge)
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -127,6 +171,7 @@ fn spawn_tasks(
         news,
         synced,
         kube_tasks: tokio::task::JoinSet::new(),
+        inferred_gauge: register_inferred_gauge(metrics.registry())?,
     };
     let mut statics = Vec::new();
     for (index, source) in coordinator.config.sources.iter().enumerate() {
@@ -135,7 +180,8 @@ fn spawn_tasks(
         }
     }
     for (source, id) in statics {
-        coordinator.add(source, id.clone(), id);
+        coordinator.add(source, id.clone(), id.clone());
+        coordinator.refresh_inference(&id);
     }
     if !coordinator.pods.is_empty() {
         coordinator.sync().map_err(LiveError::Config)?;
@@ -246,6 +292,9 @@ impl Coordinator {
                 tasks,
                 cache: (None, None, 1),
                 vanished_since: None,
+                inputs: infer::PodInputs::default(),
+                inferred: None,
+                inferred_labels: None,
             },
         );
         self.metrics.pods.set(self.pods.len() as i64);
@@ -255,7 +304,11 @@ impl Coordinator {
     /// publishes; a published value that differs from the configured one is reported.
     fn instance(&self, entry: &Entry) -> InstanceConfig {
         let source = &self.config.sources[entry.pod.source];
-        let mut instance = source.template.clone();
+        // An inferred pod starts from what it runs; one that cannot be inferred is held
+        // stale (its reason says why) on its source's pool.
+        let base = entry.inferred_instance().unwrap_or(&source.template);
+        let inferred = entry.inferred_instance().is_some();
+        let mut instance = base.clone();
         instance.id = entry.pod.id.clone();
         let mut mismatches = Vec::new();
         for (field, published, configured) in [
@@ -267,12 +320,15 @@ impl Coordinator {
             ),
         ] {
             let differs = published.is_some_and(|value| value != *configured);
+            // An inferred pool has no configured value to differ from: the pod's is taken.
             self.metrics
                 .config_mismatch
                 .with_label_values(&[entry.pod.id.as_str(), field])
-                .set(i64::from(differs));
+                .set(i64::from(differs && !inferred));
             if let Some(value) = published.filter(|_| differs) {
-                mismatches.push(format!("{field} {value} (configured {configured})"));
+                if !inferred {
+                    mismatches.push(format!("{field} {value} (configured {configured})"));
+                }
                 *configured = value;
             }
         }
@@ -294,7 +350,7 @@ impl Coordinator {
         }
         if instance.engine.validate().is_err() {
             // The published values do not make a valid engine: keep the pool's.
-            let mut fallback = source.template.clone();
+            let mut fallback = base.clone();
             fallback.id = entry.pod.id.clone();
             return fallback;
         }
@@ -328,15 +384,24 @@ impl Coordinator {
         };
         // The forecast loop groups pods by their source's pool (their ids are addresses).
         let mut settings = self.config.settings.clone();
+        // An inferred pod counts in the pool of its inferred setup.
         settings.variants = self
             .pods
             .iter()
             .map(|(id, entry)| {
-                (
-                    id.clone(),
-                    self.config.sources[entry.pod.source].name.clone(),
-                )
+                let pool = match &entry.inferred {
+                    Some(inferred) if !inferred.setup.pool.is_empty() => {
+                        inferred.setup.pool.clone()
+                    }
+                    _ => self.config.sources[entry.pod.source].name.clone(),
+                };
+                (id.clone(), pool)
             })
+            .collect();
+        settings.inferred = self
+            .pods
+            .iter()
+            .filter_map(|(id, entry)| Some((id.clone(), entry.inferred.as_ref()?.setup.clone())))
             .collect();
         let outcome = self.store.sync_config(cluster, settings, addresses)?;
         for entry in self.pods.values() {
@@ -359,11 +424,17 @@ impl Coordinator {
                 block_size,
                 num_gpu_blocks,
                 engines,
+                model,
             } => {
-                if let Some(entry) = self.pods.get_mut(&id)
-                    && entry.cache != (block_size, num_gpu_blocks, engines)
-                {
-                    entry.cache = (block_size, num_gpu_blocks, engines);
+                let Some(entry) = self.pods.get_mut(&id) else {
+                    return;
+                };
+                let cache_changed = entry.cache != (block_size, num_gpu_blocks, engines);
+                entry.cache = (block_size, num_gpu_blocks, engines);
+                let model_changed = entry.inputs.served_model != model;
+                entry.inputs.served_model = model;
+                let inference_changed = model_changed && self.refresh_inference(&id);
+                if cache_changed || inference_changed {
                     self.resync();
                 }
             }
@@ -388,6 +459,11 @@ impl Coordinator {
             .map(|types| types.clone())
             .unwrap_or_default();
         self.metrics.forget(id, &deprecated, &unknown);
+        let _ = self.metrics.stale.remove_label_values(&[id, "inference"]);
+        if let Some(labels) = &entry.inferred_labels {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            let _ = self.inferred_gauge.remove_label_values(&labels);
+        }
         tracing::info!(pod = %id, "live mirror: pod retired");
         self.metrics.pods.set(self.pods.len() as i64);
         true
@@ -418,12 +494,21 @@ impl Coordinator {
                     let (Some(address), None) = (&view.address, &view.problem) else {
                         continue;
                     };
-                    match self.pods.get(&view.id) {
+                    match self.pods.get_mut(&view.id) {
                         Some(entry) if entry.pod.source != source => {
                             tracing::warn!(pod = %view.id, "live mirror: pod selected by two sources; kept in the first");
                             continue;
                         }
-                        Some(entry) if entry.pod.address == *address => continue,
+                        Some(entry) if entry.pod.address == *address => {
+                            let (facts, node_gpu) =
+                                (Some(view.facts.clone()), view.node_gpu.clone());
+                            if entry.inputs.facts != facts || entry.inputs.node_gpu != node_gpu {
+                                entry.inputs.facts = facts;
+                                entry.inputs.node_gpu = node_gpu;
+                                changed |= self.refresh_inference(&view.id);
+                            }
+                            continue;
+                        }
                         Some(_) => {
                             // Same name, new IP: a new pod process; start over.
                             self.retire(&view.id);
@@ -431,6 +516,11 @@ impl Coordinator {
                         None => {}
                     }
                     self.add(source, view.id.clone(), address.clone());
+                    if let Some(entry) = self.pods.get_mut(&view.id) {
+                        entry.inputs.facts = Some(view.facts.clone());
+                        entry.inputs.node_gpu = view.node_gpu.clone();
+                    }
+                    self.refresh_inference(&view.id);
                     changed = true;
                 }
                 for (id, entry) in self
@@ -454,6 +544,70 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// Infers again what pod `id` runs from its inputs (when its source infers): its
+    /// inference health (the stale reason naming what is missing) and its
+    /// `ditto_live_inferred` series follow. True when the outcome changed.
+    fn refresh_inference(&mut self, id: &str) -> bool {
+        let Some(entry) = self.pods.get(id) else {
+            return false;
+        };
+        let source = &self.config.sources[entry.pod.source];
+        let Some(spec) = &source.infer else {
+            return false;
+        };
+        let options = &self.config.infer;
+        let inferred = infer::infer(&entry.inputs, &source.template, spec, options, |model| {
+            infer::find_model_config(model, options)
+        });
+        if entry.inferred.as_ref() == Some(&inferred) {
+            return false;
+        }
+        let setup = &inferred.setup;
+        let labels = vec![
+            id.to_owned(),
+            setup.model.clone(),
+            setup.gpu.clone(),
+            if setup.tp == 0 {
+                String::new()
+            } else {
+                setup.tp.to_string()
+            },
+            setup.model_source.clone(),
+            setup.gpu_source.clone(),
+            setup.tp_source.clone(),
+        ];
+        let reason = inferred.instance.as_ref().err().cloned();
+        match &reason {
+            None => tracing::info!(
+                pod = %id, model = %setup.model, model_source = %setup.model_source,
+                config = %setup.config_source, gpu = %setup.gpu, gpu_source = %setup.gpu_source,
+                tp = setup.tp, tp_source = %setup.tp_source, pool = %setup.pool,
+                "live mirror: pod inferred"
+            ),
+            Some(reason) => {
+                tracing::warn!(pod = %id, %reason, "live mirror: cannot infer what the pod runs")
+            }
+        }
+        if let Some(entry) = self.pods.get_mut(id) {
+            if let Some(old) = entry.inferred_labels.take()
+                && old != labels
+            {
+                let old: Vec<&str> = old.iter().map(String::as_str).collect();
+                let _ = self.inferred_gauge.remove_label_values(&old);
+            }
+            let values: Vec<&str> = labels.iter().map(String::as_str).collect();
+            self.inferred_gauge
+                .with_label_values(&values)
+                .set(i64::from(reason.is_none()));
+            entry.inferred_labels = Some(labels);
+            entry.inferred = Some(inferred);
+            entry.pod.set_health(|health| {
+                health.inference = reason.map(|reason| format!("inference: {reason}"));
+            });
+        }
+        true
     }
 
     /// Retires the Kubernetes-discovered pods lost for longer than `retire_after`.
