@@ -586,8 +586,12 @@ impl Coordinator {
                 tp = setup.tp, tp_source = %setup.tp_source, pool = %setup.pool,
                 "live mirror: pod inferred"
             ),
+            // Before its first page, a pod whose args name no model is only waiting.
+            Some(reason) if reason == infer::PENDING_MODEL => {
+                tracing::debug!(pod = %id, "live mirror: waiting for the pod's model_name");
+            }
             Some(reason) => {
-                tracing::warn!(pod = %id, %reason, "live mirror: cannot infer what the pod runs")
+                tracing::warn!(pod = %id, %reason, "live mirror: cannot infer what the pod runs");
             }
         }
         if let Some(entry) = self.pods.get_mut(id) {

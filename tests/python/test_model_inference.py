@@ -16,10 +16,11 @@ The model directory is given as `DITTO_MODEL_DIR` (the variable of `ditto serve 
 
 import json
 import os
+import subprocess
 
 import pytest
 
-from conftest import Server, free_port
+from conftest import BINARY, Server, free_port
 from ditto.v1 import twin_pb2 as pb
 from fake_kube_api import FakeKubeApi
 from test_live import Fake, eventually, metric, snapshot
@@ -232,3 +233,15 @@ def test_a_yaml_pool_overrides_what_is_inferred(cluster, tmp_path):
     assert not inst.HasField("inferred"), inst.inferred
     spec = config_of(plain, "llm-d/qwen-0")
     assert (spec.model, spec.gpu, spec.tp) == ("qwen3-14b", "H100", 1), spec
+
+
+def test_a_bad_default_gpu_exits_naming_the_flag(cluster, tmp_path):
+    api, _, _, _ = cluster
+    env = dict(os.environ)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env["KUBECONFIG"] = api.kubeconfig(str(tmp_path / "kubeconfig"))
+    done = subprocess.run(
+        [BINARY, "serve", "--inference-pool", "qwen-pool", "--pods-namespace", "llm-d", "--default-gpu", "Z80",
+         "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--default-gpu" in done.stderr and "Z80" in done.stderr, done.stderr

@@ -45,6 +45,10 @@ pub mod source {
     pub const HF_CACHE: &str = "hf-cache";
 }
 
+/// Why a pod whose args name no model is not inferred before its first `/metrics` page.
+pub const PENDING_MODEL: &str =
+    "model: neither the pod's args nor its /metrics (model_name) name one yet";
+
 /// Inference for one source: on, the source pool's explicitly set fields winning.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InferSpec {
@@ -282,10 +286,7 @@ pub fn infer(
                 setup.model = (*name).clone();
                 setup.model_source = (*from).to_owned();
             }
-            problems.push(first_error.unwrap_or_else(|| {
-                "model: neither the pod's args nor its /metrics (model_name) name one yet"
-                    .to_owned()
-            }));
+            problems.push(first_error.unwrap_or_else(|| PENDING_MODEL.to_owned()));
         }
     }
     // TP.
