@@ -11,7 +11,7 @@ request, GPU from the node), show it with each value's source on GetSnapshot and
 back to `--default-gpu` (else the pool's) when nodes cannot be read, and let a cluster YAML's
 explicit pool fields win. Waits are bounded polls.
 
-The model directory is given as `DITTO_MODEL_DIR` (the variable of `ditto serve --model-dir`).
+The model directory is given with `--model-dir` (once as its variable `DITTO_MODEL_DIR`).
 """
 
 import json
@@ -115,7 +115,7 @@ def test_a_qwen3_32b_pool_is_found_and_simulated_as_it_runs(cluster):
     pod("qwen-1", "Qwen/Qwen3-32B",
         vllm_container(["Qwen/Qwen3-32B", "--port", "8200", "--data-parallel-size", "2"], gpus=4,
                        shell=True), node="a100-node-1")
-    server = serve(env={"DITTO_MODEL_DIR": str(model_dir)})
+    server = serve("--model-dir", str(model_dir))
     found = eventually(server, lambda i: sorted(i) == ["llm-d/qwen-0", "llm-d/qwen-1"]
                        and all(x.HasField("inferred") and x.HasField("gauges") and not x.stale_reason
                                for x in i.values()) and i, "both pods inferred")
@@ -189,7 +189,7 @@ def test_forbidden_nodes_fall_back_to_the_default_gpu_and_say_so_once(cluster):
     api.forbid_nodes()
     pod("qwen-0", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="h100-node-1")
     pod("qwen-1", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="a100-node-1")
-    server = serve("--default-gpu", "L40S", env={"DITTO_MODEL_DIR": str(model_dir)})
+    server = serve("--default-gpu", "L40S", "--model-dir", str(model_dir))
     found = eventually(server, lambda i: len(i) == 2 and all(x.inferred.gpu for x in i.values()) and i,
                        "both inferred")
     for inst in found.values():
@@ -219,7 +219,7 @@ def test_a_yaml_pool_overrides_what_is_inferred(cluster, tmp_path):
         "pools:\n  - {name: vllm, model: qwen3-14b, tp: 1, engine: {max_num_seqs: 64}}\n")
     # --infer on: the pool's explicit fields (model, tp, max_num_seqs) win; the GPU, which it
     # does not set, is the node's.
-    server = serve("--config", str(config), "--infer", "on", env={"DITTO_MODEL_DIR": str(model_dir)})
+    server = serve("--config", str(config), "--infer", "on", "--model-dir", str(model_dir))
     inst = eventually(server, lambda i: "llm-d/qwen-0" in i and i["llm-d/qwen-0"].HasField("inferred")
                       and i["llm-d/qwen-0"], "inferred")
     setup = inst.inferred
