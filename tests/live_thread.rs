@@ -45,6 +45,7 @@ async fn the_mirror_scrapes_on_its_own_thread_and_stops_with_its_handle() {
         template: cluster.instances[0].clone(),
         kv: None,
         scrape_interval: None,
+        infer: None,
     };
     let config = LiveConfig::new(vec![source], cluster, TwinSettings::defaults());
     let store = Arc::new(MirrorStore::new(StoreLimits::DEFAULT));

@@ -2,6 +2,7 @@
 //! their resolution, with the cluster file's `sources:`, into a [`LiveConfig`]. Flags name
 //! the first pool of the cluster file (or of the embedded default) for engine settings.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -11,6 +12,7 @@ use crate::live::config::{
     apply_vllm_batch_defaults, check_endpoint, explicit_limits, parse_dns, parse_pods,
     pool_template, sources_from_yaml,
 };
+use crate::live::infer::{InferOptions, InferSpec, default_hf_cache, explicit_fields};
 use crate::live::k8s::{KubeSource, LabelSelector};
 use crate::live::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
 use crate::twin::question::StalePolicy;
@@ -27,6 +29,17 @@ pub enum StalePolicyArg {
     RollForward,
     /// Used as if current.
     UseLast,
+}
+
+/// When Kubernetes-discovered pods' setups are inferred (`--infer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InferMode {
+    /// For --pods-selector / --inference-pool when no --config is given (the default).
+    Auto,
+    /// For every Kubernetes source, flags or `sources:`; the pool's explicit fields win.
+    On,
+    /// Never: pods run their source's pool as configured.
+    Off,
 }
 
 /// Live-mirror flags.
@@ -95,6 +108,23 @@ pub struct LiveArgs {
     /// pod publishes none).
     #[arg(long, env = "DITTO_MAX_KV_AGE_MS", default_value_t = 0)]
     pub max_kv_age_ms: u64,
+    /// Infer each Kubernetes-discovered pod's model (args, else /metrics `model_name`), TP
+    /// (args, else its `nvidia.com/gpu`), GPU (its node's `nvidia.com/gpu.product`) and
+    /// engine limits (args) instead of simulating the pool: `auto` does for --pods-selector /
+    /// --inference-pool without --config, `on` for every Kubernetes source (the pool's
+    /// explicitly set fields win), `off` never (docs/live.md, "Inferring the pool").
+    #[arg(long, env = "DITTO_INFER", value_enum, default_value = "auto")]
+    pub infer: InferMode,
+    /// HuggingFace cache holding inferred models' config.json (`models--ORG--NAME/snapshots`;
+    /// an HF_HOME with a `hub/` is accepted). Default: HF_HUB_CACHE, else $HF_HOME/hub, else
+    /// ~/.cache/huggingface/hub.
+    #[arg(long, env = "DITTO_HF_CACHE")]
+    pub hf_cache: Option<PathBuf>,
+    /// GPU of inferred pods whose node's `nvidia.com/gpu.product` cannot be read (no `get`
+    /// on nodes, no label); default: the pool's (the embedded default's H100 without
+    /// --config).
+    #[arg(long, env = "DITTO_DEFAULT_GPU")]
+    pub default_gpu: Option<String>,
     /// How stale instances are treated by predictions in live mode.
     #[arg(
         long,
@@ -164,17 +194,51 @@ fn kube_source(args: &LiveArgs) -> Result<Option<KubeSource>, LiveArgError> {
                 selector,
                 inference_pool: pool.clone(),
                 port: args.pods_port,
+                read_nodes: false,
             }))
         }
     }
 }
 
 /// The live config from the flags and the cluster file (`yaml`: its text, if one was
-/// given); `None` when no source is configured.
+/// given); `None` when no source is configured. Inferred pods' model configs are looked up
+/// in `ditto serve --model-dir` (read from the command line, else `DITTO_MODEL_DIR`, as
+/// clap reads it: `ServeArgs` does not reach here; [`live_config_with`] takes it directly).
 pub fn live_config(
     args: &LiveArgs,
     cluster: &ClusterConfig,
     yaml: Option<&str>,
+) -> Result<Option<LiveConfig>, LiveArgError> {
+    let model_dir = model_dir_argument(std::env::args_os().skip(1))
+        .or_else(|| std::env::var_os("DITTO_MODEL_DIR").map(PathBuf::from));
+    live_config_with(args, cluster, yaml, model_dir.as_deref())
+}
+
+/// The value of `--model-dir DIR` / `--model-dir=DIR` in a command line (the last one, as
+/// clap takes it).
+fn model_dir_argument(words: impl Iterator<Item = std::ffi::OsString>) -> Option<PathBuf> {
+    let mut found = None;
+    let mut words = words.peekable();
+    while let Some(word) = words.next() {
+        let Some(text) = word.to_str() else {
+            continue;
+        };
+        if text == "--model-dir" {
+            found = words.next().map(PathBuf::from);
+        } else if let Some(value) = text.strip_prefix("--model-dir=") {
+            found = Some(PathBuf::from(value));
+        }
+    }
+    found
+}
+
+/// [`live_config`] with the model directory (`--model-dir`) inferred pods' config.json
+/// files are looked up in.
+pub fn live_config_with(
+    args: &LiveArgs,
+    cluster: &ClusterConfig,
+    yaml: Option<&str>,
+    model_dir: Option<&Path>,
 ) -> Result<Option<LiveConfig>, LiveArgError> {
     let mut sources = match yaml {
         Some(text) => sources_from_yaml(text, cluster).map_err(|err| (err.field, err.reason))?,
@@ -236,6 +300,7 @@ pub fn live_config(
                 template: template.clone(),
                 kv: kv.clone(),
                 scrape_interval: None,
+                infer: None,
             });
         }
     } else if kv.is_some() {
@@ -248,10 +313,37 @@ pub fn live_config(
         return Ok(None);
     }
     let text = yaml.unwrap_or(crate::cluster::spec::DEFAULT_CLUSTER_YAML);
-    for source in &mut sources {
+    for (index, source) in sources.iter_mut().enumerate() {
         let explicit = explicit_limits(text, &source.name);
         apply_vllm_batch_defaults(&mut source.template, explicit);
+        let Discovery::Kubernetes(kube) = &mut source.discovery else {
+            continue;
+        };
+        let infers = match args.infer {
+            InferMode::Off => false,
+            InferMode::On => true,
+            InferMode::Auto => yaml.is_none() && index >= yaml_sources,
+        };
+        if infers {
+            kube.read_nodes = true;
+            source.infer = Some(InferSpec {
+                explicit: yaml.map_or_else(Vec::new, |text| explicit_fields(text, &source.name)),
+            });
+        }
     }
+    let default_gpu = match &args.default_gpu {
+        None => None,
+        Some(name) => Some(
+            crate::catalog::gpu(name)
+                .map_err(|err| ("default-gpu".to_owned(), err.to_string()))?
+                .name,
+        ),
+    };
+    let infer_options = InferOptions {
+        model_dir: model_dir.map(Path::to_path_buf),
+        hf_cache: args.hf_cache.clone().or_else(default_hf_cache),
+        default_gpu,
+    };
     // Kubernetes sources: the kubeconfig loads and a named InferencePool exists.
     for (index, source) in sources.iter().enumerate() {
         if let Discovery::Kubernetes(kube) = &source.discovery {
@@ -294,6 +386,7 @@ pub fn live_config(
         ..TwinSettings::defaults()
     };
     let mut config = LiveConfig::new(sources, cluster.clone(), settings);
+    config.infer = infer_options;
     config.scrape_interval = positive(args.scrape_interval_ms, "scrape-interval-ms")?;
     config.scrape_timeout = positive(args.scrape_timeout_ms, "scrape-timeout-ms")?;
     config.dns_interval = positive(args.dns_interval_ms, "dns-interval-ms")?;
@@ -304,4 +397,28 @@ pub fn live_config(
         kv_events: (args.max_kv_age_ms > 0).then(|| Duration::from_millis(args.max_kv_age_ms)),
     };
     Ok(Some(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_dir_is_read_from_a_command_line() {
+        let words = |line: &str| {
+            line.split_whitespace()
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(
+            model_dir_argument(words("serve --inference-pool p --model-dir /models")),
+            Some(PathBuf::from("/models"))
+        );
+        assert_eq!(
+            model_dir_argument(words("serve --model-dir=/a --model-dir=/b")),
+            Some(PathBuf::from("/b"))
+        );
+        assert_eq!(model_dir_argument(words("serve --config x.yaml")), None);
+    }
 }

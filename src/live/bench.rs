@@ -315,6 +315,7 @@ pub async fn scrape_bench(
         template,
         kv: None,
         scrape_interval: None,
+        infer: None,
     };
     let mut config = LiveConfig::new(vec![source], cluster, TwinSettings::defaults());
     config.scrape_interval = interval;

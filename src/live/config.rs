@@ -115,6 +115,9 @@ pub struct LiveSource {
     /// This source's own `/metrics` period (`None`: the base tick, `--scrape-interval-ms`);
     /// rounded up to a whole number of base ticks, as the EPP does with a per-source interval.
     pub scrape_interval: Option<Duration>,
+    /// Whether (and with which pool fields winning) each pod's model, GPU, TP and engine
+    /// limits are inferred from what it exposes (`None`: the pool's, as configured).
+    pub infer: Option<super::infer::InferSpec>,
 }
 
 impl LiveSource {
@@ -169,6 +172,8 @@ pub struct LiveConfig {
     /// generation (see `twin::store::Publish`): the most a write waits before questions see
     /// it.
     pub publish_interval: Duration,
+    /// Where inferred pods' model configs (and a GPU fallback) come from.
+    pub infer: super::infer::InferOptions,
 }
 
 impl LiveConfig {
@@ -191,6 +196,7 @@ impl LiveConfig {
             },
             replay_timeout: Duration::from_secs(2),
             publish_interval: Duration::from_millis(10),
+            infer: super::infer::InferOptions::default(),
         }
     }
 }
@@ -331,6 +337,7 @@ impl KubeSpec {
             selector,
             inference_pool: self.inference_pool.clone(),
             port: self.port,
+            read_nodes: false,
         })
     }
 }
@@ -403,6 +410,7 @@ pub fn sources_from_yaml(
                 template,
                 kv,
                 scrape_interval,
+                infer: None,
             })
         })
         .collect()
@@ -428,6 +436,7 @@ mod tests {
             template: crate::cluster::spec::default_cluster().instances[0].clone(),
             kv: None,
             scrape_interval: own.map(Duration::from_millis),
+            infer: None,
         }
     }
 

@@ -176,6 +176,7 @@ pub async fn kv_bench(
             dp_size: 1,
         }),
         scrape_interval: Some(Duration::from_secs(3_600)),
+        infer: None,
     };
     let mut config = LiveConfig::new(vec![source], cluster, TwinSettings::defaults());
     config.scrape_interval = Duration::from_secs(3_600);

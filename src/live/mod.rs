@@ -12,6 +12,8 @@
 
 pub mod bench;
 pub mod config;
+pub mod infer;
+mod inferred;
 pub mod k8s;
 pub mod kv;
 pub mod kv_bench;
@@ -86,6 +88,21 @@ struct Entry {
     /// (block_size, num_gpu_blocks per engine, engines) the pod publishes.
     cache: (Option<u32>, Option<u32>, u32),
     vanished_since: Option<Instant>,
+    /// What the pod's spec, node and `/metrics` say about what it runs.
+    inputs: infer::PodInputs,
+    /// What was inferred from `inputs` (`None`: its source does not infer).
+    inferred: Option<infer::Inferred>,
+    /// The labels of its `ditto_live_inferred` series (to replace or drop it).
+    inferred_labels: Option<Vec<String>>,
+}
+
+impl Entry {
+    /// The inferred instance, when its source infers and inference succeeded.
+    fn inferred_instance(&self) -> Option<&InstanceConfig> {
+        self.inferred
+            .as_ref()
+            .and_then(|inferred| inferred.instance.as_ref().ok())
+    }
 }
 
 impl Drop for Entry {
@@ -105,6 +122,8 @@ struct Coordinator {
     synced: watch::Sender<u64>,
     /// The Kubernetes discovery tasks (aborted with the coordinator).
     kube_tasks: tokio::task::JoinSet<()>,
+    /// `ditto_live_inferred`: what each pod was inferred to run (see [`infer`]).
+    inferred_gauge: prometheus::IntGaugeVec,
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -127,6 +146,7 @@ fn spawn_tasks(
         news,
         synced,
         kube_tasks: tokio::task::JoinSet::new(),
+        inferred_gauge: inferred::register_gauge(metrics.registry())?,
     };
     let mut statics = Vec::new();
     for (index, source) in coordinator.config.sources.iter().enumerate() {
@@ -135,7 +155,8 @@ fn spawn_tasks(
         }
     }
     for (source, id) in statics {
-        coordinator.add(source, id.clone(), id);
+        coordinator.add(source, id.clone(), id.clone());
+        coordinator.refresh_inference(&id);
     }
     if !coordinator.pods.is_empty() {
         coordinator.sync().map_err(LiveError::Config)?;
@@ -246,6 +267,9 @@ impl Coordinator {
                 tasks,
                 cache: (None, None, 1),
                 vanished_since: None,
+                inputs: infer::PodInputs::default(),
+                inferred: None,
+                inferred_labels: None,
             },
         );
         self.metrics.pods.set(self.pods.len() as i64);
@@ -255,7 +279,11 @@ impl Coordinator {
     /// publishes; a published value that differs from the configured one is reported.
     fn instance(&self, entry: &Entry) -> InstanceConfig {
         let source = &self.config.sources[entry.pod.source];
-        let mut instance = source.template.clone();
+        // An inferred pod starts from what it runs; one that cannot be inferred is held
+        // stale (its reason says why) on its source's pool.
+        let base = entry.inferred_instance().unwrap_or(&source.template);
+        let inferred = entry.inferred_instance().is_some();
+        let mut instance = base.clone();
         instance.id = entry.pod.id.clone();
         let mut mismatches = Vec::new();
         for (field, published, configured) in [
@@ -267,12 +295,15 @@ impl Coordinator {
             ),
         ] {
             let differs = published.is_some_and(|value| value != *configured);
+            // An inferred pool has no configured value to differ from: the pod's is taken.
             self.metrics
                 .config_mismatch
                 .with_label_values(&[entry.pod.id.as_str(), field])
-                .set(i64::from(differs));
+                .set(i64::from(differs && !inferred));
             if let Some(value) = published.filter(|_| differs) {
-                mismatches.push(format!("{field} {value} (configured {configured})"));
+                if !inferred {
+                    mismatches.push(format!("{field} {value} (configured {configured})"));
+                }
                 *configured = value;
             }
         }
@@ -294,7 +325,7 @@ impl Coordinator {
         }
         if instance.engine.validate().is_err() {
             // The published values do not make a valid engine: keep the pool's.
-            let mut fallback = source.template.clone();
+            let mut fallback = base.clone();
             fallback.id = entry.pod.id.clone();
             return fallback;
         }
@@ -328,15 +359,24 @@ impl Coordinator {
         };
         // The forecast loop groups pods by their source's pool (their ids are addresses).
         let mut settings = self.config.settings.clone();
+        // An inferred pod counts in the pool of its inferred setup.
         settings.variants = self
             .pods
             .iter()
             .map(|(id, entry)| {
-                (
-                    id.clone(),
-                    self.config.sources[entry.pod.source].name.clone(),
-                )
+                let pool = match &entry.inferred {
+                    Some(inferred) if !inferred.setup.pool.is_empty() => {
+                        inferred.setup.pool.clone()
+                    }
+                    _ => self.config.sources[entry.pod.source].name.clone(),
+                };
+                (id.clone(), pool)
             })
+            .collect();
+        settings.inferred = self
+            .pods
+            .iter()
+            .filter_map(|(id, entry)| Some((id.clone(), entry.inferred.as_ref()?.setup.clone())))
             .collect();
         let outcome = self.store.sync_config(cluster, settings, addresses)?;
         for entry in self.pods.values() {
@@ -359,11 +399,17 @@ impl Coordinator {
                 block_size,
                 num_gpu_blocks,
                 engines,
+                model,
             } => {
-                if let Some(entry) = self.pods.get_mut(&id)
-                    && entry.cache != (block_size, num_gpu_blocks, engines)
-                {
-                    entry.cache = (block_size, num_gpu_blocks, engines);
+                let Some(entry) = self.pods.get_mut(&id) else {
+                    return;
+                };
+                let cache_changed = entry.cache != (block_size, num_gpu_blocks, engines);
+                entry.cache = (block_size, num_gpu_blocks, engines);
+                let model_changed = entry.inputs.served_model != model;
+                entry.inputs.served_model = model;
+                let inference_changed = model_changed && self.refresh_inference(&id);
+                if cache_changed || inference_changed {
                     self.resync();
                 }
             }
@@ -388,6 +434,7 @@ impl Coordinator {
             .map(|types| types.clone())
             .unwrap_or_default();
         self.metrics.forget(id, &deprecated, &unknown);
+        self.forget_inference(id, &entry);
         tracing::info!(pod = %id, "live mirror: pod retired");
         self.metrics.pods.set(self.pods.len() as i64);
         true
@@ -418,12 +465,21 @@ impl Coordinator {
                     let (Some(address), None) = (&view.address, &view.problem) else {
                         continue;
                     };
-                    match self.pods.get(&view.id) {
+                    match self.pods.get_mut(&view.id) {
                         Some(entry) if entry.pod.source != source => {
                             tracing::warn!(pod = %view.id, "live mirror: pod selected by two sources; kept in the first");
                             continue;
                         }
-                        Some(entry) if entry.pod.address == *address => continue,
+                        Some(entry) if entry.pod.address == *address => {
+                            let (facts, node_gpu) =
+                                (Some(view.facts.clone()), view.node_gpu.clone());
+                            if entry.inputs.facts != facts || entry.inputs.node_gpu != node_gpu {
+                                entry.inputs.facts = facts;
+                                entry.inputs.node_gpu = node_gpu;
+                                changed |= self.refresh_inference(&view.id);
+                            }
+                            continue;
+                        }
                         Some(_) => {
                             // Same name, new IP: a new pod process; start over.
                             self.retire(&view.id);
@@ -431,6 +487,11 @@ impl Coordinator {
                         None => {}
                     }
                     self.add(source, view.id.clone(), address.clone());
+                    if let Some(entry) = self.pods.get_mut(&view.id) {
+                        entry.inputs.facts = Some(view.facts.clone());
+                        entry.inputs.node_gpu = view.node_gpu.clone();
+                    }
+                    self.refresh_inference(&view.id);
                     changed = true;
                 }
                 for (id, entry) in self

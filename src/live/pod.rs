@@ -39,6 +39,8 @@ pub enum PodNews {
         num_gpu_blocks: Option<u32>,
         /// Data-parallel engines behind the pod (see [`super::text::PodMetrics::engines`]).
         engines: u32,
+        /// The served model (`model_name` of its vLLM series).
+        model: Option<String>,
     },
 }
 
@@ -53,6 +55,8 @@ pub struct Health {
     pub config: Option<String>,
     /// Discovery: the pod is gone or NotReady, or its source cannot be followed (Kubernetes).
     pub discovery: Option<String>,
+    /// Inference: what the pod runs cannot be inferred (names the missing piece).
+    pub inference: Option<String>,
 }
 
 impl Health {
@@ -63,6 +67,7 @@ impl Health {
             &self.kv_events,
             &self.config,
             &self.discovery,
+            &self.inference,
         ]
         .into_iter()
         .flatten()
@@ -123,6 +128,7 @@ impl Pod {
             ("kv_events", &health.kv_events),
             ("config", &health.config),
             ("discovery", &health.discovery),
+            ("inference", &health.inference),
         ] {
             self.metrics
                 .stale
@@ -190,6 +196,8 @@ impl ScrapeFailure {
 struct Seen {
     /// The cache settings (and engines) last reported to the coordinator.
     cache: Option<(Option<u32>, Option<u32>, u32)>,
+    /// The served model last reported to the coordinator.
+    model: Option<String>,
     /// The last page's process-run marks.
     marks: Option<RestartMarks>,
     /// The pod's series written on every scrape, looked up once (a lookup hashes the labels
@@ -317,14 +325,16 @@ async fn scrape_once(
         }
     }
     let cache = (metrics.block_size, metrics.num_gpu_blocks, metrics.engines);
-    if seen.cache != Some(cache) {
+    if seen.cache != Some(cache) || seen.model != metrics.model_name {
         seen.cache = Some(cache);
+        seen.model.clone_from(&metrics.model_name);
         let _ = news
             .send(PodNews::CacheInfo {
                 id: pod.id.clone(),
                 block_size: cache.0,
                 num_gpu_blocks: cache.1,
                 engines: cache.2,
+                model: metrics.model_name.clone(),
             })
             .await;
     }

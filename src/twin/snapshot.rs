@@ -117,6 +117,34 @@ pub struct TwinSettings {
     /// `host:port` and records their source's pool here, so the forecast loop groups a
     /// pool's pods into one variant. Empty when fed by pushes.
     pub variants: std::collections::BTreeMap<String, String>,
+    /// What the live mirror inferred about each instance (pod) from what it can read (its
+    /// args, its node, its `/metrics`), by instance id; shown on GetSnapshot. Empty when
+    /// nothing is inferred (pushed configs, pools taken as configured).
+    pub inferred: std::collections::BTreeMap<String, InferredSetup>,
+}
+
+/// What the live mirror inferred about one pod, each value with where it came from
+/// (`pod-args`, `metrics`, `gpu-request`, `node-label`, `default-gpu`, `pool`,
+/// `vllm-default`; the config: `catalog`, `model-dir`, `hf-cache`, `pool`). A value that
+/// could not be inferred is empty (the pod is then stale, its reason naming what is missing).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InferredSetup {
+    /// The served model (as the pod names it).
+    pub model: String,
+    /// Where the model name came from.
+    pub model_source: String,
+    /// Where the model's config.json came from.
+    pub config_source: String,
+    /// The catalog GPU.
+    pub gpu: String,
+    /// Where the GPU came from.
+    pub gpu_source: String,
+    /// Tensor-parallel degree (0: unknown).
+    pub tp: u32,
+    /// Where the TP came from.
+    pub tp_source: String,
+    /// The pool (variant) the pod is counted in: pods with the same settings share it.
+    pub pool: String,
 }
 
 impl TwinSettings {
@@ -128,6 +156,7 @@ impl TwinSettings {
             max_signal_age_us: 200_000,
             output_tokens: LengthDist::gaussian(256.0, 128.0, 1, 4096),
             variants: std::collections::BTreeMap::new(),
+            inferred: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -11,6 +11,13 @@
   (reason `Expired`) and the stream ends, which the client must answer with a new list.
 - InferencePools under `/apis/GROUP/VERSION/namespaces/NS/inferencepools[/NAME]` (get, list and
   watch with `fieldSelector=metadata.name=NAME`), served only for the versions configured.
+- Nodes: `GET /api/v1/nodes/NAME` (cluster-scoped) answers a `Node` with its labels (e.g. GPU
+  feature discovery's `nvidia.com/gpu.product`), 404 `NotFound` for an unknown node; with
+  `forbid_nodes()` every node read gets the API server's 403 for a service account without a
+  ClusterRole (`... cannot get resource "nodes" in API group "" at the cluster scope`).
+- Pods may carry a container spec (`containers=[{"name", "image", "command", "args",
+  "resources": {"limits": {"nvidia.com/gpu": "2"}}}]`, the PodSpec's fields) and a
+  `spec.nodeName` (`node=`).
 - Faults: `fail(kind, code, times)` answers the next requests of a kind with a `Status` of that
   code (403 `Forbidden` with the API server's message, 500 `InternalError`); `end_watches()`
   closes every open watch cleanly; `expire(change)` applies a change without a watch event
@@ -93,6 +100,8 @@ class FakeKubeApi:
         self.compacted = 0
         self.pods = Store(self)
         self.pools = Store(self)
+        self.nodes = {}  # name -> Node object
+        self.nodes_forbidden = False
         self.pool_versions = pool_versions
         self.faults = {}  # kind -> [code, times]
         self.requests = []  # (kind, query dict)
@@ -121,13 +130,16 @@ class FakeKubeApi:
         return path
 
     # --- pods -----------------------------------------------------------------------------
-    def pod(self, name, ip, labels, ready=True, phase="Running", namespace="llm-d", silent=False):
+    def pod(self, name, ip, labels, ready=True, phase="Running", namespace="llm-d", silent=False,
+            containers=None, node=None):
+        if containers is None:
+            containers = [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                           "ports": [{"containerPort": 8200, "protocol": "TCP"}]}]
         obj = {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": labels,
                          "creationTimestamp": "2026-11-25T10:00:00Z"},
-            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
-                                     "ports": [{"containerPort": 8200, "protocol": "TCP"}]}]},
+            "spec": {"containers": containers},
             "status": {
                 "phase": phase, "podIP": ip, "podIPs": [{"ip": ip}] if ip else [],
                 "conditions": [
@@ -138,9 +150,28 @@ class FakeKubeApi:
         }
         if not ip:
             del obj["status"]["podIP"]
+        if node is not None:
+            obj["spec"]["nodeName"] = node
         with self.lock:
             self.pods.put(obj, silent=silent)
             self.lock.notify_all()
+
+    # --- nodes ----------------------------------------------------------------------------
+    def node(self, name, labels):
+        """A Node with these labels (e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})."""
+        with self.lock:
+            self.nodes[name] = {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
+                             "resourceVersion": str(self.bump()), "uid": f"uid-node-{name}"},
+                "spec": {},
+                "status": {"capacity": {"nvidia.com/gpu": "8"}, "allocatable": {"nvidia.com/gpu": "8"}},
+            }
+
+    def forbid_nodes(self):
+        """Every node read answers 403 from now on (no ClusterRole for nodes)."""
+        with self.lock:
+            self.nodes_forbidden = True
 
     def delete_pod(self, name, namespace="llm-d", silent=False):
         with self.lock:
@@ -207,6 +238,9 @@ def make_handler(api):
             url = urllib.parse.urlparse(self.path)
             query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
             parts = url.path.strip("/").split("/")
+            if parts[:3] == ["api", "v1", "nodes"] and len(parts) == 4:
+                self.get_node(parts[3])
+                return
             # /api/v1/namespaces/NS/pods  |  /apis/G/V/namespaces/NS/inferencepools[/NAME]
             if parts[:2] == ["api", "v1"] and len(parts) == 5 and parts[2] == "namespaces" and parts[4] == "pods":
                 kind, namespace, store, name = "pods", parts[3], api.pods, None
@@ -259,6 +293,19 @@ def make_handler(api):
                 items = [o for (ns, _), o in sorted(store.objects.items()) if ns == namespace and select(o)]
                 body = {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(api.rv)}, "items": items}
             self.send_json(200, body)
+
+        def get_node(self, name):
+            with api.lock:
+                api.requests.append(("nodes", {"name": name}))
+                forbidden, obj = api.nodes_forbidden, api.nodes.get(name)
+            if forbidden:
+                self.send_json(403, status(403, "Forbidden",
+                    f'nodes "{name}" is forbidden: User "system:serviceaccount:llm-d:ditto" cannot '
+                    'get resource "nodes" in API group "" at the cluster scope'))
+            elif obj is None:
+                self.send_json(404, status(404, "NotFound", f'nodes "{name}" not found'))
+            else:
+                self.send_json(200, obj)
 
         def chunk(self, obj):
             data = (json.dumps(obj) + "\n").encode()

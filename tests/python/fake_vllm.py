@@ -38,6 +38,9 @@ vllm/v1/metrics/loggers.py), not from ditto's decoder:
   replay buffer, and `--startup-kv FILE` publishes batches (a JSON list of `kv` commands) as
   the process starts, before any subscriber can have joined: only the replay buffer has them.
 - `--topic` sets the topic (default llm-d's `kv@<host>@<model>`; vLLM's own default is "").
+- `--served-model-name NAME` sets the `model_name` label of every series (vLLM labels its
+  series with `--served-model-name`'s first name, else the model path it loaded; default
+  `meta-llama/Llama-3.1-8B-Instruct`).
 
 Run: python fake_vllm.py --host 127.0.0.2 --http-port P --pub-port Q [--replay-port R]
 """
@@ -64,11 +67,11 @@ LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75
 class Metrics:
     """vLLM v1's exported series (vllm/v1/metrics/loggers.py), in a private registry."""
 
-    def __init__(self, deprecated, block_size, num_gpu_blocks, dp_size=1):
+    def __init__(self, deprecated, block_size, num_gpu_blocks, dp_size=1, model=MODEL):
         self.registry = CollectorRegistry()
         labels = ["model_name", "engine"]
-        self.values = [MODEL, "0"]
-        self.engines = [[MODEL, str(rank)] for rank in range(dp_size)]
+        self.values = [model, "0"]
+        self.engines = [[model, str(rank)] for rank in range(dp_size)]
         kv_name = "vllm:gpu_cache_usage_perc" if deprecated else "vllm:kv_cache_usage_perc"
         prefix = "vllm:gpu_prefix_cache" if deprecated else "vllm:prefix_cache"
         itl = "vllm:time_per_output_token_seconds" if deprecated else "vllm:inter_token_latency_seconds"
@@ -208,13 +211,13 @@ class Publisher:
 
     END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
-    def __init__(self, host, pub_port, replay_port, topic=None, rank=0):
+    def __init__(self, host, pub_port, replay_port, topic=None, rank=0, model=MODEL):
         self.rank = rank
         self.context = zmq.Context()
         self.pub = self.context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(f"tcp://{host}:{pub_port}")
-        self.topic = (f"kv@{host}@{MODEL}" if topic is None else topic).encode()
+        self.topic = (f"kv@{host}@{model}" if topic is None else topic).encode()
         self.seq = 0
         self.buffer = []
         self.lock = threading.Lock()
@@ -260,7 +263,8 @@ class Publisher:
 
 class State:
     def __init__(self, args):
-        self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks, args.dp_size)
+        self.metrics = Metrics(args.deprecated, args.block_size, args.num_gpu_blocks, args.dp_size,
+                               args.served_model_name)
         for engine in range(args.dp_size):
             self.metrics.set(0, 0, 0.0, engine)
         self.block_size = args.block_size
@@ -278,6 +282,7 @@ class State:
                 args.replay_port + rank if args.replay_port else 0,
                 args.topic,
                 rank,
+                args.served_model_name,
             )
             for rank in range(args.dp_size if args.pub_port else 0)
         ]
@@ -390,6 +395,7 @@ def main():
     parser.add_argument("--dp-size", type=int, default=1)
     parser.add_argument("--topic", default=None)
     parser.add_argument("--startup-kv", default=None)
+    parser.add_argument("--served-model-name", default=MODEL)
     args = parser.parse_args()
     state = State(args)
     server = ThreadingHTTPServer((args.host, args.http_port), handler(state))

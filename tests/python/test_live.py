@@ -30,7 +30,7 @@ BOUND_S = 20.0
 class Fake:
     """A fake vLLM pod process on `host`."""
 
-    def __init__(self, host, http_port, pub_port=0, replay_port=0, deprecated=False):
+    def __init__(self, host, http_port, pub_port=0, replay_port=0, deprecated=False, model=None):
         self.host, self.http_port = host, http_port
         self.args = [
             sys.executable,
@@ -39,7 +39,7 @@ class Fake:
             "--http-port", str(http_port),
             "--pub-port", str(pub_port),
             "--replay-port", str(replay_port),
-        ] + (["--deprecated"] if deprecated else [])
+        ] + (["--deprecated"] if deprecated else []) + (["--served-model-name", model] if model else [])
         self.start()
 
     @property

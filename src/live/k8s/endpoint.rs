@@ -17,6 +17,10 @@ pub struct PodView {
     pub address: Option<String>,
     /// Why it is not served (`None`: Ready, Running, not terminating, with an IP).
     pub problem: Option<String>,
+    /// What its spec says about its vLLM (model, TP, GPUs, engine args, node).
+    pub facts: crate::live::infer::PodFacts,
+    /// What its node's GPU label says (read only when the source infers its pool).
+    pub node_gpu: Option<crate::live::infer::NodeGpu>,
 }
 
 /// The instance id of a pod: `namespace/name`.
@@ -77,6 +81,8 @@ pub fn view(
         id: pod_id(namespace, name),
         address,
         problem,
+        facts: crate::live::infer::pod_facts(pod),
+        node_gpu: None,
     })
 }
 

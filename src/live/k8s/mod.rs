@@ -33,6 +33,9 @@ pub struct KubeSource {
     /// The pods' metrics port (required with a selector; with an InferencePool it overrides
     /// the pool's target port, e.g. 8200 under modelservice whose proxy holds 8000).
     pub port: Option<u16>,
+    /// Read each pod's node (`get` on `nodes`, cluster-scoped) for its
+    /// `nvidia.com/gpu.product` label: on when the source infers its pool.
+    pub read_nodes: bool,
 }
 
 /// What Kubernetes discovery tells the live coordinator.

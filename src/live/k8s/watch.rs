@@ -9,14 +9,18 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config};
 use tokio::sync::mpsc;
 
-use super::endpoint::{PoolTarget, PoolVersion, pool_target, view};
+use super::endpoint::{PodView, PoolTarget, PoolVersion, pool_target, view};
+use crate::live::infer::NodeGpu;
+
+/// The node label NVIDIA's GPU feature discovery sets to the GPU's product name.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 use super::selector::LabelSelector;
 use super::{KubeNews, KubeSource};
 
@@ -84,6 +88,13 @@ struct Follower {
     /// Failure kinds already logged (one warning each until the source recovers).
     warned: Vec<String>,
     tx: mpsc::Sender<KubeNews>,
+    /// Read pods' nodes for their GPU label (the source infers its pool).
+    read_nodes: bool,
+    /// What each node read said (a node's GPU does not change while it exists).
+    nodes: BTreeMap<String, NodeGpu>,
+    /// Why nodes cannot be read at all (403: no `get` on `nodes`), once known: said once,
+    /// not asked again.
+    nodes_forbidden: Option<String>,
 }
 
 fn key(pod: &Pod) -> String {
@@ -173,11 +184,18 @@ impl Follower {
             tracing::info!(namespace = %self.namespace, "live mirror: Kubernetes discovery recovered");
             self.warned.clear();
         }
-        let pods = self
+        let mut pods: Vec<PodView> = self
             .pods
             .values()
             .filter_map(|pod| view(pod, &self.namespace, &self.selector, self.port))
             .collect();
+        if self.read_nodes {
+            for pod in &mut pods {
+                if let Some(node) = pod.facts.node.clone() {
+                    pod.node_gpu = Some(self.node_gpu(&node).await);
+                }
+            }
+        }
         let _ = self
             .tx
             .send(KubeNews::Pods {
@@ -185,6 +203,55 @@ impl Follower {
                 pods,
             })
             .await;
+    }
+
+    /// What node `name`'s `nvidia.com/gpu.product` label says, read once per node. A 403
+    /// (no `get` on `nodes`) is said once and not asked again; a 404 is remembered per node;
+    /// other failures are retried with the next change.
+    async fn node_gpu(&mut self, name: &str) -> NodeGpu {
+        if let Some(reason) = &self.nodes_forbidden {
+            return NodeGpu::Unreadable(reason.clone());
+        }
+        if let Some(known) = self.nodes.get(name) {
+            return known.clone();
+        }
+        let api: Api<Node> = Api::all(self.client.clone());
+        match api.get(name).await {
+            Ok(node) => {
+                let found = node
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(GPU_PRODUCT_LABEL))
+                    .map_or(NodeGpu::NoLabel, |product| {
+                        NodeGpu::Product(product.clone())
+                    });
+                if found == NodeGpu::NoLabel {
+                    tracing::info!(node = %name, "live mirror: node has no {GPU_PRODUCT_LABEL} label; its pods' GPU is --default-gpu or the pool's");
+                }
+                self.nodes.insert(name.to_owned(), found.clone());
+                found
+            }
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                let reason = "kubernetes API forbids get on nodes: GPU from --default-gpu or \
+                              the pool (grant get on nodes, a ClusterRole, to read \
+                              nvidia.com/gpu.product)"
+                    .to_owned();
+                tracing::warn!(%reason, "live mirror: cannot read nodes");
+                self.nodes_forbidden = Some(reason.clone());
+                NodeGpu::Unreadable(reason)
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                let found = NodeGpu::Unreadable(format!("node {name} not found"));
+                tracing::warn!(node = %name, "live mirror: node not found; its pods' GPU is --default-gpu or the pool's");
+                self.nodes.insert(name.to_owned(), found.clone());
+                found
+            }
+            Err(err) => {
+                tracing::debug!(node = %name, %err, "live mirror: cannot read node; retried with the next change");
+                NodeGpu::Unreadable(format!("node {name}: {err}"))
+            }
+        }
     }
 
     /// Reports a failure (true) or lets the watcher relist on 410 Gone (false).
@@ -258,6 +325,9 @@ pub async fn run(source: usize, spec: KubeSource, tx: mpsc::Sender<KubeNews>) {
         backoff: FIRST_BACKOFF,
         warned: Vec::new(),
         tx: tx.clone(),
+        read_nodes: spec.read_nodes,
+        nodes: BTreeMap::new(),
+        nodes_forbidden: None,
     };
     match (&spec.selector, &spec.inference_pool) {
         (Some(_), _) => loop {

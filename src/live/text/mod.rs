@@ -64,6 +64,9 @@ pub struct PodMetrics {
     pub engines: u32,
     /// Deprecated names this page used (reported on /metrics).
     pub deprecated: Vec<&'static str>,
+    /// The served model: the `model_name` label of the first running-gauge sample (vLLM's
+    /// `--served-model-name`, else the model it loaded).
+    pub model_name: Option<String>,
 }
 
 /// What tells one run of a pod's process from the next: its start time and its counters
@@ -295,6 +298,8 @@ struct Reading<'a> {
     cache_engines: Vec<Cow<'a, str>>,
     /// `engine` labels of the running gauge's samples (the engines when there is no info).
     running_engines: Vec<Cow<'a, str>>,
+    /// The `model_name` label of the first running-gauge sample that has one.
+    model_name: Option<Cow<'a, str>>,
     /// The prompt and generation histograms ([`Series::token_histogram`]) under each of
     /// their names.
     histograms: [[HistogramBuilder; HISTOGRAM_NAMES]; 2],
@@ -318,6 +323,9 @@ impl<'a> Reading<'a> {
             series => {
                 if series == Series::Running {
                     self.running_engines.extend(sample.label("engine"));
+                    if self.model_name.is_none() {
+                        self.model_name = sample.label("model_name");
+                    }
                 }
                 let (count, sum) = &mut self.sums[series as usize][tag.name];
                 *count += 1;
@@ -411,6 +419,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         process_start,
         engines,
         deprecated,
+        model_name: reading.model_name.take().map(Cow::into_owned),
     })
 }
 

@@ -74,6 +74,11 @@ pub(super) fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         0 => engines_of(RUNNING).max(1),
         engines => engines,
     };
+    metrics.model_name = samples
+        .iter()
+        .filter(|s| RUNNING.iter().any(|(name, _)| s.name == *name))
+        .find_map(|s| s.label("model_name"))
+        .map(|name| name.into_owned());
     if let Some(info) = samples
         .iter()
         .find(|s| CACHE_INFO.iter().any(|(name, _)| s.name == *name))

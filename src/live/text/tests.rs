@@ -71,6 +71,8 @@ fn reads_vllm_names_deprecated_names_and_labels() {
     assert_eq!(metrics.num_gpu_blocks, Some(2048));
     assert_eq!(metrics.prefix_hit_rate(), Some(0.25));
     assert_eq!(metrics.deprecated, vec!["vllm:gpu_cache_usage_perc"]);
+    // The served model: the running gauge's `model_name`.
+    assert_eq!(metrics.model_name.as_deref(), Some("m"));
     let prompt = metrics.prompt_tokens.expect("histogram");
     assert_eq!(prompt.count(), 10.0);
     assert_eq!(prompt.buckets[0], (100.0, 4.0));

@@ -273,6 +273,21 @@ fn instance_to_proto(
         address: address.to_owned(),
         stale_reason: state.stale_reason.clone().unwrap_or_default(),
         capped: state.capped.clone().unwrap_or_default(),
+        inferred: None,
+    }
+}
+
+/// The proto form of what the live mirror inferred about one instance.
+fn inferred_to_proto(setup: &crate::twin::snapshot::InferredSetup) -> proto::InferredSetup {
+    proto::InferredSetup {
+        model: setup.model.clone(),
+        model_source: setup.model_source.clone(),
+        config_source: setup.config_source.clone(),
+        gpu: setup.gpu.clone(),
+        gpu_source: setup.gpu_source.clone(),
+        tp: setup.tp,
+        tp_source: setup.tp_source.clone(),
+        pool: setup.pool.clone(),
     }
 }
 
@@ -305,7 +320,14 @@ pub fn snapshot_to_proto(
             .enumerate()
             .map(|(index, state)| {
                 let address = stored.addresses.get(index).map_or("", String::as_str);
-                instance_to_proto(state, address, now_us, max_age_us, include_block_hashes)
+                let mut instance =
+                    instance_to_proto(state, address, now_us, max_age_us, include_block_hashes);
+                instance.inferred = snapshot
+                    .settings
+                    .inferred
+                    .get(&state.instance_id)
+                    .map(inferred_to_proto);
+                instance
             })
             .collect(),
         traffic: Some(proto::TrafficStats {

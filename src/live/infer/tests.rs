@@ -1,0 +1,239 @@
+use super::*;
+
+/// Qwen/Qwen3-32B's published config.json (the fields ditto reads).
+const QWEN3_32B: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+  "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+  "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600,
+  "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+  "rope_theta": 1000000, "torch_dtype": "bfloat16"}"#;
+
+fn template() -> InstanceConfig {
+    crate::cluster::spec::default_cluster().instances[0].clone()
+}
+
+fn qwen_only(name: &str) -> Result<FoundConfig, String> {
+    if catalog::normalize_model_name(name) == "qwen3-32b" {
+        return Ok(FoundConfig {
+            json: Some(QWEN3_32B.to_owned()),
+            source: source::MODEL_DIR,
+        });
+    }
+    find_model_config(name, &InferOptions::default())
+}
+
+fn pod(args: &str, gpus: Option<u32>) -> PodFacts {
+    let words: Vec<String> = args.split_whitespace().map(str::to_owned).collect();
+    PodFacts {
+        gpus,
+        node: Some("node-a".to_owned()),
+        ..parse_command_line(&words)
+    }
+}
+
+#[test]
+fn a_pod_is_inferred_from_its_args_its_gpus_and_its_node() {
+    let inputs = PodInputs {
+        facts: Some(pod("vllm serve Qwen/Qwen3-32B --max-num-seqs 128", Some(2))),
+        node_gpu: Some(NodeGpu::Product("NVIDIA-H100-80GB-HBM3".to_owned())),
+        served_model: Some("qwen".to_owned()),
+    };
+    let inferred = infer(
+        &inputs,
+        &template(),
+        &InferSpec::default(),
+        &InferOptions::default(),
+        qwen_only,
+    );
+    let instance = inferred.instance.unwrap();
+    assert_eq!(
+        (instance.model.as_str(), instance.gpu.as_str(), instance.tp),
+        ("Qwen/Qwen3-32B", "H100", 2)
+    );
+    assert_eq!(instance.engine.max_num_seqs, 128);
+    // vLLM's default for an H100 where the args say nothing.
+    assert_eq!(instance.engine.max_num_batched_tokens, 8192);
+    assert_eq!(instance.engine.max_model_len, 40960);
+    let setup = &inferred.setup;
+    assert_eq!(
+        [
+            setup.model_source.as_str(),
+            &setup.config_source,
+            &setup.gpu_source,
+            &setup.tp_source
+        ],
+        ["pod-args", "model-dir", "node-label", "gpu-request"]
+    );
+    assert!(
+        setup.pool.starts_with("qwen3-32b-h100-tp2-"),
+        "{}",
+        setup.pool
+    );
+}
+
+#[test]
+fn the_metrics_model_name_is_used_when_the_args_name_none() {
+    let inputs = PodInputs {
+        facts: Some(pod("vllm serve --tensor-parallel-size 1", None)),
+        node_gpu: Some(NodeGpu::Unreadable("forbidden".to_owned())),
+        served_model: Some("Qwen/Qwen3-14B".to_owned()),
+    };
+    let options = InferOptions {
+        default_gpu: Some("A100-80".to_owned()),
+        ..InferOptions::default()
+    };
+    let inferred = infer(
+        &inputs,
+        &template(),
+        &InferSpec::default(),
+        &options,
+        |name| find_model_config(name, &InferOptions::default()),
+    );
+    let setup = &inferred.setup;
+    assert_eq!(
+        (setup.model.as_str(), setup.model_source.as_str()),
+        ("Qwen/Qwen3-14B", "metrics")
+    );
+    assert_eq!(setup.config_source, "catalog");
+    assert_eq!(
+        (setup.gpu.as_str(), setup.gpu_source.as_str()),
+        ("A100-80", "default-gpu")
+    );
+    assert_eq!(setup.pool, "qwen3-14b-a100-80-tp1");
+    assert_eq!(inferred.instance.unwrap().engine.max_num_seqs, 256);
+}
+
+#[test]
+fn what_cannot_be_inferred_is_an_error_naming_it() {
+    let unknown = PodInputs {
+        facts: Some(pod("vllm serve acme/secret-70b", Some(1))),
+        node_gpu: Some(NodeGpu::Product("NVIDIA-H100-80GB-HBM3".to_owned())),
+        served_model: None,
+    };
+    let options = InferOptions {
+        model_dir: Some(PathBuf::from("/nonexistent/models")),
+        ..InferOptions::default()
+    };
+    let inferred = infer(
+        &unknown,
+        &template(),
+        &InferSpec::default(),
+        &options,
+        |name| find_model_config(name, &options),
+    );
+    let err = inferred.instance.unwrap_err();
+    assert!(
+        err.starts_with(
+            "model acme/secret-70b: no config.json in the catalog, --model-dir or the HF cache"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("/nonexistent/models/secret-70b/config.json"),
+        "{err}"
+    );
+    assert_eq!(inferred.setup.model, "acme/secret-70b");
+    let gpu = PodInputs {
+        facts: Some(pod("vllm serve Qwen/Qwen3-14B", Some(1))),
+        node_gpu: Some(NodeGpu::Product("NVIDIA-A100-SXM4-40GB".to_owned())),
+        served_model: None,
+    };
+    let err = infer(
+        &gpu,
+        &template(),
+        &InferSpec::default(),
+        &options,
+        qwen_only,
+    )
+    .instance
+    .unwrap_err();
+    assert!(
+        err.starts_with("gpu: node label nvidia.com/gpu.product=NVIDIA-A100-SXM4-40GB"),
+        "{err}"
+    );
+    let nothing = PodInputs {
+        facts: Some(pod("python server.py", None)),
+        ..PodInputs::default()
+    };
+    let err = infer(
+        &nothing,
+        &template(),
+        &InferSpec::default(),
+        &options,
+        qwen_only,
+    )
+    .instance
+    .unwrap_err();
+    assert!(err.starts_with("model: neither"), "{err}");
+}
+
+#[test]
+fn the_pools_explicit_fields_override_what_is_inferred() {
+    let yaml = "pools:\n  - {name: p, model: llama-3.1-8b-instruct, tp: 1, \
+                engine: {max_num_seqs: 64}}\n";
+    let explicit = explicit_fields(yaml, "p");
+    assert_eq!(explicit, ["engine.max_num_seqs", "model", "name", "tp"]);
+    let cluster = crate::cluster::spec::parse_cluster_yaml(yaml).unwrap();
+    let inputs = PodInputs {
+        facts: Some(pod("vllm serve Qwen/Qwen3-32B --max-num-seqs 512", Some(2))),
+        node_gpu: Some(NodeGpu::Product("NVIDIA-L40S".to_owned())),
+        served_model: None,
+    };
+    let inferred = infer(
+        &inputs,
+        &cluster.instances[0],
+        &InferSpec { explicit },
+        &InferOptions::default(),
+        qwen_only,
+    );
+    let instance = inferred.instance.unwrap();
+    assert_eq!(
+        (instance.model.as_str(), instance.gpu.as_str(), instance.tp),
+        ("llama-3.1-8b-instruct", "L40S", 1)
+    );
+    assert_eq!(instance.engine.max_num_seqs, 64);
+    assert_eq!(
+        [
+            inferred.setup.model_source.as_str(),
+            &inferred.setup.gpu_source,
+            &inferred.setup.tp_source
+        ],
+        ["pool", "node-label", "pool"]
+    );
+}
+
+#[test]
+fn model_configs_are_found_in_a_model_dir_and_an_hf_cache() {
+    let root = std::env::temp_dir().join(format!("ditto-infer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let model_dir = root.join("models");
+    std::fs::create_dir_all(model_dir.join("qwen3-32b")).unwrap();
+    std::fs::write(model_dir.join("qwen3-32b/config.json"), QWEN3_32B).unwrap();
+    let hub = root.join("hf/hub/models--Qwen--Qwen3-32B");
+    std::fs::create_dir_all(hub.join("snapshots/abc123")).unwrap();
+    std::fs::create_dir_all(hub.join("refs")).unwrap();
+    std::fs::write(hub.join("refs/main"), "abc123\n").unwrap();
+    std::fs::write(hub.join("snapshots/abc123/config.json"), QWEN3_32B).unwrap();
+    let by_dir = InferOptions {
+        model_dir: Some(model_dir),
+        ..InferOptions::default()
+    };
+    assert_eq!(
+        find_model_config("Qwen/Qwen3-32B", &by_dir).unwrap().source,
+        "model-dir"
+    );
+    let by_cache = InferOptions {
+        hf_cache: Some(root.join("hf")),
+        ..InferOptions::default()
+    };
+    let found = find_model_config("Qwen/Qwen3-32B", &by_cache).unwrap();
+    assert_eq!((found.source, found.json.is_some()), ("hf-cache", true));
+    // A bare name finds the repository by its last segment.
+    assert!(find_model_config("qwen3-32b", &by_cache).is_ok());
+    assert_eq!(
+        find_model_config("Qwen/Qwen3-14B", &by_cache)
+            .unwrap()
+            .source,
+        "catalog"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
