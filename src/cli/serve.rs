@@ -197,7 +197,13 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
             cluster
         }
     };
-    let live = crate::cli::serve_live::live_config(&args.live, &cluster, yaml.as_deref()).map_err(
+    let live = crate::cli::serve_live::live_config(
+        &args.live,
+        &cluster,
+        yaml.as_deref(),
+        args.model_dir.as_deref(),
+    )
+    .map_err(
         |(field, reason)| match &args.config {
             Some(path) if field.starts_with("sources") => ServeCommandError::BadConfig {
                 path: path.clone(),

@@ -201,40 +201,9 @@ fn kube_source(args: &LiveArgs) -> Result<Option<KubeSource>, LiveArgError> {
 }
 
 /// The live config from the flags and the cluster file (`yaml`: its text, if one was
-/// given); `None` when no source is configured. Inferred pods' model configs are looked up
-/// in `ditto serve --model-dir` (read from the command line, else `DITTO_MODEL_DIR`, as
-/// clap reads it: `ServeArgs` does not reach here; [`live_config_with`] takes it directly).
+/// given); `None` when no source is configured. Inferred pods' config.json files are looked
+/// up in `model_dir` (`--model-dir`) among other places.
 pub fn live_config(
-    args: &LiveArgs,
-    cluster: &ClusterConfig,
-    yaml: Option<&str>,
-) -> Result<Option<LiveConfig>, LiveArgError> {
-    let model_dir = model_dir_argument(std::env::args_os().skip(1))
-        .or_else(|| std::env::var_os("DITTO_MODEL_DIR").map(PathBuf::from));
-    live_config_with(args, cluster, yaml, model_dir.as_deref())
-}
-
-/// The value of `--model-dir DIR` / `--model-dir=DIR` in a command line (the last one, as
-/// clap takes it).
-fn model_dir_argument(words: impl Iterator<Item = std::ffi::OsString>) -> Option<PathBuf> {
-    let mut found = None;
-    let mut words = words.peekable();
-    while let Some(word) = words.next() {
-        let Some(text) = word.to_str() else {
-            continue;
-        };
-        if text == "--model-dir" {
-            found = words.next().map(PathBuf::from);
-        } else if let Some(value) = text.strip_prefix("--model-dir=") {
-            found = Some(PathBuf::from(value));
-        }
-    }
-    found
-}
-
-/// [`live_config`] with the model directory (`--model-dir`) inferred pods' config.json
-/// files are looked up in.
-pub fn live_config_with(
     args: &LiveArgs,
     cluster: &ClusterConfig,
     yaml: Option<&str>,
@@ -399,26 +368,3 @@ pub fn live_config_with(
     Ok(Some(config))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_model_dir_is_read_from_a_command_line() {
-        let words = |line: &str| {
-            line.split_whitespace()
-                .map(std::ffi::OsString::from)
-                .collect::<Vec<_>>()
-                .into_iter()
-        };
-        assert_eq!(
-            model_dir_argument(words("serve --inference-pool p --model-dir /models")),
-            Some(PathBuf::from("/models"))
-        );
-        assert_eq!(
-            model_dir_argument(words("serve --model-dir=/a --model-dir=/b")),
-            Some(PathBuf::from("/b"))
-        );
-        assert_eq!(model_dir_argument(words("serve --config x.yaml")), None);
-    }
-}

@@ -5,8 +5,10 @@ http://127.0.0.1:<ditto's API port>, the API on loopback and probes and metrics 
 listener (--metrics-addr).
 
 ditto mirrors a Qwen3-32B pool found through a stand-in Kubernetes API (fake_kube_api.py, an
-InferencePool and its pods) with fake vLLM pods (fake_vllm.py); the pool's engine comes from a
-cluster YAML naming Qwen/Qwen3-32B's published HF config.json, written by the test.
+InferencePool, its pods and their H100 node) with fake vLLM pods (fake_vllm.py), with no
+cluster YAML: it infers what the pods serve from their `vllm serve` arguments (model, TP 2)
+and their node's GPU label, and finds Qwen/Qwen3-32B's published config.json in --model-dir,
+as the chart's sidecar would.
 
 The client must get predictions through its coalescer (each caller its own answers, in order),
 have its sampled training batches accepted (202), refresh status and model info every
@@ -81,33 +83,40 @@ def sidecar(tmp_path):
     try:
         pods[0].control(gauges=dict(running=3, waiting=0, kv=0.25))
         pods[1].control(gauges=dict(running=1, waiting=2, kv=0.6))
-        api.pod("qwen3-32b-decode-0", pods[0].host, LABELS)
-        api.pod("qwen3-32b-decode-1", pods[1].host, LABELS)
+        vllm = [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                 "command": ["vllm", "serve"],
+                 "args": ["Qwen/Qwen3-32B", "--tensor-parallel-size", "2", "--port", "8200"],
+                 "resources": {"limits": {"nvidia.com/gpu": "2"}}}]
+        api.node("h100-node-1", {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+        api.pod("qwen3-32b-decode-0", pods[0].host, LABELS, containers=vllm, node="h100-node-1")
+        api.pod("qwen3-32b-decode-1", pods[1].host, LABELS, containers=vllm, node="h100-node-1")
         api.pool("qwen3-32b", LABELS, port)
-        (tmp_path / "qwen3-32b.json").write_text(json.dumps(QWEN3_32B))
-        (tmp_path / "cluster.yaml").write_text(
-            "pools:\n"
-            "  - name: qwen3-32b\n"
-            "    model: Qwen/Qwen3-32B\n"
-            f"    model_config: {tmp_path / 'qwen3-32b.json'}\n"
-            "    gpu: H100\n"
-            "    tp: 2\n"
-        )
+        (tmp_path / "models" / "qwen3-32b").mkdir(parents=True)
+        (tmp_path / "models" / "qwen3-32b" / "config.json").write_text(json.dumps(QWEN3_32B))
         env = dict(os.environ)
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env["KUBECONFIG"] = api.kubeconfig(str(tmp_path / "kubeconfig"))
+        env["HF_HUB_CACHE"] = str(tmp_path / "empty-hf-cache")
         # The chart configures the predictor for the mean; ditto reads the same variable.
         env["LATENCY_OBJECTIVE_TYPE"] = "mean"
         server = Server([
-            "--config", str(tmp_path / "cluster.yaml"),
+            "--model-dir", str(tmp_path / "models"),
             "--inference-pool", "qwen3-32b", "--pods-namespace", "llm-d",
             "--scrape-interval-ms", "50",
             "--metrics-addr", "127.0.0.1:0",
         ], env=env)
         server.wait_serving()
         server.metrics_port = bound_metrics_port(server)
-        eventually(server, lambda i: sorted(i) == ["llm-d/qwen3-32b-decode-0", "llm-d/qwen3-32b-decode-1"]
-                   and gauges_are(i["llm-d/qwen3-32b-decode-0"], 3, 0, 0.25), "the pool mirrored")
+        found = eventually(
+            server,
+            lambda i: sorted(i) == ["llm-d/qwen3-32b-decode-0", "llm-d/qwen3-32b-decode-1"]
+            and gauges_are(i["llm-d/qwen3-32b-decode-0"], 3, 0, 0.25)
+            and all(x.HasField("inferred") and not x.stale_reason for x in i.values()) and i,
+            "the pool mirrored and inferred")
+        # What the pods run, from their arguments and their node, not the embedded default.
+        for instance in found.values():
+            inferred = instance.inferred
+            assert (inferred.model, inferred.gpu, inferred.tp) == ("Qwen/Qwen3-32B", "H100", 2), inferred
         yield server
     finally:
         if server is not None:
