@@ -203,18 +203,16 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         yaml.as_deref(),
         args.model_dir.as_deref(),
     )
-    .map_err(
-        |(field, reason)| match &args.config {
-            Some(path) if field.starts_with("sources") => ServeCommandError::BadConfig {
-                path: path.clone(),
-                reason: format!("{field}: {reason}"),
-            },
-            _ => ServeCommandError::BadLiveFlag {
-                flag: field,
-                reason,
-            },
+    .map_err(|(field, reason)| match &args.config {
+        Some(path) if field.starts_with("sources") => ServeCommandError::BadConfig {
+            path: path.clone(),
+            reason: format!("{field}: {reason}"),
         },
-    )?;
+        _ => ServeCommandError::BadLiveFlag {
+            flag: field,
+            reason,
+        },
+    })?;
     let mut options = ServerOptions::new(args.grpc_addr, args.http_addr);
     options.service.twin = Limits {
         max_candidates: positive(args.max_candidates, "max-candidates")?,

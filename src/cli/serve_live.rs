@@ -367,4 +367,3 @@ pub fn live_config(
     };
     Ok(Some(config))
 }
-

@@ -13,8 +13,12 @@
 //! [`WireBatch::unknown`]), so a new event type in vLLM does not lose a batch's other events.
 //! Token ids are passed on: the mirror keys each stored block by its tokens too.
 
+mod msgpack_count;
+
 use rmpv::Value;
 use thiserror::Error;
+
+use msgpack_count::{CountError, count_values};
 
 use crate::twin::store::KvEvent;
 
@@ -63,8 +67,32 @@ pub fn decode_seq(frame: &[u8]) -> Result<Option<u64>, KvWireError> {
     Ok(u64::try_from(seq).ok())
 }
 
-/// Decodes a msgpack `EventBatch` payload with sequence `seq`.
+/// The largest batch payload decoded, bytes: a step's events (its prompts' block hashes and
+/// token ids, bounded by the token budget) are kilobytes to a few megabytes.
+pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// The most msgpack values a batch payload may hold (checked before it is decoded: a value
+/// costs ~40 bytes decoded, so this bounds a batch's decoding to ~80 MB; a step's events hold
+/// tens of thousands).
+pub const MAX_BATCH_VALUES: usize = 1 << 21;
+
+/// Decodes a msgpack `EventBatch` payload with sequence `seq`; a payload over
+/// [`MAX_BATCH_BYTES`] or [`MAX_BATCH_VALUES`] is refused before it is decoded.
 pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> {
+    if payload.len() > MAX_BATCH_BYTES {
+        return Err(bad(format!(
+            "batch of {} bytes, over the limit of {MAX_BATCH_BYTES}",
+            payload.len()
+        )));
+    }
+    match count_values(payload, MAX_BATCH_VALUES) {
+        Ok(_) => {}
+        Err(CountError::TooMany { limit }) => {
+            return Err(bad(format!("batch holds more than {limit} msgpack values")));
+        }
+        Err(CountError::Malformed) => {
+            return Err(bad("msgpack: truncated, or a reserved marker"));
+        }
+    }
     let mut reader = payload;
     let value =
         rmpv::decode::read_value(&mut reader).map_err(|err| bad(format!("msgpack: {err}")))?;
@@ -292,6 +320,22 @@ fn hash(value: &Value) -> Result<u64, KvWireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_batch_is_refused_before_it_is_decoded() {
+        // [ts, events] with an events array declaring 3 M entries of which a few follow:
+        // refused by the count, not decoded.
+        let mut payload = vec![0x92, 0xcb];
+        payload.extend_from_slice(&1.5f64.to_be_bytes());
+        payload.extend_from_slice(&[0xdd, 0x00, 0x2d, 0xc6, 0xc0]);
+        payload.extend_from_slice(&[0x90; 4096]);
+        let err = decode_batch(1, &payload).expect_err("refused").to_string();
+        assert!(err.contains("more than 2097152 msgpack values"), "{err}");
+        let err = decode_batch(1, &vec![0x90; MAX_BATCH_BYTES + 1])
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("over the limit"), "{err}");
+    }
 
     fn encode(value: &Value) -> Vec<u8> {
         let mut out = Vec::new();

@@ -244,15 +244,19 @@ class Publisher:
                 self.replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
             self.replay.send_multipart((client, b"", self.END_SEQ, b""))
 
-    def publish(self, events, encoding="array", hold=False, raw=None):
-        """Publishes one batch (or `raw` payload bytes); `hold` buffers it without sending."""
+    def publish(self, events, encoding="array", hold=False, raw=None, seq_jump=0, ts_offset_s=0.0):
+        """Publishes one batch (or `raw` payload bytes); `hold` buffers it without sending;
+        `seq_jump` skips that many sequence numbers first (a misbehaving publisher);
+        `ts_offset_s` shifts the batch's emission time (a batch sent late)."""
         encoded = [encode_event(e, encoding) for e in events]
+        ts = time.time() + ts_offset_s
         if encoding == "map-batch":
-            batch = {"ts": time.time(), "events": encoded, "data_parallel_rank": self.rank}
+            batch = {"ts": ts, "events": encoded, "data_parallel_rank": self.rank}
         else:
-            batch = [time.time(), encoded, self.rank]
+            batch = [ts, encoded, self.rank]
         payload = raw if raw is not None else msgpack.packb(batch, use_bin_type=True)
         with self.lock:
+            self.seq += seq_jump
             seq = self.seq
             self.seq += 1
             self.buffer.append((seq, payload))
@@ -294,7 +298,12 @@ class State:
 
     def publish_kv(self, kv):
         publisher = self.publishers[kv.get("rank", 0)]
-        return publisher.publish(kv.get("events", []), kv.get("encoding", "array"), kv.get("hold", False))
+        raw = kv.get("raw_zeros")
+        return publisher.publish(
+            kv.get("events", []), kv.get("encoding", "array"), kv.get("hold", False),
+            raw=b"\x00" * raw if raw else None,
+            seq_jump=kv.get("seq_jump", 0), ts_offset_s=kv.get("ts_offset_s", 0.0),
+        )
 
 
 def handler(state):
