@@ -1,11 +1,12 @@
-//! The `ditto serve` flags bounding the HTTP listeners against slow and greedy clients
-//! (`server::http_conn`).
+//! The `ditto serve` flags bounding the HTTP listeners and the plaintext gRPC listener
+//! against slow and greedy clients (`server::http_conn`, `server::grpc_conn`).
 
 use std::time::Duration;
 
 use clap::Args;
 
 use crate::cli::serve::ServeCommandError;
+use crate::server::grpc_conn::GrpcLimits;
 use crate::server::http_conn::{BodyLimits, HttpLimits};
 use crate::server::run::DEFAULT_METRICS_MAX_CONNECTIONS;
 
@@ -36,6 +37,15 @@ pub struct HttpArgs {
     /// counted apart from --http-max-connections.
     #[arg(long, env = "DITTO_METRICS_MAX_CONNECTIONS", default_value_t = DEFAULT_METRICS_MAX_CONNECTIONS)]
     pub metrics_max_connections: usize,
+    /// Most plaintext gRPC connections open at once; a connection beyond is closed on
+    /// arrival.
+    #[arg(long, env = "DITTO_GRPC_MAX_CONNECTIONS", default_value_t = GrpcLimits::DEFAULT.max_connections)]
+    pub grpc_max_connections: usize,
+    /// Longest a new plaintext gRPC connection may stay silent before it is closed,
+    /// milliseconds (an HTTP/2 client sends its preface at once; TLS has its own 10 s
+    /// handshake bound).
+    #[arg(long, env = "DITTO_GRPC_FIRST_BYTE_TIMEOUT_MS", default_value_t = GrpcLimits::DEFAULT.first_byte_timeout.as_millis() as u64)]
+    pub grpc_first_byte_timeout_ms: u64,
 }
 
 fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
@@ -46,6 +56,23 @@ fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
 }
 
 impl HttpArgs {
+    /// The plaintext gRPC listener's bounds, or the flag that is out of range.
+    pub fn grpc_limits(&self) -> Result<GrpcLimits, ServeCommandError> {
+        if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.grpc_max_connections) {
+            return Err(bad(
+                "grpc-max-connections",
+                format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
+            ));
+        }
+        if self.grpc_first_byte_timeout_ms == 0 {
+            return Err(bad("grpc-first-byte-timeout-ms", "must be at least 1"));
+        }
+        Ok(GrpcLimits {
+            max_connections: self.grpc_max_connections,
+            first_byte_timeout: Duration::from_millis(self.grpc_first_byte_timeout_ms),
+        })
+    }
+
     /// The metrics listener's connection cap, or the flag that is out of range.
     pub fn metrics_max_connections(&self) -> Result<usize, ServeCommandError> {
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.metrics_max_connections) {

@@ -251,6 +251,7 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     options.predictor = args.predictor.options()?;
     options.http = args.http.limits()?;
     options.metrics_max_connections = args.http.metrics_max_connections()?;
+    options.grpc = args.http.grpc_limits()?;
     options.metrics_addr = args.metrics_addr;
     if let Some(metrics) = args.metrics_addr
         && metrics.port() != 0

@@ -93,6 +93,8 @@ pub struct ServerOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Most connections open at once on the metrics listener.
     pub metrics_max_connections: usize,
+    /// Bounds of the plaintext gRPC listener (connections, silence).
+    pub grpc: super::grpc_conn::GrpcLimits,
 }
 
 /// Default cap on the metrics listener's connections (the kubelet and a few scrapers).
@@ -124,6 +126,7 @@ impl ServerOptions {
             http: super::http_conn::HttpLimits::DEFAULT,
             metrics_addr: None,
             metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+            grpc: super::grpc_conn::GrpcLimits::DEFAULT,
         }
     }
 }
@@ -281,44 +284,46 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             (Some(bound), Some(task))
         }
     };
-    let (grpc, http) = match &tls {
-        None => {
-            let grpc = routes.serve_with_incoming_shutdown(
-                // TCP_NODELAY: without it small responses wait for delayed ACKs (~40 ms).
-                tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                stopped(stop_rx.clone()),
-            );
-            let http = super::http_conn::serve(
-                http_listener,
-                router,
-                options.http,
-                connections,
-                stopped(stop_rx),
-            );
-            (tokio::spawn(grpc), tokio::spawn(http))
-        }
-        Some(acceptors) => {
-            let grpc = routes.serve_with_incoming_shutdown(
-                tls::grpc_incoming(grpc_listener, acceptors.grpc.clone()),
-                stopped(stop_rx.clone()),
-            );
-            let listener =
-                tls::TlsListener::new(http_listener, acceptors.http.clone()).map_err(|source| {
-                    ServeError::Bind {
+    let (grpc, http) =
+        match &tls {
+            None => {
+                let grpc = routes.serve_with_incoming_shutdown(
+                    super::grpc_conn::incoming(
+                        grpc_listener,
+                        options.grpc,
+                        super::grpc_conn::GrpcConnectionMetrics::register(&shared.metrics)?,
+                    ),
+                    stopped(stop_rx.clone()),
+                );
+                let http = super::http_conn::serve(
+                    http_listener,
+                    router,
+                    options.http,
+                    connections,
+                    stopped(stop_rx),
+                );
+                (tokio::spawn(grpc), tokio::spawn(http))
+            }
+            Some(acceptors) => {
+                let grpc = routes.serve_with_incoming_shutdown(
+                    tls::grpc_incoming(grpc_listener, acceptors.grpc.clone()),
+                    stopped(stop_rx.clone()),
+                );
+                let listener = tls::TlsListener::new(http_listener, acceptors.http.clone())
+                    .map_err(|source| ServeError::Bind {
                         addr: options.http_addr,
                         source,
-                    }
-                })?;
-            let http = super::http_conn::serve(
-                listener,
-                router,
-                options.http,
-                connections,
-                stopped(stop_rx),
-            );
-            (tokio::spawn(grpc), tokio::spawn(http))
-        }
-    };
+                    })?;
+                let http = super::http_conn::serve(
+                    listener,
+                    router,
+                    options.http,
+                    connections,
+                    stopped(stop_rx),
+                );
+                (tokio::spawn(grpc), tokio::spawn(http))
+            }
+        };
     let transport = match (&options.tls, &tls) {
         (Some(files), Some(_)) if files.client_ca.is_some() => "TLS, client certificates on gRPC",
         (Some(_), Some(_)) => "TLS",
