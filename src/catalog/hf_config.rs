@@ -327,6 +327,9 @@ fn invalid(model: &str, field: &str, problem: String) -> CatalogError {
 /// publishes (Llama 4 Scout's 10,485,760); a config declaring more is broken, and one
 /// declaring 4e9 made ditto size every sequence limit from it (issue 38 D15).
 pub const MAX_CONTEXT_TOKENS: u32 = 1 << 24;
+/// The shortest context a config may declare, tokens (one KV block of 16): a model of one
+/// token's context serves no request, and a forecast on it answered TTFT 0 (issue 38 D15).
+pub const MIN_CONTEXT_TOKENS: u32 = 16;
 
 /// Rejects configs no latency model or capacity estimate could use: zero dimensions,
 /// a context longer than [`MAX_CONTEXT_TOKENS`] and inconsistent MoE fields (BLIS rejects
@@ -336,6 +339,13 @@ fn check(arch: &ModelArch) -> Result<(), CatalogError> {
         ("max_position_embeddings", arch.max_position_embeddings),
         ("rope_scaling.factor", arch.max_model_len),
     ] {
+        if value > 0 && value < MIN_CONTEXT_TOKENS {
+            let problem = format!(
+                "gives a context of {value} tokens, less than one KV block ({MIN_CONTEXT_TOKENS}): \
+                 no request fits"
+            );
+            return Err(invalid(&arch.name, field, problem));
+        }
         if value > MAX_CONTEXT_TOKENS {
             let problem = format!(
                 "gives a context of {value} tokens, more than {MAX_CONTEXT_TOKENS} \
@@ -423,6 +433,13 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("rope_scaling.factor"), "{err}");
+        let err = parse("m", &format!(r#"{{{BASE}, "max_position_embeddings": 1}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("max_position_embeddings") && err.contains("no request fits"),
+            "{err}"
+        );
         // Llama 4 Scout's ten million tokens are fine.
         let arch = parse_ok(&format!(
             r#"{{{BASE}, "max_position_embeddings": 10485760}}"#
