@@ -61,6 +61,7 @@ impl Engine {
                 let removed = self.waiting.remove(key, slot);
                 debug_assert!(removed, "timed-out waiting request missing from the queue");
             }
+            Phase::Transferring => self.abandon_transfer(slot),
             Phase::Running => {
                 self.running.retain(|&s| s != slot);
                 self.leave_step_in_flight(slot, serial);
@@ -128,6 +129,11 @@ impl Engine {
                 break;
             }
             attempts += 1;
+            if self.running.is_empty() && self.waits_on_cluster() {
+                // Blocks held for a pull or reserved for one: the cluster's report of the
+                // transfer schedules the next step.
+                break;
+            }
             if attempts > self.running.len() + 1 {
                 debug_assert!(
                     false,
@@ -151,7 +157,7 @@ impl Engine {
     }
 
     /// Schedules a step now if none is pending (work conservation).
-    fn ensure_step_scheduled(&mut self) {
+    pub(super) fn ensure_step_scheduled(&mut self) {
         if !self.step_pending {
             self.step_pending = true;
             let now = self.now_us;
@@ -221,7 +227,7 @@ impl Engine {
                     .as_mut()
                     .expect("live_mut found this slot");
                 state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-                self.kv.free(&mut state.blocks);
+                self.release_finished(entry.slot);
                 self.counts.running -= 1;
                 self.counts.completed += 1;
                 self.retire(entry.slot, Outcome::Completed);

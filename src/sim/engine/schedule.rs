@@ -13,7 +13,7 @@ use super::{AdmissionReach, Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
 use crate::sim::latency::BatchEntry;
-use crate::sim::state::Phase;
+use crate::sim::state::{PdMode, Phase};
 
 impl Engine {
     /// Forms the next batch into `in_flight`; returns its duration, or `None` if empty.
@@ -166,6 +166,31 @@ impl Engine {
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
+            if state.pd != PdMode::Local {
+                match state.pd {
+                    PdMode::RemoteKv { pulled: false } => {
+                        // A decode half: reserve its blocks and start the pull, or wait.
+                        let key = queue_key(policy, state);
+                        if !self.reserve_transfer(slot) {
+                            break AdmissionReach::Below(key);
+                        }
+                        last_admitted = Some(key);
+                        continue;
+                    }
+                    PdMode::RemoteKv { pulled: true } if state.num_computed > 0 => {
+                        let key = queue_key(policy, state);
+                        if !self.admit_pulled(slot, budget) {
+                            break AdmissionReach::Below(key);
+                        }
+                        last_admitted = Some(key);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("a waiting slot holds a live request");
             debug_assert_eq!(
                 state.num_computed, 0,
                 "a waiting request holds computed tokens"
@@ -219,6 +244,41 @@ impl Engine {
             last_admitted = Some(key);
         };
         cpu_loads
+    }
+
+    /// Admits a decode half whose prompt KV arrived (it holds blocks for all but the
+    /// prompt's last token): the step computes that token, which emits the first output
+    /// token. False, changing nothing, if the budget or the blocks for it run out (it stays
+    /// first in the queue).
+    fn admit_pulled(&mut self, slot: u32, budget: &mut u32) -> bool {
+        let block_size = self.config.block_size;
+        let prefix_caching = self.config.enable_prefix_caching;
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("a waiting slot holds a live request");
+        let total = state.num_tokens();
+        if prefix_caching {
+            state.ensure_keys(total / block_size, block_size);
+        }
+        let new_tokens = total - state.num_computed;
+        if new_tokens > *budget
+            || !state.allocate_blocks(&mut self.kv, PrefixHit::default(), total, block_size)
+        {
+            return false;
+        }
+        state.phase = Phase::Running;
+        let serial = state.serial;
+        self.waiting.pop();
+        self.running.push(slot);
+        self.counts.queued -= 1;
+        self.counts.running += 1;
+        self.in_flight.push(InFlight {
+            slot,
+            serial,
+            new_tokens,
+        });
+        *budget -= new_tokens;
+        true
     }
 
     /// Tokens to compute this step out of `wanted`, given the budget left.
