@@ -335,7 +335,7 @@ impl Cluster {
         self.pd = Some(pd);
         for (prefill, id) in release {
             self.engines[prefill].run_before(now);
-            let released = self.engines[prefill].release_held(id);
+            let released = self.engines[prefill].release_held(id, now);
             debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
         }
     }
@@ -371,11 +371,11 @@ impl Cluster {
                 let release = !request.released;
                 request.released = true;
                 self.engines[decode].run_before(now);
-                self.engines[decode].complete_transfer(id);
+                self.engines[decode].complete_transfer(id, now);
                 self.collect_finished(decode);
                 if release {
                     self.engines[prefill].run_before(now);
-                    let released = self.engines[prefill].release_held(id);
+                    let released = self.engines[prefill].release_held(id, now);
                     debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
                     self.collect_finished(prefill);
                 }

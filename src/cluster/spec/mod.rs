@@ -75,14 +75,54 @@ struct ClusterFile {
     sources: Option<serde::de::IgnoredAny>,
 }
 
-/// A pool as the YAML gives it: the pool and its role.
+/// A pool as the YAML gives it: [`PoolSpec`]'s fields and the pool's role (a copy of its
+/// fields, so unknown fields stay errors: serde cannot deny them through a flattened struct).
 #[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PoolEntry {
+    name: String,
+    #[serde(default = "one")]
+    replicas: u32,
+    #[serde(default = "default_model")]
+    model: String,
+    #[serde(default)]
+    model_config: Option<String>,
+    #[serde(default = "default_gpu")]
+    gpu: String,
+    #[serde(default = "one")]
+    tp: u32,
+    #[serde(default = "default_latency")]
+    latency_model: String,
+    #[serde(default)]
+    coefficients: Option<CoefficientsSpec>,
+    #[serde(default)]
+    calibrated_coefficients: Option<std::collections::BTreeMap<String, f64>>,
+    #[serde(default)]
+    cost_per_hour: f64,
+    #[serde(default)]
+    engine: EngineSpec,
     /// `prefill`, `decode` or `both` (default; llm-d's `llm-d.ai/role` label).
     #[serde(default)]
     role: Option<String>,
-    #[serde(flatten)]
-    pool: PoolSpec,
+}
+
+impl PoolEntry {
+    fn pool(&self) -> PoolSpec {
+        PoolSpec {
+            name: self.name.clone(),
+            replicas: self.replicas,
+            model: self.model.clone(),
+            model_config: self.model_config.clone(),
+            model_config_json: None,
+            gpu: self.gpu.clone(),
+            tp: self.tp,
+            latency_model: self.latency_model.clone(),
+            coefficients: self.coefficients.clone(),
+            calibrated_coefficients: self.calibrated_coefficients.clone(),
+            cost_per_hour: self.cost_per_hour,
+            engine: self.engine.clone(),
+        }
+    }
 }
 
 /// A pool of identical instances.
@@ -235,8 +275,8 @@ pub fn parse_cluster_file(
     for (index, pool) in file.pools.iter().enumerate() {
         let path = format!("pools[{index}]");
         let role = pool.role.as_deref();
-        let pool = &pool.pool;
-        if file.pools[..index].iter().any(|p| p.pool.name == pool.name) {
+        let pool = &pool.pool();
+        if file.pools[..index].iter().any(|p| p.name == pool.name) {
             return Err(invalid(
                 format!("{path}.name"),
                 format!("duplicate pool {:?}", pool.name),

@@ -80,10 +80,23 @@ impl Engine {
         !self.disagg.started.is_empty()
     }
 
-    /// The decode half `id`'s pull completed now: its prompt but the last token counts as
-    /// computed, and it waits at the front of the queue for the next step. False if the
-    /// request is no longer transferring (it timed out meanwhile).
-    pub fn complete_transfer(&mut self, id: RequestId) -> bool {
+    /// Moves the clock to `now_us` for a report from outside (a transfer's end), which
+    /// comes before the engine's own events at that time; every earlier event must have
+    /// been processed.
+    fn report_at(&mut self, now_us: u64) {
+        debug_assert!(
+            self.next_event_us().is_none_or(|at| at >= now_us),
+            "a report at {now_us} µs with an earlier event pending"
+        );
+        self.now_us = self.now_us.max(now_us);
+    }
+
+    /// The decode half `id`'s pull completed at `now_us` (not before the engine's clock or
+    /// any of its pending events): its prompt but the last token counts as computed, and it
+    /// waits at the front of the queue for the next step. False if the request is no longer
+    /// transferring (it timed out meanwhile).
+    pub fn complete_transfer(&mut self, id: RequestId, now_us: u64) -> bool {
+        self.report_at(now_us);
         let Some((slot, serial)) = self.disagg.transferring.remove(&id) else {
             return false;
         };
@@ -104,9 +117,11 @@ impl Engine {
         true
     }
 
-    /// Frees the held KV blocks of the finished prefill half `id` (its pull completed, or
-    /// was abandoned); returns how many blocks it held, `None` if it holds none.
-    pub fn release_held(&mut self, id: RequestId) -> Option<u32> {
+    /// Frees, at `now_us` (as [`Engine::complete_transfer`]), the held KV blocks of the
+    /// finished prefill half `id` (its pull completed, or was abandoned); returns how many
+    /// blocks it held, `None` if it holds none.
+    pub fn release_held(&mut self, id: RequestId, now_us: u64) -> Option<u32> {
+        self.report_at(now_us);
         let mut table = self.disagg.held.remove(&id)?;
         let blocks = table.len();
         self.kv.free(&mut table);

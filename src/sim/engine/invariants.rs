@@ -2,7 +2,7 @@
 
 use super::Engine;
 use crate::sim::kv::BlockTable;
-use crate::sim::state::Phase;
+use crate::sim::state::{PdMode, Phase};
 
 impl Engine {
     /// O(1) checks run after every event in debug builds: request conservation and KV block
@@ -106,7 +106,23 @@ impl Engine {
             }
         }
         for state in &live {
+            // A decode half whose KV arrived waits holding it (the prompt but its last token).
+            let pulled_waiting = state.phase == Phase::Waiting
+                && state.pd == PdMode::RemoteKv { pulled: true }
+                && state.num_computed > 0;
+            if pulled_waiting {
+                let needed = state.num_computed.div_ceil(self.config.block_size);
+                if state.blocks.len() < needed {
+                    return Err(format!(
+                        "request {:?} pulled {} tokens into {} blocks",
+                        state.spec.id,
+                        state.num_computed,
+                        state.blocks.len()
+                    ));
+                }
+            }
             if !matches!(state.phase, Phase::Running | Phase::Transferring)
+                && !pulled_waiting
                 && !state.blocks.is_empty()
             {
                 return Err(format!(
@@ -130,8 +146,12 @@ impl Engine {
         });
         // Held prefill KV is used until pulled: no block of it is free.
         self.kv.check(tables.chain(self.held_tables()))?;
+        let holding_waiters = live
+            .iter()
+            .any(|s| s.phase == Phase::Waiting && !s.blocks.is_empty());
         if self.running.is_empty()
             && transferring == 0
+            && !holding_waiters
             && self.held_pull_blocks() == 0
             && self.kv.used_blocks() != 0
         {
