@@ -188,3 +188,25 @@ fn a_transferring_request_times_out_and_frees_its_reservation() {
         "nothing to complete"
     );
 }
+
+#[test]
+fn a_pulled_request_timing_out_in_the_queue_frees_its_blocks() {
+    // One seat: B reserves and pulls, A takes the seat meanwhile, B's KV arrives and it
+    // waits for the seat holding its blocks until its deadline.
+    let mut engine = engine(1000, 1);
+    let mut b = RequestSpec::synthetic(2, 0, 100, 5);
+    b.deadline_us = Some(20_000);
+    engine.submit_remote_kv(b).unwrap();
+    engine
+        .submit(RequestSpec::synthetic(1, 1, 20, 100))
+        .unwrap();
+    engine.run_until(5_000);
+    assert!(engine.complete_transfer(RequestId(2), 5_000));
+    engine.run_until(10_000);
+    assert_eq!(engine.num_waiting(), 1, "B waits for the seat");
+    assert!(engine.kv().used_blocks() >= 7);
+    run_idle(&mut engine);
+    assert_eq!(engine.counts().timed_out, 1);
+    assert_eq!(engine.counts().completed, 1);
+    assert_eq!(engine.kv().used_blocks(), 0);
+}

@@ -156,6 +156,14 @@ impl Cluster {
         cluster
     }
 
+    /// Switches every instance's reference stepper on or off (`Engine::set_reference_stepper`:
+    /// no shortcut; property tests compare the two).
+    pub fn set_reference_stepper(&mut self, on: bool) {
+        for engine in &mut self.engines {
+            engine.set_reference_stepper(on);
+        }
+    }
+
     /// The configuration.
     pub fn config(&self) -> &ClusterConfig {
         &self.config

@@ -9,7 +9,8 @@
 //! - a **decode half** ([`Engine::submit_remote_kv`]) arrives with its prompt's KV on a prefill
 //!   instance. When batch formation reaches it in the wait queue (a seat free, blocks
 //!   available: the engine's own limits) it takes its local prefix hits, reserves blocks for
-//!   the rest of the prompt but its last token, leaves the queue without joining the batch
+//!   the rest of the prompt (to pull all but its last token), leaves the queue without
+//!   joining the batch
 //!   (phase `Transferring`, counted as queued, as vLLM lists `WAITING_FOR_REMOTE_KVS`
 //!   requests as waiting) and posts a [`TransferStart`]; if it cannot, it waits. When the
 //!   cluster reports the pull complete ([`Engine::complete_transfer`]) the prompt but its
@@ -198,8 +199,8 @@ impl Engine {
     }
 
     /// Phase 2's step for a decode half not yet pulled, at the head of the queue: reserves
-    /// blocks for the prompt but its last token, its local prefix hits first. False (nothing
-    /// changed) if the blocks do not fit: the request waits.
+    /// blocks for the prompt, its local prefix hits first, to pull all but its last token
+    /// into. False (nothing changed) if the blocks do not fit: the request waits.
     pub(super) fn reserve_transfer(&mut self, slot: u32) -> bool {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
@@ -220,7 +221,13 @@ impl Engine {
         let state = self.slots[slot as usize]
             .as_mut()
             .expect("a waiting slot holds a live request");
-        if !state.allocate_blocks(&mut self.kv, hit, pull_to.max(cached), block_size) {
+        // Blocks for the whole prompt: vLLM reserves those of the prompt but its last token
+        // and allocates the last token's when the request is scheduled after the pull;
+        // reserving it now (one block more at most) means a pulled request never waits for
+        // a block, so a pool full of pulled requests cannot stall with nothing running.
+        // (A one-token prompt pulls nothing: it is computed as any request once "pulled".)
+        let reserve = if pull_to == 0 { 0 } else { num_tokens };
+        if !state.allocate_blocks(&mut self.kv, hit, reserve, block_size) {
             return false;
         }
         if prefix_caching {

@@ -60,6 +60,14 @@ impl Engine {
             Phase::Waiting => {
                 let removed = self.waiting.remove(key, slot);
                 debug_assert!(removed, "timed-out waiting request missing from the queue");
+                // Only a disaggregated decode half whose KV arrived waits holding blocks.
+                let state = self.slots[slot as usize]
+                    .as_mut()
+                    .expect("live_mut found this slot");
+                if !state.blocks.is_empty() {
+                    self.kv.free(&mut state.blocks);
+                    self.track_kv_usage();
+                }
             }
             Phase::Transferring => self.abandon_transfer(slot),
             Phase::Running => {
