@@ -6,7 +6,9 @@ use ditto::cluster::config::{
     AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, Picker, PrefixMode,
     RoutingPolicy, Scorer, Signal, StalenessConfig, WeightedScorer,
 };
-use ditto::cluster::disagg::{DisaggConfig, InstanceKv, PdDecider, TransferModel};
+use ditto::cluster::disagg::{
+    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, TransferModel,
+};
 use ditto::cluster::{Cluster, spec};
 use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, RequestSpec, SchedulingPolicy, SloClass};
@@ -643,13 +645,14 @@ prop_compose! {
             prefill_routing,
             transfer: TransferModel { bandwidth_gb_s, descriptor_us, setup_us },
             kv: vec![kv; config.instances.len()],
+            hold_timeout_us: DEFAULT_HOLD_TIMEOUT_US,
         };
         (config, disagg, requests, seed)
     }
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
 
     #[test]
     fn pd_pools_keep_every_invariant_across_the_policy_matrix((config, disagg, requests, seed) in pd_scenario()) {

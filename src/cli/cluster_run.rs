@@ -55,6 +55,8 @@ pub struct DisaggJson {
     pub decode_only_requests: u64,
     /// Disaggregated requests that ended on their prefill pod.
     pub failed_on_prefill: u64,
+    /// Pulls that failed (the prefill's hold expired first; the decode pod recomputed).
+    pub failed_pulls: u64,
     /// Arrival to admission on the prefill pod.
     pub prefill_queue_ms: StatsJson,
     /// Arrival to the prefill pod's first token.
@@ -93,6 +95,7 @@ impl DisaggJson {
             disaggregated_requests: pd.disaggregated,
             decode_only_requests: pd.decode_only,
             failed_on_prefill: pd.failed_on_prefill,
+            failed_pulls: pd.failed_pulls,
             prefill_queue_ms: StatsJson::from(&pd.prefill_queue),
             prefill_ttft_ms: StatsJson::from(&pd.prefill_ttft),
             decode_wait_ms: StatsJson::from(&pd.decode_wait),

@@ -106,7 +106,14 @@ pub struct DisaggConfig {
     pub transfer: TransferModel,
     /// Each instance's KV geometry, in the cluster's instance order.
     pub kv: Vec<InstanceKv>,
+    /// How long a prefill pod holds a finished request's KV for its pull before freeing it
+    /// (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s); a pull that ends after that
+    /// fails and the decode pod recomputes the prompt.
+    pub hold_timeout_us: u64,
 }
+
+/// vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT` default: 480 s.
+pub const DEFAULT_HOLD_TIMEOUT_US: u64 = 480_000_000;
 
 /// llm-d's P/D profiles (`deploy/config/pd-epp-config.yaml`): prefix-cache 2, queue 1,
 /// max-score, the same for the prefill and the decode profile.
@@ -149,6 +156,9 @@ pub struct PdSummary {
     pub decode_only: u64,
     /// Disaggregated requests that ended on their prefill pod (dropped or timed out there).
     pub failed_on_prefill: u64,
+    /// Pulls that failed because the prefill pod's hold expired first (the decode pod
+    /// recomputed the prompt).
+    pub failed_pulls: u64,
     /// Arrival to admission on the prefill pod (ms).
     pub prefill_queue: LatencyStats,
     /// Arrival to the prefill pod's first token (ms).

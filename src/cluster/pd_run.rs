@@ -51,12 +51,15 @@ struct PdRequest {
     transfer_end_us: Option<u64>,
     /// The prefill pod's held blocks were freed.
     released: bool,
+    /// They were freed by the hold's timeout, before the pull completed: the pull fails.
+    expired: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PdEvent {
     Handoff(RequestId),
     TransferDone(RequestId),
+    HoldExpired(RequestId),
 }
 
 /// The cluster's disaggregation state.
@@ -190,6 +193,7 @@ impl Cluster {
                 transfer_start_us: None,
                 transfer_end_us: None,
                 released: false,
+                expired: false,
             },
         );
         self.pd = Some(pd);
@@ -301,6 +305,8 @@ impl Cluster {
                     pd.prefill_done += 1;
                     pd.handoffs_pending += 1;
                     pd.push(at, PdEvent::Handoff(record.id));
+                    let expiry = now.saturating_add(pd.config.hold_timeout_us);
+                    pd.push(expiry, PdEvent::HoldExpired(record.id));
                 } else {
                     request.stage = Stage::FailedOnPrefill;
                 }
@@ -362,6 +368,21 @@ impl Cluster {
                 spec.arrival_us = now;
                 self.dispatch_as(decode, spec, Half::Decode);
             }
+            PdEvent::HoldExpired(id) => {
+                let Some(request) = pd.requests.get_mut(&id) else {
+                    return;
+                };
+                if request.released {
+                    return;
+                }
+                request.released = true;
+                request.expired = true;
+                let prefill = request.prefill;
+                self.engines[prefill].run_before(now);
+                let released = self.engines[prefill].release_held(id, now);
+                debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
+                self.collect_finished(prefill);
+            }
             PdEvent::TransferDone(id) => {
                 let Some(request) = pd.requests.get_mut(&id) else {
                     return;
@@ -369,9 +390,14 @@ impl Cluster {
                 request.transfer_end_us = Some(now);
                 let (prefill, decode) = (request.prefill, request.decode);
                 let release = !request.released;
+                let failed = request.expired;
                 request.released = true;
                 self.engines[decode].run_before(now);
-                self.engines[decode].complete_transfer(id, now);
+                if failed {
+                    self.engines[decode].fail_transfer(id, now);
+                } else {
+                    self.engines[decode].complete_transfer(id, now);
+                }
                 self.collect_finished(decode);
                 if release {
                     self.engines[prefill].run_before(now);
@@ -478,6 +504,11 @@ impl PdRuntime {
             disaggregated: self.requests.len() as u64,
             decode_only: self.decode_only,
             failed_on_prefill: failed,
+            failed_pulls: self
+                .requests
+                .values()
+                .filter(|r| r.expired && r.transfer_end_us.is_some())
+                .count() as u64,
             prefill_queue: LatencyStats::from_whole_us(&mut prefill_queue),
             prefill_ttft: LatencyStats::from_whole_us(&mut prefill_ttft),
             decode_wait: LatencyStats::from_whole_us(&mut decode_wait),

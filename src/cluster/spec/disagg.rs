@@ -8,7 +8,7 @@ use crate::catalog;
 use crate::catalog::kv_connectors::{kv_connector, kv_link};
 use crate::cluster::config::InstanceRole;
 use crate::cluster::disagg::{
-    DisaggConfig, InstanceKv, PdDecider, TransferModel, llm_d_pd_profile,
+    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, TransferModel, llm_d_pd_profile,
 };
 
 /// The connector used when the section names none (llm-d's default).
@@ -47,6 +47,10 @@ pub struct DisaggSpec {
     /// Overrides the connector's fixed cost per transfer, µs.
     #[serde(default)]
     pub setup_us: Option<u64>,
+    /// How long a prefill pod holds KV for its pull, s (vLLM's
+    /// `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, default 480).
+    #[serde(default)]
+    pub abort_request_timeout_s: Option<f64>,
 }
 
 /// `prefix-based-pd-decider` parameters (llm-d's names in snake case).
@@ -162,7 +166,20 @@ pub fn resolve_disaggregation(
             "must be a non-negative number",
         ));
     }
+    let hold_timeout_us = match spec.abort_request_timeout_s {
+        None => DEFAULT_HOLD_TIMEOUT_US,
+        Some(seconds) if seconds.is_finite() && seconds > 0.0 && seconds <= 1e6 => {
+            (seconds * 1e6).round() as u64
+        }
+        Some(_) => {
+            return Err(invalid(
+                field("abort_request_timeout_s"),
+                "must be a positive number of seconds, at most 1e6",
+            ));
+        }
+    };
     Ok(DisaggConfig {
+        hold_timeout_us,
         decider,
         prefill_routing,
         transfer: TransferModel {

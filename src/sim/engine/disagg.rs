@@ -118,6 +118,30 @@ impl Engine {
         true
     }
 
+    /// The decode half `id`'s pull failed at `now_us` (the prefill's KV was gone): it keeps
+    /// its reserved blocks and returns to the front of the queue with nothing computed, to
+    /// compute its prompt locally (vLLM's default `kv_load_failure_policy`, recompute).
+    /// False if the request is no longer transferring.
+    pub fn fail_transfer(&mut self, id: RequestId, now_us: u64) -> bool {
+        self.report_at(now_us);
+        let Some((slot, serial)) = self.disagg.transferring.remove(&id) else {
+            return false;
+        };
+        let policy = self.config.scheduling_policy;
+        let Some(state) = self.live_mut(slot, serial) else {
+            debug_assert!(false, "a transferring request left without its entry");
+            return false;
+        };
+        debug_assert_eq!(state.phase, Phase::Transferring);
+        state.phase = Phase::Waiting;
+        state.pd = PdMode::RemoteKv { pulled: true };
+        let key = super::lifecycle::queue_key(policy, state);
+        self.waiting.push_preempted(key, slot);
+        self.ensure_step_scheduled();
+        self.debug_check_counters();
+        true
+    }
+
     /// Frees, at `now_us` (as [`Engine::complete_transfer`]), the held KV blocks of the
     /// finished prefill half `id` (its pull completed, or was abandoned); returns how many
     /// blocks it held, `None` if it holds none.

@@ -106,10 +106,11 @@ impl Engine {
             }
         }
         for state in &live {
-            // A decode half whose KV arrived waits holding it (the prompt but its last token).
+            // A decode half whose pull ended waits holding its reserved blocks (the prompt
+            // but its last token computed, or nothing if the pull failed).
             let pulled_waiting = state.phase == Phase::Waiting
                 && state.pd == PdMode::RemoteKv { pulled: true }
-                && state.num_computed > 0;
+                && !state.blocks.is_empty();
             if pulled_waiting {
                 let needed = state.num_computed.div_ceil(self.config.block_size);
                 if state.blocks.len() < needed {

@@ -6,7 +6,7 @@ use crate::sim::config::SchedulingPolicy;
 use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::queue::QueueKey;
-use crate::sim::state::{Phase, RequestState};
+use crate::sim::state::{PdMode, Phase, RequestState};
 
 impl Engine {
     pub(super) fn on_arrival(&mut self, slot: u32, serial: u64) {
@@ -361,6 +361,18 @@ pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> Queue
         SchedulingPolicy::Fcfs => 0,
         SchedulingPolicy::Priority => i64::from(state.spec.priority),
         SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
+    };
+    // A disaggregated decode half waiting with its reserved blocks after its pull goes
+    // first under every policy (under fcfs it is put at the front): otherwise a more urgent
+    // request that cannot reserve blocks, which such halves hold, could stall the pool with
+    // nothing running (vLLM keeps its priority order here).
+    let primary = if state.phase == Phase::Waiting
+        && state.pd == (PdMode::RemoteKv { pulled: true })
+        && !state.blocks.is_empty()
+    {
+        i64::MIN
+    } else {
+        primary
     };
     (
         primary,

@@ -177,7 +177,7 @@ impl Engine {
                         last_admitted = Some(key);
                         continue;
                     }
-                    PdMode::RemoteKv { pulled: true } if state.num_computed > 0 => {
+                    PdMode::RemoteKv { pulled: true } if !state.blocks.is_empty() => {
                         let key = queue_key(policy, state);
                         if !self.admit_pulled(slot, budget) {
                             break AdmissionReach::Below(key);
@@ -246,24 +246,29 @@ impl Engine {
         cpu_loads
     }
 
-    /// Admits a decode half whose prompt KV arrived (it holds blocks for all but the
-    /// prompt's last token): the step computes that token, which emits the first output
-    /// token. False, changing nothing, if the budget or the blocks for it run out (it stays
-    /// first in the queue).
+    /// Admits a decode half holding its reserved blocks after its pull: the prompt but its
+    /// last token computed (the step computes that token, which emits the first output
+    /// token), or nothing computed if the pull failed (it computes its prompt in chunks as
+    /// any request). False, changing nothing, if the budget or the blocks for it run out
+    /// (it stays first in the queue).
     fn admit_pulled(&mut self, slot: u32, budget: &mut u32) -> bool {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
+        let state = self.state(slot);
+        let total = state.num_tokens();
+        let wanted = total - state.num_computed;
+        if !self.config.enable_chunked_prefill && wanted > *budget {
+            return false;
+        }
+        let new_tokens = self.chunk(wanted, *budget);
         let state = self.slots[slot as usize]
             .as_mut()
             .expect("a waiting slot holds a live request");
-        let total = state.num_tokens();
+        let upto = state.num_computed + new_tokens;
         if prefix_caching {
-            state.ensure_keys(total / block_size, block_size);
+            state.ensure_keys(upto / block_size, block_size);
         }
-        let new_tokens = total - state.num_computed;
-        if new_tokens > *budget
-            || !state.allocate_blocks(&mut self.kv, PrefixHit::default(), total, block_size)
-        {
+        if !state.allocate_blocks(&mut self.kv, PrefixHit::default(), upto, block_size) {
             return false;
         }
         state.phase = Phase::Running;
