@@ -352,6 +352,38 @@ fn routing_pd_needs_a_cluster_file() {
         json.get("disaggregation").is_none(),
         "--routing replaces the handler"
     );
+    // A file with roles but no disaggregation section: `--routing pd` adds llm-d's defaults.
+    let text = std::fs::read_to_string(path).unwrap();
+    let plain = text[..text.find("disaggregation:").unwrap()].to_owned();
+    let file = std::env::temp_dir().join(format!("ditto-pd-roles-{}.yaml", std::process::id()));
+    std::fs::write(&file, plain).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let out = common::cli::ditto(&["run", "--cluster", file_arg, "--num-requests", "20"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        json.get("disaggregation").is_none(),
+        "roles alone do not disaggregate"
+    );
+    let args = [
+        "run",
+        "--cluster",
+        file_arg,
+        "--num-requests",
+        "20",
+        "--routing",
+        "pd",
+    ];
+    let out = common::cli::ditto(&args);
+    std::fs::remove_file(&file).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["disaggregation"]["non_cached_tokens"], 16);
+    assert_eq!(json["disaggregation"]["bandwidth_gb_s"], 50.0);
+    assert_eq!(json["completed_requests"], 20);
 }
 
 #[test]
