@@ -6,6 +6,9 @@ use ditto::cluster::config::{
     AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, Picker, PrefixMode,
     RoutingPolicy, Scorer, Signal, StalenessConfig, WeightedScorer,
 };
+use ditto::cluster::disagg::{
+    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, TransferModel,
+};
 use ditto::cluster::{Cluster, spec};
 use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
 use ditto::sim::{Engine, EngineConfig, RequestSpec, SchedulingPolicy, SloClass};
@@ -605,6 +608,79 @@ proptest! {
         }
         let summary = cluster.summary();
         prop_assert_eq!(summary.total.counts, counts);
+    }
+}
+
+prop_compose! {
+    /// The matrix over disaggregated pools: instance 0 decodes, instance 1 prefills, the
+    /// rest either; llm-d's decider at a random threshold (0: off), a random prefill
+    /// profile, random transfer costs and KV geometry.
+    fn pd_scenario()(
+        (config, requests, seed) in scenario(),
+        extra_roles in prop::collection::vec(any::<bool>(), 3),
+        non_cached_tokens in 0u32..64,
+        prefill_routing in routing_strategy(),
+        bandwidth_gb_s in 0.5f64..50.0,
+        descriptor_us in 0.0f64..3.0,
+        setup_us in 0u64..2_000,
+        bytes_per_token in 1_000.0f64..200_000.0,
+        layers in 1u32..80,
+    ) -> (ClusterConfig, DisaggConfig, Vec<RequestSpec>, u64) {
+        let mut config = config;
+        while config.instances.len() < 2 {
+            let engine = config.instances[0].engine.clone();
+            config.instances.push(instance(config.instances.len(), engine));
+        }
+        for (index, instance) in config.instances.iter_mut().enumerate() {
+            instance.role = match index {
+                0 => InstanceRole::Decode,
+                1 => InstanceRole::Prefill,
+                _ if extra_roles[index - 2] => InstanceRole::Decode,
+                _ => InstanceRole::Prefill,
+            };
+        }
+        let kv = InstanceKv { bytes_per_token_per_rank: bytes_per_token, layers, planes: 2, tp: 1, block_size: 16 };
+        let disagg = DisaggConfig {
+            decider: PdDecider { non_cached_tokens, prompt_tokens: 0 },
+            prefill_routing,
+            transfer: TransferModel { bandwidth_gb_s, descriptor_us, setup_us },
+            kv: vec![kv; config.instances.len()],
+            hold_timeout_us: DEFAULT_HOLD_TIMEOUT_US,
+        };
+        (config, disagg, requests, seed)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, .. ProptestConfig::default() })]
+
+    #[test]
+    fn pd_pools_keep_every_invariant_across_the_policy_matrix((config, disagg, requests, seed) in pd_scenario()) {
+        let total = requests.len() as u64;
+        let mut cluster = Cluster::new_disaggregated(config, disagg, seed).unwrap();
+        let mut events = 0u64;
+        for spec in requests {
+            cluster.submit(spec).unwrap();
+        }
+        while cluster.process_next_event().is_some() {
+            events += 1;
+            prop_assert!(events < 2_000_000, "livelock");
+            if let Err(violation) = cluster.check_invariants() {
+                prop_assert!(false, "after event {}: {}", events, violation);
+            }
+        }
+        let counts = cluster.counts();
+        prop_assert!(counts.is_conserved(), "{:?}", counts);
+        prop_assert_eq!(counts.injected, total);
+        prop_assert_eq!(counts.queued + counts.running, 0, "requests stuck: {:?}", counts);
+        prop_assert!(cluster.in_flight().iter().all(|&n| n == 0), "in-flight counts leak: {:?}", cluster.in_flight());
+        for engine in cluster.engines() {
+            prop_assert_eq!(engine.kv().used_blocks(), 0);
+        }
+        let summary = cluster.summary();
+        prop_assert_eq!(summary.total.counts, counts);
+        let disagg = summary.disaggregation.unwrap();
+        prop_assert_eq!(disagg.disaggregated + disagg.decode_only + counts.rejected, total);
     }
 }
 

@@ -12,6 +12,7 @@ mod coefficients;
 mod embedded;
 mod gpus;
 mod hf_config;
+pub mod kv_connectors;
 
 use std::sync::OnceLock;
 

@@ -64,6 +64,9 @@ pub struct RunOutput {
     /// Per-instance summaries (cluster runs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<Vec<InstanceJson>>,
+    /// Per-role metrics (disaggregated cluster runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disaggregation: Option<cluster_run::DisaggJson>,
     /// The resolved settings.
     pub run: RunInfo,
 }
@@ -193,8 +196,11 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
             latency,
             cost_per_hour: 0.0,
         };
-        let cluster_config = cluster_run::cluster_config(args, template)?;
-        let mut cluster = Cluster::new(cluster_config, seed)?;
+        let (cluster_config, disaggregation) = cluster_run::cluster_config(args, template)?;
+        let mut cluster = match disaggregation {
+            Some(disagg) => Cluster::new_disaggregated(cluster_config, disagg, seed)?,
+            None => Cluster::new(cluster_config, seed)?,
+        };
         match source {
             Source::Generated(spec, _) => cluster.run(spec.generator()?, args.max_events)?,
             Source::Trace(requests, ..) => cluster.run(requests, args.max_events)?,
@@ -247,6 +253,7 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
         output: RunOutput {
             summary: SummaryJson::from(&summary),
             rejected_requests: None,
+            disaggregation: None,
             instances: None,
             run: info,
         },

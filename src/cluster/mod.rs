@@ -8,6 +8,8 @@
 
 pub mod admission;
 pub mod config;
+pub mod disagg;
+mod pd_run;
 pub mod router;
 pub mod signals;
 pub mod sim;

@@ -24,25 +24,38 @@ use crate::sim::{Engine, EngineConfig, RequestSpec, SimError};
 /// A simulated cluster.
 #[derive(Clone, Debug)]
 pub struct Cluster {
-    config: ClusterConfig,
-    engines: Vec<Engine>,
-    router: Router,
-    admission: Admission,
-    captured: Vec<CapturedSignals>,
-    ticks: Vec<RefreshTick>,
-    in_flight: Vec<u64>,
+    pub(super) config: ClusterConfig,
+    pub(super) engines: Vec<Engine>,
+    pub(super) router: Router,
+    pub(super) admission: Admission,
+    pub(super) captured: Vec<CapturedSignals>,
+    pub(super) ticks: Vec<RefreshTick>,
+    pub(super) in_flight: Vec<u64>,
     /// Requests sent to each instance since its queue-depth signal last refreshed (what
     /// vLLM's data-parallel balancer adds to the counts it was last sent); always 0 when
     /// the queue depth is read live.
-    sent_since_refresh: Vec<u64>,
-    records_seen: Vec<usize>,
-    pending: VecDeque<RequestSpec>,
-    now_us: u64,
-    rejected: Vec<RequestRecord>,
-    routed_to: Vec<u32>,
-    events_processed: u64,
-    scratch_views: Vec<SignalView>,
-    scratch_fraction: Vec<f64>,
+    pub(super) sent_since_refresh: Vec<u64>,
+    pub(super) records_seen: Vec<usize>,
+    pub(super) pending: VecDeque<RequestSpec>,
+    pub(super) now_us: u64,
+    pub(super) rejected: Vec<RequestRecord>,
+    pub(super) routed_to: Vec<u32>,
+    pub(super) events_processed: u64,
+    pub(super) scratch_views: Vec<SignalView>,
+    pub(super) scratch_fraction: Vec<f64>,
+    /// Prefill/decode disaggregation, when configured (`pd_run.rs`).
+    pub(super) pd: Option<Box<super::pd_run::PdRuntime>>,
+}
+
+/// What an instance is sent: a whole request, or one half of a disaggregated one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Half {
+    /// Served whole (the monolithic path, and decode-only requests).
+    Whole,
+    /// The prefill half (`max_tokens = 1`), its KV held until pulled.
+    Prefill,
+    /// The decode half, its prompt KV pulled.
+    Decode,
 }
 
 /// What happened to one arrival at the gateway.
@@ -61,6 +74,8 @@ pub struct ClusterSummary {
     pub total: Summary,
     /// Each instance's own summary, in config order.
     pub instances: Vec<(String, Summary)>,
+    /// Per-role metrics, for a disaggregated cluster.
+    pub disaggregation: Option<super::disagg::PdSummary>,
 }
 
 impl Cluster {
@@ -127,6 +142,7 @@ impl Cluster {
             events_processed: 0,
             scratch_views: Vec::with_capacity(count),
             scratch_fraction: Vec::with_capacity(count),
+            pd: None,
             config,
         };
         // Captures start from the instances' state at the start time.
@@ -138,6 +154,14 @@ impl Cluster {
             }
         }
         cluster
+    }
+
+    /// Switches every instance's reference stepper on or off (`Engine::set_reference_stepper`:
+    /// no shortcut; property tests compare the two).
+    pub fn set_reference_stepper(&mut self, on: bool) {
+        for engine in &mut self.engines {
+            engine.set_reference_stepper(on);
+        }
     }
 
     /// The configuration.
@@ -203,6 +227,9 @@ impl Cluster {
         }
         counts.injected += self.rejected.len() as u64;
         counts.rejected = self.rejected.len() as u64;
+        if let Some(pd) = &self.pd {
+            pd.correct_counts(&mut counts);
+        }
         counts
     }
 
@@ -286,8 +313,13 @@ impl Cluster {
         let (mut queries, mut hits) = (0u64, 0u64);
         let (mut kv_mean, mut kv_peak) = (0.0, 0.0f64);
         let mut instances = Vec::with_capacity(self.engines.len());
-        for (engine, instance) in self.engines.iter().zip(&self.config.instances) {
-            records.extend(engine.metrics().records.iter().cloned());
+        for (index, (engine, instance)) in
+            self.engines.iter().zip(&self.config.instances).enumerate()
+        {
+            match &self.pd {
+                None => records.extend(engine.metrics().records.iter().cloned()),
+                Some(pd) => pd.client_records(index, &engine.metrics().records, &mut records),
+            }
             for (&gap, &count) in &engine.metrics().token_gap_counts {
                 *gaps.entry(gap).or_insert(0) += count;
             }
@@ -308,7 +340,12 @@ impl Cluster {
         let mut total = Summary::build(&records, &gaps, self.counts(), self.now_us, hit_rate);
         total.kv_usage_mean = kv_mean / self.engines.len().max(1) as f64;
         total.kv_usage_peak = kv_peak;
-        ClusterSummary { total, instances }
+        let disaggregation = self.pd.as_ref().map(|pd| pd.summary(&self.engines));
+        ClusterSummary {
+            total,
+            instances,
+            disaggregation,
+        }
     }
 
     /// Audits every instance's invariants and cluster conservation.
@@ -322,13 +359,17 @@ impl Cluster {
         if !counts.is_conserved() {
             return Err(format!("cluster conservation broken: {counts:?}"));
         }
+        if let Some(pd) = &self.pd {
+            pd.check(&self.engines, &self.config)?;
+        }
         Ok(())
     }
 
     fn next_cluster_event(&self) -> Option<u64> {
         let tick = self.ticks.iter().filter_map(|t| t.next_us).min();
         let arrival = self.pending.front().map(|s| s.arrival_us);
-        [tick, arrival].into_iter().flatten().min()
+        let pd = self.pd.as_ref().and_then(|pd| pd.next_event_us());
+        [tick, arrival, pd].into_iter().flatten().min()
     }
 
     /// (time, index) of the earliest instance event; lowest index on ties.
@@ -346,6 +387,13 @@ impl Cluster {
         // Refreshes come before arrivals at the same time (the poll result is there first).
         if let Some(tick_index) = self.ticks.iter().position(|t| t.next_us == Some(time)) {
             self.refresh(tick_index);
+        } else if self
+            .pd
+            .as_ref()
+            .and_then(|pd| pd.next_event_us())
+            .is_some_and(|at| at == time)
+        {
+            self.process_pd_event();
         } else if let Some(spec) = self.pending.pop_front() {
             debug_assert_eq!(spec.arrival_us, time, "arrival out of order");
             // Ticks stopped while every instance was idle; the captures taken then are still
@@ -368,7 +416,11 @@ impl Cluster {
             self.sent_since_refresh.fill(0);
         }
         // Nothing changes while every instance is idle: stop until the next arrival.
-        let active = self.engines.iter().any(|e| !e.is_idle());
+        let active = self.engines.iter().any(|e| !e.is_idle())
+            || self
+                .pd
+                .as_ref()
+                .is_some_and(|pd| pd.next_event_us().is_some());
         let tick = &mut self.ticks[tick_index];
         tick.next_us = active.then(|| now + tick.interval_us);
     }
@@ -448,6 +500,9 @@ impl Cluster {
             };
             self.scratch_fraction.push(fraction);
         }
+        if self.pd.is_some() {
+            return self.arrive_disaggregated(spec, &keys_by_size);
+        }
         let context = RoutingContext {
             views: &self.scratch_views,
             in_flight: &self.in_flight,
@@ -464,10 +519,20 @@ impl Cluster {
     }
 
     fn dispatch(&mut self, index: usize, spec: RequestSpec) {
+        self.dispatch_as(index, spec, Half::Whole);
+    }
+
+    /// Dispatches `spec` to instance `index` as a whole request or one half of a
+    /// disaggregated one.
+    pub(super) fn dispatch_as(&mut self, index: usize, spec: RequestSpec, half: Half) {
         let now = self.now_us;
         let engine = &mut self.engines[index];
         engine.run_before(now);
-        let submitted = engine.submit(spec);
+        let submitted = match half {
+            Half::Whole => engine.submit(spec),
+            Half::Prefill => engine.submit_prefill(spec),
+            Half::Decode => engine.submit_remote_kv(spec),
+        };
         debug_assert!(
             submitted.is_ok(),
             "validated at cluster submit: {submitted:?}"
@@ -484,7 +549,7 @@ impl Cluster {
         self.collect_finished(index);
     }
 
-    fn reject(&mut self, spec: RequestSpec) {
+    pub(super) fn reject(&mut self, spec: RequestSpec) {
         let now = self.now_us;
         self.rejected.push(RequestRecord {
             id: spec.id,
@@ -505,12 +570,17 @@ impl Cluster {
         });
     }
 
-    /// Lowers in-flight counts for requests instance `index` has finished since last time.
-    fn collect_finished(&mut self, index: usize) {
+    /// Lowers in-flight counts for requests instance `index` has finished since last time
+    /// (and, disaggregated, hands finished prefills over and starts pulls).
+    pub(super) fn collect_finished(&mut self, index: usize) {
         let total = self.engines[index].metrics().records.len();
-        let new = total - self.records_seen[index];
+        let seen = self.records_seen[index];
+        let new = total - seen;
         self.records_seen[index] = total;
         self.in_flight[index] = self.in_flight[index].saturating_sub(new as u64);
+        if self.pd.is_some() {
+            self.collect_disaggregated(index, seen);
+        }
     }
 }
 

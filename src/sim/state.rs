@@ -21,6 +21,26 @@ pub enum Phase {
     Waiting,
     /// Admitted to the running batch (holds KV blocks).
     Running,
+    /// Disaggregated decode only: blocks reserved for the prompt's KV, which is being pulled
+    /// from a prefill instance (vLLM's `WAITING_FOR_REMOTE_KVS`; counted as queued).
+    Transferring,
+}
+
+/// A request's part in prefill/decode disaggregation (see `sim/engine/disagg.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PdMode {
+    /// Served whole on this instance (the monolithic path).
+    #[default]
+    Local,
+    /// A prefill instance's half (sent with `max_tokens = 1`): when it finishes, its KV
+    /// blocks stay held until the decode side's pull completes.
+    HoldKv,
+    /// A decode instance's half: its prompt's KV arrives by transfer. `pulled` once the
+    /// transfer completed (a later preemption recomputes locally, as vLLM does).
+    RemoteKv {
+        /// The transfer has completed.
+        pulled: bool,
+    },
 }
 
 /// Timestamps and counters that end up in the request's record.
@@ -82,6 +102,8 @@ pub struct RequestState {
     pub lagging_blocks: bool,
     /// Timestamps and counters.
     pub timeline: Timeline,
+    /// Its part in prefill/decode disaggregation.
+    pub pd: PdMode,
 }
 
 impl Clone for RequestState {
@@ -101,6 +123,7 @@ impl Clone for RequestState {
             lazy_base_step: self.lazy_base_step,
             lagging_blocks: self.lagging_blocks,
             timeline: self.timeline.clone(),
+            pd: self.pd,
         }
     }
 }
@@ -164,6 +187,7 @@ impl RequestState {
             lazy_base_step: None,
             lagging_blocks: false,
             timeline: Timeline::default(),
+            pd: PdMode::Local,
         }
     }
 

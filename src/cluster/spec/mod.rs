@@ -8,7 +8,13 @@
 use serde::Deserialize;
 use thiserror::Error;
 
+mod disagg;
 mod policies;
+
+pub use disagg::{
+    DEFAULT_CONNECTOR, DEFAULT_LINK, DeciderSpec, DisaggSpec, pool_kv, resolve_disaggregation,
+    resolve_role,
+};
 
 pub use policies::{
     AdmissionSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_routing,
@@ -53,17 +59,70 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ClusterSpecEr
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ClusterFile {
-    pools: Vec<PoolSpec>,
+    pools: Vec<PoolEntry>,
     #[serde(default)]
     routing: Option<RoutingSpec>,
     #[serde(default)]
     admission: Option<AdmissionSpec>,
     #[serde(default)]
     staleness: Option<StalenessSpec>,
+    /// Prefill/decode disaggregation (docs/disaggregation.md).
+    #[serde(default)]
+    disaggregation: Option<DisaggSpec>,
     /// Live-mirror pod sources, read by `live::config` (not part of the simulated cluster).
     #[serde(default)]
     #[allow(dead_code)]
     sources: Option<serde::de::IgnoredAny>,
+}
+
+/// A pool as the YAML gives it: [`PoolSpec`]'s fields and the pool's role (a copy of its
+/// fields, so unknown fields stay errors: serde cannot deny them through a flattened struct).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolEntry {
+    name: String,
+    #[serde(default = "one")]
+    replicas: u32,
+    #[serde(default = "default_model")]
+    model: String,
+    #[serde(default)]
+    model_config: Option<String>,
+    #[serde(default = "default_gpu")]
+    gpu: String,
+    #[serde(default = "one")]
+    tp: u32,
+    #[serde(default = "default_latency")]
+    latency_model: String,
+    #[serde(default)]
+    coefficients: Option<CoefficientsSpec>,
+    #[serde(default)]
+    calibrated_coefficients: Option<std::collections::BTreeMap<String, f64>>,
+    #[serde(default)]
+    cost_per_hour: f64,
+    #[serde(default)]
+    engine: EngineSpec,
+    /// `prefill`, `decode` or `both` (default; llm-d's `llm-d.ai/role` label).
+    #[serde(default)]
+    role: Option<String>,
+}
+
+impl PoolEntry {
+    fn pool(&self) -> PoolSpec {
+        PoolSpec {
+            name: self.name.clone(),
+            replicas: self.replicas,
+            model: self.model.clone(),
+            model_config: self.model_config.clone(),
+            model_config_json: None,
+            gpu: self.gpu.clone(),
+            tp: self.tp,
+            latency_model: self.latency_model.clone(),
+            coefficients: self.coefficients.clone(),
+            calibrated_coefficients: self.calibrated_coefficients.clone(),
+            cost_per_hour: self.cost_per_hour,
+            engine: self.engine.clone(),
+        }
+    }
 }
 
 /// A pool of identical instances.
@@ -179,19 +238,44 @@ pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError>
 }
 
 /// Parses and resolves a cluster YAML document; a `model:` that is not embedded is looked up
-/// as `model_dir/<normalised name>/config.json` (`ditto serve --model-dir`).
+/// as `model_dir/<normalised name>/config.json` (`ditto serve --model-dir`). A
+/// `disaggregation:` section is validated but not returned (see [`parse_cluster_file`]).
 pub fn parse_cluster_yaml_with(
     text: &str,
     model_dir: Option<&std::path::Path>,
 ) -> Result<ClusterConfig, ClusterSpecError> {
+    parse_cluster_file(text, model_dir).map(|file| file.config)
+}
+
+/// A resolved cluster file: the cluster, its disaggregation if it has a
+/// `disaggregation:` section, and every instance's KV geometry (what a disaggregation added
+/// later, e.g. by `--routing pd`, needs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterFileConfig {
+    /// The cluster (`routing` is the decode profile when disaggregated).
+    pub config: ClusterConfig,
+    /// The disaggregation section, resolved.
+    pub disaggregation: Option<crate::cluster::disagg::DisaggConfig>,
+    /// Each instance's KV geometry, in instance order.
+    pub kv: Vec<crate::cluster::disagg::InstanceKv>,
+}
+
+/// Parses and resolves a cluster YAML document with its disaggregation section.
+pub fn parse_cluster_file(
+    text: &str,
+    model_dir: Option<&std::path::Path>,
+) -> Result<ClusterFileConfig, ClusterSpecError> {
     let file: ClusterFile =
         serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
     if file.pools.is_empty() {
         return Err(invalid("pools", "needs at least one pool"));
     }
     let mut instances = Vec::new();
+    let mut kv = Vec::new();
     for (index, pool) in file.pools.iter().enumerate() {
         let path = format!("pools[{index}]");
+        let role = pool.role.as_deref();
+        let pool = &pool.pool();
         if file.pools[..index].iter().any(|p| p.name == pool.name) {
             return Err(invalid(
                 format!("{path}.name"),
@@ -202,11 +286,14 @@ pub fn parse_cluster_yaml_with(
         if pool.model_config_json.is_none() {
             pool.model_config_json = read_model_config(&pool, &path, model_dir)?;
         }
-        let template = resolve_pool(&pool, &path)?;
+        let mut template = resolve_pool(&pool, &path)?;
+        template.role = resolve_role(role, &path)?;
+        let pool_kv = pool_kv(&pool, &path, template.engine.block_size)?;
         for replica in 0..pool.replicas {
             let mut instance = template.clone();
             instance.id = format!("{}-{replica}", pool.name);
             instances.push(instance);
+            kv.push(pool_kv);
         }
         if instances.len() as u64 > u64::from(INSTANCES_MAX) {
             return Err(invalid(
@@ -215,20 +302,40 @@ pub fn parse_cluster_yaml_with(
             ));
         }
     }
-    let routing = match &file.routing {
-        Some(spec) => resolve_routing(spec)?,
-        None => RoutingPolicy::llm_d_default(),
+    let routing = match (&file.routing, &file.disaggregation) {
+        (Some(spec), _) => resolve_routing(spec)?,
+        (None, Some(_)) => crate::cluster::disagg::llm_d_pd_profile(),
+        (None, None) => RoutingPolicy::llm_d_default(),
+    };
+    let disaggregation = match &file.disaggregation {
+        Some(spec) => {
+            if !instances
+                .iter()
+                .any(|i| crate::cluster::disagg::serves_decode(i.role))
+            {
+                return Err(invalid(
+                    "pools",
+                    "a disaggregated cluster needs a pool with role decode or both",
+                ));
+            }
+            Some(resolve_disaggregation(spec, kv.clone())?)
+        }
+        None => None,
     };
     let admission = match &file.admission {
         Some(spec) => resolve_admission(spec)?,
         None => AdmissionPolicy::Always,
     };
     let staleness = resolve_staleness(file.staleness.unwrap_or_default())?;
-    Ok(ClusterConfig {
-        instances,
-        routing,
-        admission,
-        staleness,
+    Ok(ClusterFileConfig {
+        config: ClusterConfig {
+            instances,
+            routing,
+            admission,
+            staleness,
+        },
+        disaggregation,
+        kv,
     })
 }
 

@@ -2,7 +2,7 @@
 
 use super::Engine;
 use crate::sim::kv::BlockTable;
-use crate::sim::state::Phase;
+use crate::sim::state::{PdMode, Phase};
 
 impl Engine {
     /// O(1) checks run after every event in debug builds: request conservation and KV block
@@ -36,6 +36,16 @@ impl Engine {
         let waiting = live.iter().filter(|s| s.phase == Phase::Waiting).count();
         let running = live.iter().filter(|s| s.phase == Phase::Running).count();
         let arriving = live.iter().filter(|s| s.phase == Phase::Arriving).count();
+        let transferring = live
+            .iter()
+            .filter(|s| s.phase == Phase::Transferring)
+            .count();
+        if transferring != self.transferring_count() {
+            return Err(format!(
+                "{transferring} transferring requests but {} transfers listed",
+                self.transferring_count()
+            ));
+        }
         if waiting != self.waiting.len() {
             return Err(format!(
                 "{waiting} waiting requests but {} queued",
@@ -49,10 +59,15 @@ impl Engine {
             ));
         }
         // Arriving requests not yet injected (future arrivals) are not counted anywhere.
+        // Transferring requests count as queued (vLLM lists them as waiting).
         let counted_queued = self.counts.queued as usize;
-        if counted_queued < waiting || counted_queued > waiting + arriving {
+        let waiting_or_transferring = waiting + transferring;
+        if counted_queued < waiting_or_transferring
+            || counted_queued > waiting_or_transferring + arriving
+        {
             return Err(format!(
-                "queued count {counted_queued} vs {waiting} waiting + {arriving} arriving"
+                "queued count {counted_queued} vs {waiting} waiting + {transferring} \
+                 transferring + {arriving} arriving"
             ));
         }
         // Blocks cover every computed token and every token of the step in flight (a lazy
@@ -91,14 +106,37 @@ impl Engine {
             }
         }
         for state in &live {
-            if state.phase != Phase::Running && !state.blocks.is_empty() {
+            // A decode half whose pull ended waits holding its reserved blocks (the prompt
+            // but its last token computed, or nothing if the pull failed).
+            let pulled_waiting = state.phase == Phase::Waiting
+                && state.pd == PdMode::RemoteKv { pulled: true }
+                && !state.blocks.is_empty();
+            if pulled_waiting {
+                let needed = state.num_computed.div_ceil(self.config.block_size);
+                if state.blocks.len() < needed {
+                    return Err(format!(
+                        "request {:?} pulled {} tokens into {} blocks",
+                        state.spec.id,
+                        state.num_computed,
+                        state.blocks.len()
+                    ));
+                }
+            }
+            if !matches!(state.phase, Phase::Running | Phase::Transferring)
+                && !pulled_waiting
+                && !state.blocks.is_empty()
+            {
                 return Err(format!(
                     "request {:?} holds blocks while not running",
                     state.spec.id
                 ));
             }
         }
-        if (!self.waiting.is_empty() || !self.running.is_empty()) && !self.step_pending {
+        let waits_on_cluster = self.running.is_empty() && self.waits_on_cluster();
+        if (!self.waiting.is_empty() || !self.running.is_empty())
+            && !self.step_pending
+            && !waits_on_cluster
+        {
             return Err("work waits but no step is pending (work conservation)".to_owned());
         }
         let caught_up: std::collections::BTreeMap<u32, BlockTable> =
@@ -107,8 +145,17 @@ impl Engine {
             let state = state.as_ref()?;
             Some(caught_up.get(&(slot as u32)).unwrap_or(&state.blocks))
         });
-        self.kv.check(tables)?;
-        if self.running.is_empty() && self.kv.used_blocks() != 0 {
+        // Held prefill KV is used until pulled: no block of it is free.
+        self.kv.check(tables.chain(self.held_tables()))?;
+        let holding_waiters = live
+            .iter()
+            .any(|s| s.phase == Phase::Waiting && !s.blocks.is_empty());
+        if self.running.is_empty()
+            && transferring == 0
+            && !holding_waiters
+            && self.held_pull_blocks() == 0
+            && self.kv.used_blocks() != 0
+        {
             return Err(format!(
                 "{} blocks used with nothing running",
                 self.kv.used_blocks()

@@ -413,8 +413,7 @@ impl Engine {
             );
             let computed = u64::from(state.num_computed);
             state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-            self.kv
-                .free(&mut self.slots[slot as usize].as_mut().expect("live").blocks);
+            self.release_finished(slot);
             self.counts.running -= 1;
             self.counts.completed += 1;
             self.retire(slot, Outcome::Completed);

@@ -6,7 +6,7 @@ use crate::sim::config::SchedulingPolicy;
 use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::queue::QueueKey;
-use crate::sim::state::{Phase, RequestState};
+use crate::sim::state::{PdMode, Phase, RequestState};
 
 impl Engine {
     pub(super) fn on_arrival(&mut self, slot: u32, serial: u64) {
@@ -60,7 +60,16 @@ impl Engine {
             Phase::Waiting => {
                 let removed = self.waiting.remove(key, slot);
                 debug_assert!(removed, "timed-out waiting request missing from the queue");
+                // Only a disaggregated decode half whose KV arrived waits holding blocks.
+                let state = self.slots[slot as usize]
+                    .as_mut()
+                    .expect("live_mut found this slot");
+                if !state.blocks.is_empty() {
+                    self.kv.free(&mut state.blocks);
+                    self.track_kv_usage();
+                }
             }
+            Phase::Transferring => self.abandon_transfer(slot),
             Phase::Running => {
                 self.running.retain(|&s| s != slot);
                 self.leave_step_in_flight(slot, serial);
@@ -128,6 +137,11 @@ impl Engine {
                 break;
             }
             attempts += 1;
+            if self.running.is_empty() && self.waits_on_cluster() {
+                // Blocks held for a pull or reserved for one: the cluster's report of the
+                // transfer schedules the next step.
+                break;
+            }
             if attempts > self.running.len() + 1 {
                 debug_assert!(
                     false,
@@ -151,7 +165,7 @@ impl Engine {
     }
 
     /// Schedules a step now if none is pending (work conservation).
-    fn ensure_step_scheduled(&mut self) {
+    pub(super) fn ensure_step_scheduled(&mut self) {
         if !self.step_pending {
             self.step_pending = true;
             let now = self.now_us;
@@ -221,7 +235,7 @@ impl Engine {
                     .as_mut()
                     .expect("live_mut found this slot");
                 state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-                self.kv.free(&mut state.blocks);
+                self.release_finished(entry.slot);
                 self.counts.running -= 1;
                 self.counts.completed += 1;
                 self.retire(entry.slot, Outcome::Completed);
@@ -347,6 +361,18 @@ pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> Queue
         SchedulingPolicy::Fcfs => 0,
         SchedulingPolicy::Priority => i64::from(state.spec.priority),
         SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
+    };
+    // A disaggregated decode half waiting with its reserved blocks after its pull goes
+    // first under every policy (under fcfs it is put at the front): otherwise a more urgent
+    // request that cannot reserve blocks, which such halves hold, could stall the pool with
+    // nothing running (vLLM keeps its priority order here).
+    let primary = if state.phase == Phase::Waiting
+        && state.pd == (PdMode::RemoteKv { pulled: true })
+        && !state.blocks.is_empty()
+    {
+        i64::MIN
+    } else {
+        primary
     };
     (
         primary,

@@ -10,6 +10,7 @@
 //! The whole engine is plain data: `Clone` forks it, and the copy continues identically.
 //! Knows nothing about workloads, clusters, wall-clock time or I/O.
 
+mod disagg;
 mod drain;
 mod events;
 mod invariants;
@@ -22,6 +23,7 @@ mod steady;
 mod watch;
 mod window_kv;
 
+pub use disagg::TransferStart;
 pub use drain::{Drain, DrainEnd, DrainStep};
 pub use late_entry::{AdmissionReach, ReachLog};
 pub use restore::{RestoreState, RestoredRequest};
@@ -117,6 +119,8 @@ pub struct Engine {
     count_gaps: bool,
     /// The request whose fate is reported in O(1) (see `watch`).
     watched: Option<watch::Watched>,
+    /// Prefill/decode disaggregation: held prefill KV and transfers (`disagg.rs`).
+    disagg: disagg::DisaggState,
 }
 
 impl Engine {
@@ -157,6 +161,7 @@ impl Engine {
             enqueued: 0,
             count_gaps: true,
             watched: None,
+            disagg: disagg::DisaggState::default(),
         };
         engine.track_kv_usage();
         Ok(engine)

@@ -13,7 +13,7 @@ use super::{AdmissionReach, Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
 use crate::sim::latency::BatchEntry;
-use crate::sim::state::Phase;
+use crate::sim::state::{PdMode, Phase};
 
 impl Engine {
     /// Forms the next batch into `in_flight`; returns its duration, or `None` if empty.
@@ -166,6 +166,31 @@ impl Engine {
             let state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
+            if state.pd != PdMode::Local {
+                match state.pd {
+                    PdMode::RemoteKv { pulled: false } => {
+                        // A decode half: reserve its blocks and start the pull, or wait.
+                        let key = queue_key(policy, state);
+                        if !self.reserve_transfer(slot) {
+                            break AdmissionReach::Below(key);
+                        }
+                        last_admitted = Some(key);
+                        continue;
+                    }
+                    PdMode::RemoteKv { pulled: true } if !state.blocks.is_empty() => {
+                        let key = queue_key(policy, state);
+                        if !self.admit_pulled(slot, budget) {
+                            break AdmissionReach::Below(key);
+                        }
+                        last_admitted = Some(key);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("a waiting slot holds a live request");
             debug_assert_eq!(
                 state.num_computed, 0,
                 "a waiting request holds computed tokens"
@@ -219,6 +244,46 @@ impl Engine {
             last_admitted = Some(key);
         };
         cpu_loads
+    }
+
+    /// Admits a decode half holding its reserved blocks after its pull: the prompt but its
+    /// last token computed (the step computes that token, which emits the first output
+    /// token), or nothing computed if the pull failed (it computes its prompt in chunks as
+    /// any request). False, changing nothing, if the budget or the blocks for it run out
+    /// (it stays first in the queue).
+    fn admit_pulled(&mut self, slot: u32, budget: &mut u32) -> bool {
+        let block_size = self.config.block_size;
+        let prefix_caching = self.config.enable_prefix_caching;
+        let state = self.state(slot);
+        let total = state.num_tokens();
+        let wanted = total - state.num_computed;
+        if !self.config.enable_chunked_prefill && wanted > *budget {
+            return false;
+        }
+        let new_tokens = self.chunk(wanted, *budget);
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("a waiting slot holds a live request");
+        let upto = state.num_computed + new_tokens;
+        if prefix_caching {
+            state.ensure_keys(upto / block_size, block_size);
+        }
+        if !state.allocate_blocks(&mut self.kv, PrefixHit::default(), upto, block_size) {
+            return false;
+        }
+        state.phase = Phase::Running;
+        let serial = state.serial;
+        self.waiting.pop();
+        self.running.push(slot);
+        self.counts.queued -= 1;
+        self.counts.running += 1;
+        self.in_flight.push(InFlight {
+            slot,
+            serial,
+            new_tokens,
+        });
+        *budget -= new_tokens;
+        true
     }
 
     /// Tokens to compute this step out of `wanted`, given the budget left.

@@ -1,0 +1,585 @@
+//! Disaggregated serving inside a [`Cluster`]: llm-d's `disagg-profile-handler` routing,
+//! the hand-over of a finished prefill to its decode pod, the KV pulls, and the accounting
+//! that makes two engine-side halves one client request.
+//!
+//! A request the decider sends to a prefill pod lives as two halves: the prefill half (the
+//! prompt with `max_tokens = 1`, its KV held after it finishes) and, from the moment the
+//! prefill's response reaches the decode pod's sidecar (the prefill record's end), the decode
+//! half, which reserves blocks, pulls the KV (a cluster event `transfer_us` later), and
+//! decodes. The pull's completion frees the prefill's held blocks. Cluster events at one time
+//! run refreshes, then these hand-overs and pull completions (in the order they were
+//! scheduled), then arrivals.
+
+use std::collections::BTreeMap;
+
+use super::config::{ClusterConfig, PrefixMode};
+use super::disagg::{DisaggConfig, PdSummary, serves_decode, serves_prefill};
+use super::router::{Router, RoutingContext};
+use super::signals;
+use super::sim::{Cluster, Dispatch, Half};
+use crate::sim::kv::hash::prompt_block_keys;
+use crate::sim::metrics::{Counts, LatencyStats, Outcome, RequestRecord};
+use crate::sim::rng::RngStreams;
+use crate::sim::{Engine, RequestId, RequestSpec, SimError};
+
+/// Where a disaggregated request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Its prefill half is on the prefill pod.
+    Prefill,
+    /// The prefill finished; the response is on its way to the decode pod.
+    Handoff,
+    /// Its decode half is on the decode pod.
+    Decode,
+    /// Its prefill half ended without finishing (dropped or timed out): the request ends
+    /// there.
+    FailedOnPrefill,
+}
+
+/// One disaggregated request.
+#[derive(Clone, Debug)]
+struct PdRequest {
+    arrival_us: u64,
+    prefill: usize,
+    decode: usize,
+    stage: Stage,
+    spec: RequestSpec,
+    /// The prefill half's record, once it finished.
+    prefill_record: Option<RequestRecord>,
+    decode_arrival_us: Option<u64>,
+    transfer_start_us: Option<u64>,
+    transfer_end_us: Option<u64>,
+    /// The prefill pod's held blocks were freed.
+    released: bool,
+    /// They were freed by the hold's timeout, before the pull completed: the pull fails.
+    expired: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PdEvent {
+    Handoff(RequestId),
+    TransferDone(RequestId),
+    HoldExpired(RequestId),
+}
+
+/// The cluster's disaggregation state.
+#[derive(Clone, Debug)]
+pub(crate) struct PdRuntime {
+    config: DisaggConfig,
+    prefill_router: Router,
+    requests: BTreeMap<RequestId, PdRequest>,
+    events: BTreeMap<(u64, u64), PdEvent>,
+    next_seq: u64,
+    /// Prefill halves finished: injected and completed on their pod, not yet client ends.
+    prefill_done: u64,
+    /// Hand-overs on their way (counted as queued).
+    handoffs_pending: u64,
+    decode_only: u64,
+    decode_candidates: Vec<usize>,
+    prefill_candidates: Vec<usize>,
+}
+
+impl Cluster {
+    /// A disaggregated cluster: `config.routing` is the decode profile, `disagg` the
+    /// decider, the prefill profile and the transfer model.
+    pub fn new_disaggregated(
+        config: ClusterConfig,
+        disagg: DisaggConfig,
+        seed: u64,
+    ) -> Result<Self, SimError> {
+        let invalid = |reason: String| SimError::InvalidState {
+            field: "disaggregation",
+            reason,
+        };
+        if disagg.kv.len() != config.instances.len() {
+            return Err(invalid(format!(
+                "KV geometry for {} instances, the cluster has {}",
+                disagg.kv.len(),
+                config.instances.len()
+            )));
+        }
+        let decode_candidates: Vec<usize> = (0..config.instances.len())
+            .filter(|&i| serves_decode(config.instances[i].role))
+            .collect();
+        let prefill_candidates: Vec<usize> = (0..config.instances.len())
+            .filter(|&i| serves_prefill(config.instances[i].role))
+            .collect();
+        if decode_candidates.is_empty() {
+            return Err(invalid(
+                "no instance serves decode (role decode or both)".to_owned(),
+            ));
+        }
+        let prefill_router = Router::new(
+            disagg.prefill_routing.clone(),
+            config.instances.len(),
+            RngStreams::new(seed).stream("router-prefill"),
+        );
+        let mut cluster = Cluster::new(config, seed)?;
+        cluster.pd = Some(Box::new(PdRuntime {
+            config: disagg,
+            prefill_router,
+            requests: BTreeMap::new(),
+            events: BTreeMap::new(),
+            next_seq: 0,
+            prefill_done: 0,
+            handoffs_pending: 0,
+            decode_only: 0,
+            decode_candidates,
+            prefill_candidates,
+        }));
+        Ok(cluster)
+    }
+
+    /// The disaggregation settings, if the cluster is disaggregated.
+    pub fn disaggregation(&self) -> Option<&DisaggConfig> {
+        self.pd.as_ref().map(|pd| &pd.config)
+    }
+
+    /// Routing of one admitted arrival, disaggregated: the decode profile picks a decode
+    /// pod; the decider says from its believed prefix hit whether to prefill remotely; if
+    /// so the prefill profile picks a prefill pod. `keys_by_size` holds the prompt's block
+    /// keys per block size when the decode profile scores prefixes; the scratch views and
+    /// fractions are filled for every instance.
+    pub(super) fn arrive_disaggregated(
+        &mut self,
+        spec: RequestSpec,
+        keys_by_size: &[(u32, Vec<u64>)],
+    ) -> Dispatch {
+        let Some(mut pd) = self.pd.take() else {
+            return Dispatch::Rejected;
+        };
+        let decode = self.pick_among(&pd.decode_candidates, None);
+        let block_size = self.config.instances[decode].engine.block_size;
+        let keys_len = keys_by_size
+            .iter()
+            .find(|(size, _)| *size == block_size)
+            .map_or(0, |(_, keys)| keys.len());
+        let matched = (self.scratch_fraction[decode] * keys_len as f64).round() as u32;
+        let hit_tokens = matched * block_size;
+        if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == block_size) {
+            self.router.record_dispatch(decode, keys);
+        }
+        let mut prefill = None;
+        if pd
+            .config
+            .decider
+            .disaggregate(spec.input_tokens, hit_tokens)
+            && !pd.prefill_candidates.is_empty()
+        {
+            let chosen = self.pick_prefill(&mut pd, &spec);
+            if chosen != decode {
+                prefill = Some(chosen);
+            }
+        }
+        let Some(prefill) = prefill else {
+            pd.decode_only += 1;
+            self.pd = Some(pd);
+            self.dispatch_as(decode, spec, Half::Whole);
+            return Dispatch::Routed(decode);
+        };
+        let mut half = spec.clone();
+        half.output_tokens = 1;
+        half.max_tokens = 1;
+        pd.requests.insert(
+            spec.id,
+            PdRequest {
+                arrival_us: spec.arrival_us,
+                prefill,
+                decode,
+                stage: Stage::Prefill,
+                spec,
+                prefill_record: None,
+                decode_arrival_us: None,
+                transfer_start_us: None,
+                transfer_end_us: None,
+                released: false,
+                expired: false,
+            },
+        );
+        self.pd = Some(pd);
+        self.dispatch_as(prefill, half, Half::Prefill);
+        Dispatch::Routed(decode)
+    }
+
+    /// The decode profile's pick among `candidates` (instance indices), from the scratch
+    /// views and fractions.
+    fn pick_among(&mut self, candidates: &[usize], fractions: Option<&[f64]>) -> usize {
+        let views: Vec<_> = candidates
+            .iter()
+            .map(|&i| self.scratch_views[i].clone())
+            .collect();
+        let in_flight: Vec<u64> = candidates.iter().map(|&i| self.in_flight[i]).collect();
+        let sent: Vec<u64> = candidates
+            .iter()
+            .map(|&i| self.sent_since_refresh[i])
+            .collect();
+        let fraction: Vec<f64> = match fractions {
+            Some(all) => candidates.iter().map(|&i| all[i]).collect(),
+            None => candidates
+                .iter()
+                .map(|&i| self.scratch_fraction[i])
+                .collect(),
+        };
+        let context = RoutingContext {
+            views: &views,
+            in_flight: &in_flight,
+            sent_since_refresh: &sent,
+            prefix_fraction: &fraction,
+        };
+        candidates[self.router.pick(&context)]
+    }
+
+    /// The prefill profile's pick, with its own prefix view (and the prompt's keys recorded
+    /// in its approximate index for the chosen pod).
+    fn pick_prefill(&mut self, pd: &mut PdRuntime, spec: &RequestSpec) -> usize {
+        let mode = pd.prefill_router.prefix_mode();
+        let count = self.engines.len();
+        let mut fractions = vec![0.0; count];
+        let mut keys_of: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for &index in &pd.prefill_candidates {
+            let block_size = self.config.instances[index].engine.block_size;
+            let keys = keys_of
+                .entry(block_size)
+                .or_insert_with(|| prompt_block_keys(spec, block_size));
+            if keys.is_empty() {
+                continue;
+            }
+            let matched = match mode {
+                Some(PrefixMode::Approximate { .. }) => {
+                    pd.prefill_router.approximate_match(index, keys)
+                }
+                Some(PrefixMode::Precise) => signals::precise_prefix_match(
+                    keys,
+                    &self.captured[index],
+                    &self.engines[index],
+                    &self.config.staleness,
+                ),
+                None => 0,
+            };
+            fractions[index] = matched as f64 / keys.len() as f64;
+        }
+        let candidates = &pd.prefill_candidates;
+        let views: Vec<_> = candidates
+            .iter()
+            .map(|&i| self.scratch_views[i].clone())
+            .collect();
+        let in_flight: Vec<u64> = candidates.iter().map(|&i| self.in_flight[i]).collect();
+        let sent: Vec<u64> = candidates
+            .iter()
+            .map(|&i| self.sent_since_refresh[i])
+            .collect();
+        let fraction: Vec<f64> = candidates.iter().map(|&i| fractions[i]).collect();
+        let context = RoutingContext {
+            views: &views,
+            in_flight: &in_flight,
+            sent_since_refresh: &sent,
+            prefix_fraction: &fraction,
+        };
+        let chosen = candidates[pd.prefill_router.pick(&context)];
+        let block_size = self.config.instances[chosen].engine.block_size;
+        if let Some(keys) = keys_of.get(&block_size) {
+            pd.prefill_router.record_dispatch(chosen, keys);
+        }
+        chosen
+    }
+
+    /// After instance `index` changed: finished prefill halves are handed over (or end the
+    /// request), decode halves that ended before their pull release the prefill's blocks,
+    /// and pulls that started are timed. `seen` is how many records were read before.
+    pub(super) fn collect_disaggregated(&mut self, index: usize, seen: usize) {
+        let Some(mut pd) = self.pd.take() else {
+            return;
+        };
+        let now = self.now_us;
+        let records = &self.engines[index].metrics().records;
+        let mut release = Vec::new();
+        for record in &records[seen..] {
+            let Some(request) = pd.requests.get_mut(&record.id) else {
+                continue;
+            };
+            if request.prefill == index && request.stage == Stage::Prefill {
+                if record.outcome == Outcome::Completed {
+                    request.stage = Stage::Handoff;
+                    request.prefill_record = Some(record.clone());
+                    let at = record.end_us.max(now);
+                    pd.prefill_done += 1;
+                    pd.handoffs_pending += 1;
+                    pd.push(at, PdEvent::Handoff(record.id));
+                    let expiry = now.saturating_add(pd.config.hold_timeout_us);
+                    pd.push(expiry, PdEvent::HoldExpired(record.id));
+                } else {
+                    request.stage = Stage::FailedOnPrefill;
+                }
+            } else if request.decode == index
+                && request.stage == Stage::Decode
+                && request.transfer_start_us.is_none()
+                && !request.released
+            {
+                // Ended (timed out, dropped) before its pull started.
+                request.released = true;
+                release.push((request.prefill, record.id));
+            }
+        }
+        if self.engines[index].has_transfer_starts() {
+            for start in self.engines[index].take_transfer_starts() {
+                let Some(request) = pd.requests.get_mut(&start.id) else {
+                    debug_assert!(false, "a pull for a request the cluster did not split");
+                    continue;
+                };
+                request.transfer_start_us = Some(start.at_us);
+                let transfer = pd.config.transfer.transfer_us(
+                    &pd.config.kv[request.prefill],
+                    &pd.config.kv[index],
+                    start.tokens,
+                );
+                pd.push(
+                    start.at_us.saturating_add(transfer),
+                    PdEvent::TransferDone(start.id),
+                );
+            }
+        }
+        self.pd = Some(pd);
+        for (prefill, id) in release {
+            self.engines[prefill].run_before(now);
+            let released = self.engines[prefill].release_held(id, now);
+            debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
+        }
+    }
+
+    /// Processes the earliest hand-over or pull completion.
+    pub(super) fn process_pd_event(&mut self) {
+        let Some(pd) = self.pd.as_mut() else {
+            return;
+        };
+        let Some((_, event)) = pd.events.pop_first() else {
+            return;
+        };
+        let now = self.now_us;
+        match event {
+            PdEvent::Handoff(id) => {
+                pd.handoffs_pending -= 1;
+                let Some(request) = pd.requests.get_mut(&id) else {
+                    return;
+                };
+                request.stage = Stage::Decode;
+                request.decode_arrival_us = Some(now);
+                let decode = request.decode;
+                let mut spec = request.spec.clone();
+                spec.arrival_us = now;
+                self.dispatch_as(decode, spec, Half::Decode);
+            }
+            PdEvent::HoldExpired(id) => {
+                let Some(request) = pd.requests.get_mut(&id) else {
+                    return;
+                };
+                if request.released {
+                    return;
+                }
+                request.released = true;
+                request.expired = true;
+                let prefill = request.prefill;
+                self.engines[prefill].run_before(now);
+                let released = self.engines[prefill].release_held(id, now);
+                debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
+                self.collect_finished(prefill);
+            }
+            PdEvent::TransferDone(id) => {
+                let Some(request) = pd.requests.get_mut(&id) else {
+                    return;
+                };
+                request.transfer_end_us = Some(now);
+                let (prefill, decode) = (request.prefill, request.decode);
+                let release = !request.released;
+                let failed = request.expired;
+                request.released = true;
+                self.engines[decode].run_before(now);
+                if failed {
+                    self.engines[decode].fail_transfer(id, now);
+                } else {
+                    self.engines[decode].complete_transfer(id, now);
+                }
+                self.collect_finished(decode);
+                if release {
+                    self.engines[prefill].run_before(now);
+                    let released = self.engines[prefill].release_held(id, now);
+                    debug_assert!(released.is_some(), "the prefill held no blocks for {id:?}");
+                    self.collect_finished(prefill);
+                }
+            }
+        }
+    }
+}
+
+impl PdRuntime {
+    fn push(&mut self, at_us: u64, event: PdEvent) {
+        self.events.insert((at_us, self.next_seq), event);
+        self.next_seq += 1;
+    }
+
+    /// Time of the next hand-over or pull completion.
+    pub(super) fn next_event_us(&self) -> Option<u64> {
+        self.events.first_key_value().map(|(&(at, _), _)| at)
+    }
+
+    /// Makes engine-summed counts count client requests: a finished prefill half is no
+    /// request end, a hand-over on its way is a queued request.
+    pub(super) fn correct_counts(&self, counts: &mut Counts) {
+        counts.injected = counts.injected - self.prefill_done + self.handoffs_pending;
+        counts.completed -= self.prefill_done;
+        counts.queued += self.handoffs_pending;
+    }
+
+    /// Instance `index`'s records as the client saw them: finished prefill halves left out,
+    /// decode halves stamped with the request's arrival and its prefill's enqueue and
+    /// admission.
+    pub(super) fn client_records(
+        &self,
+        index: usize,
+        records: &[RequestRecord],
+        out: &mut Vec<RequestRecord>,
+    ) {
+        for record in records {
+            match self.requests.get(&record.id) {
+                Some(request)
+                    if request.prefill == index && request.stage != Stage::FailedOnPrefill => {}
+                Some(request) if request.decode == index => {
+                    let mut client = record.clone();
+                    client.arrival_us = request.arrival_us;
+                    if let Some(prefill) = &request.prefill_record {
+                        client.enqueue_us = prefill.enqueue_us;
+                        client.schedule_us = prefill.schedule_us;
+                    }
+                    out.push(client);
+                }
+                _ => out.push(record.clone()),
+            }
+        }
+    }
+
+    /// Per-role metrics so far.
+    pub(super) fn summary(&self, engines: &[Engine]) -> PdSummary {
+        let mut decode_first: BTreeMap<RequestId, u64> = BTreeMap::new();
+        for (index, engine) in engines.iter().enumerate() {
+            for record in &engine.metrics().records {
+                if let (Some(request), Some(first)) =
+                    (self.requests.get(&record.id), record.first_token_us)
+                    && request.stage == Stage::Decode
+                    && request.decode == index
+                {
+                    decode_first.insert(record.id, first);
+                }
+            }
+        }
+        let mut prefill_queue = Vec::new();
+        let mut prefill_ttft = Vec::new();
+        let mut decode_wait = Vec::new();
+        let mut transfer = Vec::new();
+        let mut handover = Vec::new();
+        let mut failed = 0;
+        for request in self.requests.values() {
+            if request.stage == Stage::FailedOnPrefill {
+                failed += 1;
+            }
+            if let Some(record) = &request.prefill_record {
+                if let Some(schedule) = record.schedule_us {
+                    prefill_queue.push((schedule - request.arrival_us) as f64);
+                }
+                if let Some(first) = record.first_token_us {
+                    prefill_ttft.push((first - request.arrival_us) as f64);
+                    if let Some(&decode_first) = decode_first.get(&request.spec.id) {
+                        handover.push(decode_first.saturating_sub(first) as f64);
+                    }
+                }
+            }
+            if let (Some(arrival), Some(start)) =
+                (request.decode_arrival_us, request.transfer_start_us)
+            {
+                decode_wait.push((start - arrival) as f64);
+            }
+            if let (Some(start), Some(end)) = (request.transfer_start_us, request.transfer_end_us) {
+                transfer.push((end - start) as f64);
+            }
+        }
+        PdSummary {
+            disaggregated: self.requests.len() as u64,
+            decode_only: self.decode_only,
+            failed_on_prefill: failed,
+            failed_pulls: self
+                .requests
+                .values()
+                .filter(|r| r.expired && r.transfer_end_us.is_some())
+                .count() as u64,
+            prefill_queue: LatencyStats::from_whole_us(&mut prefill_queue),
+            prefill_ttft: LatencyStats::from_whole_us(&mut prefill_ttft),
+            decode_wait: LatencyStats::from_whole_us(&mut decode_wait),
+            transfer: LatencyStats::from_whole_us(&mut transfer),
+            handover: LatencyStats::from_whole_us(&mut handover),
+        }
+    }
+
+    /// The disaggregation invariants: every handed-over request ends on exactly one decode
+    /// pod (its own), no prefill frees a request's blocks before its pull completed (they
+    /// are held exactly while the pull is owed), and no decode pod holds more than its pool.
+    pub(super) fn check(&self, engines: &[Engine], config: &ClusterConfig) -> Result<(), String> {
+        let mut ends: BTreeMap<RequestId, u32> = BTreeMap::new();
+        for (index, engine) in engines.iter().enumerate() {
+            if engine.kv().used_blocks() > engine.kv().total_blocks() {
+                return Err(format!("instance {index} holds more blocks than its pool"));
+            }
+            for record in &engine.metrics().records {
+                let Some(request) = self.requests.get(&record.id) else {
+                    continue;
+                };
+                if index == request.prefill && request.stage != Stage::Decode {
+                    continue; // its prefill half (or the request's end there)
+                }
+                if index == request.prefill && record.outcome == Outcome::Completed {
+                    continue; // the prefill half of a request now decoding
+                }
+                if index != request.decode {
+                    return Err(format!(
+                        "request {:?} ended on instance {index}, not its decode pod {}",
+                        record.id, request.decode
+                    ));
+                }
+                *ends.entry(record.id).or_insert(0) += 1;
+            }
+            for (id, _) in engine.held_kv() {
+                let owed = self.requests.get(&id).is_some_and(|request| {
+                    request.prefill == index
+                        && matches!(request.stage, Stage::Handoff | Stage::Decode)
+                        && !request.released
+                });
+                if !owed {
+                    return Err(format!(
+                        "instance {index} holds KV of {id:?}, which no pull is owed"
+                    ));
+                }
+            }
+        }
+        for (id, request) in &self.requests {
+            if let Some(&count) = ends.get(id)
+                && count != 1
+            {
+                return Err(format!("request {id:?} ended {count} times on decode pods"));
+            }
+            let owed = matches!(request.stage, Stage::Handoff | Stage::Decode) && !request.released;
+            if owed
+                && !engines[request.prefill]
+                    .held_kv()
+                    .any(|(held, _)| held == *id)
+            {
+                return Err(format!(
+                    "instance {} freed {id:?}'s KV before its pull completed",
+                    request.prefill
+                ));
+            }
+            if !serves_prefill(config.instances[request.prefill].role)
+                || !serves_decode(config.instances[request.decode].role)
+            {
+                return Err(format!("request {id:?} split over pods of the wrong roles"));
+            }
+        }
+        Ok(())
+    }
+}
