@@ -16,6 +16,7 @@ pub mod error;
 pub mod forecast_loop;
 pub mod http;
 pub mod http_conn;
+pub mod keda;
 pub mod lifecycle;
 pub mod load;
 pub mod loadgen;

@@ -189,12 +189,7 @@ impl LoadForecaster {
         let hour = ((3_600.0 / self.settings.step_s).round() as usize).clamp(1, m);
         let recent = &self.first_day[m - hour..];
         let offsets = &self.season[m - hour..];
-        self.level = recent
-            .iter()
-            .zip(offsets)
-            .map(|(y, s)| y - s)
-            .sum::<f64>()
-            / hour as f64;
+        self.level = recent.iter().zip(offsets).map(|(y, s)| y - s).sum::<f64>() / hour as f64;
         self.trend = 0.0;
         self.first_day = Vec::new();
     }
@@ -249,7 +244,9 @@ impl LoadForecaster {
 
     /// The highest forecast rate within `horizon_s` (sampled per step, at most 1,000 points).
     pub fn peak_within(&self, horizon_s: f64) -> f64 {
-        let steps = (horizon_s.max(0.0) / self.settings.step_s).ceil().min(1_000.0) as usize;
+        let steps = (horizon_s.max(0.0) / self.settings.step_s)
+            .ceil()
+            .min(1_000.0) as usize;
         (0..=steps)
             .map(|step| self.forecast_steps(step as f64))
             .fold(0.0, f64::max)
@@ -361,7 +358,10 @@ mod tests {
         let (a, b) = (with_season.error(), without.error());
         // Over the third day, 30 minutes ahead.
         assert!(a.relative < 0.05, "seasonal {a:?}");
-        assert!(a.relative < b.relative, "seasonal {a:?} vs trend only {b:?}");
+        assert!(
+            a.relative < b.relative,
+            "seasonal {a:?} vs trend only {b:?}"
+        );
     }
 
     #[test]
