@@ -1,6 +1,8 @@
 //! Desired replicas for autoscalers: the capacity question the forecast loop asks of each
 //! variant on the mirrored state and observed traffic, and the gauges its answer yields
-//! (`ditto_desired_replicas` and friends, shaped like llm-d's `wva_desired_replicas`).
+//! (`ditto_desired_replicas` and friends, shaped like llm-d's `wva_desired_replicas`); the
+//! KEDA scaler (`server::keda`) asks the same question under the load forecast's stages
+//! (`question_for`).
 //!
 //! Pure: the server's loop supplies the snapshot, the clock and the settings. A variant is
 //! the set of mirrored instances sharing a base name (the instance id without its
