@@ -22,7 +22,7 @@ pub mod metadata;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prometheus::{IntCounterVec, Opts};
+use prometheus::{IntCounterVec, IntGauge, Opts};
 use tokio::sync::{Semaphore, watch};
 use tonic::{Request, Response, Status};
 
@@ -65,6 +65,7 @@ pub struct KedaScaler {
     streams: Arc<Semaphore>,
     draining: watch::Receiver<bool>,
     forecasts: IntCounterVec,
+    streams_open: IntGauge,
 }
 
 /// The service handle tonic serves (cheap to clone).
@@ -86,6 +87,11 @@ impl KedaService {
             &["outcome"],
         )?;
         shared.metrics.register(Box::new(forecasts.clone()))?;
+        let streams_open = IntGauge::new(
+            "ditto_keda_streams_open",
+            "StreamIsActive streams open now (at most 64).",
+        )?;
+        shared.metrics.register(Box::new(streams_open.clone()))?;
         Ok(Self(Arc::new(KedaScaler {
             shared,
             load,
@@ -93,6 +99,7 @@ impl KedaService {
             streams: Arc::new(Semaphore::new(MAX_STREAMS)),
             draining,
             forecasts,
+            streams_open,
         })))
     }
 }
@@ -274,6 +281,28 @@ impl KedaScaler {
     }
 }
 
+/// A stream's slot and its count in `ditto_keda_streams_open`, both given back on drop.
+struct OpenStream {
+    gauge: IntGauge,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl OpenStream {
+    fn new(gauge: &IntGauge, permit: tokio::sync::OwnedSemaphorePermit) -> Self {
+        gauge.inc();
+        Self {
+            gauge: gauge.clone(),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
 type ActiveStream = tokio_stream::wrappers::ReceiverStream<Result<IsActiveResponse, Status>>;
 
 #[tonic::async_trait]
@@ -307,7 +336,7 @@ impl ExternalScaler for KedaService {
         let mut samples = scaler.load.subscribe();
         let mut draining = scaler.draining.clone();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _open = OpenStream::new(&scaler.streams_open, permit);
             let mut last = first;
             if tx
                 .send(Ok(IsActiveResponse { result: first }))
