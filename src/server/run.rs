@@ -205,7 +205,11 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         window,
         &metrics,
     )?);
-    background.push(load.spawn(Arc::clone(&store), lifecycle.draining()));
+    background.push(load.spawn(
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+        lifecycle.draining(),
+    ));
     let shared = Arc::new(Shared::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)

@@ -192,6 +192,32 @@ def test_metrics_and_activity_follow_the_load_and_the_stream_delivers_the_change
     assert "load sampler stopped" in output
 
 
+def test_routing_questions_count_as_load():
+    """Beside the EPP, ditto is asked one routing question per request it places: with no
+    arrivals pushed, the questions alone make the pool active and its observed rate nonzero."""
+    server = Server(extra_args=STEP_ARGS)
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        assert until("a first load sample", lambda: scaler.IsActive(ref(), timeout=10), lambda r: True).result is False
+        question = pb.PredictRoutingRequest(
+            request=pb.CandidateRequest(prompt_tokens=256, output_tokens=32), request_id="q"
+        )
+        labels = 'namespace="",pool="vllm"'
+        deadline = time.monotonic() + POLL_BOUND_S
+        observed = 0.0
+        while time.monotonic() < deadline and not observed:
+            for _ in range(10):
+                server.twin.PredictRouting(question, timeout=30)
+            observed = gauge(server.http("/metrics")[1], "ditto_load_observed_arrivals_per_second", labels) or 0.0
+        assert observed > 0.0, server.output()
+        # Nothing pushed: the mirror itself saw no arrivals.
+        assert server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).traffic.arrivals_per_s == 0.0
+        assert until("active", lambda: scaler.IsActive(ref(), timeout=10), lambda r: r.result).result
+    finally:
+        stop(server)
+
+
 @pytest.mark.parametrize(
     "overrides, key",
     [

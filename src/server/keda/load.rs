@@ -3,6 +3,11 @@
 //! [`LoadForecaster`] and exports the observation, the forecast and its measured error in
 //! `/metrics`. The KEDA scaler reads the forecasters between steps.
 //!
+//! Two sources of arrivals, the larger taken (they mostly see the same requests, so they are
+//! not added): the mirror's traffic summary (arrivals the pods or the pushes reported), and
+//! the routing questions the twin is asked (`ditto_predictions_total`: beside the EPP, one
+//! per request it places). Both are the cluster's; a pool gets its share by current replicas.
+//!
 //! The store summarises arrivals as a rate over the last window of *client* time ending at
 //! the latest arrival, which stays put while nothing arrives. So a step with no change of
 //! that rate counts as quiet, and after `quiet` seconds the rate observed is the summary's
@@ -19,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::desired::{Variant, in_flight, observed_rate, variants};
+use crate::twin::desired::{Variant, in_flight, variants};
 use crate::twin::load_forecast::{LoadForecastSettings, LoadForecaster};
 use crate::twin::store::MirrorStore;
 
@@ -42,6 +47,7 @@ struct State {
     pools: BTreeMap<PoolKey, PoolLoad>,
     last_summary_rate: Option<f64>,
     quiet_s: f64,
+    last_questions: Option<u64>,
     samples: u64,
 }
 
@@ -213,8 +219,9 @@ impl LoadTracker {
             .collect()
     }
 
-    /// One step: observes every pool of `snapshot` and exports the gauges.
-    pub fn sample(&self, snapshot: &MirrorSnapshot) {
+    /// One step: observes every pool of `snapshot`, with `questions` routing questions
+    /// answered so far, and exports the gauges.
+    pub fn sample(&self, snapshot: &MirrorSnapshot, questions: u64) {
         let mut state = self.lock();
         let summary = snapshot.traffic.arrivals_per_s;
         let step_s = self.settings.step_s;
@@ -225,8 +232,20 @@ impl LoadTracker {
             state.last_summary_rate = Some(summary);
         }
         let decay = (1.0 - state.quiet_s / self.window_s).clamp(0.0, 1.0);
+        let asked = state
+            .last_questions
+            .map_or(0, |last| questions.saturating_sub(last));
+        state.last_questions = Some(questions);
+        let summary = if summary.is_finite() {
+            summary.max(0.0)
+        } else {
+            0.0
+        };
+        let cluster_rate = (summary * decay).max(asked as f64 / step_s);
+        let pools_now = variants(snapshot, "");
+        let replicas: u32 = pools_now.iter().map(|v| v.current).sum();
         let mut pools = BTreeMap::new();
-        for variant in variants(snapshot, "") {
+        for variant in pools_now {
             let key = (variant.namespace.clone(), variant.name.clone());
             let mut load = state.pools.remove(&key).unwrap_or_else(|| PoolLoad {
                 variant: variant.clone(),
@@ -234,7 +253,7 @@ impl LoadTracker {
                 in_flight: 0,
             });
             load.forecaster
-                .observe(observed_rate(snapshot, &variant, "") * decay);
+                .observe(cluster_rate * f64::from(variant.current) / f64::from(replicas.max(1)));
             load.in_flight = in_flight(snapshot, &variant, "");
             load.variant = variant;
             pools.insert(key, load);
@@ -247,10 +266,12 @@ impl LoadTracker {
         self.samples.send_replace(samples);
     }
 
-    /// Starts the sampler: one sample per step on the latest snapshot, until `draining`.
+    /// Starts the sampler: one sample per step on the latest snapshot, with the routing
+    /// questions counted in `metrics`, until `draining`.
     pub fn spawn(
         self: &Arc<Self>,
         store: Arc<MirrorStore>,
+        metrics: Arc<Metrics>,
         mut draining: watch::Receiver<bool>,
     ) -> JoinHandle<()> {
         let tracker = Arc::clone(self);
@@ -264,7 +285,7 @@ impl LoadTracker {
                     _ = ticker.tick() => {}
                 }
                 if let Some(stored) = store.latest() {
-                    tracker.sample(&stored.snapshot);
+                    tracker.sample(&stored.snapshot, metrics.predictions.get());
                 }
             }
             tracing::info!("load sampler stopped");
