@@ -1,15 +1,13 @@
-//! Compiles `proto/ditto/v1/*.proto` with protox (no system protoc) and writes the
-//! descriptor set that gRPC reflection serves.
+//! Compiles `proto/ditto/v1/*.proto` and KEDA's external scaler protocol
+//! (`proto/externalscaler/*.proto`) with protox (no system protoc) and writes the descriptor
+//! set that gRPC reflection serves.
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let mut files: Vec<PathBuf> = std::fs::read_dir("proto/ditto/v1")?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<Result<_, _>>()?;
-    files.retain(|path| path.extension().is_some_and(|ext| ext == "proto"));
-    files.sort();
+    let mut files = protos("proto/ditto/v1")?;
+    files.extend(protos("proto/externalscaler")?);
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
     }
@@ -30,6 +28,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .compile_fds(compiler.file_descriptor_set())?;
     git_sha();
     Ok(())
+}
+
+/// The `.proto` files of `dir`, sorted.
+fn protos(dir: &str) -> Result<Vec<PathBuf>, std::io::Error> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|path| path.extension().is_some_and(|ext| ext == "proto"));
+    files.sort();
+    Ok(files)
 }
 
 /// `DITTO_GIT_SHA` for `ditto_build_info`: from the environment (an image build passes it),

@@ -102,6 +102,9 @@ pub struct ServeArgs {
     /// terminationGracePeriodSeconds above it.
     #[arg(long, env = "DITTO_DRAIN_MS")]
     pub drain_ms: Option<u64>,
+    /// Seconds between load samples (the KEDA scaler's load forecast, docs/autoscaling.md).
+    #[arg(long, env = "DITTO_LOAD_FORECAST_STEP_S", default_value_t = 10.0)]
+    pub load_forecast_step_s: f64,
     /// The optional forecast loop exporting ditto_desired_replicas.
     #[command(flatten)]
     pub forecast_loop: crate::cli::forecast_loop::ForecastLoopArgs,
@@ -246,6 +249,14 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
         Duration::from_millis,
     );
     options.forecast_loop = args.forecast_loop.options()?;
+    let step = args.load_forecast_step_s;
+    if !(step.is_finite() && (0.05..=3_600.0).contains(&step)) {
+        return Err(ServeCommandError::BadFlag {
+            flag: "load-forecast-step-s",
+            reason: "must be in [0.05, 3600] seconds".to_owned(),
+        });
+    }
+    options.load_forecast_step = Duration::from_secs_f64(step);
     options.auth = args.security.auth()?;
     options.tls = args.security.tls()?;
     options.predictor = args.predictor.options()?;

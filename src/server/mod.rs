@@ -17,6 +17,7 @@ pub mod forecast_loop;
 pub mod grpc_conn;
 pub mod http;
 pub mod http_conn;
+pub mod keda;
 pub mod lifecycle;
 pub mod load;
 pub mod loadgen;

@@ -1,5 +1,5 @@
-//! Startup and shutdown of the server: the gRPC listener (Twin, health, reflection v1 and
-//! v1alpha), the HTTP listener (the latency predictor API, metrics, liveness, readiness) and,
+//! Startup and shutdown of the server: the gRPC listener (Twin, KEDA's external scaler,
+//! health, reflection v1 and v1alpha), the HTTP listener (the latency predictor API, metrics, liveness, readiness) and,
 //! with `--metrics-addr`, a second HTTP listener with only metrics and the probes, under its
 //! own connection cap.
 //!
@@ -24,6 +24,9 @@ use super::auth::{AuthGate, AuthPolicy};
 use super::error::ServeError;
 use super::forecast_loop::{self, ForecastLoopOptions};
 use super::http;
+use super::keda::KedaService;
+use super::keda::load::LoadTracker;
+use super::keda::proto::external_scaler_server::ExternalScalerServer;
 use super::lifecycle::{DrainGate, Lifecycle};
 use super::observe::ObserveGrpc;
 use super::proto::twin_server::TwinServer;
@@ -41,6 +44,8 @@ pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:9010";
 pub const DEFAULT_HTTP_ADDR: &str = "0.0.0.0:9011";
 /// Default longest call (a prediction or forecast without a shorter grpc-timeout).
 pub const DEFAULT_MAX_CALL: Duration = Duration::from_secs(30);
+/// Default time between load samples (`--load-forecast-step-s`).
+pub const DEFAULT_LOAD_FORECAST_STEP: Duration = Duration::from_secs(10);
 /// Default bound on the calls waiting for a simulation slot (beyond: RESOURCE_EXHAUSTED).
 pub const DEFAULT_MAX_QUEUED_SIMULATIONS: usize = 64;
 /// What the default drain adds to the longest call: encoding and sending the last reply.
@@ -80,6 +85,8 @@ pub struct ServerOptions {
     pub live: Option<crate::live::LiveConfig>,
     /// The forecast loop exporting desired replicas (None: off).
     pub forecast_loop: Option<ForecastLoopOptions>,
+    /// Time between the load sampler's samples (the KEDA scaler's load forecast).
+    pub load_forecast_step: Duration,
     /// The latency predictor HTTP API (`server::predictor`).
     pub predictor: super::predictor::PredictorOptions,
     /// Bearer-token authentication (default: off).
@@ -120,6 +127,7 @@ impl ServerOptions {
             initial_config: None,
             live: None,
             forecast_loop: None,
+            load_forecast_step: DEFAULT_LOAD_FORECAST_STEP,
             predictor: super::predictor::PredictorOptions::default(),
             auth: AuthPolicy::default(),
             tls: None,
@@ -194,6 +202,17 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             lifecycle.draining(),
         )?);
     }
+    let window = Duration::from_micros(options.store.arrivals_window_us);
+    let load = Arc::new(LoadTracker::new(
+        options.load_forecast_step,
+        window,
+        &metrics,
+    )?);
+    background.push(load.spawn(
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+        lifecycle.draining(),
+    ));
     let shared = Arc::new(Shared::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
@@ -222,6 +241,15 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let twin = AuthGate::new(twin, Arc::clone(&auth), rejections.clone());
     let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
     let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
+    let keda = ExternalScalerServer::new(KedaService::new(
+        Arc::clone(&shared),
+        load,
+        lifecycle.draining(),
+    )?)
+    .max_decoding_message_size(options.max_message_bytes);
+    let keda = AuthGate::new(keda, Arc::clone(&auth), rejections.clone());
+    let keda = DrainGate::new(keda, Arc::clone(&lifecycle));
+    let keda = ObserveGrpc::new(keda, Arc::clone(&shared.metrics));
     let grpc_listener = bind(options.grpc_addr).await?;
     let http_listener = bind(options.http_addr).await?;
     let metrics_listener = match options.metrics_addr {
@@ -245,7 +273,8 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(twin);
+        .add_service(twin)
+        .add_service(keda);
     let predictor = Arc::new(super::predictor::Predictor::new(
         Arc::clone(&shared),
         super::predictor::PredictorOptions {

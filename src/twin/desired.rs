@@ -1,6 +1,8 @@
 //! Desired replicas for autoscalers: the capacity question the forecast loop asks of each
 //! variant on the mirrored state and observed traffic, and the gauges its answer yields
-//! (`ditto_desired_replicas` and friends, shaped like llm-d's `wva_desired_replicas`).
+//! (`ditto_desired_replicas` and friends, shaped like llm-d's `wva_desired_replicas`); the
+//! KEDA scaler (`server::keda`) asks the same question under the load forecast's stages
+//! (`question_for`).
 //!
 //! Pure: the server's loop supplies the snapshot, the clock and the settings. A variant is
 //! the set of mirrored instances sharing a base name (the instance id without its
@@ -124,27 +126,66 @@ fn lengths(snapshot: &MirrorSnapshot) -> (LengthDist, LengthDist) {
     )
 }
 
-/// The capacity question for `variant` (a search over its replica count from idle
-/// instances), or None when the mirror has observed no arrivals (then 1 replica suffices).
-pub fn question(
-    snapshot: &MirrorSnapshot,
-    variant: &Variant,
-    settings: &DesiredSettings,
-    now_us: u64,
-) -> Option<ForecastQuestion> {
-    let total: u32 = variants(snapshot, &settings.namespace)
+/// The share of the mirror's observed arrival rate that falls to `variant`: in proportion to
+/// its replicas among every variant's (the mirror sees the cluster's arrivals, not the
+/// router's split).
+pub fn observed_rate(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) -> f64 {
+    let total: u32 = variants(snapshot, namespace)
         .iter()
         .map(|v| v.current)
         .sum();
     let rate =
         snapshot.traffic.arrivals_per_s * f64::from(variant.current) / f64::from(total.max(1));
-    if !(rate.is_finite() && rate > 0.0) {
+    if rate.is_finite() { rate.max(0.0) } else { 0.0 }
+}
+
+/// Requests the mirror holds in flight (waiting or running) on `variant`'s instances.
+pub fn in_flight(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) -> u64 {
+    snapshot
+        .config
+        .instances
+        .iter()
+        .zip(&snapshot.instances)
+        .filter(|(instance, _)| {
+            let (ns, name) = variant_of(&instance.id);
+            let name = snapshot
+                .settings
+                .variants
+                .get(&instance.id)
+                .map_or(name, String::as_str);
+            name == variant.name && ns.unwrap_or(namespace) == variant.namespace
+        })
+        .map(|(_, state)| {
+            let listed = (state.waiting.len() + state.running.len()) as u64;
+            let gauged = state
+                .gauges
+                .as_ref()
+                .map_or(0, |g| u64::from(g.running) + u64::from(g.waiting));
+            listed.max(gauged)
+        })
+        .sum()
+}
+
+/// The capacity question for `variant` under a piecewise arrival rate `stages` ((requests
+/// per second, seconds) each): a search over its replica count from idle instances, with
+/// the observed length mix. None when no stage has arrivals (then 1 replica suffices).
+pub fn question_for(
+    snapshot: &MirrorSnapshot,
+    variant: &Variant,
+    settings: &DesiredSettings,
+    stages: Vec<(f64, f64)>,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    if !stages
+        .iter()
+        .any(|&(rate, seconds)| rate.is_finite() && rate > 0.0 && seconds > 0.0)
+    {
         return None;
     }
     let (input_tokens, output_tokens) = lengths(snapshot);
     Some(ForecastQuestion {
         start: ForecastStart::Empty,
-        stages: vec![(rate, settings.horizon_s)],
+        stages,
         input_tokens,
         output_tokens,
         variants: vec![VariantCandidates {
@@ -159,6 +200,24 @@ pub fn question(
         seed: settings.seed,
         now_us,
     })
+}
+
+/// The capacity question for `variant` at its share of the observed arrival rate over the
+/// settings' horizon, or None when the mirror has observed no arrivals.
+pub fn question(
+    snapshot: &MirrorSnapshot,
+    variant: &Variant,
+    settings: &DesiredSettings,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    let rate = observed_rate(snapshot, variant, &settings.namespace);
+    question_for(
+        snapshot,
+        variant,
+        settings,
+        vec![(rate, settings.horizon_s)],
+        now_us,
+    )
 }
 
 /// The gauges of `variant` from the forecast's answer (None: no traffic, 1 replica).

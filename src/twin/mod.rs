@@ -13,6 +13,7 @@ pub mod error;
 pub mod forecast;
 mod fork;
 pub mod limits;
+pub mod load_forecast;
 pub mod memo;
 pub mod parallel;
 pub mod predict;

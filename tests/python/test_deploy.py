@@ -18,6 +18,7 @@ import time
 import urllib.request
 
 import helm_python as helm
+import jsonschema
 import pytest
 import yaml
 
@@ -545,3 +546,234 @@ def test_every_flag_docs_operations_names_is_accepted_by_the_binary():
             if flag not in accepted:
                 unknown.append(flag)
     assert not unknown, f"docs/operations.md names flags the binary rejects: {sorted(set(unknown))}"
+
+
+# KEDA's ScaledObject (keda.sh/v1alpha1), the subset of its CRD schema the chart renders,
+# written from KEDA's ScaledObject specification (keda.sh/docs, "ScaledObject
+# specification") and its CRD: strict like kubernetes-validate --strict (an unknown or
+# misspelt field fails); trigger metadata values are strings; the HPA behaviour is
+# autoscaling/v2's HorizontalPodAutoscalerBehavior.
+HPA_RULES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "value", "periodSeconds"],
+                "additionalProperties": False,
+                "properties": {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "exclusiveMinimum": 0},
+                    "periodSeconds": {"type": "integer", "exclusiveMinimum": 0, "maximum": 1800},
+                },
+            },
+        },
+    },
+}
+SCALED_OBJECT = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+            "additionalProperties": False,
+        },
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": {"type": "string"},
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                },
+                "pollingInterval": {"type": "integer", "format": "int32"},
+                "cooldownPeriod": {"type": "integer", "format": "int32"},
+                "initialCooldownPeriod": {"type": "integer", "format": "int32"},
+                "idleReplicaCount": {"type": "integer", "format": "int32"},
+                "minReplicaCount": {"type": "integer", "format": "int32"},
+                "maxReplicaCount": {"type": "integer", "format": "int32"},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureThreshold": {"type": "integer", "format": "int32"},
+                        "replicas": {"type": "integer", "format": "int32"},
+                    },
+                },
+                "advanced": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {"scaleUp": HPA_RULES, "scaleDown": HPA_RULES},
+                                },
+                            },
+                        },
+                    },
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "type": {"type": "string"},
+                            "name": {"type": "string"},
+                            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {"enum": ["TriggerAuthentication", "ClusterTriggerAuthentication"]},
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def keda_values(**keda):
+    return {
+        "keda": {
+            "enabled": True,
+            "scaleTargetRef": {"kind": "Deployment", "name": "vllm-decode"},
+            "pool": "vllm",
+            **keda,
+        }
+    }
+
+
+def scaled_object(objects):
+    (found,) = [obj for (kind, _), obj in objects.items() if kind == "ScaledObject"]
+    return found
+
+
+def test_no_scaled_object_unless_keda_is_enabled():
+    for name, values in SCENARIOS.items():
+        assert not [kind for kind, _ in render(values()) if kind == "ScaledObject"], name
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "push": True,
+            "authenticationRef": "ditto-ca",
+            "fallback": {"failureThreshold": 3, "replicas": 4},
+            "scaleTargetRef": {"kind": "StatefulSet", "name": "vllm-decode"},
+            "extraTriggers": [
+                {
+                    "type": "prometheus",
+                    "name": "queue",
+                    "metadata": {
+                        "serverAddress": "http://prometheus.monitoring:9090",
+                        "query": "sum(inference_pool_average_queue_size)",
+                        "threshold": "5",
+                    },
+                }
+            ],
+        },
+    ],
+    ids=["defaults", "push-fallback-and-another-trigger"],
+)
+def test_the_scaled_object_validates_against_keda_s_crd_and_lints(extra, tmp_path):
+    values = keda_values(**extra)
+    values["tls"] = {"enabled": extra != {}, "secretName": "ditto-tls"}
+    objects = render(values)
+    scaled = scaled_object(objects)
+    jsonschema.validate(scaled, SCALED_OBJECT)
+    for (kind, _), obj in objects.items():
+        if kind != "ScaledObject":
+            validate(obj, "chart (keda)")
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version=f"v{KUBE_VERSION}")
+    assert not [m for m in report["messages"] if m["severity"] >= 2] and not report["errors"], report
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": values["keda"]["scaleTargetRef"]["kind"], "name": "vllm-decode"}
+    # llm-d's SLO-aware guide's HPA behaviour by default: fast up, one pod per 120 s down.
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 30
+    assert {(p["type"], p["value"], p["periodSeconds"]) for p in behavior["scaleUp"]["policies"]} == {("Percent", 100, 60), ("Pods", 4, 60)}
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 180
+    assert behavior["scaleDown"]["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 120}]
+    ditto = spec["triggers"][0]
+    assert ditto["type"] == ("external-push" if extra.get("push") else "external")
+    assert ditto["metricType"] == "AverageValue"
+    # scalerAddress is this release's gRPC Service.
+    service = objects[("Service", RELEASE)]
+    (grpc_port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"]
+    assert ditto["metadata"]["scalerAddress"] == f"{RELEASE}.{NAMESPACE}.svc.cluster.local:{grpc_port}"
+    assert len(spec["triggers"]) == 1 + len(extra.get("extraTriggers", []))
+    # The pod samples the load at the chart's step, and its flags pass check-config.
+    values.pop("tls")
+    pod = deployment(render(values))["spec"]["template"]["spec"]
+    assert "--load-forecast-step-s=10" in container(pod)["args"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    cluster_yaml = render(values)[("ConfigMap", volume["configMap"]["name"])]["data"]["cluster.yaml"]
+    code, _, stderr = check_config(container(pod), cluster_yaml, tmp_path)
+    assert code == 0, stderr
+
+
+def test_the_rendered_trigger_metadata_is_what_ditto_accepts():
+    """The chart's trigger metadata sent to a real ditto serve as KEDA sends it."""
+    from externalscaler import externalscaler_pb2 as ks
+    from externalscaler import externalscaler_pb2_grpc as ks_grpc
+
+    metadata = scaled_object(render(keda_values(sloTtftMs=2000, horizonSeconds=180)))["spec"]["triggers"][0]["metadata"]
+    server = Server()
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        reference = ks.ScaledObjectRef(name="vllm-decode", namespace=NAMESPACE, scalerMetadata=metadata)
+        spec = scaler.GetMetricSpec(reference, timeout=10)
+        assert [(m.metricName, m.targetSizeFloat) for m in spec.metricSpecs] == [("ditto-desired-replicas-vllm", 1.0)]
+    finally:
+        code, output = server.terminate(), server.output()
+        os.unlink(server.log.name)
+        assert code == 0, output
+
+
+def test_keda_without_a_target_or_pool_is_refused_naming_the_value():
+    assert "keda.scaleTargetRef.name" in bad_values_error({"keda": {"enabled": True, "pool": "vllm"}})
+    assert "keda.pool" in bad_values_error({"keda": {"enabled": True, "scaleTargetRef": {"name": "vllm"}}})
+    assert "keda" in bad_values_error(keda_values(scaleTargetRef={"kind": "ReplicaSet", "name": "x"}))

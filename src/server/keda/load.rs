@@ -1,0 +1,294 @@
+//! The load sampler: once a step it reads the latest snapshot's traffic summary, turns it
+//! into each pool's observed arrival rate for the step, feeds the pool's
+//! [`LoadForecaster`] and exports the observation, the forecast and its measured error in
+//! `/metrics`. The KEDA scaler reads the forecasters between steps.
+//!
+//! Two sources of arrivals, the larger taken (they mostly see the same requests, so they are
+//! not added): the mirror's traffic summary (arrivals the pods or the pushes reported), and
+//! the routing questions the twin is asked (`ditto_predictions_total`: beside the EPP, one
+//! per request it places). Both are the cluster's; a pool gets its share by current replicas.
+//!
+//! The store summarises arrivals as a rate over the last window of *client* time ending at
+//! the latest arrival, which stays put while nothing arrives. So a step with no change of
+//! that rate counts as quiet, and after `quiet` seconds the rate observed is the summary's
+//! times `1 - quiet / window` (the window sliding past the last arrivals), reaching zero
+//! once a full window passed without an arrival.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use prometheus::{GaugeVec, IntGaugeVec, Opts};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::telemetry::Metrics;
+use crate::twin::MirrorSnapshot;
+use crate::twin::desired::{Variant, in_flight, variants};
+use crate::twin::load_forecast::{LoadForecastSettings, LoadForecaster};
+use crate::twin::store::MirrorStore;
+
+/// A pool: (namespace, name); the namespace is empty for ids without one.
+pub type PoolKey = (String, String);
+
+/// One pool's load as last sampled.
+#[derive(Clone, Debug)]
+pub struct PoolLoad {
+    /// The pool.
+    pub variant: Variant,
+    /// Its forecaster.
+    pub forecaster: LoadForecaster,
+    /// Requests in flight on it at the last sample.
+    pub in_flight: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pools: BTreeMap<PoolKey, PoolLoad>,
+    last_summary_rate: Option<f64>,
+    quiet_s: f64,
+    last_questions: Option<u64>,
+    samples: u64,
+}
+
+/// The pools' forecasters and the sampler's gauges.
+#[derive(Debug)]
+pub struct LoadTracker {
+    settings: LoadForecastSettings,
+    window_s: f64,
+    state: Mutex<State>,
+    samples: watch::Sender<u64>,
+    gauges: Gauges,
+}
+
+#[derive(Clone, Debug)]
+struct Gauges {
+    observed: GaugeVec,
+    forecast: GaugeVec,
+    error_relative: GaugeVec,
+    error_abs: GaugeVec,
+    error_last: GaugeVec,
+    error_samples: IntGaugeVec,
+    seasonal: IntGaugeVec,
+}
+
+const LABELS: [&str; 2] = ["namespace", "pool"];
+
+impl Gauges {
+    fn register(metrics: &Metrics) -> Result<Self, prometheus::Error> {
+        let gauge = |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &LABELS);
+        let gauges = Self {
+            observed: gauge(
+                "ditto_load_observed_arrivals_per_second",
+                "Arrival rate the pool was observed at over the last load-forecast step.",
+            )?,
+            forecast: gauge(
+                "ditto_load_forecast_arrivals_per_second",
+                "Arrival rate the load forecast expects one error horizon (120 s) ahead.",
+            )?,
+            error_relative: gauge(
+                "ditto_load_forecast_error_ratio",
+                "Load forecast error: sum of |forecast - observed| over the sum of observed \
+                 rates, for the forecasts made one error horizon before (recent window).",
+            )?,
+            error_abs: gauge(
+                "ditto_load_forecast_abs_error_arrivals_per_second",
+                "Mean absolute error of the load forecast one error horizon ahead (recent window).",
+            )?,
+            error_last: gauge(
+                "ditto_load_forecast_last_error_arrivals_per_second",
+                "The last load forecast's error one error horizon ahead (forecast - observed).",
+            )?,
+            error_samples: IntGaugeVec::new(
+                Opts::new(
+                    "ditto_load_forecast_error_samples",
+                    "Forecasts compared with the observed rate in the error window.",
+                ),
+                &LABELS,
+            )?,
+            seasonal: IntGaugeVec::new(
+                Opts::new(
+                    "ditto_load_forecast_seasonal",
+                    "1 once the load forecast uses a daily season (a day observed), else 0.",
+                ),
+                &LABELS,
+            )?,
+        };
+        metrics.register(Box::new(gauges.observed.clone()))?;
+        metrics.register(Box::new(gauges.forecast.clone()))?;
+        metrics.register(Box::new(gauges.error_relative.clone()))?;
+        metrics.register(Box::new(gauges.error_abs.clone()))?;
+        metrics.register(Box::new(gauges.error_last.clone()))?;
+        metrics.register(Box::new(gauges.error_samples.clone()))?;
+        metrics.register(Box::new(gauges.seasonal.clone()))?;
+        Ok(gauges)
+    }
+
+    fn export(&self, pools: &BTreeMap<PoolKey, PoolLoad>) {
+        for vec in [
+            &self.observed,
+            &self.forecast,
+            &self.error_relative,
+            &self.error_abs,
+            &self.error_last,
+        ] {
+            vec.reset();
+        }
+        self.error_samples.reset();
+        self.seasonal.reset();
+        for ((namespace, pool), load) in pools {
+            let labels = [namespace.as_str(), pool.as_str()];
+            let forecaster = &load.forecaster;
+            let error = forecaster.error();
+            let ahead = forecaster.settings().error_horizon_steps as f64;
+            self.observed
+                .with_label_values(&labels)
+                .set(forecaster.last_observed());
+            self.forecast
+                .with_label_values(&labels)
+                .set(forecaster.forecast_steps(ahead));
+            self.error_relative
+                .with_label_values(&labels)
+                .set(error.relative);
+            self.error_abs
+                .with_label_values(&labels)
+                .set(error.mean_abs);
+            self.error_last.with_label_values(&labels).set(error.last);
+            self.error_samples
+                .with_label_values(&labels)
+                .set(i64::try_from(error.samples).unwrap_or(i64::MAX));
+            self.seasonal
+                .with_label_values(&labels)
+                .set(i64::from(forecaster.seasonal()));
+        }
+    }
+}
+
+impl LoadTracker {
+    /// A tracker stepping every `step` over the store's arrival window `window`.
+    pub fn new(
+        step: Duration,
+        window: Duration,
+        metrics: &Metrics,
+    ) -> Result<Self, prometheus::Error> {
+        let (samples, _) = watch::channel(0);
+        Ok(Self {
+            settings: LoadForecastSettings::for_step(step.as_secs_f64()),
+            window_s: window.as_secs_f64().max(1e-3),
+            state: Mutex::new(State::default()),
+            samples,
+            gauges: Gauges::register(metrics)?,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain numbers behind: still usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Samples taken so far; changes when a new one is taken.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.samples.subscribe()
+    }
+
+    /// Samples taken so far.
+    pub fn samples(&self) -> u64 {
+        self.lock().samples
+    }
+
+    /// The pools matching `name` (and `namespace` when given), as last sampled.
+    pub fn find(&self, name: &str, namespace: Option<&str>) -> Vec<PoolLoad> {
+        self.lock()
+            .pools
+            .iter()
+            .filter(|((ns, pool), _)| {
+                pool == name && namespace.is_none_or(|want| ns.is_empty() || ns == want)
+            })
+            .map(|(_, load)| load.clone())
+            .collect()
+    }
+
+    /// The pools' names, as last sampled.
+    pub fn pool_names(&self) -> Vec<String> {
+        self.lock()
+            .pools
+            .keys()
+            .map(|(_, pool)| pool.clone())
+            .collect()
+    }
+
+    /// One step: observes every pool of `snapshot`, with `questions` routing questions
+    /// answered so far, and exports the gauges.
+    pub fn sample(&self, snapshot: &MirrorSnapshot, questions: u64) {
+        let mut state = self.lock();
+        let summary = snapshot.traffic.arrivals_per_s;
+        let step_s = self.settings.step_s;
+        if state.last_summary_rate == Some(summary) {
+            state.quiet_s += step_s;
+        } else {
+            state.quiet_s = 0.0;
+            state.last_summary_rate = Some(summary);
+        }
+        let decay = (1.0 - state.quiet_s / self.window_s).clamp(0.0, 1.0);
+        let asked = state
+            .last_questions
+            .map_or(0, |last| questions.saturating_sub(last));
+        state.last_questions = Some(questions);
+        let summary = if summary.is_finite() {
+            summary.max(0.0)
+        } else {
+            0.0
+        };
+        let cluster_rate = (summary * decay).max(asked as f64 / step_s);
+        let pools_now = variants(snapshot, "");
+        let replicas: u32 = pools_now.iter().map(|v| v.current).sum();
+        let mut pools = BTreeMap::new();
+        for variant in pools_now {
+            let key = (variant.namespace.clone(), variant.name.clone());
+            let mut load = state.pools.remove(&key).unwrap_or_else(|| PoolLoad {
+                variant: variant.clone(),
+                forecaster: LoadForecaster::new(self.settings),
+                in_flight: 0,
+            });
+            load.forecaster
+                .observe(cluster_rate * f64::from(variant.current) / f64::from(replicas.max(1)));
+            load.in_flight = in_flight(snapshot, &variant, "");
+            load.variant = variant;
+            pools.insert(key, load);
+        }
+        state.pools = pools;
+        state.samples += 1;
+        self.gauges.export(&state.pools);
+        let samples = state.samples;
+        drop(state);
+        self.samples.send_replace(samples);
+    }
+
+    /// Starts the sampler: one sample per step on the latest snapshot, with the routing
+    /// questions counted in `metrics`, until `draining`.
+    pub fn spawn(
+        self: &Arc<Self>,
+        store: Arc<MirrorStore>,
+        metrics: Arc<Metrics>,
+        mut draining: watch::Receiver<bool>,
+    ) -> JoinHandle<()> {
+        let tracker = Arc::clone(self);
+        let step = Duration::from_secs_f64(self.settings.step_s);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(step);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tokio::select! {
+                    _ = draining.wait_for(|draining| *draining) => break,
+                    _ = ticker.tick() => {}
+                }
+                if let Some(stored) = store.latest() {
+                    tracker.sample(&stored.snapshot, metrics.predictions.get());
+                }
+            }
+            tracing::info!("load sampler stopped");
+        })
+    }
+}

@@ -1,0 +1,308 @@
+"""KEDA's external scaler protocol served by a real `ditto serve`, driven by stubs generated
+from proto/externalscaler/externalscaler.proto (KEDA's wire format): the metric spec, metric
+values that follow a load change, IsActive false at zero load and true under load, the
+StreamIsActive stream delivering the change, bad scaler metadata refused with
+INVALID_ARGUMENT naming the key, a stream ending when its client goes, and the reads
+following --auth-reads.
+
+Load is pushed as KEDA would never see it directly: arrivals on the mirrored pods through the
+Twin API's PushInstanceState (200 requests over 2 s of client time, 100 requests per second,
+more than one llama-3.1-8b replica serves within a 1 s TTFT).
+"""
+
+import os
+import queue
+import re
+import secrets
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+
+from conftest import Server
+from ditto.v1 import twin_pb2 as pb
+from externalscaler import externalscaler_pb2 as ks
+from externalscaler import externalscaler_pb2_grpc as ks_grpc
+
+POLL_BOUND_S = 120.0
+STEP_ARGS = ["--load-forecast-step-s", "0.25"]
+METADATA = {
+    "scalerAddress": "ditto.llm-d.svc:9010",
+    "pool": "vllm",
+    "ttftMs": "1000",
+    "tpotMs": "100",
+    "horizonSeconds": "20",
+    "warmUpSeconds": "10",
+    "replications": "1",
+}
+
+
+def ref(**overrides):
+    metadata = dict(METADATA)
+    for key, value in overrides.items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
+    return ks.ScaledObjectRef(name="vllm-decode", namespace="llm-d", scalerMetadata=metadata)
+
+
+def until(what, call, predicate):
+    """Polls `call` (retrying UNAVAILABLE before the first load sample) until `predicate`."""
+    deadline = time.monotonic() + POLL_BOUND_S
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = call()
+            if predicate(last):
+                return last
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            last = err
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not within {POLL_BOUND_S} s (last: {last})")
+
+
+def push_load(server):
+    updates = []
+    for index in range(4):
+        waiting = [
+            pb.RequestState(
+                request_id=f"r{index}-{n}",
+                arrival_us=1_000_000 + (n * 4 + index) * 10_000,
+                prompt_tokens=512,
+                max_tokens=256,
+            )
+            for n in range(50)
+        ]
+        updates.append(
+            pb.InstanceStateUpdate(
+                instance_id=f"vllm-{index}",
+                observed_at_us=3_000_000,
+                requests=pb.RequestLists(waiting=waiting),
+            )
+        )
+    ack = server.twin.PushInstanceState(iter(updates), timeout=30)
+    assert ack.accepted == 4
+
+
+def gauge(text, name, labels):
+    match = re.search(rf"^{name}\{{{re.escape(labels)}\}} (\S+)$", text, re.MULTILINE)
+    return None if match is None else float(match.group(1))
+
+
+def stop(server):
+    code = server.terminate()
+    output = server.output()
+    os.unlink(server.log.name)
+    assert code == 0, output
+    return output
+
+
+def test_metrics_and_activity_follow_the_load_and_the_stream_delivers_the_change():
+    server = Server(extra_args=STEP_ARGS)
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+
+        spec = scaler.GetMetricSpec(ref(), timeout=10)
+        assert len(spec.metricSpecs) == 1
+        name = spec.metricSpecs[0].metricName
+        assert name == "ditto-desired-replicas-vllm"
+        assert spec.metricSpecs[0].targetSizeFloat == 1.0
+        assert spec.metricSpecs[0].targetSize == 1
+
+        # Zero load and nothing forecast: inactive, and the metric asks for nothing.
+        active = until("a first load sample", lambda: scaler.IsActive(ref(), timeout=10), lambda r: True)
+        assert active.result is False
+        values = scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=ref(), metricName=name), timeout=30)
+        assert [(v.metricName, v.metricValueFloat) for v in values.metricValues] == [(name, 0.0)]
+
+        # A stream opened at zero load says false at once, then true when the load comes.
+        stream = scaler.StreamIsActive(ref(), timeout=POLL_BOUND_S)
+        received = queue.Queue()
+
+        def read():
+            try:
+                for message in stream:
+                    received.put(message.result)
+            except grpc.RpcError as err:
+                received.put(err)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        assert received.get(timeout=30) is False
+
+        push_load(server)
+        assert received.get(timeout=POLL_BOUND_S) is True, "the stream did not deliver the change"
+        assert scaler.IsActive(ref(), timeout=10).result is True
+
+        # GetMetrics follows: more than one replica for 100 requests per second.
+        values = until(
+            "GetMetrics above one replica",
+            lambda: scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=ref(), metricName=name), timeout=60),
+            lambda r: r.metricValues[0].metricValueFloat > 1,
+        )
+        value = values.metricValues[0]
+        assert value.metricName == name
+        assert value.metricValue == int(value.metricValueFloat)
+        # Once the load holds still (within 5 %), polls are answered from the cached forecast.
+        def cached():
+            again = scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=ref(), metricName=name), timeout=60)
+            assert again.metricValues[0].metricValueFloat >= 1
+            return server.http("/metrics")[1]
+
+        until(
+            "a cached answer",
+            cached,
+            lambda text: re.search(r'^ditto_keda_forecasts_total\{outcome="cached"\} [1-9]', text, re.MULTILINE),
+        )
+
+        # The arrival-rate metric: the rate observed (and forecast), with the per-replica target.
+        rate_ref = ref(metric="arrivalRate", arrivalRatePerReplica="25")
+        rate_spec = scaler.GetMetricSpec(rate_ref, timeout=10).metricSpecs[0]
+        assert (rate_spec.metricName, rate_spec.targetSizeFloat) == ("ditto-arrival-rate-vllm", 25.0)
+        rate = scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=rate_ref), timeout=30)
+        # Under load (it is 0 at zero load); the burst's rate decays as the window slides past
+        # it, so how far depends on the test's own pace.
+        assert rate.metricValues[0].metricValueFloat > 1.0
+
+        status, text = server.http("/metrics")
+        assert status == 200
+        labels = 'namespace="",pool="vllm"'
+        assert 0.0 < gauge(text, "ditto_load_observed_arrivals_per_second", labels) <= 101.0
+        # One burst and nothing after: the observed rate decays as the window slides past it,
+        # so the forecast 120 s ahead may already be 0, never below.
+        assert gauge(text, "ditto_load_forecast_arrivals_per_second", labels) >= 0.0
+        assert gauge(text, "ditto_load_forecast_error_ratio", labels) is not None
+        # Errors are counted once the forecasts made 120 s before come due (unit-tested in
+        # twin::load_forecast); here the series must be exported.
+        assert gauge(text, "ditto_load_forecast_error_samples", labels) is not None
+        assert gauge(text, "ditto_load_forecast_seasonal", labels) == 0
+        assert re.search(r'^ditto_keda_forecasts_total\{outcome="computed"\} [1-9]', text, re.MULTILINE)
+        # The stream stays open; the drain must end it (exit 0 below, within the bound).
+        assert reader.is_alive()
+    finally:
+        output = stop(server)
+    assert "load sampler stopped" in output
+
+
+def test_routing_questions_count_as_load():
+    """Beside the EPP, ditto is asked one routing question per request it places: with no
+    arrivals pushed, the questions alone make the pool active and its observed rate nonzero."""
+    server = Server(extra_args=STEP_ARGS)
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        assert until("a first load sample", lambda: scaler.IsActive(ref(), timeout=10), lambda r: True).result is False
+        question = pb.PredictRoutingRequest(
+            request=pb.CandidateRequest(prompt_tokens=256, output_tokens=32), request_id="q"
+        )
+        labels = 'namespace="",pool="vllm"'
+        deadline = time.monotonic() + POLL_BOUND_S
+        observed = 0.0
+        while time.monotonic() < deadline and not observed:
+            for _ in range(10):
+                server.twin.PredictRouting(question, timeout=30)
+            observed = gauge(server.http("/metrics")[1], "ditto_load_observed_arrivals_per_second", labels) or 0.0
+        assert observed > 0.0, server.output()
+        # Nothing pushed: the mirror itself saw no arrivals.
+        assert server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).traffic.arrivals_per_s == 0.0
+        assert until("active", lambda: scaler.IsActive(ref(), timeout=10), lambda r: r.result).result
+    finally:
+        stop(server)
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"pool": None}, "scalerMetadata.pool"),
+        ({"ttftMs": None, "tpotMs": None}, "scalerMetadata.ttftMs"),
+        ({"ttftMs": "soon"}, "scalerMetadata.ttftMs"),
+        ({"horizonSeconds": "5"}, "scalerMetadata.horizonSeconds"),
+        ({"targetAttainment": "1.5"}, "scalerMetadata.targetAttainment"),
+        ({"replications": "100000"}, "scalerMetadata.replications"),
+        ({"metric": "queueDepth"}, "scalerMetadata.metric"),
+        ({"metric": "arrivalRate"}, "scalerMetadata.arrivalRatePerReplica"),
+        ({"ttft": "100"}, "scalerMetadata.ttft"),
+    ],
+)
+def test_bad_metadata_is_invalid_argument_naming_the_key(server, overrides, key):
+    scaler = ks_grpc.ExternalScalerStub(server.channel)
+    calls = [
+        lambda: scaler.GetMetricSpec(ref(**overrides), timeout=10),
+        lambda: scaler.IsActive(ref(**overrides), timeout=10),
+        lambda: scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=ref(**overrides)), timeout=10),
+        lambda: next(iter(scaler.StreamIsActive(ref(**overrides), timeout=10))),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert caught.value.details().startswith(key), caught.value.details()
+
+
+def test_an_unknown_pool_is_not_found_naming_the_pools(server):
+    scaler = ks_grpc.ExternalScalerStub(server.channel)
+
+    def ask():
+        try:
+            return scaler.IsActive(ref(pool="prefill"), timeout=10)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                raise
+            return err
+
+    err = until("an answer after the first sample", ask, lambda r: isinstance(r, grpc.RpcError))
+    assert err.code() == grpc.StatusCode.NOT_FOUND, err.details()
+    assert "scalerMetadata.pool" in err.details() and "vllm" in err.details()
+
+
+def test_a_stream_ends_when_its_client_goes_and_reflection_lists_the_scaler(server):
+    scaler = ks_grpc.ExternalScalerStub(server.channel)
+    until("a first load sample", lambda: scaler.IsActive(ref(), timeout=10), lambda r: True)
+
+    def open_streams():
+        text = server.http("/metrics")[1]
+        match = re.search(r"^ditto_keda_streams_open (\S+)$", text, re.MULTILINE)
+        return None if match is None else float(match.group(1))
+
+    stream = scaler.StreamIsActive(ref(), timeout=POLL_BOUND_S)
+    assert next(stream).result is False
+    until("the stream counted", open_streams, lambda n: n == 1)
+    stream.cancel()
+    until("the stream's end seen by the server", open_streams, lambda n: n == 0)
+
+    database = ProtoReflectionDescriptorDatabase(server.channel)
+    assert "externalscaler.ExternalScaler" in database.get_services()
+
+
+def test_reads_follow_auth_reads():
+    token = secrets.token_urlsafe(32)
+    env = dict(os.environ)
+    env.pop("DITTO_AUTH_TOKEN_FILE", None)
+    env["DITTO_AUTH_TOKEN"] = token
+    server = Server(extra_args=[*STEP_ARGS, "--auth-reads"], env=env)
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            scaler.GetMetricSpec(ref(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        spec = scaler.GetMetricSpec(ref(), timeout=10, metadata=[("authorization", f"Bearer {token}")])
+        assert spec.metricSpecs[0].metricName == "ditto-desired-replicas-vllm"
+    finally:
+        stop(server)
+    # Without --auth-reads the same call needs no token.
+    server = Server(extra_args=STEP_ARGS, env=env)
+    try:
+        server.wait_serving()
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        assert scaler.GetMetricSpec(ref(), timeout=10).metricSpecs[0].targetSizeFloat == 1.0
+    finally:
+        stop(server)
