@@ -133,6 +133,11 @@ pub struct LiveArgs {
         default_value = "treat-saturated"
     )]
     pub stale_policy: StalePolicyArg,
+    /// The `timeoutSeconds` of each Kubernetes pod watch (1..=3600): the API server closes
+    /// the watch then and ditto watches again; a watch silent (not even a bookmark) for 5 s
+    /// longer is treated as dead and the source relisted, stale with a reason.
+    #[arg(long, env = "DITTO_KUBE_WATCH_TIMEOUT_S", default_value_t = 290)]
+    pub kube_watch_timeout_s: u64,
 }
 
 /// A bad live flag or `sources:` entry: (flag or field, reason).
@@ -361,6 +366,15 @@ pub fn live_config(
     config.dns_interval = positive(args.dns_interval_ms, "dns-interval-ms")?;
     config.publish_interval = positive(args.publish_interval_ms, "publish-interval-ms")?;
     config.retire_after = Duration::from_millis(args.retire_after_ms);
+    if !(1..=3600).contains(&args.kube_watch_timeout_s) {
+        return Err((
+            "kube-watch-timeout-s".to_owned(),
+            "must be in 1..=3600 seconds".to_owned(),
+        ));
+    }
+    config.kube = crate::live::k8s::KubeLimits {
+        watch_timeout: Duration::from_secs(args.kube_watch_timeout_s),
+    };
     config.max_age = MaxAges {
         metrics: max_metrics_age,
         kv_events: (args.max_kv_age_ms > 0).then(|| Duration::from_millis(args.max_kv_age_ms)),

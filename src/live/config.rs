@@ -174,6 +174,8 @@ pub struct LiveConfig {
     pub publish_interval: Duration,
     /// Where inferred pods' model configs (and a GPU fallback) come from.
     pub infer: super::infer::InferOptions,
+    /// The bounds of Kubernetes discovery (the watch timeout).
+    pub kube: super::k8s::KubeLimits,
 }
 
 impl LiveConfig {
@@ -197,6 +199,7 @@ impl LiveConfig {
             replay_timeout: Duration::from_secs(2),
             publish_interval: Duration::from_millis(10),
             infer: super::infer::InferOptions::default(),
+            kube: super::k8s::KubeLimits::DEFAULT,
         }
     }
 }

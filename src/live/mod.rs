@@ -15,6 +15,7 @@ pub mod config;
 pub mod infer;
 mod inferred;
 pub mod k8s;
+mod kube;
 pub mod kv;
 pub mod kv_bench;
 pub mod kv_wire;
@@ -124,6 +125,10 @@ struct Coordinator {
     kube_tasks: tokio::task::JoinSet<()>,
     /// `ditto_live_inferred`: what each pod was inferred to run (see [`infer`]).
     inferred_gauge: prometheus::IntGaugeVec,
+    /// What each Kubernetes source last reported: its pods and why it is degraded.
+    kube_views: BTreeMap<usize, (Vec<k8s::PodView>, Option<String>)>,
+    /// Served pods of each Kubernetes source left out over `--max-instances`.
+    over_limit: BTreeMap<usize, usize>,
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -147,6 +152,8 @@ fn spawn_tasks(
         synced,
         kube_tasks: tokio::task::JoinSet::new(),
         inferred_gauge: inferred::register_gauge(metrics.registry())?,
+        kube_views: BTreeMap::new(),
+        over_limit: BTreeMap::new(),
     };
     let mut statics = Vec::new();
     for (index, source) in coordinator.config.sources.iter().enumerate() {
@@ -169,9 +176,13 @@ fn spawn_tasks(
     let (kube_news, mut kube_rx) = mpsc::channel(64);
     for (index, source) in coordinator.config.sources.iter().enumerate() {
         if let Discovery::Kubernetes(spec) = &source.discovery {
-            coordinator
-                .kube_tasks
-                .spawn(k8s::watch::run(index, spec.clone(), kube_news.clone()));
+            coordinator.kube_tasks.spawn(k8s::watch::run(
+                index,
+                spec.clone(),
+                kube_news.clone(),
+                coordinator.config.kube,
+                coordinator.metrics.clone(),
+            ));
         }
     }
     let has_kube = !coordinator.kube_tasks.is_empty();
@@ -438,109 +449,6 @@ impl Coordinator {
         tracing::info!(pod = %id, "live mirror: pod retired");
         self.metrics.pods.set(self.pods.len() as i64);
         true
-    }
-
-    /// Applies what Kubernetes discovery reports: served pods are added (or restarted when
-    /// their IP changed); known pods that are gone or not served turn stale at once and are
-    /// retired after `retire_after`; an outage marks every pod of the source stale.
-    fn on_kube(&mut self, news: k8s::KubeNews) {
-        let now = Instant::now();
-        match news {
-            k8s::KubeNews::Outage { source, reason } => {
-                for entry in self
-                    .pods
-                    .values()
-                    .filter(|entry| entry.pod.source == source)
-                {
-                    entry
-                        .pod
-                        .set_health(|health| health.discovery = Some(reason.clone()));
-                }
-            }
-            k8s::KubeNews::Pods { source, pods } => {
-                let mut changed = false;
-                let views: BTreeMap<&str, &k8s::PodView> =
-                    pods.iter().map(|view| (view.id.as_str(), view)).collect();
-                for view in &pods {
-                    let (Some(address), None) = (&view.address, &view.problem) else {
-                        continue;
-                    };
-                    match self.pods.get_mut(&view.id) {
-                        Some(entry) if entry.pod.source != source => {
-                            tracing::warn!(pod = %view.id, "live mirror: pod selected by two sources; kept in the first");
-                            continue;
-                        }
-                        Some(entry) if entry.pod.address == *address => {
-                            let (facts, node_gpu) =
-                                (Some(view.facts.clone()), view.node_gpu.clone());
-                            if entry.inputs.facts != facts || entry.inputs.node_gpu != node_gpu {
-                                entry.inputs.facts = facts;
-                                entry.inputs.node_gpu = node_gpu;
-                                changed |= self.refresh_inference(&view.id);
-                            }
-                            continue;
-                        }
-                        Some(_) => {
-                            // Same name, new IP: a new pod process; start over.
-                            self.retire(&view.id);
-                        }
-                        None => {}
-                    }
-                    self.add(source, view.id.clone(), address.clone());
-                    if let Some(entry) = self.pods.get_mut(&view.id) {
-                        entry.inputs.facts = Some(view.facts.clone());
-                        entry.inputs.node_gpu = view.node_gpu.clone();
-                    }
-                    self.refresh_inference(&view.id);
-                    changed = true;
-                }
-                for (id, entry) in self
-                    .pods
-                    .iter_mut()
-                    .filter(|(_, entry)| entry.pod.source == source)
-                {
-                    let problem = match views.get(id.as_str()) {
-                        None => Some("pod deleted".to_owned()),
-                        Some(view) => view.problem.clone(),
-                    };
-                    if problem.is_some() {
-                        entry.vanished_since.get_or_insert(now);
-                    } else {
-                        entry.vanished_since = None;
-                    }
-                    entry.pod.set_health(|health| health.discovery = problem);
-                }
-                if changed {
-                    self.resync();
-                }
-            }
-        }
-    }
-
-    /// Retires the Kubernetes-discovered pods lost for longer than `retire_after`.
-    fn retire_kube(&mut self) {
-        let now = Instant::now();
-        let grace = self.config.retire_after;
-        let expired: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(_, entry)| {
-                matches!(
-                    self.config.sources[entry.pod.source].discovery,
-                    Discovery::Kubernetes(_)
-                ) && entry
-                    .vanished_since
-                    .is_some_and(|since| now.duration_since(since) >= grace)
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut changed = false;
-        for id in expired {
-            changed |= self.retire(&id);
-        }
-        if changed {
-            self.resync();
-        }
     }
 
     /// Re-resolves every DNS source; adds new addresses, retires long-vanished ones.

@@ -39,6 +39,14 @@ pub struct LiveMetrics {
     pub kv_gaps: IntCounterVec,
     /// KV-event stream (re)connections by result (`connected`, `failed`, `disconnected`).
     pub kv_connections: IntCounterVec,
+    /// Kubernetes discovery failures by kind (`forbidden`, `status`, `error`, `idle`,
+    /// `line_too_long`, `too_large`, `undecodable`).
+    pub kube_failures: IntCounterVec,
+    /// Pods from the Kubernetes API skipped or not served, by reason (`other_namespace`,
+    /// `invalid_name`, `invalid_ip`), counted per object received.
+    pub kube_skipped: IntCounterVec,
+    /// Served pods left out because the instance set would pass `--max-instances`.
+    pub pods_over_limit: IntGauge,
 }
 
 impl LiveMetrics {
@@ -136,6 +144,27 @@ impl LiveMetrics {
             ),
             &["instance", "result"],
         )?;
+        let kube_failures = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_kube_failures_total",
+                "Kubernetes discovery failures (list, watch) by kind.",
+            ),
+            &["kind"],
+        )?;
+        let kube_skipped = IntCounterVec::new(
+            Opts::new(
+                "ditto_live_kube_pods_skipped_total",
+                "Pod objects from the Kubernetes API skipped or not served, by reason.",
+            ),
+            &["reason"],
+        )?;
+        let pods_over_limit = IntGauge::new(
+            "ditto_live_pods_over_limit",
+            "Served pods left out of the mirror because it holds --max-instances.",
+        )?;
+        registry.register(Box::new(kube_failures.clone()))?;
+        registry.register(Box::new(kube_skipped.clone()))?;
+        registry.register(Box::new(pods_over_limit.clone()))?;
         registry.register(Box::new(state_capped.clone()))?;
         registry.register(Box::new(kv_unknown_events.clone()))?;
         registry.register(Box::new(kv_gaps.clone()))?;
@@ -165,6 +194,9 @@ impl LiveMetrics {
             kv_unknown_events,
             kv_gaps,
             kv_connections,
+            kube_failures,
+            kube_skipped,
+            pods_over_limit,
         })
     }
 

@@ -18,10 +18,18 @@
 - Pods may carry a container spec (`containers=[{"name", "image", "command", "args",
   "resources": {"limits": {"nvidia.com/gpu": "2"}}}]`, the PodSpec's fields) and a
   `spec.nodeName` (`node=`).
+- Lists honour `limit` and `continue` (the continue token is opaque to the client; here the
+  offset of the next item), as the API server pages large lists.
 - Faults: `fail(kind, code, times)` answers the next requests of a kind with a `Status` of that
-  code (403 `Forbidden` with the API server's message, 500 `InternalError`); `end_watches()`
-  closes every open watch cleanly; `expire(change)` applies a change without a watch event
-  (as if compacted away) and sends 410 to every open watch.
+  code (403 `Forbidden` with the API server's message, 500 `InternalError`); a kind
+  `pods:watch` or `pods:list` fails only watches or only lists; `end_watches()` closes every
+  open watch cleanly; `expire(change)` applies a change without a watch event (as if compacted
+  away) and sends 410 to every open watch.
+- A hostile API server (what a broken or malicious one can send within the same wire format):
+  `hostile_watch("long_line", size=N)` makes the next pod watch send N bytes of one event
+  with no newline; `hostile_watch("hang")` makes it send half an event and then nothing, held
+  open past its `timeoutSeconds`; `leak_namespaces = True` lists and watches pods of every
+  namespace, as if the namespace in the path were ignored.
 """
 
 import json
@@ -107,6 +115,9 @@ class FakeKubeApi:
         self.requests = []  # (kind, query dict)
         self.generation = 0  # bumped to end open watches
         self.expired_generation = 0
+        self.hostile = []  # behaviours of the next pod watches
+        self.leak_namespaces = False
+        self.closing = threading.Event()
         handler = make_handler(self)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -192,7 +203,26 @@ class FakeKubeApi:
                 self.pools.put(obj)
             self.lock.notify_all()
 
+    def bulk_pods(self, names_and_ips, labels, namespace="llm-d"):
+        """Many Ready pods at once (each a change with its own resourceVersion)."""
+        with self.lock:
+            for name, ip in names_and_ips:
+                obj = {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                    "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
+                    "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                               "conditions": [{"type": "Ready", "status": "True"}]},
+                }
+                self.pods.put(obj)
+            self.lock.notify_all()
+
     # --- faults ---------------------------------------------------------------------------
+    def hostile_watch(self, mode, size=0):
+        """The next pod watch misbehaves: `long_line` (size bytes, no newline) or `hang`."""
+        with self.lock:
+            self.hostile.append((mode, size))
+
     def fail(self, kind, code, times):
         with self.lock:
             self.faults[kind] = [code, times]
@@ -215,6 +245,7 @@ class FakeKubeApi:
             return sum(1 for k, q in self.requests if k == kind and (q.get("watch") in ("true", "1")) == watch)
 
     def close(self):
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -261,14 +292,16 @@ def make_handler(api):
             else:
                 self.send_json(404, status(404, "NotFound", "the server could not find the requested resource"))
                 return
+            watching = query.get("watch") in ("true", "1")
             with api.lock:
                 api.requests.append((kind, query))
-                fault = api.faults.get(kind)
-                if fault and fault[1] > 0:
-                    fault[1] -= 1
-                    code = fault[0]
-                else:
-                    code = None
+                code = None
+                for key in (f"{kind}:{'watch' if watching else 'list'}", kind):
+                    fault = api.faults.get(key)
+                    if fault and fault[1] > 0:
+                        fault[1] -= 1
+                        code = fault[0]
+                        break
             if code == 403:
                 self.send_json(403, status(403, "Forbidden",
                     f'{kind} is forbidden: User "system:serviceaccount:{namespace}:ditto" cannot '
@@ -290,8 +323,16 @@ def make_handler(api):
                 self.watch(store, namespace, select, query)
                 return
             with api.lock:
-                items = [o for (ns, _), o in sorted(store.objects.items()) if ns == namespace and select(o)]
-                body = {"kind": list_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(api.rv)}, "items": items}
+                leak = api.leak_namespaces and kind == "pods"
+                items = [o for (ns, _), o in sorted(store.objects.items()) if (ns == namespace or leak) and select(o)]
+                metadata = {"resourceVersion": str(api.rv)}
+                offset = int(query.get("continue") or 0)
+                limit = int(query.get("limit") or 0)
+                if limit > 0:
+                    if offset + limit < len(items):
+                        metadata["continue"] = str(offset + limit)
+                    items = items[offset:offset + limit]
+                body = {"kind": list_kind, "apiVersion": "v1", "metadata": metadata, "items": items}
             self.send_json(200, body)
 
         def get_node(self, name):
@@ -324,7 +365,12 @@ def make_handler(api):
             with api.lock:
                 generation, expired = api.generation, api.expired_generation
                 gone = since < api.compacted and since != 0
+                hostile = api.hostile.pop(0) if api.hostile and store is api.pods else None
+                leak = api.leak_namespaces and store is api.pods
             try:
+                if hostile is not None:
+                    self.misbehave(*hostile)
+                    return
                 if gone:
                     self.chunk({"type": "ERROR", "object": status(410, "Expired",
                                f"too old resource version: {since} ({api.compacted})")})
@@ -346,7 +392,7 @@ def make_handler(api):
                     for rv, old, new in pending:
                         cursor = rv
                         obj = new if new is not None else old
-                        if obj["metadata"]["namespace"] != namespace:
+                        if obj["metadata"]["namespace"] != namespace and not leak:
                             continue
                         was, now = old is not None and select(old), new is not None and select(new)
                         if new is None:
@@ -370,5 +416,23 @@ def make_handler(api):
                 self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 pass
+
+        def misbehave(self, mode, size):
+            """One event that never ends (`long_line`), or half of one and silence (`hang`)."""
+            if mode == "long_line":
+                head = b'{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"'
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(head), head))
+                piece = b"x" * (1 << 20)
+                sent = len(head)
+                while sent < size and not api.closing.is_set():
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    sent += len(piece)
+                self.wfile.flush()
+                api.closing.wait(60)
+            elif mode == "hang":
+                half = b'{"type":"ADDED","object":{"kind":"Pod","metadata":{"na'
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(half), half))
+                self.wfile.flush()
+                api.closing.wait(600)
 
     return Handler

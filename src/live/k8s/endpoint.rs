@@ -28,6 +28,22 @@ pub fn pod_id(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
+/// The longest pod IP taken (an IPv6 literal with an embedded IPv4 is 45 characters).
+pub const MAX_IP_LEN: usize = 45;
+
+/// A pod's `status.podIP` as an IP address: an IPv4 or IPv6 literal and nothing else (no
+/// host name, no spaces, at most [`MAX_IP_LEN`] characters), so a pod never sends ditto to
+/// DNS. The error is the stale reason, with the value shown (cut to 64 characters).
+pub fn pod_ip(raw: &str) -> Result<std::net::IpAddr, String> {
+    let parsed = (raw.len() <= MAX_IP_LEN)
+        .then(|| raw.parse::<std::net::IpAddr>().ok())
+        .flatten();
+    parsed.ok_or_else(|| {
+        let shown: String = raw.chars().take(64).collect();
+        format!("pod IP {shown:?} is not an IP address")
+    })
+}
+
 /// Decides about one pod as the EPP does: mirrored when it matches `selector`, is Running
 /// and Ready (condition `Ready=True`), has a pod IP and is not being deleted. `None` for an
 /// object without a name.
@@ -47,13 +63,11 @@ pub fn view(
     let ip = status
         .and_then(|s| s.pod_ip.as_deref())
         .filter(|ip| !ip.is_empty());
-    let address = ip.map(|ip| {
-        if ip.contains(':') {
-            format!("[{ip}]:{port}")
-        } else {
-            format!("{ip}:{port}")
-        }
-    });
+    let parsed = ip.map(pod_ip);
+    let address = match &parsed {
+        Some(Ok(ip)) => Some(std::net::SocketAddr::new(*ip, port).to_string()),
+        _ => None,
+    };
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Unknown");
     let ready = status
         .and_then(|s| s.conditions.as_ref())
@@ -72,6 +86,8 @@ pub fn view(
         Some(format!("pod phase {phase}"))
     } else if !ready {
         Some("pod not Ready".to_owned())
+    } else if let Some(Err(reason)) = parsed {
+        Some(reason)
     } else if address.is_none() {
         Some("pod has no IP".to_owned())
     } else {
@@ -232,6 +248,27 @@ mod tests {
         }
         let nameless = pod(serde_json::json!({"metadata": {}}));
         assert_eq!(view(&nameless, "x", &selector, 8000), None);
+    }
+
+    #[test]
+    fn a_pod_ip_must_be_an_ip_literal() {
+        let selector = LabelSelector::parse("app=vllm").unwrap();
+        for bad in [
+            "not-an-ip",
+            "999.1.1.1",
+            "localhost",
+            "127.0.0.1 evil",
+            " 10.0.0.1",
+            "fe80::1%eth0",
+            &"1".repeat(10_000),
+        ] {
+            let view = view(&pod(ready_pod("a", bad)), "x", &selector, 8000).unwrap();
+            assert_eq!(view.address, None, "{bad:?}");
+            let problem = view.problem.unwrap();
+            assert!(problem.contains("is not an IP address"), "{problem}");
+            assert!(problem.len() < 120, "{problem}");
+        }
+        assert!(pod_ip("10.1.2.3").is_ok() && pod_ip("fd00::5").is_ok());
     }
 
     #[test]

@@ -5,13 +5,18 @@
 //! - `selector`: parsing and matching label selectors (pure).
 //! - `endpoint`: pod object -> mirrored or not, and where its metrics are; InferencePool
 //!   object -> selector and target port (pure).
-//! - `watch`: the edge: kube-rs's watcher (list with `resourceVersion`, watch, bookmarks,
-//!   relist on 410 Gone, backoff on errors) feeding [`KubeNews`] to the live coordinator.
+//! - `watch`: the edge: the client, the InferencePool, one task per source feeding
+//!   [`KubeNews`] to the live coordinator.
+//! - `follow`: one source's pods: a paginated LIST, a WATCH from its `resourceVersion`
+//!   (bookmarks, relist on 410 Gone, backoff on errors not reset by a LIST alone).
+//! - `lines`: bounded reading of the API server's answers (line and page caps, idle time).
 //!
 //! Instance ids are `namespace/name`: stable for a pod that keeps its name (a StatefulSet
 //! pod rescheduled with a new IP keeps its id), unlike `ip:port`.
 
 pub mod endpoint;
+mod follow;
+pub mod lines;
 pub mod selector;
 pub mod watch;
 
@@ -47,6 +52,9 @@ pub enum KubeNews {
         source: usize,
         /// Every pod the source selects, served or not.
         pods: Vec<PodView>,
+        /// Why the source is still not followed reliably although it listed (its watch
+        /// keeps failing): its pods stay stale with this reason until a watch lives.
+        degraded: Option<String>,
     },
     /// The source cannot be followed right now: its pods keep their last state, stale.
     Outage {
@@ -55,6 +63,44 @@ pub enum KubeNews {
         /// Why (names the missing permission on a 403).
         reason: String,
     },
+}
+
+/// The longest watch line (one event) held: past it the stream is dropped and the source
+/// relisted, stale with a reason.
+pub const MAX_WATCH_LINE_BYTES: usize = 16 << 20;
+/// The longest list page held (pages of [`LIST_PAGE_LIMIT`] pods).
+pub const MAX_LIST_PAGE_BYTES: usize = 64 << 20;
+/// Pods asked for per list page (`limit`, then `continue`).
+pub const LIST_PAGE_LIMIT: u32 = 500;
+/// How long past its `timeoutSeconds` a watch may stay silent (not even a bookmark) before
+/// it is treated as dead.
+pub const WATCH_MARGIN: Duration = Duration::from_secs(5);
+/// How long a watch must live before the source counts as healthy again (its backoff reset,
+/// its stale reason cleared); at most half the watch timeout.
+pub const HEALTHY_WATCH: Duration = Duration::from_secs(2);
+
+/// The bounds of Kubernetes discovery that come from flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KubeLimits {
+    /// The watch's `timeoutSeconds` (`--kube-watch-timeout-s`): the server closes it then.
+    pub watch_timeout: Duration,
+}
+
+impl KubeLimits {
+    /// Kubernetes clients' usual 290 s watches.
+    pub const DEFAULT: KubeLimits = KubeLimits {
+        watch_timeout: Duration::from_secs(290),
+    };
+
+    /// The longest silence (and the longest answer) before a watch or a list is given up.
+    pub fn idle(&self) -> Duration {
+        self.watch_timeout + WATCH_MARGIN
+    }
+
+    /// How long a watch must live before the source counts as healthy.
+    pub fn healthy_after(&self) -> Duration {
+        HEALTHY_WATCH.min(self.watch_timeout / 2)
+    }
 }
 
 /// How long a start-up check may wait for the API server.
