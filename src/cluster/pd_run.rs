@@ -424,8 +424,13 @@ impl PdRuntime {
     /// Makes engine-summed counts count client requests: a finished prefill half is no
     /// request end, a hand-over on its way is a queued request.
     pub(super) fn correct_counts(&self, counts: &mut Counts) {
-        counts.injected = counts.injected - self.prefill_done + self.handoffs_pending;
-        counts.completed -= self.prefill_done;
+        // Saturating: the counts are the whole run's, each finished prefill half counted
+        // once injected and once completed; a partial count must not wrap.
+        counts.injected = counts
+            .injected
+            .saturating_sub(self.prefill_done)
+            .saturating_add(self.handoffs_pending);
+        counts.completed = counts.completed.saturating_sub(self.prefill_done);
         counts.queued += self.handoffs_pending;
     }
 

@@ -65,6 +65,9 @@ where
 pub struct Lines<B> {
     body: B,
     buf: Vec<u8>,
+    /// Bytes at the front of `buf` already searched for a newline: a long line arriving in
+    /// small frames is scanned once, not once per frame.
+    scanned: usize,
     max: usize,
     idle: Duration,
     deadline: Instant,
@@ -93,6 +96,7 @@ where
         Self {
             body,
             buf: Vec::new(),
+            scanned: 0,
             max,
             idle,
             deadline,
@@ -105,7 +109,9 @@ where
     /// freed.
     pub async fn next(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
         loop {
-            if let Some(at) = memchr::memchr(b'\n', &self.buf) {
+            if let Some(found) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
+                let at = self.scanned + found;
+                self.scanned = 0;
                 let mut line: Vec<u8> = self.buf.drain(..=at).collect();
                 line.pop();
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -113,11 +119,14 @@ where
                 }
                 return Ok(Some(line));
             }
+            self.scanned = self.buf.len();
             if self.buf.len() > self.max {
                 self.buf = Vec::new();
+                self.scanned = 0;
                 return Err(ReadError::LineTooLong(self.max));
             }
             if self.ended {
+                self.scanned = 0;
                 let rest = std::mem::take(&mut self.buf);
                 if rest.iter().all(u8::is_ascii_whitespace) {
                     return Ok(None);
@@ -129,6 +138,7 @@ where
                 Ok(None) => self.ended = true,
                 Err(err) => {
                     self.buf = Vec::new();
+                    self.scanned = 0;
                     return Err(err);
                 }
             }
