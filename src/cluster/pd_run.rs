@@ -204,29 +204,13 @@ impl Cluster {
     /// The decode profile's pick among `candidates` (instance indices), from the scratch
     /// views and fractions.
     fn pick_among(&mut self, candidates: &[usize], fractions: Option<&[f64]>) -> usize {
-        let views: Vec<_> = candidates
-            .iter()
-            .map(|&i| self.scratch_views[i].clone())
-            .collect();
-        let in_flight: Vec<u64> = candidates.iter().map(|&i| self.in_flight[i]).collect();
-        let sent: Vec<u64> = candidates
-            .iter()
-            .map(|&i| self.sent_since_refresh[i])
-            .collect();
-        let fraction: Vec<f64> = match fractions {
-            Some(all) => candidates.iter().map(|&i| all[i]).collect(),
-            None => candidates
-                .iter()
-                .map(|&i| self.scratch_fraction[i])
-                .collect(),
+        let fractions = fractions.unwrap_or(&self.scratch_fraction);
+        let signals = Signals {
+            views: &self.scratch_views,
+            in_flight: &self.in_flight,
+            sent_since_refresh: &self.sent_since_refresh,
         };
-        let context = RoutingContext {
-            views: &views,
-            in_flight: &in_flight,
-            sent_since_refresh: &sent,
-            prefix_fraction: &fraction,
-        };
-        candidates[self.router.pick(&context)]
+        pick_with(&mut self.router, &signals, candidates, fractions)
     }
 
     /// The prefill profile's pick, with its own prefix view (and the prompt's keys recorded
@@ -258,24 +242,17 @@ impl Cluster {
             };
             fractions[index] = matched as f64 / keys.len() as f64;
         }
-        let candidates = &pd.prefill_candidates;
-        let views: Vec<_> = candidates
-            .iter()
-            .map(|&i| self.scratch_views[i].clone())
-            .collect();
-        let in_flight: Vec<u64> = candidates.iter().map(|&i| self.in_flight[i]).collect();
-        let sent: Vec<u64> = candidates
-            .iter()
-            .map(|&i| self.sent_since_refresh[i])
-            .collect();
-        let fraction: Vec<f64> = candidates.iter().map(|&i| fractions[i]).collect();
-        let context = RoutingContext {
-            views: &views,
-            in_flight: &in_flight,
-            sent_since_refresh: &sent,
-            prefix_fraction: &fraction,
+        let signals = Signals {
+            views: &self.scratch_views,
+            in_flight: &self.in_flight,
+            sent_since_refresh: &self.sent_since_refresh,
         };
-        let chosen = candidates[pd.prefill_router.pick(&context)];
+        let chosen = pick_with(
+            &mut pd.prefill_router,
+            &signals,
+            &pd.prefill_candidates,
+            &fractions,
+        );
         let block_size = self.config.instances[chosen].engine.block_size;
         if let Some(keys) = keys_of.get(&block_size) {
             pd.prefill_router.record_dispatch(chosen, keys);
@@ -587,4 +564,39 @@ impl PdRuntime {
         }
         Ok(())
     }
+}
+
+/// What a profile routes on, per instance: the cluster's scratch views and counts.
+struct Signals<'a> {
+    views: &'a [signals::SignalView],
+    in_flight: &'a [u64],
+    sent_since_refresh: &'a [u64],
+}
+
+/// `router`'s pick among `candidates` (instance indices) from `signals` and the instances'
+/// prefix `fractions` (indexed by instance): the decode profile and the prefill profile
+/// route the same way, each with its own router.
+fn pick_with(
+    router: &mut Router,
+    signals: &Signals<'_>,
+    candidates: &[usize],
+    fractions: &[f64],
+) -> usize {
+    let views: Vec<_> = candidates
+        .iter()
+        .map(|&i| signals.views[i].clone())
+        .collect();
+    let in_flight: Vec<u64> = candidates.iter().map(|&i| signals.in_flight[i]).collect();
+    let sent: Vec<u64> = candidates
+        .iter()
+        .map(|&i| signals.sent_since_refresh[i])
+        .collect();
+    let fraction: Vec<f64> = candidates.iter().map(|&i| fractions[i]).collect();
+    let context = RoutingContext {
+        views: &views,
+        in_flight: &in_flight,
+        sent_since_refresh: &sent,
+        prefix_fraction: &fraction,
+    };
+    candidates[router.pick(&context)]
 }

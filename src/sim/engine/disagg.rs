@@ -97,25 +97,7 @@ impl Engine {
     /// waits at the front of the queue for the next step. False if the request is no longer
     /// transferring (it timed out meanwhile).
     pub fn complete_transfer(&mut self, id: RequestId, now_us: u64) -> bool {
-        self.report_at(now_us);
-        let Some((slot, serial)) = self.disagg.transferring.remove(&id) else {
-            return false;
-        };
-        let policy = self.config.scheduling_policy;
-        let Some(state) = self.live_mut(slot, serial) else {
-            debug_assert!(false, "a transferring request left without its entry");
-            return false;
-        };
-        debug_assert_eq!(state.phase, Phase::Transferring);
-        state.num_computed = state.spec.input_tokens - 1;
-        state.phase = Phase::Waiting;
-        state.pd = PdMode::RemoteKv { pulled: true };
-        let key = super::lifecycle::queue_key(policy, state);
-        // vLLM puts requests whose KV arrived back where they were skipped: the front.
-        self.waiting.push_preempted(key, slot);
-        self.ensure_step_scheduled();
-        self.debug_check_counters();
-        true
+        self.requeue_pulled(id, now_us, true)
     }
 
     /// The decode half `id`'s pull failed at `now_us` (the prefill's KV was gone): it keeps
@@ -123,6 +105,14 @@ impl Engine {
     /// compute its prompt locally (vLLM's default `kv_load_failure_policy`, recompute).
     /// False if the request is no longer transferring.
     pub fn fail_transfer(&mut self, id: RequestId, now_us: u64) -> bool {
+        self.requeue_pulled(id, now_us, false)
+    }
+
+    /// Ends the decode half `id`'s pull at `now_us` and puts it back at the front of the
+    /// queue (where vLLM puts requests whose KV load finished), its prompt but the last token
+    /// computed when the pull `arrived`, nothing computed when it failed. False if the
+    /// request is no longer transferring.
+    fn requeue_pulled(&mut self, id: RequestId, now_us: u64, arrived: bool) -> bool {
         self.report_at(now_us);
         let Some((slot, serial)) = self.disagg.transferring.remove(&id) else {
             return false;
@@ -133,6 +123,9 @@ impl Engine {
             return false;
         };
         debug_assert_eq!(state.phase, Phase::Transferring);
+        if arrived {
+            state.num_computed = state.spec.input_tokens - 1;
+        }
         state.phase = Phase::Waiting;
         state.pd = PdMode::RemoteKv { pulled: true };
         let key = super::lifecycle::queue_key(policy, state);
