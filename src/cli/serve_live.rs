@@ -218,71 +218,9 @@ pub fn live_config(
         Some(text) => sources_from_yaml(text, cluster).map_err(|err| (err.field, err.reason))?,
         None => Vec::new(),
     };
-    let first_pool = cluster
-        .instances
-        .first()
-        .and_then(|instance| {
-            instance
-                .id
-                .rsplit_once('-')
-                .map(|(pool, _)| pool.to_owned())
-        })
-        .and_then(|pool| pool_template(cluster, &pool).map(|template| (pool, template)));
-    let kv = match &args.kv_events {
-        None => None,
-        Some(events) => {
-            check_endpoint(events, "kv-events").map_err(|err| (err.field, err.reason))?;
-            if let Some(replay) = &args.kv_replay {
-                check_endpoint(replay, "kv-replay").map_err(|err| (err.field, err.reason))?;
-            }
-            Some(KvEndpoints {
-                events: events.clone(),
-                replay: args.kv_replay.clone(),
-                topic: args.kv_topic.clone(),
-                dp_size: if args.kv_dp_size == 0 {
-                    return Err(("kv-dp-size".to_owned(), "must be at least 1".to_owned()));
-                } else {
-                    args.kv_dp_size
-                },
-            })
-        }
-    };
     let yaml_sources = sources.len();
-    let mut flag_sources = Vec::new();
-    if let Some(pods) = &args.pods {
-        flag_sources.push(Discovery::Static(
-            parse_pods(pods, "pods").map_err(|err| (err.field, err.reason))?,
-        ));
-    }
-    if let Some(dns) = &args.pods_dns {
-        flag_sources.push(parse_dns(dns, "pods-dns").map_err(|err| (err.field, err.reason))?);
-    }
-    if let Some(kube) = kube_source(args)? {
-        flag_sources.push(Discovery::Kubernetes(kube));
-    }
-    if !flag_sources.is_empty() {
-        let (pool, template) = first_pool.ok_or_else(|| {
-            (
-                "pods".to_owned(),
-                "the cluster file has no pool to take engine settings from".to_owned(),
-            )
-        })?;
-        for discovery in flag_sources {
-            sources.push(LiveSource {
-                name: pool.clone(),
-                discovery,
-                template: template.clone(),
-                kv: kv.clone(),
-                scrape_interval: None,
-                infer: None,
-            });
-        }
-    } else if kv.is_some() {
-        return Err((
-            "kv-events".to_owned(),
-            "needs --pods, --pods-dns, --pods-selector or --inference-pool".to_owned(),
-        ));
-    }
+    let kv = kv_endpoints(args)?;
+    push_flag_sources(args, cluster, kv, &mut sources)?;
     if sources.is_empty() {
         return Ok(None);
     }
@@ -318,7 +256,107 @@ pub fn live_config(
         hf_cache: args.hf_cache.clone().or_else(default_hf_cache),
         default_gpu,
     };
-    // Kubernetes sources: the kubeconfig loads and a named InferencePool exists.
+    preflight_kubernetes(&sources, yaml_sources)?;
+    check_statics_listed_once(&sources)?;
+    let max_metrics_age = positive(args.max_metrics_age_ms, "max-metrics-age-ms")?;
+    let settings = TwinSettings {
+        default_stale_policy: match args.stale_policy {
+            StalePolicyArg::TreatSaturated => StalePolicy::TreatSaturated,
+            StalePolicyArg::Exclude => StalePolicy::Exclude,
+            StalePolicyArg::RollForward => StalePolicy::RollForward,
+            StalePolicyArg::UseLast => StalePolicy::UseLast,
+        },
+        max_signal_age_us: u64::try_from(max_metrics_age.as_micros()).unwrap_or(u64::MAX),
+        ..TwinSettings::defaults()
+    };
+    let mut config = LiveConfig::new(sources, cluster.clone(), settings);
+    config.infer = infer_options;
+    apply_timing_flags(args, max_metrics_age, &mut config)?;
+    Ok(Some(config))
+}
+
+/// `--kv-events` / `--kv-replay` / `--kv-topic` / `--kv-dp-size`, checked.
+fn kv_endpoints(args: &LiveArgs) -> Result<Option<KvEndpoints>, LiveArgError> {
+    let Some(events) = &args.kv_events else {
+        return Ok(None);
+    };
+    check_endpoint(events, "kv-events").map_err(|err| (err.field, err.reason))?;
+    if let Some(replay) = &args.kv_replay {
+        check_endpoint(replay, "kv-replay").map_err(|err| (err.field, err.reason))?;
+    }
+    if args.kv_dp_size == 0 {
+        return Err(("kv-dp-size".to_owned(), "must be at least 1".to_owned()));
+    }
+    Ok(Some(KvEndpoints {
+        events: events.clone(),
+        replay: args.kv_replay.clone(),
+        topic: args.kv_topic.clone(),
+        dp_size: args.kv_dp_size,
+    }))
+}
+
+/// The sources given by flags (`--pods`, `--pods-dns`, `--pods-selector`,
+/// `--inference-pool`), appended to `sources` as the cluster file's first pool, whose engine
+/// settings they take; `kv` is their KV-event endpoints (an error without a flag source).
+fn push_flag_sources(
+    args: &LiveArgs,
+    cluster: &ClusterConfig,
+    kv: Option<KvEndpoints>,
+    sources: &mut Vec<LiveSource>,
+) -> Result<(), LiveArgError> {
+    let mut flag_sources = Vec::new();
+    if let Some(pods) = &args.pods {
+        flag_sources.push(Discovery::Static(
+            parse_pods(pods, "pods").map_err(|err| (err.field, err.reason))?,
+        ));
+    }
+    if let Some(dns) = &args.pods_dns {
+        flag_sources.push(parse_dns(dns, "pods-dns").map_err(|err| (err.field, err.reason))?);
+    }
+    if let Some(kube) = kube_source(args)? {
+        flag_sources.push(Discovery::Kubernetes(kube));
+    }
+    if flag_sources.is_empty() {
+        if kv.is_some() {
+            return Err((
+                "kv-events".to_owned(),
+                "needs --pods, --pods-dns, --pods-selector or --inference-pool".to_owned(),
+            ));
+        }
+        return Ok(());
+    }
+    let first_pool = cluster
+        .instances
+        .first()
+        .and_then(|instance| {
+            instance
+                .id
+                .rsplit_once('-')
+                .map(|(pool, _)| pool.to_owned())
+        })
+        .and_then(|pool| pool_template(cluster, &pool).map(|template| (pool, template)));
+    let (pool, template) = first_pool.ok_or_else(|| {
+        (
+            "pods".to_owned(),
+            "the cluster file has no pool to take engine settings from".to_owned(),
+        )
+    })?;
+    for discovery in flag_sources {
+        sources.push(LiveSource {
+            name: pool.clone(),
+            discovery,
+            template: template.clone(),
+            kv: kv.clone(),
+            scrape_interval: None,
+            infer: None,
+        });
+    }
+    Ok(())
+}
+
+/// Kubernetes sources: the kubeconfig loads and a named InferencePool exists (errors name
+/// the YAML source or the flag; the first `yaml_sources` came from the cluster file).
+fn preflight_kubernetes(sources: &[LiveSource], yaml_sources: usize) -> Result<(), LiveArgError> {
     for (index, source) in sources.iter().enumerate() {
         if let Discovery::Kubernetes(kube) = &source.discovery {
             let field = if index < yaml_sources {
@@ -331,6 +369,11 @@ pub fn live_config(
             crate::live::k8s::preflight(kube, &field)?;
         }
     }
+    Ok(())
+}
+
+/// No static pod is listed by two sources.
+fn check_statics_listed_once(sources: &[LiveSource]) -> Result<(), LiveArgError> {
     let mut statics: Vec<&String> = sources
         .iter()
         .filter_map(|s| match &s.discovery {
@@ -348,19 +391,16 @@ pub fn live_config(
             "a pod is listed by two sources".to_owned(),
         ));
     }
-    let max_metrics_age = positive(args.max_metrics_age_ms, "max-metrics-age-ms")?;
-    let settings = TwinSettings {
-        default_stale_policy: match args.stale_policy {
-            StalePolicyArg::TreatSaturated => StalePolicy::TreatSaturated,
-            StalePolicyArg::Exclude => StalePolicy::Exclude,
-            StalePolicyArg::RollForward => StalePolicy::RollForward,
-            StalePolicyArg::UseLast => StalePolicy::UseLast,
-        },
-        max_signal_age_us: u64::try_from(max_metrics_age.as_micros()).unwrap_or(u64::MAX),
-        ..TwinSettings::defaults()
-    };
-    let mut config = LiveConfig::new(sources, cluster.clone(), settings);
-    config.infer = infer_options;
+    Ok(())
+}
+
+/// The intervals, timeouts and ages the flags set (each positive, the watch timeout in
+/// 1..=3600 s).
+fn apply_timing_flags(
+    args: &LiveArgs,
+    max_metrics_age: Duration,
+    config: &mut LiveConfig,
+) -> Result<(), LiveArgError> {
     config.scrape_interval = positive(args.scrape_interval_ms, "scrape-interval-ms")?;
     config.scrape_timeout = positive(args.scrape_timeout_ms, "scrape-timeout-ms")?;
     config.dns_interval = positive(args.dns_interval_ms, "dns-interval-ms")?;
@@ -379,5 +419,5 @@ pub fn live_config(
         metrics: max_metrics_age,
         kv_events: (args.max_kv_age_ms > 0).then(|| Duration::from_millis(args.max_kv_age_ms)),
     };
-    Ok(Some(config))
+    Ok(())
 }

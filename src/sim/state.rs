@@ -164,13 +164,6 @@ impl std::ops::Deref for SharedKeys {
     }
 }
 
-/// A copy of `items` with the same reserved room.
-pub(crate) fn clone_with_capacity<T: Copy>(items: &Vec<T>) -> Vec<T> {
-    let mut copy = Vec::with_capacity(items.capacity());
-    copy.extend_from_slice(items);
-    copy
-}
-
 impl RequestState {
     /// A freshly arrived request, in an engine of `block_size`-token blocks.
     pub fn new(spec: RequestSpec, serial: u64, block_size: u32) -> Self {

@@ -6,7 +6,7 @@
 //! blocks cover what every member still needs to finish: then no allocation can fail (so no
 //! preemption), no prefix lookup will ever happen again (so the cache's contents no longer
 //! matter), and each step is priced from (members, total context) alone. The arithmetic is
-//! the window's own (`lazy::lazy_finish_in`, `materialize`), so the ends are exactly those a
+//! the window's own (`window::lazy`'s `lazy_finish_in`, `materialize`), so the ends are exactly those a
 //! run would record; property tests check this against running to the end.
 
 use super::Engine;

@@ -1,8 +1,10 @@
 //! Invariant checks: cheap ones after every event in debug builds, a full audit on demand.
 
+use std::collections::BTreeMap;
+
 use super::Engine;
 use crate::sim::kv::BlockTable;
-use crate::sim::state::{PdMode, Phase};
+use crate::sim::state::{PdMode, Phase, RequestState};
 
 impl Engine {
     /// O(1) checks run after every event in debug builds: request conservation and KV block
@@ -32,14 +34,48 @@ impl Engine {
         if !self.counts.is_conserved() {
             return Err(format!("request conservation broken: {:?}", self.counts));
         }
-        let live: Vec<_> = self.slots.iter().flatten().collect();
-        let waiting = live.iter().filter(|s| s.phase == Phase::Waiting).count();
-        let running = live.iter().filter(|s| s.phase == Phase::Running).count();
-        let arriving = live.iter().filter(|s| s.phase == Phase::Arriving).count();
-        let transferring = live
+        let live: Vec<&RequestState> = self.slots.iter().flatten().collect();
+        let transferring = self.check_phases(&live)?;
+        let caught_up = self.check_running_blocks()?;
+        Self::check_idle_blocks(&live, self.config.block_size)?;
+        let waits_on_cluster = self.running.is_empty() && self.waits_on_cluster();
+        if (!self.waiting.is_empty() || !self.running.is_empty())
+            && !self.step_pending
+            && !waits_on_cluster
+        {
+            return Err("work waits but no step is pending (work conservation)".to_owned());
+        }
+        let tables = self.slots.iter().enumerate().filter_map(|(slot, state)| {
+            let state = state.as_ref()?;
+            Some(caught_up.get(&(slot as u32)).unwrap_or(&state.blocks))
+        });
+        // Held prefill KV is used until pulled: no block of it is free.
+        self.kv.check(tables.chain(self.held_tables()))?;
+        let holding_waiters = live
             .iter()
-            .filter(|s| s.phase == Phase::Transferring)
-            .count();
+            .any(|s| s.phase == Phase::Waiting && !s.blocks.is_empty());
+        if self.running.is_empty()
+            && transferring == 0
+            && !holding_waiters
+            && self.held_pull_blocks() == 0
+            && self.kv.used_blocks() != 0
+        {
+            return Err(format!(
+                "{} blocks used with nothing running",
+                self.kv.used_blocks()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The live requests' phases against the queues, the batch list, the transfers and the
+    /// queued counter. Returns the number transferring.
+    fn check_phases(&self, live: &[&RequestState]) -> Result<usize, String> {
+        let count = |phase: Phase| live.iter().filter(|s| s.phase == phase).count();
+        let waiting = count(Phase::Waiting);
+        let running = count(Phase::Running);
+        let arriving = count(Phase::Arriving);
+        let transferring = count(Phase::Transferring);
         if transferring != self.transferring_count() {
             return Err(format!(
                 "{transferring} transferring requests but {} transfers listed",
@@ -70,11 +106,16 @@ impl Engine {
                  transferring + {arriving} arriving"
             ));
         }
-        // Blocks cover every computed token and every token of the step in flight (a lazy
-        // window's members included: their stored progress lags by the window's steps, and a
-        // steady member's table by the crossings counted for it, caught up in a copy here).
+        Ok(transferring)
+    }
+
+    /// Blocks cover every computed token and every token of the step in flight (a lazy
+    /// window's members included: their stored progress lags by the window's steps, and a
+    /// steady member's table by the crossings counted for it, caught up in a copy here).
+    /// Returns those caught-up copies by slot, for the cache's audit.
+    fn check_running_blocks(&self) -> Result<BTreeMap<u32, BlockTable>, String> {
         let batch = self.batch_entries();
-        let mut caught_up = Vec::new();
+        let mut caught_up = BTreeMap::new();
         for &slot in &self.running {
             let state = self.state(slot);
             let scheduled: u32 = batch
@@ -93,7 +134,7 @@ impl Engine {
                 let mut table = state.blocks.clone();
                 self.kv
                     .catch_up_crossings(&mut table, state.owner_seed, tokens);
-                caught_up.push((slot, table));
+                caught_up.insert(slot, table);
                 continue;
             }
             let needed = tokens.div_ceil(self.config.block_size);
@@ -105,14 +146,19 @@ impl Engine {
                 ));
             }
         }
-        for state in &live {
-            // A decode half whose pull ended waits holding its reserved blocks (the prompt
-            // but its last token computed, or nothing if the pull failed).
+        Ok(caught_up)
+    }
+
+    /// No request holds blocks unless running, transferring, or a decode half whose pull
+    /// ended waiting with its reserved blocks (the prompt but its last token computed, or
+    /// nothing if the pull failed), and such a half's blocks cover what it pulled.
+    fn check_idle_blocks(live: &[&RequestState], block_size: u32) -> Result<(), String> {
+        for state in live {
             let pulled_waiting = state.phase == Phase::Waiting
                 && state.pd == PdMode::RemoteKv { pulled: true }
                 && !state.blocks.is_empty();
             if pulled_waiting {
-                let needed = state.num_computed.div_ceil(self.config.block_size);
+                let needed = state.num_computed.div_ceil(block_size);
                 if state.blocks.len() < needed {
                     return Err(format!(
                         "request {:?} pulled {} tokens into {} blocks",
@@ -131,35 +177,6 @@ impl Engine {
                     state.spec.id
                 ));
             }
-        }
-        let waits_on_cluster = self.running.is_empty() && self.waits_on_cluster();
-        if (!self.waiting.is_empty() || !self.running.is_empty())
-            && !self.step_pending
-            && !waits_on_cluster
-        {
-            return Err("work waits but no step is pending (work conservation)".to_owned());
-        }
-        let caught_up: std::collections::BTreeMap<u32, BlockTable> =
-            caught_up.into_iter().collect();
-        let tables = self.slots.iter().enumerate().filter_map(|(slot, state)| {
-            let state = state.as_ref()?;
-            Some(caught_up.get(&(slot as u32)).unwrap_or(&state.blocks))
-        });
-        // Held prefill KV is used until pulled: no block of it is free.
-        self.kv.check(tables.chain(self.held_tables()))?;
-        let holding_waiters = live
-            .iter()
-            .any(|s| s.phase == Phase::Waiting && !s.blocks.is_empty());
-        if self.running.is_empty()
-            && transferring == 0
-            && !holding_waiters
-            && self.held_pull_blocks() == 0
-            && self.kv.used_blocks() != 0
-        {
-            return Err(format!(
-                "{} blocks used with nothing running",
-                self.kv.used_blocks()
-            ));
         }
         Ok(())
     }

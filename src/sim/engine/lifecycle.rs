@@ -1,7 +1,7 @@
 //! Request lifecycle transitions: arrival, enqueue, step completion, preemption, timeout,
 //! and the record each request leaves behind.
 
-use super::{Engine, EventKind};
+use super::{Engine, EventKind, disagg};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Outcome, RequestRecord};
@@ -42,7 +42,7 @@ impl Engine {
         );
         state.phase = Phase::Waiting;
         state.timeline.enqueue_us = Some(now);
-        let key = queue_key(policy, state);
+        let key = local_queue_key(policy, state);
         self.waiting.push_arrival(key, slot);
         self.enqueued += 1;
         self.ensure_step_scheduled();
@@ -235,7 +235,7 @@ impl Engine {
                     .as_mut()
                     .expect("live_mut found this slot");
                 state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-                self.release_finished(entry.slot);
+                disagg::release_finished(&mut self.kv, &mut self.disagg, state);
                 self.counts.running -= 1;
                 self.counts.completed += 1;
                 self.retire(entry.slot, Outcome::Completed);
@@ -357,22 +357,17 @@ pub(super) fn record_of(state: &mut RequestState, outcome: Outcome, end_us: u64)
 
 /// The wait-queue sort key of a request under `policy`.
 pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> QueueKey {
-    let primary = match policy {
-        SchedulingPolicy::Fcfs => 0,
-        SchedulingPolicy::Priority => i64::from(state.spec.priority),
-        SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
-    };
     // A disaggregated decode half waiting with its reserved blocks after its pull goes
     // first under every policy (under fcfs it is put at the front): otherwise a more urgent
     // request that cannot reserve blocks, which such halves hold, could stall the pool with
     // nothing running (vLLM keeps its priority order here).
-    let primary = if state.phase == Phase::Waiting
-        && state.pd == (PdMode::RemoteKv { pulled: true })
+    let primary = if state.pd == (PdMode::RemoteKv { pulled: true })
+        && state.phase == Phase::Waiting
         && !state.blocks.is_empty()
     {
         i64::MIN
     } else {
-        primary
+        policy_primary(policy, state)
     };
     (
         primary,
@@ -380,6 +375,33 @@ pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> Queue
         state.spec.id.0,
         state.serial,
     )
+}
+
+/// [`queue_key`] of a request that cannot be a pulled decode half holding its blocks: one
+/// entering the queue from arrival, or admitted as a local request. The key is the same;
+/// the plain path skips the test.
+#[inline(always)]
+pub(super) fn local_queue_key(policy: SchedulingPolicy, state: &RequestState) -> QueueKey {
+    debug_assert!(
+        state.pd != (PdMode::RemoteKv { pulled: true }) || state.blocks.is_empty(),
+        "a pulled half holding blocks keyed as local"
+    );
+    (
+        policy_primary(policy, state),
+        state.spec.arrival_us,
+        state.spec.id.0,
+        state.serial,
+    )
+}
+
+/// The policy's part of a queue key.
+#[inline(always)]
+fn policy_primary(policy: SchedulingPolicy, state: &RequestState) -> i64 {
+    match policy {
+        SchedulingPolicy::Fcfs => 0,
+        SchedulingPolicy::Priority => i64::from(state.spec.priority),
+        SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
+    }
 }
 
 /// Causality: arrival <= enqueue <= schedule <= first token <= end.

@@ -15,13 +15,11 @@ mod drain;
 mod events;
 mod invariants;
 mod late_entry;
-mod lazy;
 mod lifecycle;
 mod restore;
 mod schedule;
-mod steady;
 mod watch;
-mod window_kv;
+mod window;
 
 pub use disagg::TransferStart;
 pub use drain::{Drain, DrainEnd, DrainStep};
@@ -69,7 +67,7 @@ const RECORDS_RESERVE_MAX: usize = 1 << 22;
 const SAMPLES_RESERVE_MAX: usize = 1 << 24;
 
 /// How a lazy window's steady members' block crossings were counted (a diagnostic for tests
-/// and benchmarks; see `sim/engine/steady.rs`).
+/// and benchmarks; see `sim/engine/window/steady.rs`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SteadyCounts {
     /// Counted in batches, their tables left behind.
@@ -108,8 +106,8 @@ pub struct Engine {
     counts: Counts,
     events_processed: u64,
     reference: bool,
-    lazy: Option<Box<lazy::LazyWindow>>,
-    lazy_spare: lazy::WindowSpare,
+    lazy: Option<Box<window::LazyWindow>>,
+    lazy_spare: window::WindowSpare,
     lazy_steps: u64,
     mixed_lazy_steps: u64,
     steady_crossings: SteadyCounts,
@@ -153,7 +151,7 @@ impl Engine {
             events_processed: 0,
             reference: false,
             lazy: None,
-            lazy_spare: lazy::WindowSpare::default(),
+            lazy_spare: window::WindowSpare::default(),
             lazy_steps: 0,
             mixed_lazy_steps: 0,
             steady_crossings: SteadyCounts::default(),

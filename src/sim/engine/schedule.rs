@@ -8,11 +8,12 @@
 //! preempted, admits waiting requests while seats, budget and blocks last, taking prefix-cache
 //! hits first. The result is the step's duration from the latency model.
 
-use super::lifecycle::queue_key;
+use super::lifecycle::{local_queue_key, queue_key};
 use super::{AdmissionReach, Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;
 use crate::sim::latency::BatchEntry;
+use crate::sim::queue::QueueKey;
 use crate::sim::state::{PdMode, Phase};
 
 impl Engine {
@@ -47,6 +48,7 @@ impl Engine {
     }
 
     /// Describes the entries of `in_flight`, in order, into `step_shape` for pricing.
+    #[inline]
     pub(super) fn shape_in_flight(&mut self) {
         self.step_shape.clear();
         for index in 0..self.in_flight.len() {
@@ -163,34 +165,22 @@ impl Engine {
             let Some(slot) = self.waiting.peek() else {
                 break AdmissionReach::Everything;
             };
-            let state = self.slots[slot as usize]
+            let mut state = self.slots[slot as usize]
                 .as_mut()
                 .expect("a waiting slot holds a live request");
             if state.pd != PdMode::Local {
-                match state.pd {
-                    PdMode::RemoteKv { pulled: false } => {
-                        // A decode half: reserve its blocks and start the pull, or wait.
-                        let key = queue_key(policy, state);
-                        if !self.reserve_transfer(slot) {
-                            break AdmissionReach::Below(key);
-                        }
+                match self.admit_half(slot, budget) {
+                    HalfAdmission::Admitted(key) => {
                         last_admitted = Some(key);
                         continue;
                     }
-                    PdMode::RemoteKv { pulled: true } if !state.blocks.is_empty() => {
-                        let key = queue_key(policy, state);
-                        if !self.admit_pulled(slot, budget) {
-                            break AdmissionReach::Below(key);
-                        }
-                        last_admitted = Some(key);
-                        continue;
-                    }
-                    _ => {}
+                    HalfAdmission::Waits(key) => break AdmissionReach::Below(key),
+                    HalfAdmission::AsLocal => {}
                 }
+                state = self.slots[slot as usize]
+                    .as_mut()
+                    .expect("a waiting slot holds a live request");
             }
-            let state = self.slots[slot as usize]
-                .as_mut()
-                .expect("a waiting slot holds a live request");
             debug_assert_eq!(
                 state.num_computed, 0,
                 "a waiting request holds computed tokens"
@@ -206,7 +196,7 @@ impl Engine {
             };
             let cached = hit.blocks() * block_size;
             let wanted = num_tokens - cached;
-            let key = queue_key(policy, state);
+            let key = local_queue_key(policy, state);
             if !chunked && wanted > *budget {
                 break AdmissionReach::Below(key);
             }
@@ -244,6 +234,31 @@ impl Engine {
             last_admitted = Some(key);
         };
         cpu_loads
+    }
+
+    /// Phase 2 for the head of the queue when it is a disaggregated half: a decode half
+    /// reserves its blocks and starts its pull, or enters with its pulled blocks; anything
+    /// else (a prefill half, a pulled half since preempted) is admitted as a local request.
+    /// Out of line: a plain run never comes here.
+    #[inline(never)]
+    fn admit_half(&mut self, slot: u32, budget: &mut u32) -> HalfAdmission {
+        let policy = self.config.scheduling_policy;
+        let state = self.slots[slot as usize]
+            .as_ref()
+            .expect("a waiting slot holds a live request");
+        let key = queue_key(policy, state);
+        let admitted = match state.pd {
+            PdMode::RemoteKv { pulled: false } => self.reserve_transfer(slot),
+            PdMode::RemoteKv { pulled: true } if !state.blocks.is_empty() => {
+                self.admit_pulled(slot, budget)
+            }
+            _ => return HalfAdmission::AsLocal,
+        };
+        if admitted {
+            HalfAdmission::Admitted(key)
+        } else {
+            HalfAdmission::Waits(key)
+        }
     }
 
     /// Admits a decode half holding its reserved blocks after its pull: the prompt but its
@@ -317,4 +332,14 @@ impl Engine {
             }
         }
     }
+}
+
+/// What phase 2 did with a disaggregated half at the head of the queue.
+enum HalfAdmission {
+    /// Reserved (pull started) or admitted with its pulled blocks; its queue key.
+    Admitted(QueueKey),
+    /// Its blocks do not fit: it waits, and so does everything below its key.
+    Waits(QueueKey),
+    /// Admitted like a local request by the caller.
+    AsLocal,
 }

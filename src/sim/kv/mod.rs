@@ -121,7 +121,7 @@ impl Clone for KvCache {
         Self {
             block_size: self.block_size,
             prefix_caching: self.prefix_caching,
-            blocks: crate::sim::state::clone_with_capacity(&self.blocks),
+            blocks: table::clone_with_capacity(&self.blocks),
             spare_ids: self.spare_ids.clone(),
             runs: self.runs.clone(),
             spare_runs: self.spare_runs.clone(),

@@ -22,7 +22,7 @@ impl Clone for BlockTable {
     /// Keeps the reserved room (a forked request grows its table without reallocating).
     fn clone(&self) -> Self {
         Self {
-            ids: crate::sim::state::clone_with_capacity(&self.ids),
+            ids: clone_with_capacity(&self.ids),
             num_keyed: self.num_keyed,
             anon: self.anon,
             seed: self.seed,
@@ -57,4 +57,11 @@ impl BlockTable {
     pub(super) fn anon_keyed(&self, index: u32) -> bool {
         index < self.num_keyed && self.dups.binary_search(&index).is_err()
     }
+}
+
+/// A copy of `items` with the same reserved room.
+pub(super) fn clone_with_capacity<T: Copy>(items: &Vec<T>) -> Vec<T> {
+    let mut copy = Vec::with_capacity(items.capacity());
+    copy.extend_from_slice(items);
+    copy
 }

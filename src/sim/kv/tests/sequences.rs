@@ -3,7 +3,7 @@
 //! (shared prefixes, a preempted request's own blocks, CPU-tier reloads) and chunked
 //! prefill, explicit growth, lazy window steps (a member's KV call only at its thresholds;
 //! crossings by `allocate`, by `take_crossing`, or deferred in batches closed by
-//! `take_pending`, exactly as `engine::window_kv` makes them), preemption, completion and a
+//! `take_pending`, exactly as `engine::window::kv` makes them), preemption, completion and a
 //! cache restored from outside (`seed_cached`); block sizes 1, 2, 4 and 16. After every
 //! operation both must agree on the free keys in LRU order, the CPU tier's keys in LRU
 //! order, the counters, the lookup map's shared keys and every table, and the cache must

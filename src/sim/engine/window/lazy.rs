@@ -19,131 +19,18 @@
 //! The reference stepper never opens a window; property tests check byte-identical results.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
-use super::lifecycle::{first_token_delay, kv_after};
-use super::window_kv::next_kv_step_of;
-use super::{Engine, InFlight};
-use crate::sim::latency::DecodeSteps;
+use super::{LazyWindow, POSITION_SLACK, next_kv_step_of};
+use crate::sim::engine::lifecycle::{first_token_delay, kv_after};
+use crate::sim::engine::{Engine, InFlight, disagg};
 use crate::sim::metrics::Outcome;
 use crate::sim::state::RequestState;
-
-/// (window step, batch position, slot): an event due for one member.
-pub(super) type Due = Reverse<(u32, u32, u32)>;
-
-/// Positions a window may hand out beyond twice its batch before renumbering them.
-const POSITION_SLACK: usize = 64;
-
-/// The state of an open lazy decode window.
-#[derive(Clone, Debug, Default)]
-pub(super) struct LazyWindow {
-    /// Window steps completed.
-    pub(super) step: u32,
-    /// End time of the last completed window step (the window's start at step 0).
-    pub(super) prev_end_us: u64,
-    /// Members (decoding requests handled lazily).
-    pub(super) members: u64,
-    /// Total context of the members before the next step.
-    pub(super) context_sum: u64,
-    /// Members due for a KV call, by step: a ring of buckets indexed by `step % len` (a
-    /// member is never due more than `block_size + 1` steps ahead; `len` is a power of two
-    /// at least `block_size + 2`), each the batch positions due then, unordered (sorted
-    /// when the bucket is read: a handful a step, fewer instructions than scanning a
-    /// bitset of the whole batch).
-    pub(super) kv_ring: Vec<Vec<u32>>,
-    /// The steady members (their every crossing the common one, counted without touching
-    /// their tables: see `RequestState::lagging_blocks`), by the step of their next crossing:
-    /// a ring like `kv_ring`, each bucket sorted by batch position. A bucket moves
-    /// `block_size` steps on whole, and a step with no other KV call counts its crossings in
-    /// O(1) when the cache's batch has room for them all (`sim/engine/steady.rs`).
-    pub(super) steady_ring: Vec<Vec<u32>>,
-    /// The member at each batch position: (slot, serial). The serial tells a finished
-    /// member's leftover call from a new request that took its slot.
-    pub(super) by_position: Vec<(u32, u64)>,
-    /// Members finishing at a step.
-    pub(super) done_due: BinaryHeap<Due>,
-    /// Scratch for the requests finishing at a step: (batch position, slot, was a member).
-    pub(super) done_scratch: Vec<(u32, u32, bool)>,
-    /// Running requests outside the window (prefilling), as (batch position, slot) in batch
-    /// order. While a step is in flight, `Engine::in_flight` holds exactly their entries, in
-    /// the same order.
-    pub(super) explicit: Vec<(u32, u32)>,
-    /// Scratch: members ahead of each explicit request in the batch.
-    pub(super) members_ahead: Vec<u32>,
-    /// Batch position given to the next request admitted (positions only grow, so they
-    /// order the batch as `Engine::running` does).
-    pub(super) next_position: u32,
-    /// A window step is formed and pending.
-    pub(super) in_flight: bool,
-    /// Times the positions were renumbered (a diagnostic for tests).
-    pub(super) compactions: u32,
-    /// The latency model's price terms of an all-decode step of `members` sequences, kept
-    /// while the member count holds ([`crate::sim::latency::LatencyModel::decode_step_us`]).
-    pub(super) decode_steps: Option<DecodeSteps>,
-}
-
-impl LazyWindow {
-    /// Empties the window for reuse (its buffers keep their room) as a fresh one starting at
-    /// `prev_end_us` with `ring_len` KV buckets and batch positions from `next_position`.
-    fn reset(&mut self, prev_end_us: u64, ring_len: usize, next_position: u32) {
-        let mut kv_ring = std::mem::take(&mut self.kv_ring);
-        kv_ring.iter_mut().for_each(Vec::clear);
-        kv_ring.resize_with(ring_len, Vec::new);
-        let mut steady_ring = std::mem::take(&mut self.steady_ring);
-        steady_ring.iter_mut().for_each(Vec::clear);
-        steady_ring.resize_with(ring_len, Vec::new);
-        let mut by_position = std::mem::take(&mut self.by_position);
-        by_position.clear();
-        by_position.reserve(next_position as usize);
-        let mut done_due = std::mem::take(&mut self.done_due);
-        done_due.clear();
-        done_due.reserve(next_position as usize);
-        let mut done_scratch = std::mem::take(&mut self.done_scratch);
-        done_scratch.clear();
-        let mut explicit = std::mem::take(&mut self.explicit);
-        explicit.clear();
-        let mut members_ahead = std::mem::take(&mut self.members_ahead);
-        members_ahead.clear();
-        *self = LazyWindow {
-            prev_end_us,
-            kv_ring,
-            steady_ring,
-            by_position,
-            done_due,
-            done_scratch,
-            explicit,
-            members_ahead,
-            next_position,
-            ..LazyWindow::default()
-        };
-    }
-}
-
-/// The last closed window, kept so the next one reuses its buffers instead of allocating
-/// them again (windows close and reopen often while prefills crowd the budget). Scratch,
-/// not state: a copy of the engine starts without it, and `Debug` shows only whether one is
-/// held (its leftovers are a closed window's).
-#[derive(Default)]
-pub(super) struct WindowSpare(Option<Box<LazyWindow>>);
-
-impl std::fmt::Debug for WindowSpare {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let held = if self.0.is_some() { "held" } else { "none" };
-        f.debug_tuple("WindowSpare").field(&held).finish()
-    }
-}
-
-impl Clone for WindowSpare {
-    fn clone(&self) -> Self {
-        Self(None)
-    }
-}
 
 impl Engine {
     /// Opens a window and forms its first step if the conditions hold (called after a step's
     /// effects, instead of forming the next). `None` if no window opened, or if its first step
     /// must be formed step by step (the caller then closes the window).
-    pub(super) fn enter_lazy(&mut self) -> Option<u64> {
+    pub(in crate::sim::engine) fn enter_lazy(&mut self) -> Option<u64> {
         if self.reference
             || self.config.record_token_gaps
             || self.running.is_empty()
@@ -311,7 +198,7 @@ impl Engine {
     /// Applies the window step that just ended and forms the next; `None` if there is no
     /// window, or the window has no members left or its next step must be formed step by
     /// step (the caller then closes it).
-    pub(super) fn lazy_continue(&mut self) -> Option<u64> {
+    pub(in crate::sim::engine) fn lazy_continue(&mut self) -> Option<u64> {
         let mut window = self.lazy.take()?;
         self.lazy_finish_in(&mut window);
         if window.members == 0 {
@@ -405,7 +292,9 @@ impl Engine {
                 }
                 self.catch_up_member(slot, total);
             }
-            let state = self.state_mut_internal(slot);
+            let state = self.slots[slot as usize]
+                .as_mut()
+                .expect("window requests are live");
             debug_assert_eq!(
                 state.generated,
                 state.target_tokens(),
@@ -413,7 +302,7 @@ impl Engine {
             );
             let computed = u64::from(state.num_computed);
             state.timeline.last_token_us = state.timeline.last_token_us.saturating_add(post_us);
-            self.release_finished(slot);
+            disagg::release_finished(&mut self.kv, &mut self.disagg, state);
             self.counts.running -= 1;
             self.counts.completed += 1;
             self.retire(slot, Outcome::Completed);
@@ -465,7 +354,7 @@ impl Engine {
 
     /// Closes the window: every member up to date, a pending window step handed back as
     /// ordinary in-flight entries (in batch order).
-    pub(super) fn exit_lazy(&mut self) {
+    pub(in crate::sim::engine) fn exit_lazy(&mut self) {
         let Some(window) = self.lazy.take() else {
             return;
         };
@@ -515,7 +404,7 @@ impl Engine {
     }
 
     /// The step in flight as ordinary entries, whether or not a window formed it.
-    pub(super) fn batch_entries(&self) -> Vec<InFlight> {
+    pub(in crate::sim::engine) fn batch_entries(&self) -> Vec<InFlight> {
         if self.lazy_step_in_flight() {
             self.merge_window_batch(&self.in_flight)
         } else {
@@ -525,7 +414,7 @@ impl Engine {
 
     /// Tokens a member has progressed in the open window beyond its stored fields (0 when no
     /// window is open, or for a request outside it).
-    pub(super) fn lazy_delta(&self, slot: u32) -> u32 {
+    pub(in crate::sim::engine) fn lazy_delta(&self, slot: u32) -> u32 {
         match (&self.lazy, self.state(slot).lazy_base_step) {
             (Some(window), Some(base)) => window.step - base,
             _ => 0,
@@ -533,7 +422,7 @@ impl Engine {
     }
 
     /// True if a window step is formed and pending.
-    pub(super) fn lazy_step_in_flight(&self) -> bool {
+    pub(in crate::sim::engine) fn lazy_step_in_flight(&self) -> bool {
         self.lazy.as_ref().is_some_and(|window| window.in_flight)
     }
 

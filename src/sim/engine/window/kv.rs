@@ -6,9 +6,8 @@
 
 use std::cmp::Reverse;
 
-use super::Engine;
-use super::lazy::{Due, LazyWindow};
-use super::steady::merge_sorted;
+use super::{Due, LazyWindow, merge_sorted, next_kv_step_of};
+use crate::sim::engine::Engine;
 use crate::sim::kv::hash::BlockKeys;
 use crate::sim::kv::{Crossings, PrefixHit};
 use crate::sim::state::RequestState;
@@ -18,7 +17,7 @@ impl Engine {
     /// long-lived window's positions, due lists and tables stay as small as the batch.
     /// Amortized O(1) per admission: it runs once positions outgrow twice the batch plus
     /// `lazy::POSITION_SLACK`.
-    pub(super) fn compact_positions(&mut self, window: &mut LazyWindow) {
+    pub(in crate::sim::engine) fn compact_positions(&mut self, window: &mut LazyWindow) {
         let mut index_of_slot = vec![u32::MAX; self.slots.len()];
         for (index, &slot) in self.running.iter().enumerate() {
             index_of_slot[slot as usize] = index as u32;
@@ -67,7 +66,10 @@ impl Engine {
     /// Phase 1's KV calls, in batch order: the members due at the next step (the steady
     /// ones counted in O(1) when the cache's batch has room for them) and every explicit
     /// request (whose tokens are in `in_flight`). `None` if an allocation fails.
-    pub(super) fn window_kv_calls(&mut self, window: &mut LazyWindow) -> Option<()> {
+    pub(in crate::sim::engine) fn window_kv_calls(
+        &mut self,
+        window: &mut LazyWindow,
+    ) -> Option<()> {
         let block_size = self.config.block_size;
         let prefix_caching = self.config.enable_prefix_caching;
         let step = window.step + 1;
@@ -208,7 +210,7 @@ impl Engine {
     /// call, after which its table is exact and it is rescheduled in `kv_ring` (false).
     /// `None` if the cache cannot (the window closes). Used by the due members' bucket and by
     /// steady members whose crossing cannot be batched.
-    pub(super) fn member_call(
+    pub(in crate::sim::engine) fn member_call(
         &mut self,
         window: &mut LazyWindow,
         pending: &mut Crossings,
@@ -260,7 +262,7 @@ impl Engine {
     /// Brings a member's table up to `total` tokens as the step-by-step path would have it by
     /// now: the crossings counted while it was steady, then the keying of the private blocks
     /// the window deferred. Never allocates.
-    pub(super) fn catch_up_member(&mut self, slot: u32, total: u32) {
+    pub(in crate::sim::engine) fn catch_up_member(&mut self, slot: u32, total: u32) {
         let block_size = self.config.block_size;
         let state = self.slots[slot as usize]
             .as_mut()
@@ -282,7 +284,7 @@ impl Engine {
     /// Blocks of running request `slot` the step-by-step path would have keyed by now: the
     /// table's count, or for a window member, that of its progress (keying of private blocks
     /// is deferred inside a window).
-    pub(super) fn observed_keyed_blocks(&self, slot: u32) -> u32 {
+    pub(in crate::sim::engine) fn observed_keyed_blocks(&self, slot: u32) -> u32 {
         let state = self.state(slot);
         let keyed = state.blocks.num_keyed;
         match (&self.lazy, state.lazy_base_step) {
@@ -295,30 +297,6 @@ impl Engine {
             _ => keyed,
         }
     }
-}
-
-/// The first window step after `step` (the request in `state` having computed `computed`
-/// tokens through window step `step`) whose token needs a KV call: a new block, or a
-/// shareable block filling up. A private block filling up waits for the next call (the new
-/// block's), for the request's completion or for the window's close: no other request can
-/// look it up meanwhile, and the step-by-step path's keying is caught up at those points.
-#[inline(always)]
-pub(super) fn next_kv_step_of(
-    state: &RequestState,
-    step: u32,
-    computed: u32,
-    block_size: u32,
-    prefix_caching: bool,
-) -> u32 {
-    let held = state.blocks.len() * block_size + 1;
-    let threshold = if prefix_caching && state.blocks.num_keyed < state.shareable {
-        held.min((state.blocks.num_keyed + 1) * block_size)
-    } else {
-        held
-    };
-    // At window step s > step the token computed is number computed + (s - step).
-    let total_next = computed + 1;
-    step + 1 + threshold.saturating_sub(total_next)
 }
 
 /// An ordinary KV call amid a step's batch of deferred crossings: the batch's pending blocks

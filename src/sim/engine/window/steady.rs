@@ -8,8 +8,8 @@
 //! batched. `LazyWindow::steady_ring` holds them by the step of their next crossing, a
 //! bucket moving `block_size` steps on whole.
 
-use super::Engine;
-use super::lazy::LazyWindow;
+use super::LazyWindow;
+use crate::sim::engine::Engine;
 use crate::sim::kv::Crossings;
 use crate::sim::state::RequestState;
 
@@ -18,7 +18,7 @@ impl Engine {
     /// and their bucket moved `block_size` steps on. False, changing nothing, if the cache's
     /// batch has no room for them all (the general path then takes them one by one).
     #[inline(always)]
-    pub(super) fn steady_only_step(
+    pub(in crate::sim::engine) fn steady_only_step(
         &mut self,
         window: &mut LazyWindow,
         bucket_index: usize,
@@ -50,7 +50,7 @@ impl Engine {
     /// member's (their tables caught up first), those that cannot defer leaving the steady
     /// ring (marked `u32::MAX` in `steady`). Advances `counted`; false if an allocation
     /// fails (the window closes).
-    pub(super) fn cross_steady(
+    pub(in crate::sim::engine) fn cross_steady(
         &mut self,
         window: &mut LazyWindow,
         steady: &mut [u32],
@@ -116,7 +116,12 @@ impl Engine {
 
     /// Catches up the tables of `steady` members (batch positions) to their tokens at window
     /// step `step` (its crossing's block included).
-    pub(super) fn catch_up_steady(&mut self, window: &LazyWindow, steady: &[u32], step: u32) {
+    pub(in crate::sim::engine) fn catch_up_steady(
+        &mut self,
+        window: &LazyWindow,
+        steady: &[u32],
+        step: u32,
+    ) {
         for &position in steady {
             if position == u32::MAX {
                 continue; // exact already
@@ -136,7 +141,12 @@ impl Engine {
 
     /// Takes a finishing steady member (batch `position`, `computed` tokens through the
     /// window's current step, its progress brought up to it) out of the steady ring.
-    pub(super) fn leave_steady_ring(&self, window: &mut LazyWindow, position: u32, computed: u32) {
+    pub(in crate::sim::engine) fn leave_steady_ring(
+        &self,
+        window: &mut LazyWindow,
+        position: u32,
+        computed: u32,
+    ) {
         let block_size = self.config.block_size;
         // Its next crossing: the first step whose token is a block's first.
         let next = window.step + 1 + (block_size - computed % block_size) % block_size;
@@ -156,7 +166,7 @@ impl Engine {
 
     /// Blocks a running request holds: its table's, or for a steady member, those its
     /// counted crossings took too (`total` tokens allocated).
-    pub(super) fn held_blocks(&self, state: &RequestState, total: u32) -> u32 {
+    pub(in crate::sim::engine) fn held_blocks(&self, state: &RequestState, total: u32) -> u32 {
         let len = state.blocks.len();
         if state.lagging_blocks {
             len.max(total.div_ceil(self.config.block_size))
@@ -164,21 +174,4 @@ impl Engine {
             len
         }
     }
-}
-
-/// `a` and `b` (sorted, disjoint) merged into `out` (empty), sorted.
-pub(super) fn merge_sorted(a: &[u32], b: &[u32], out: &mut Vec<u32>) {
-    out.reserve(a.len() + b.len());
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        if a[i] < b[j] {
-            out.push(a[i]);
-            i += 1;
-        } else {
-            out.push(b[j]);
-            j += 1;
-        }
-    }
-    out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
 }
