@@ -10,12 +10,14 @@ use common::cli::ditto;
 
 use serde_json::Value;
 
-/// Median absolute % errors (whole-run means) across the twelve dev runs with the embedded
-/// calibrated model when this guard was set (docs/fidelity.md). A change that makes a median
-/// worse than its guard fails; re-pin only with a better fit, and update docs/fidelity.md.
+/// Median absolute % errors (whole-run means) across the twenty-five dev runs with the
+/// embedded calibrated model when this guard was set (issue 36: 2.19 / 2.33 / 2.43%,
+/// docs/fidelity.md; over the twelve runs the guard held 2.5 / 3.0 / 3.0% before). A change
+/// that makes a median worse than its guard fails; re-pin only with a better fit, and update
+/// docs/fidelity.md.
 const GUARD_E2E_MEAN: f64 = 2.5;
-const GUARD_TTFT_MEAN: f64 = 3.0;
-const GUARD_TPOT_MEAN: f64 = 3.0;
+const GUARD_TTFT_MEAN: f64 = 2.5;
+const GUARD_TPOT_MEAN: f64 = 2.5;
 
 /// Per run: (name, E2E, TTFT, TPOT whole-run mean absolute % error bounds, bound on
 /// |predicted − measured| timed-out fraction). Each is the error when the guard was set plus
@@ -23,20 +25,55 @@ const GUARD_TPOT_MEAN: f64 = 3.0;
 /// which runs miss it and why). Re-pin only downward, with docs/fidelity.md; a bound may rise
 /// only with a change that makes the medians better, and docs/fidelity.md names each one
 /// (stop 32: the A100's and both Mixtral TTFTs, 70B × 4 codegen's E2E by rounding; stop 33
-/// lowered the A100's: its attention kernel's KV-read factor).
-const PER_RUN: [(&str, f64, f64, f64, f64); 12] = [
-    ("a100-llama3.1-8b-tp1-general-lite", 10.0, 2.0, 10.0, 0.03),
-    ("h100-codellama34b-tp2-codegen", 2.5, 3.0, 2.5, 0.03),
-    ("h100-codellama34b-tp2-general", 3.5, 3.5, 3.5, 0.03),
-    ("h100-llama2-70b-tp4-codegen", 3.5, 3.5, 3.5, 0.03),
-    ("h100-llama2-70b-tp4-reasoning", 41.0, 51.0, 13.5, 0.37),
+/// lowered the A100's: its attention kernel's KV-read factor; issue 36, with the medians over
+/// twenty-five runs from 6.1 / 4.1 / 6.1% to 2.2 / 2.3 / 2.4%, raised Llama-2-7b "general"
+/// (the sampler's per-sequence cost at ~90 sequences near its knee), the A100's TTFT,
+/// CodeLlama "general", 70B × 4 codegen's TTFT, Llama-2-7b roleplay's TTFT and Mixtral
+/// "general"'s E2E and TPOT, and lowered both overloaded TP > 1 runs and the A100's E2E).
+const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
+    ("a100-llama3.1-8b-tp1-general-lite", 5.5, 4.5, 5.5, 0.03),
+    ("a100-qwen3-14b-tp1-general-lite-s2r36", 4.5, 3.5, 4.5, 0.03),
+    ("h100-codellama34b-tp2-codegen", 2.0, 3.0, 2.0, 0.03),
+    ("h100-codellama34b-tp2-general", 4.0, 4.0, 4.0, 0.03),
+    ("h100-llama2-70b-tp4-codegen", 3.0, 4.0, 3.0, 0.03),
+    ("h100-llama2-70b-tp4-reasoning", 39.0, 48.5, 13.0, 0.37),
     ("h100-llama2-7b-tp1-codegen", 1.5, 2.0, 1.5, 0.03),
-    ("h100-llama2-7b-tp1-general", 4.5, 4.0, 4.5, 0.03),
-    ("h100-llama2-7b-tp1-reasoning", 4.0, 2.5, 6.0, 0.04),
-    ("h100-llama2-7b-tp1-roleplay", 1.5, 5.0, 1.5, 0.03),
-    ("h100-mixtral8x7b-tp2-general", 3.0, 3.0, 3.0, 0.03),
-    ("h100-mixtral8x7b-tp2-reasoning", 69.0, 85.5, 36.5, 0.72),
-    ("h100-mixtral8x7b-tp2-roleplay", 3.0, 7.0, 3.5, 0.03),
+    ("h100-llama2-7b-tp1-general", 6.5, 7.0, 6.5, 0.03),
+    ("h100-llama2-7b-tp1-reasoning", 3.5, 2.0, 6.0, 0.04),
+    ("h100-llama2-7b-tp1-roleplay", 1.5, 5.5, 1.5, 0.03),
+    ("h100-llama3.1-8b-tp1-codegen-s2r18", 4.0, 2.0, 4.0, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r16", 3.0, 1.5, 3.5, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r22", 13.5, 9.5, 13.5, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r23", 2.0, 2.5, 2.0, 0.03),
+    ("h100-mixtral8x22b-tp8-codegen-s2r50", 2.0, 8.5, 2.0, 0.03),
+    ("h100-mixtral8x22b-tp8-general-s2r49", 2.0, 3.5, 2.0, 0.03),
+    ("h100-mixtral8x7b-tp2-general", 3.5, 2.0, 3.5, 0.03),
+    (
+        "h100-mixtral8x7b-tp2-general-lite-s2r27",
+        3.5,
+        2.5,
+        3.5,
+        0.03,
+    ),
+    ("h100-mixtral8x7b-tp2-general-s2r28", 4.0, 15.5, 4.0, 0.03),
+    ("h100-mixtral8x7b-tp2-reasoning", 68.0, 84.5, 36.0, 0.72),
+    ("h100-mixtral8x7b-tp2-roleplay", 3.5, 7.0, 3.5, 0.03),
+    ("h100-qwen3-14b-tp1-codegen-s2r14", 2.5, 4.5, 2.5, 0.03),
+    ("h100-qwen3-14b-tp1-general-s2r13", 1.5, 3.5, 1.5, 0.03),
+    (
+        "h100-scout17b16e-fp8-tp2-general-lite-s2r17",
+        7.5,
+        3.5,
+        8.0,
+        0.03,
+    ),
+    (
+        "h100-scout17b16e-fp8-tp2-roleplay-s2r21",
+        4.0,
+        3.0,
+        4.0,
+        0.03,
+    ),
 ];
 
 /// The four runs the published-basis comparison replays (the first dev set: each model
@@ -110,7 +147,7 @@ fn signed_error(stage: &Value, metric: &str) -> f64 {
     (predicted / measured - 1.0) * 100.0
 }
 
-/// Where a twelve-run report breaks the guard: each run's bounds ([`PER_RUN`]) and the
+/// Where a twenty-five-run report breaks the guard: each run's bounds ([`PER_RUN`]) and the
 /// medians; empty if it holds.
 fn guard_failures(report: &Value) -> Vec<String> {
     let runs = report["runs"].as_array().unwrap();
@@ -151,7 +188,7 @@ fn guard_failures(report: &Value) -> Vec<String> {
 fn calibrated_model_stays_within_the_fidelity_guard() {
     // Goal: every dev run replays (overloaded ones included), and the default model's errors
     // on each run and as medians never regress past the figures this work reached. Method:
-    // replay all twelve runs once, read per-run errors, timed-out fractions and medians.
+    // replay all twenty-five runs once, read per-run errors, timed-out fractions and medians.
     let report = validate_json("calibrated", &runs());
     let failures = guard_failures(&report);
     let runs = report["runs"].as_array().unwrap();
@@ -161,7 +198,7 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
         // truth; the servers ignored EOS, so every run simulates its configured length.
         let stages = run["stages"].as_array().unwrap();
         assert_eq!(stages[0]["stage"].as_i64(), Some(-1), "{name}");
-        let per_request = !name.starts_with("a100");
+        let per_request = !name.starts_with("a100") && !name.contains("-s2r");
         for stage in stages {
             assert!(stage["count"].as_u64().unwrap() > 500, "{name}");
             assert_eq!(stage["ks_ttft"].is_number(), per_request, "{name}");
@@ -328,14 +365,10 @@ fn the_tp_peer_candidate_prices_the_tp4_step() {
     let default = validate_json("calibrated", &dirs);
     let tp4 = "h100-llama2-70b-tp4-codegen";
     assert!(e2e(&candidate, tp4) < 3.5, "{}", e2e(&candidate, tp4));
-    // The candidate is better than the default on the run it adds (whatever the default's
-    // error becomes).
-    assert!(
-        e2e(&candidate, tp4) < e2e(&default, tp4),
-        "{} vs {}",
-        e2e(&candidate, tp4),
-        e2e(&default, tp4)
-    );
+    // The default prices the TP 4 step too since stop 30 (the per-peer latency), so the
+    // candidate is no longer better than it there (issue 36: -2.0 against -1.8% E2E); both
+    // stay within the bound.
+    assert!(e2e(&default, tp4) < 3.5, "{}", e2e(&default, tp4));
     assert!(e2e(&candidate, "h100-llama2-7b-tp1-codegen") < 1.5);
 }
 
@@ -384,8 +417,10 @@ fn the_a100_kv_reads_are_priced_for_its_attention_kernel() {
         "no factor: {}",
         growth(&no_factor)
     );
+    // Issue 36: the sampler's per-sequence cost grows with the batch too, so stage 1 is now
+    // 2.7 points less fast than stage 0 (equal within 1.5 before).
     assert!(
-        growth(&default).abs() < 1.5,
+        growth(&default).abs() < 3.0,
         "default: {}",
         growth(&default)
     );
@@ -417,7 +452,7 @@ fn bad_input_exits_2_naming_the_problem() {
     let out = ditto(&["validate", &dir, "--latency-model", "/nonexistent.yaml"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--latency-model"));
-    let out = ditto(&["calibrate", &dir, "--leave-out", "gpu"]);
+    let out = ditto(&["calibrate", &dir, "--leave-out", "cpu"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--leave-out"));
     let out = ditto(&["calibrate", &dir, "--held-out-only"]);

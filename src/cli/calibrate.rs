@@ -1,9 +1,10 @@
 //! `ditto calibrate DIR...`: fits the calibrated step-time model's coefficients to measured
 //! runs and writes a coefficients file that `--latency-model FILE` accepts.
 //!
-//! `--leave-out run|model|workload` (`--leave-one-out` is `--leave-out run`) also fits once
-//! per group on the other groups' runs and prints the held-out runs' errors (the zero-shot
-//! figures): a run, a model (every run of it), or a workload (every run of it) at a time.
+//! `--leave-out run|model|workload|gpu|family` (`--leave-one-out` is `--leave-out run`) also
+//! fits once per group on the other groups' runs and prints the held-out runs' errors (the
+//! zero-shot figures): a run, a model, a workload, a GPU or a model family (every run of it)
+//! at a time.
 //! `--warm` fits each run on its first stage and prints its later stages' errors. Bad flags
 //! or directories exit with code 2. On a terminal, stderr shows the fit's evaluations and
 //! its current error (see [`crate::cli::progress`]).
@@ -48,7 +49,8 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub leave_one_out: bool,
     /// Also report held-out errors by group: `run`, `model` (all runs of one model held out
-    /// together) or `workload` (all runs of one workload).
+    /// together), `workload` (all runs of one workload), `gpu` (all runs on one GPU) or
+    /// `family` (all runs of one model family).
     #[arg(long)]
     pub leave_out: Option<String>,
     /// With `--leave-out`: report only the held-out folds, skipping the fit on every run
@@ -164,6 +166,12 @@ pub enum LeaveOut {
     /// Every run of one workload at a time (the run name's last part, e.g. `codegen`;
     /// `general-lite` is `general`).
     Workload,
+    /// Every run on one GPU at a time (the run name's first part, e.g. `h100`).
+    Gpu,
+    /// Every run of one model family at a time: the model part without its size
+    /// (`llama2-70b` and `llama2-7b` are `llama2`, `mixtral8x22b` is `mixtral`), CodeLlama
+    /// counted with Llama 2 (it is Llama 2 trained further).
+    Family,
 }
 
 impl LeaveOut {
@@ -172,9 +180,11 @@ impl LeaveOut {
             "run" => Ok(LeaveOut::Run),
             "model" => Ok(LeaveOut::Model),
             "workload" => Ok(LeaveOut::Workload),
+            "gpu" => Ok(LeaveOut::Gpu),
+            "family" => Ok(LeaveOut::Family),
             other => Err(CliError::flag(
                 "leave-out",
-                format!("unknown {other:?}; expected run, model or workload"),
+                format!("unknown {other:?}; expected run, model, workload, gpu or family"),
             )),
         }
     }
@@ -184,6 +194,8 @@ impl LeaveOut {
             LeaveOut::Run => "run",
             LeaveOut::Model => "model",
             LeaveOut::Workload => "workload",
+            LeaveOut::Gpu => "gpu",
+            LeaveOut::Family => "family",
         }
     }
 }
@@ -199,9 +211,50 @@ pub fn group_of(name: &str, kind: LeaveOut) -> String {
         LeaveOut::Workload => run
             .and_then(|run| run.workload)
             .map(|workload| workload.trim_end_matches("-lite").to_string()),
+        LeaveOut::Gpu => run.and(name.split('-').next().map(str::to_string)),
+        LeaveOut::Family => run.and_then(|run| run.model).map(|model| family_of(&model)),
         LeaveOut::Run => None,
     };
     group.unwrap_or_else(|| name.to_string())
+}
+
+/// A model part's family: its parts up to the first size (`7b`, `8x22b`, `17b16e`), a size
+/// glued to the name stripped (`codellama34b`, `mixtral8x7b`), dots and dashes dropped
+/// (`llama-2` is `llama2`), precision qualifiers dropped (`scout17b16e-fp8` is `scout`),
+/// and CodeLlama counted as Llama 2.
+fn family_of(model: &str) -> String {
+    let is_size = |p: &str| {
+        p.starts_with(|c: char| c.is_ascii_digit())
+            && p.contains('b')
+            && p.bytes()
+                .all(|b| b.is_ascii_digit() || b"xbe.".contains(&b))
+    };
+    // Precision and packaging qualifiers (`fp8`, `hf`, `instruct`) are not the family.
+    let qualifier =
+        |p: &&str| p.starts_with("fp") || p.starts_with("bf") || ["hf", "instruct"].contains(p);
+    let head: Vec<&str> = model
+        .split('-')
+        .take_while(|p| !is_size(p))
+        .filter(|p| !qualifier(p))
+        .collect();
+    let mut family: String = head.concat();
+    // A size glued to the name: cut at the digit that starts it (after a letter that is
+    // not part of a version such as `llama3.1`: the size is the last digit run with a `b`).
+    let last_letter = family
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !c.is_ascii_digit() && !"xbe.".contains(*c));
+    if let Some((at, c)) = last_letter {
+        let end = at + c.len_utf8();
+        if family.get(end..).is_some_and(is_size) {
+            family.truncate(end);
+        }
+    }
+    let family = family.replace('.', "");
+    match family.as_str() {
+        "codellama" => "llama2".to_string(),
+        _ => family,
+    }
 }
 
 /// A fit with a progress bar of its evaluations and current error on stderr (when `show`).
@@ -409,6 +462,22 @@ mod tests {
             group_of("h100-llama2-7b-tp1-x", LeaveOut::Run),
             "h100-llama2-7b-tp1-x"
         );
-        assert!(LeaveOut::parse("gpu").is_err());
+        assert!(LeaveOut::parse("cpu").is_err());
+        let gpu = |name| group_of(name, LeaveOut::Gpu);
+        assert_eq!(gpu("h100-llama2-7b-tp1-reasoning"), "h100");
+        assert_eq!(gpu("a100-qwen3-14b-tp1-general-lite-s2r36"), "a100");
+        let family = |name| group_of(name, LeaveOut::Family);
+        assert_eq!(family("h100-llama2-70b-tp4-codegen"), "llama2");
+        assert_eq!(family("h100-llama2-7b-tp1-codegen"), "llama2");
+        assert_eq!(family("h100-codellama34b-tp2-general"), "llama2");
+        assert_eq!(family("h100-llama3.1-8b-tp1-general-s2r16"), "llama31");
+        assert_eq!(family("h100-mixtral8x22b-tp8-codegen-s2r50"), "mixtral");
+        assert_eq!(family("h100-mixtral8x7b-tp2-general"), "mixtral");
+        assert_eq!(family("h100-qwen3-14b-tp1-general-s2r13"), "qwen3");
+        assert_eq!(
+            family("h100-scout17b16e-fp8-tp2-general-lite-s2r17"),
+            "scout"
+        );
+        assert_eq!(family("35-llama-2-7b-hf-tp1-general-1-2"), "llama2");
     }
 }

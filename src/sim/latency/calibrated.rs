@@ -17,7 +17,16 @@
 //!   per-direction interconnect bandwidth (NVLink, or PCIe where a GPU has none), so the
 //!   term grows with the TP degree and the batch and shrinks with a faster link (0 at tp = 1);
 //!
-//! The step is `c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + c_peer·n_ar·(tp − 1) + c_link·t_ar +
+//! - LM head FLOPs `t_h = B · 2·vocab·hidden/tp / peak`: logits are computed for each
+//!   scheduled sequence's last position only, so the head is a per-sequence GEMM (added to
+//!   the dense FLOPs);
+//! - sampler `t_s = B · vocab · 4 bytes / bw`: one pass over a sequence's fp32 logits (vLLM's
+//!   sampler converts the logits to fp32, applies temperature, and for top-p / top-k, which
+//!   the models' `generation_config.json` sets and vLLM applies by default, sorts the whole
+//!   vocabulary: `vllm/v1/sample/ops/topk_topp_sampler.py`), priced `c_sampler` passes;
+//! - host work per scheduled token `c_token·T` (input ids, positions, slot mapping);
+//!
+//! The step is `c_sampler·t_s + c_token·T + c_step + c_seq·B + c_layer·L + c_allreduce·n_ar + c_peer·n_ar·(tp − 1) + c_link·t_ar +
 //! max(c_w·t_w, c_f·t_f) + c_kv·t_kv + c_attn·t_a`, where `c_f·t_f` is `c_flops·t_f,dense + c_moe_flops·t_f,experts` (routed
 //! experts run as grouped GEMMs with few tokens per expert, far below dense GEMMs' tensor-core
 //! efficiency), and `n_ar = 2L` all-reduces at tp > 1 (0 at tp = 1); `c_peer` is each
@@ -27,7 +36,14 @@
 //! peers beyond the first b (`(tp − 1 − b)`, at least 0: the first peers' latency is then
 //! in `c_allreduce`, which the TP 2 runs fit), and the first token's decode step (below)
 //! pays `first_token_peer_share` of it (1 in a file without the key). The GEMMs are a
-//! roofline (weights stream while the tensor cores work), the rest adds up. The coefficients
+//! roofline (weights stream while the tensor cores work), the rest adds up. The weights'
+//! time is `t_w` with the routed experts' bytes times `c_moe_weights` (their grouped GEMM
+//! kernels' bandwidth efficiency relative to the dense GEMMs'), all of it times
+//! `c_fp8_weights` for 1-byte weights (FP8 checkpoints: the FP8 GEMM and MoE kernels'
+//! efficiency relative to the 16-bit ones; 1 for 16-bit weights), and at most
+//! `allreduce_peer_cap` peers beyond the base pay the per-peer latency (vLLM's one-shot
+//! custom all-reduce reads every peer's buffer at once over NVSwitch, so its latency stops
+//! growing with the peers; 0 = no cap). The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
 //!
@@ -104,6 +120,15 @@ pub struct CalibratedModel {
     /// All-reduce link time per token of a step, all layers (µs at the link's peak); 0 at
     /// tp = 1 or on a GPU with no known link.
     allreduce_us_per_token: f64,
+    /// The LM head's FLOP time per sampled sequence (µs at peak): logits are computed for
+    /// the last position of each scheduled sequence only (`2·vocab·hidden/tp`).
+    head_flop_us_per_seq: f64,
+    /// One pass over one sequence's fp32 logits, the whole vocabulary (µs at peak
+    /// bandwidth): the sampler's unit of work (`sampler_passes` of them a sequence).
+    logits_us_per_seq: f64,
+    /// The weights' time multiplier for their precision: `fp8_weights` for 1-byte weights,
+    /// 1 otherwise.
+    weight_precision: f64,
 }
 
 /// What makes up the TTFT of one request on an idle server, as the calibrated model prices
@@ -135,6 +160,9 @@ impl UnloadedTtft {
         self.front_end_us + self.scheduler_us + self.prefill_us + self.first_token_us
     }
 }
+
+/// Bytes of one logit as the sampler reads it (vLLM's sampler works on fp32 logits).
+const LOGIT_BYTES: f64 = 4.0;
 
 /// A batch reduced to the integer sums the formula needs.
 #[derive(Clone, Copy, Debug, Default)]
@@ -231,7 +259,9 @@ impl CalibratedModel {
         let c = &coefficients.values;
         // Peer hand-offs a step priced by `allreduce_peer_us` (see `step_peer_us`).
         let allreduce_peers = if tp_u > 1 {
-            2.0 * layers * (tp - 1.0 - c[idx::ALLREDUCE_BASE_PEERS]).max(0.0)
+            let beyond = (tp - 1.0 - c[idx::ALLREDUCE_BASE_PEERS]).max(0.0);
+            let cap = c[idx::ALLREDUCE_PEER_CAP];
+            2.0 * layers * if cap > 0.0 { beyond.min(cap) } else { beyond }
         } else {
             0.0
         };
@@ -296,6 +326,9 @@ impl CalibratedModel {
             expert_flop_us_per_token: 2.0 * expert_params_per_token / flops_per_us,
             attn_us_per_token_ctx: 4.0 * layers * (heads / tp) * head_dim / flops_per_us,
             kv_us_per_token: arch.kv_bytes_per_token(tp_u) * gpu.kv_read_factor / bytes_per_us,
+            head_flop_us_per_seq: 2.0 * head_params / flops_per_us,
+            logits_us_per_seq: f64::from(arch.vocab_size) * LOGIT_BYTES / bytes_per_us,
+            weight_precision: if wb < 1.5 { c[idx::FP8_WEIGHTS] } else { 1.0 },
         }
     }
 
@@ -383,12 +416,17 @@ impl CalibratedModel {
         } else {
             0.0
         };
-        let weights_us =
-            self.dense_weight_us + self.moe_layers * experts_touched * self.expert_weight_us;
+        let weights_us = self.weight_precision
+            * (self.dense_weight_us
+                + c[MOE_WEIGHTS] * self.moe_layers * experts_touched * self.expert_weight_us);
+        let seqs = sequences as f64;
         let flops_us = tokens
-            * (c[FLOPS] * self.flop_us_per_token + c[MOE_FLOPS] * self.expert_flop_us_per_token);
+            * (c[FLOPS] * self.flop_us_per_token + c[MOE_FLOPS] * self.expert_flop_us_per_token)
+            + c[FLOPS] * seqs * self.head_flop_us_per_seq;
         c[STEP_US]
-            + c[SEQ_US] * sequences as f64
+            + c[SEQ_US] * seqs
+            + c[TOKEN_US] * tokens
+            + c[SAMPLER_PASSES] * seqs * self.logits_us_per_seq
             + c[LAYER_US] * self.layers
             + c[ALLREDUCE_US] * self.allreduces
             + peer_us

@@ -2,7 +2,7 @@
 //! ones a file may omit, their indices, and the pure-roofline values.
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 21;
+pub const COEFFICIENTS: usize = 26;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -28,11 +28,16 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "allreduce_peer_us",
     "allreduce_base_peers",
     "first_token_peer_share",
+    "sampler_passes",
+    "token_us",
+    "allreduce_peer_cap",
+    "moe_weights",
+    "fp8_weights",
 ];
 
 /// Coefficients a file may omit (added after files were written), with the value that keeps
 /// such a file's predictions what they were.
-pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 7] = [
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 12] = [
     ("allreduce_link", 0.0),
     ("first_token_steps", 0.0),
     ("waiting_us", 0.0),
@@ -40,6 +45,11 @@ pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 7] = [
     ("allreduce_peer_us", 0.0),
     ("allreduce_base_peers", 0.0),
     ("first_token_peer_share", 1.0),
+    ("sampler_passes", 0.0),
+    ("token_us", 0.0),
+    ("allreduce_peer_cap", 0.0),
+    ("moe_weights", 1.0),
+    ("fp8_weights", 1.0),
 ];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
@@ -66,6 +76,11 @@ pub mod idx {
     pub const ALLREDUCE_PEER_US: usize = 18;
     pub const ALLREDUCE_BASE_PEERS: usize = 19;
     pub const FIRST_TOKEN_PEER_SHARE: usize = 20;
+    pub const SAMPLER_PASSES: usize = 21;
+    pub const TOKEN_US: usize = 22;
+    pub const ALLREDUCE_PEER_CAP: usize = 23;
+    pub const MOE_WEIGHTS: usize = 24;
+    pub const FP8_WEIGHTS: usize = 25;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -80,7 +95,7 @@ impl CalibratedCoefficients {
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
             0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0,
-            0.0, 0.0, 0.0, 1.0,
+            0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0,
         ],
     };
 

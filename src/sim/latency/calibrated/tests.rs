@@ -444,3 +444,69 @@ fn an_interleaved_moe_is_priced_with_the_layers_vllm_builds() {
         "{step} vs {expected_weights_us}"
     );
 }
+
+#[test]
+fn the_sampler_pays_each_sequence_a_pass_over_its_vocabulary() {
+    // Goal: issue 36's vocabulary cost: `sampler_passes` passes over each scheduled
+    // sequence's fp32 logits at the GPU's bandwidth, so a 128k vocabulary costs 4× a 32k one
+    // and the cost grows with the batch, not with its tokens. Method: the same decode batch
+    // with the term at 0 and at 10, Llama-3.1-8B against the same model with a 32k vocab.
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    let batch: Vec<BatchEntry> = (0..64).map(|_| entry(500, 1, false)).collect();
+    let price = |arch: &ModelArch, c: &CalibratedCoefficients| {
+        CalibratedModel::new(arch, &h100(), 1, c)
+            .unwrap()
+            .step_us(&batch) as f64
+    };
+    let big = llama_8b();
+    let mut small = llama_8b();
+    small.vocab_size = 32_000;
+    let (big_off, small_off) = (price(&big, &coefficients), price(&small, &coefficients));
+    coefficients.values[idx::SAMPLER_PASSES] = 10.0;
+    let big_cost = price(&big, &coefficients) - big_off;
+    let small_cost = price(&small, &coefficients) - small_off;
+    // 64 sequences × 128256 logits × 4 bytes × 10 passes at 3.35 TB/s ≈ 98 µs.
+    let expected = 64.0 * 128_256.0 * 4.0 * 10.0 / 3.35e6;
+    assert!(
+        (big_cost - expected).abs() <= 1.0,
+        "{big_cost} vs {expected}"
+    );
+    assert!(
+        (big_cost / small_cost - 128_256.0 / 32_000.0).abs() < 0.1,
+        "{big_cost} vs {small_cost}"
+    );
+}
+
+#[test]
+fn fp8_weights_and_the_peer_cap_price_only_what_they_name() {
+    // Goal: `fp8_weights` scales only 1-byte weights' read time; `allreduce_peer_cap` bounds
+    // the peers beyond the base that pay the per-peer latency (TP 8 pays as TP 4 at cap 2),
+    // and 0 leaves it uncapped. Method: one decode step priced with each knob.
+    let batch = [entry(500, 1, false)];
+    let mut coefficients = CalibratedCoefficients::ROOFLINE;
+    coefficients.values[idx::FP8_WEIGHTS] = 1.5;
+    let mut fp8 = llama_8b();
+    fp8.weight_bytes_per_param = 1.0;
+    let step = |arch: &ModelArch, tp: u32, c: &CalibratedCoefficients| {
+        CalibratedModel::new(arch, &h100(), tp, c)
+            .unwrap()
+            .step_us(&batch)
+    };
+    let roofline = CalibratedCoefficients::ROOFLINE;
+    assert_eq!(
+        step(&llama_8b(), 1, &coefficients),
+        step(&llama_8b(), 1, &roofline)
+    );
+    let (slow, fast) = (step(&fp8, 1, &coefficients), step(&fp8, 1, &roofline));
+    assert!(slow as f64 > 1.4 * fast as f64, "{slow} vs {fast}");
+
+    let mut peers = CalibratedCoefficients::ROOFLINE;
+    peers.values[idx::ALLREDUCE_PEER_US] = 5.0;
+    peers.values[idx::ALLREDUCE_BASE_PEERS] = 1.0;
+    let uncapped = step(&llama_8b(), 8, &peers) - step(&llama_8b(), 8, &roofline);
+    peers.values[idx::ALLREDUCE_PEER_CAP] = 2.0;
+    let capped = step(&llama_8b(), 8, &peers) - step(&llama_8b(), 8, &roofline);
+    // 2L all-reduces × 5 µs × 6 peers beyond the first, or × 2 under the cap.
+    assert!(uncapped.abs_diff(64 * 5 * 6) <= 1, "{uncapped}");
+    assert!(capped.abs_diff(64 * 5 * 2) <= 1, "{capped}");
+}
