@@ -2,7 +2,9 @@
 //! which signal holds an instance stale. Label values are bounded: instances follow the
 //! discovered pods (removed when a pod is retired), results and signals are fixed sets.
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+use super::families::{counter_vec, gauge, gauge_vec, histogram};
 
 /// The live mirror's metric families.
 #[derive(Clone, Debug)]
@@ -52,151 +54,108 @@ pub struct LiveMetrics {
 impl LiveMetrics {
     /// Registers the families in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let scrapes = IntCounterVec::new(
-            Opts::new(
+        let lag_buckets = (0.0005, 2.0, 14);
+        Ok(Self {
+            scrapes: counter_vec(
+                registry,
                 "ditto_live_scrapes_total",
                 "Pod /metrics scrapes by result.",
-            ),
-            &["instance", "result"],
-        )?;
-        let scrape_duration = Histogram::with_opts(
-            HistogramOpts::new(
+                &["instance", "result"],
+            )?,
+            scrape_duration: histogram(
+                registry,
                 "ditto_live_scrape_duration_seconds",
                 "Pod /metrics scrape duration.",
-            )
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 14)?),
-        )?;
-        let publish_lag = Histogram::with_opts(
-            HistogramOpts::new(
+                lag_buckets,
+            )?,
+            publish_lag: histogram(
+                registry,
                 "ditto_live_publish_lag_seconds",
                 "From a scrape's start to its state being in the mirror.",
-            )
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 14)?),
-        )?;
-        let kv_batches = IntCounterVec::new(
-            Opts::new(
+                lag_buckets,
+            )?,
+            kv_batches: counter_vec(
+                registry,
                 "ditto_live_kv_batches_total",
                 "KV-event batches received, by result.",
-            ),
-            &["instance", "result"],
-        )?;
-        let kv_replays = IntCounterVec::new(
-            Opts::new(
+                &["instance", "result"],
+            )?,
+            kv_replays: counter_vec(
+                registry,
                 "ditto_live_kv_replays_total",
                 "KV-event replays after a gap, by result.",
-            ),
-            &["instance", "result"],
-        )?;
-        let stale = IntGaugeVec::new(
-            Opts::new(
+                &["instance", "result"],
+            )?,
+            stale: gauge_vec(
+                registry,
                 "ditto_live_stale",
                 "1 while the signal holds the instance stale.",
-            ),
-            &["instance", "signal"],
-        )?;
-        let config_mismatch = IntGaugeVec::new(
-            Opts::new(
+                &["instance", "signal"],
+            )?,
+            config_mismatch: gauge_vec(
+                registry,
                 "ditto_live_config_mismatch",
                 "1 when a pod publishes a setting that differs from the configured one.",
-            ),
-            &["instance", "field"],
-        )?;
-        let deprecated_names = IntGaugeVec::new(
-            Opts::new(
+                &["instance", "field"],
+            )?,
+            deprecated_names: gauge_vec(
+                registry,
                 "ditto_live_deprecated_metric_names",
                 "Deprecated metric names a pod uses.",
-            ),
-            &["instance", "name"],
-        )?;
-        let pods = IntGauge::new("ditto_live_pods", "Pods mirrored by the live mirror.")?;
-        let restarts = IntCounterVec::new(
-            Opts::new(
+                &["instance", "name"],
+            )?,
+            pods: gauge(
+                registry,
+                "ditto_live_pods",
+                "Pods mirrored by the live mirror.",
+            )?,
+            restarts: counter_vec(
+                registry,
                 "ditto_live_pod_restarts_total",
                 "Pod process restarts seen on /metrics (new start time or a counter reset).",
-            ),
-            &["instance"],
-        )?;
-        let state_capped = IntCounterVec::new(
-            Opts::new(
+                &["instance"],
+            )?,
+            state_capped: counter_vec(
+                registry,
                 "ditto_live_state_capped_total",
                 "Observations capped to the instance's limits, by field.",
-            ),
-            &["instance", "field"],
-        )?;
-        let kv_unknown_events = IntCounterVec::new(
-            Opts::new(
+                &["instance", "field"],
+            )?,
+            kv_unknown_events: counter_vec(
+                registry,
                 "ditto_live_kv_unknown_events_total",
                 "KV events of an unknown type, skipped one by one.",
-            ),
-            &["instance", "type"],
-        )?;
-        let kv_gaps = IntCounterVec::new(
-            Opts::new(
+                &["instance", "type"],
+            )?,
+            kv_gaps: counter_vec(
+                registry,
                 "ditto_live_kv_gaps_total",
                 "KV-event batches missed and not recovered by a replay.",
-            ),
-            &["instance"],
-        )?;
-        let kv_connections = IntCounterVec::new(
-            Opts::new(
+                &["instance"],
+            )?,
+            kv_connections: counter_vec(
+                registry,
                 "ditto_live_kv_connections_total",
                 "KV-event stream connections by result.",
-            ),
-            &["instance", "result"],
-        )?;
-        let kube_failures = IntCounterVec::new(
-            Opts::new(
+                &["instance", "result"],
+            )?,
+            kube_failures: counter_vec(
+                registry,
                 "ditto_live_kube_failures_total",
                 "Kubernetes discovery failures (list, watch) by kind.",
-            ),
-            &["kind"],
-        )?;
-        let kube_skipped = IntCounterVec::new(
-            Opts::new(
+                &["kind"],
+            )?,
+            kube_skipped: counter_vec(
+                registry,
                 "ditto_live_kube_pods_skipped_total",
                 "Pod objects from the Kubernetes API skipped or not served, by reason.",
-            ),
-            &["reason"],
-        )?;
-        let pods_over_limit = IntGauge::new(
-            "ditto_live_pods_over_limit",
-            "Served pods left out of the mirror because it holds --max-instances.",
-        )?;
-        registry.register(Box::new(kube_failures.clone()))?;
-        registry.register(Box::new(kube_skipped.clone()))?;
-        registry.register(Box::new(pods_over_limit.clone()))?;
-        registry.register(Box::new(state_capped.clone()))?;
-        registry.register(Box::new(kv_unknown_events.clone()))?;
-        registry.register(Box::new(kv_gaps.clone()))?;
-        registry.register(Box::new(kv_connections.clone()))?;
-        registry.register(Box::new(scrapes.clone()))?;
-        registry.register(Box::new(scrape_duration.clone()))?;
-        registry.register(Box::new(publish_lag.clone()))?;
-        registry.register(Box::new(kv_batches.clone()))?;
-        registry.register(Box::new(kv_replays.clone()))?;
-        registry.register(Box::new(stale.clone()))?;
-        registry.register(Box::new(config_mismatch.clone()))?;
-        registry.register(Box::new(deprecated_names.clone()))?;
-        registry.register(Box::new(pods.clone()))?;
-        registry.register(Box::new(restarts.clone()))?;
-        Ok(Self {
-            scrapes,
-            scrape_duration,
-            publish_lag,
-            kv_batches,
-            kv_replays,
-            stale,
-            config_mismatch,
-            deprecated_names,
-            pods,
-            restarts,
-            state_capped,
-            kv_unknown_events,
-            kv_gaps,
-            kv_connections,
-            kube_failures,
-            kube_skipped,
-            pods_over_limit,
+                &["reason"],
+            )?,
+            pods_over_limit: gauge(
+                registry,
+                "ditto_live_pods_over_limit",
+                "Served pods left out of the mirror because it holds --max-instances.",
+            )?,
         })
     }
 

@@ -10,6 +10,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use super::families::{counter, counter_vec, gauge, gauge_vec, registered};
 use crate::twin::snapshot::MirrorSnapshot;
 
 /// Every metric the server exports.
@@ -72,92 +73,94 @@ impl Metrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let rpc_requests = IntCounterVec::new(
-            Opts::new(
-                "ditto_rpc_requests_total",
-                "Finished RPCs by method and gRPC code.",
-            ),
+        let r = &registry;
+        let rpc_requests = counter_vec(
+            r,
+            "ditto_rpc_requests_total",
+            "Finished RPCs by method and gRPC code.",
             &["rpc", "code"],
         )?;
-        let rpc_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "ditto_rpc_duration_seconds",
-                "RPC duration by method and gRPC code.",
-            )
-            .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
-            &["rpc", "code"],
+        let rpc_duration = registered(
+            r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "ditto_rpc_duration_seconds",
+                    "RPC duration by method and gRPC code.",
+                )
+                .buckets(prometheus::exponential_buckets(0.0005, 2.0, 16)?),
+                &["rpc", "code"],
+            )?,
         )?;
-        let pushed_messages = IntCounterVec::new(
-            Opts::new(
-                "ditto_pushed_messages_total",
-                "Push-stream messages accepted.",
-            ),
+        let pushed_messages = counter_vec(
+            r,
+            "ditto_pushed_messages_total",
+            "Push-stream messages accepted.",
             &["rpc"],
         )?;
-        let kv_events = IntCounterVec::new(
-            Opts::new("ditto_kv_events_total", "KV events applied, by type."),
+        let kv_events = counter_vec(
+            r,
+            "ditto_kv_events_total",
+            "KV events applied, by type.",
             &["type"],
         )?;
-        let kv_event_seq_gaps = IntCounter::new(
+        let kv_event_seq_gaps = counter(
+            r,
             "ditto_kv_event_seq_gaps_total",
             "KV event batches missed (sequence gaps).",
         )?;
-        let simulation_events = IntCounter::new(
+        let simulation_events = counter(
+            r,
             "ditto_simulation_events_total",
             "Simulation events processed for predictions and forecasts.",
         )?;
-        let snapshot_generation =
-            IntGauge::new("ditto_snapshot_generation", "Latest snapshot generation.")?;
-        let config_generation = IntGauge::new(
+        let snapshot_generation = gauge(
+            r,
+            "ditto_snapshot_generation",
+            "Latest snapshot generation.",
+        )?;
+        let config_generation = gauge(
+            r,
             "ditto_config_generation",
             "Generation of the config in force.",
         )?;
-        let instances = IntGauge::new("ditto_instances", "Instances in the synced config.")?;
-        let signal_age = GaugeVec::new(
-            Opts::new(
-                "ditto_signal_age_seconds",
-                "Age of each mirrored signal at scrape time (-1: never observed).",
-            ),
-            &["signal", "instance"],
+        let instances = gauge(r, "ditto_instances", "Instances in the synced config.")?;
+        let signal_age = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "ditto_signal_age_seconds",
+                    "Age of each mirrored signal at scrape time (-1: never observed).",
+                ),
+                &["signal", "instance"],
+            )?,
         )?;
-        let stale_instances = IntGauge::new(
+        let stale_instances = gauge(
+            r,
             "ditto_stale_instances",
             "Instances whose request state is stale or was never observed.",
         )?;
-        let mirrored_requests = IntGaugeVec::new(
-            Opts::new(
-                "ditto_mirrored_requests",
-                "Requests in the mirror per instance.",
-            ),
+        let mirrored_requests = gauge_vec(
+            r,
+            "ditto_mirrored_requests",
+            "Requests in the mirror per instance.",
             &["instance", "state"],
         )?;
-        let info = IntGaugeVec::new(
-            Opts::new("ditto_build_info", "Build information (always 1)."),
+        let info = gauge_vec(
+            r,
+            "ditto_build_info",
+            "Build information (always 1).",
             &["version", "git_sha"],
         )?;
-        registry.register(Box::new(rpc_requests.clone()))?;
-        registry.register(Box::new(rpc_duration.clone()))?;
-        registry.register(Box::new(pushed_messages.clone()))?;
-        registry.register(Box::new(kv_events.clone()))?;
-        registry.register(Box::new(kv_event_seq_gaps.clone()))?;
-        registry.register(Box::new(simulation_events.clone()))?;
-        registry.register(Box::new(snapshot_generation.clone()))?;
-        registry.register(Box::new(config_generation.clone()))?;
-        registry.register(Box::new(instances.clone()))?;
-        registry.register(Box::new(signal_age.clone()))?;
-        registry.register(Box::new(stale_instances.clone()))?;
-        registry.register(Box::new(mirrored_requests.clone()))?;
-        registry.register(Box::new(info.clone()))?;
-        let simulations_running = IntGauge::new(
+        let simulations_running = gauge(
+            r,
             "ditto_simulations_running",
             "Simulations running now (each holds one of the simulation slots).",
         )?;
-        let simulations_waiting = IntGauge::new(
+        let simulations_waiting = gauge(
+            r,
             "ditto_simulations_waiting",
             "Calls waiting for a simulation slot now (bounded; beyond, RESOURCE_EXHAUSTED).",
         )?;
-        registry.register(Box::new(simulations_running.clone()))?;
-        registry.register(Box::new(simulations_waiting.clone()))?;
         info.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("DITTO_GIT_SHA")])
             .set(1);
         let more = More::new()?;
