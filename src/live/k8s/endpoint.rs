@@ -220,6 +220,25 @@ mod tests {
     }
 
     #[test]
+    fn the_llm_d_role_label_gives_the_role() {
+        let selector = LabelSelector::parse("app=vllm").unwrap();
+        for (label, role) in [
+            (Some("prefill"), Some(InstanceRole::Prefill)),
+            (Some("Decode"), Some(InstanceRole::Decode)),
+            (Some("both"), Some(InstanceRole::Both)),
+            (Some("encode"), None),
+            (None, None),
+        ] {
+            let mut json = ready_pod("vllm-0", "10.1.2.3");
+            if let Some(label) = label {
+                json["metadata"]["labels"][ROLE_LABEL] = label.into();
+            }
+            let view = view(&pod(json), "x", &selector, 8000).unwrap();
+            assert_eq!(view.role, role, "{label:?}");
+        }
+    }
+
+    #[test]
     fn pending_not_ready_terminating_unmatched_and_ip_less_pods_are_not_served() {
         let selector = LabelSelector::parse("app=vllm").unwrap();
         let cases: Vec<(Value, &str)> = vec![
