@@ -4,7 +4,7 @@
 
 use ditto::bench::{pd_snapshot, whatif_question, whatif_snapshot};
 use ditto::twin::Limits;
-use ditto::twin::predict::predict_routing;
+use ditto::twin::predict::{Forking, predict_routing, predict_routing_with};
 
 #[test]
 fn a_long_prompt_is_answered_for_every_pair_with_the_best_named() {
@@ -82,4 +82,31 @@ fn a_monolithic_pool_gets_no_pairs() {
     assert!(answer.pairs.is_empty() && answer.decider.is_empty());
     assert_eq!(answer.recommended_prefill_instance_id, None);
     assert!(answer.candidates.iter().all(|c| c.valid));
+}
+
+#[test]
+fn pair_forks_answer_alike_with_and_without_shortcuts() {
+    // Closed-form drains (after the pull, each pod alone) and memoised baselines change no
+    // answer: the plain path steps every event on a fresh copy.
+    let snapshot = pd_snapshot(2, 2);
+    for replications in [1, 3] {
+        let question = whatif_question(replications);
+        let shortcut = predict_routing(&snapshot, &question, &Limits::DEFAULT).unwrap();
+        let plain = predict_routing_with(
+            &snapshot.clone(),
+            &question,
+            &Limits::DEFAULT,
+            Forking::Plain,
+        )
+        .unwrap();
+        assert_eq!(shortcut.pairs, plain.pairs);
+        assert_eq!(
+            shortcut.recommended_instance_id,
+            plain.recommended_instance_id
+        );
+        assert_eq!(
+            shortcut.recommended_prefill_instance_id,
+            plain.recommended_prefill_instance_id
+        );
+    }
 }

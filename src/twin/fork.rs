@@ -229,6 +229,57 @@ pub(super) fn candidate_engine(
     .fork()
 }
 
+/// Candidate `index`'s fork without any request and without background traffic, to the
+/// horizon: what a P/D pair fork compares the pod's other requests with. The observation's
+/// continuation is the monolithic path's own baseline (shared through the memo); otherwise it
+/// starts at `now`. Remembered per snapshot either way.
+pub(super) fn quiet_baseline(
+    call: &Call<'_>,
+    index: usize,
+    replication: u32,
+    treatment: Treatment,
+) -> Result<Arc<Baseline>, TwinError> {
+    let Call {
+        snapshot,
+        question,
+        budget,
+        forking,
+        ..
+    } = *call;
+    let now = question.now_us;
+    let horizon_end = now.saturating_add(question.options.horizon_us);
+    let continuation = treatment == Treatment::RollForward;
+    let key = BaselineKey {
+        instance: index,
+        now_us: (!continuation).then_some(now),
+        seed: question.options.seed,
+        replication,
+        background: 0,
+        background_prompt_tokens: 0,
+        treatment: u8::from(treatment == Treatment::UseLast),
+    };
+    if let Some(baseline) = snapshot
+        .memo
+        .get(&key)
+        .filter(|baseline| baseline.covers_until_us >= horizon_end)
+    {
+        return Ok(baseline);
+    }
+    let mut engine = candidate_engine(call, index, replication, treatment)?;
+    let drains = forking == Forking::Shortcuts;
+    let baseline = if continuation {
+        let until = horizon_end.saturating_add(question.options.horizon_us);
+        run_recorded(&mut engine, &[], until, budget, drains)?
+    } else {
+        run_until_done(&mut engine, now, budget)?;
+        engine.run_until(now);
+        run_recorded(&mut engine, &[], horizon_end, budget, drains)?
+    };
+    let baseline = Arc::new(baseline);
+    snapshot.memo.insert(key, Arc::clone(&baseline));
+    Ok(baseline)
+}
+
 /// What one candidate's forks for one replication start from.
 struct Forks<'a> {
     call: &'a Call<'a>,

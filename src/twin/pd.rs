@@ -13,19 +13,21 @@
 use std::collections::BTreeMap;
 
 use crate::catalog;
-use crate::cluster::Cluster;
 use crate::cluster::config::{AdmissionPolicy, ClusterConfig, InstanceRole, RoutingPolicy};
 use crate::cluster::config::{InstanceConfig, StalenessConfig};
 use crate::cluster::disagg::{DisaggConfig, InstanceKv, serves_decode, serves_prefill};
+use crate::cluster::{Cluster, PdProgress};
 use crate::sim::kv::hash::prompt_block_keys;
-use crate::sim::{Outcome, RequestId};
+use crate::sim::{Engine, Outcome, RequestId};
 
 use super::build::QUESTION_REQUEST_ID;
 use super::error::TwinError;
-use super::fork::{Call, alias_block_keys, candidate_engine, question_request, restored_base};
-use super::predict::{Outcome1, Treatment};
+use super::fork::{
+    Call, alias_block_keys, candidate_engine, question_request, quiet_baseline, restored_base,
+};
+use super::predict::{Forking, Outcome1, Treatment};
 use super::question::{CandidatePrediction, DeciderChoice, PairPrediction};
-use super::run::{EventBudget, run_until_done};
+use super::run::{EventBudget, ForkRun, run_fork, run_until_done};
 use super::snapshot::MirrorSnapshot;
 use super::summary::summarize;
 
@@ -134,8 +136,8 @@ struct PairOutcome {
     decode_delta_ms: f64,
 }
 
-/// A pod's fork without the request: its requests' end times (µs) by engine id.
-type BaselineEnds = BTreeMap<u64, u64>;
+/// A pod's fork without the request (see `fork::quiet_baseline`).
+type BaselineEnds = std::sync::Arc<super::memo::Baseline>;
 
 /// Answers the plan's pairs (in plan order) and returns the events they took.
 pub(super) fn answer_pairs(
@@ -161,14 +163,20 @@ pub(super) fn answer_pairs(
         .flat_map(|&pod| (0..replications).map(move |r| (pod, r)))
         .collect();
     let baselines = super::parallel::map(&jobs, |&(pod, replication)| {
-        baseline(call, pod, replication, treatment_of(pod))
+        quiet_baseline(call, pod, replication, treatment_of(pod))
     });
+    let horizon_end = call
+        .question
+        .now_us
+        .saturating_add(call.question.options.horizon_us);
     let mut base_of: BTreeMap<(usize, u32), BaselineEnds> = BTreeMap::new();
     let mut events = 0;
     for (&job, result) in jobs.iter().zip(baselines) {
-        let (ends, taken) = result?;
-        events += taken;
-        base_of.insert(job, ends);
+        let baseline = result?;
+        // Counted whether recorded now or remembered: an answer's events do not depend on
+        // what the memo held.
+        events += baseline.events_until(horizon_end);
+        base_of.insert(job, baseline);
     }
     let jobs: Vec<(usize, u32)> = (0..plan.pairs.len())
         .flat_map(|position| (0..replications).map(move |r| (position, r)))
@@ -288,28 +296,6 @@ fn instance_kv(instance: &InstanceConfig, index: usize) -> Result<InstanceKv, Tw
     })
 }
 
-/// Pod `index`'s fork without the request, rolled forward and run to the horizon: its
-/// requests' ends and the events it took.
-fn baseline(
-    call: &Call<'_>,
-    index: usize,
-    replication: u32,
-    treatment: Treatment,
-) -> Result<(BaselineEnds, u64), TwinError> {
-    let question = call.question;
-    let end = question.now_us.saturating_add(question.options.horizon_us);
-    let mut engine = candidate_engine(call, index, replication, treatment)?;
-    let events = run_until_done(&mut engine, end, call.budget)?;
-    let ends = engine
-        .metrics()
-        .records
-        .iter()
-        .filter(|record| record.outcome == Outcome::Completed)
-        .map(|record| (record.id.0, record.end_us))
-        .collect();
-    Ok((ends, events))
-}
-
 /// One pair's fork for one replication.
 struct PairFork<'a> {
     call: &'a Call<'a>,
@@ -368,22 +354,48 @@ impl PairFork<'_> {
         cluster
             .dispatch_pair(0, 1, spec)
             .map_err(|err| TwinError::invalid("request", err.to_string()))?;
+        let id = RequestId(QUESTION_REQUEST_ID);
         events += drive(&mut cluster, horizon_end, budget)?;
-        Ok((self.measure(&cluster, now, horizon_end), events))
+        // From the pull's end (or the request's end) the two pods are independent: each runs
+        // alone to the horizon, ending in closed form where the engine offers a drain.
+        let progress = cluster.pd_progress(id);
+        let mut engines = cluster.into_engines();
+        let mut runs = Vec::with_capacity(2);
+        for engine in &mut engines {
+            let run = match self.call.forking {
+                Forking::Shortcuts => run_fork(engine, id, horizon_end, budget)?,
+                Forking::Plain => ForkRun {
+                    events: run_until_done(engine, horizon_end, budget)?,
+                    ..ForkRun::default()
+                },
+            };
+            events += run.events;
+            runs.push(run);
+        }
+        Ok((
+            self.measure(&engines, &runs, progress, now, horizon_end),
+            events,
+        ))
     }
 
-    fn measure(&self, cluster: &Cluster, now: u64, horizon_end: u64) -> PairOutcome {
+    fn measure(
+        &self,
+        engines: &[Engine],
+        runs: &[ForkRun],
+        progress: Option<PdProgress>,
+        now: u64,
+        horizon_end: u64,
+    ) -> PairOutcome {
         let ms = |us: u64| us as f64 / 1000.0;
         let id = RequestId(QUESTION_REQUEST_ID);
-        let engines = cluster.engines();
         let find = |engine: usize| {
             engines[engine]
                 .metrics()
                 .records
                 .iter()
                 .find(|record| record.id == id)
+                .or(runs[engine].question.as_ref())
         };
-        let progress = cluster.pd_progress(id);
         let mut outcome = PairOutcome::default();
         let client = &mut outcome.client;
         let censored = ms(horizon_end.saturating_sub(now));
@@ -391,8 +403,10 @@ impl PairFork<'_> {
             (Some(record), _) if record.outcome == Outcome::Completed => {
                 client.completed = true;
                 client.ttft_known = true;
-                client.ttft_ms = record.first_token_us.map_or(0.0, |t| ms(t - now));
-                client.e2e_ms = ms(record.end_us - now);
+                client.ttft_ms = record
+                    .first_token_us
+                    .map_or(0.0, |t| ms(t.saturating_sub(now)));
+                client.e2e_ms = ms(record.end_us.saturating_sub(now));
                 client.tpot_ms = record.tpot_us().unwrap_or(0.0) / 1000.0;
                 client.kv_usage_after = f64::from(record.used_blocks_at_schedule)
                     / f64::from(engines[1].kv().total_blocks());
@@ -423,8 +437,10 @@ impl PairFork<'_> {
                 outcome.handover_ms = ms(to.saturating_sub(from));
             }
         }
-        let (prefill_delta, prefill_count) = delta(engines[0].metrics(), self.baselines[0]);
-        let (decode_delta, decode_count) = delta(engines[1].metrics(), self.baselines[1]);
+        let (prefill_delta, prefill_count) =
+            delta(&engines[0], &runs[0], self.baselines[0], horizon_end);
+        let (decode_delta, decode_count) =
+            delta(&engines[1], &runs[1], self.baselines[1], horizon_end);
         let count = prefill_count + decode_count;
         client.others_delta_e2e_ms = if count == 0 {
             0.0
@@ -439,15 +455,27 @@ impl PairFork<'_> {
 }
 
 /// Mean change of the other requests' end (ms) against the pod's baseline, over those that
-/// completed in both, and how many.
-fn delta(metrics: &crate::sim::metrics::Metrics, baseline: &BaselineEnds) -> (f64, u64) {
+/// completed in both (the drain's ends among them), and how many.
+fn delta(
+    engine: &Engine,
+    run: &ForkRun,
+    baseline: &super::memo::Baseline,
+    horizon_end: u64,
+) -> (f64, u64) {
+    let completed = engine
+        .metrics()
+        .records
+        .iter()
+        .filter(|record| record.outcome == Outcome::Completed)
+        .map(|record| (record.id, record.end_us));
+    let drained = run.drained.iter().map(|end| (end.id, end.end_us));
     let (mut sum, mut count) = (0i128, 0u64);
-    for record in &metrics.records {
-        if record.id.0 == QUESTION_REQUEST_ID || record.outcome != Outcome::Completed {
+    for (id, end_us) in completed.chain(drained) {
+        if id.0 == QUESTION_REQUEST_ID {
             continue;
         }
-        if let Some(&end) = baseline.get(&record.id.0) {
-            sum += i128::from(record.end_us) - i128::from(end);
+        if let Some(end) = baseline.end_by(id.0, horizon_end) {
+            sum += i128::from(end_us) - i128::from(end);
             count += 1;
         }
     }
@@ -462,7 +490,7 @@ fn delta(metrics: &crate::sim::metrics::Metrics, baseline: &BaselineEnds) -> (f6
 const CHARGE_EVERY: u64 = 256;
 
 /// Runs `cluster` until the question's request ended (on its decode pod, or failed on its
-/// prefill pod), nothing is pending or the next event is after `end_us`, within the call's
+/// prefill pod) or its pull ended, nothing is pending or the next event is after `end_us`, within the call's
 /// budget and deadline; returns the events processed.
 fn drive(cluster: &mut Cluster, end_us: u64, budget: &EventBudget) -> Result<u64, TwinError> {
     let (mut events, mut unpaid) = (0, 0);
@@ -475,7 +503,11 @@ fn drive(cluster: &mut Cluster, end_us: u64, budget: &EventBudget) -> Result<u64
             budget.charge(unpaid, events)?;
             unpaid = 0;
         }
-        if question_ended(cluster, &mut seen) {
+        if question_ended(cluster, &mut seen)
+            || cluster
+                .pd_progress(RequestId(QUESTION_REQUEST_ID))
+                .is_some_and(|progress| progress.transfer_end_us.is_some())
+        {
             break;
         }
     }
