@@ -153,9 +153,26 @@ pub(super) fn answer_pairs(
     let mut pods: Vec<usize> = plan.pairs.iter().flat_map(|&(p, d)| [p, d]).collect();
     pods.sort_unstable();
     pods.dedup();
+    // One model config parse per distinct (model, TP, block size): pods of a pool share it.
     let mut kv = BTreeMap::new();
+    let mut geometry: Vec<(&InstanceConfig, InstanceKv)> = Vec::new();
     for &pod in &pods {
-        kv.insert(pod, instance_kv(&snapshot.config.instances[pod], pod)?);
+        let instance = &snapshot.config.instances[pod];
+        let known = geometry.iter().find(|(other, _)| {
+            other.model == instance.model
+                && other.model_config_json == instance.model_config_json
+                && other.tp == instance.tp
+                && other.engine.block_size == instance.engine.block_size
+        });
+        let pod_kv = match known {
+            Some(&(_, pod_kv)) => pod_kv,
+            None => {
+                let pod_kv = instance_kv(instance, pod)?;
+                geometry.push((instance, pod_kv));
+                pod_kv
+            }
+        };
+        kv.insert(pod, pod_kv);
     }
     // Each pod's baseline per replication, shared by every pair it is in.
     let jobs: Vec<(usize, u32)> = pods
