@@ -196,3 +196,60 @@ pub fn whatif_question(replications: u32) -> RoutingQuestion {
         now_us: WHATIF_NOW_US,
     }
 }
+
+/// The P/D what-if snapshot: `prefill` pods with role prefill and `decode` pods with role
+/// decode (the default cluster's instance as their template), llm-d's P/D defaults (decider
+/// 16 uncached tokens, NIXL over 400 Gb/s RDMA). Prefill pods hold 4 running and 4 waiting
+/// requests, decode pods 64 running and 16 waiting: the shape of llm-d's P/D guide (8
+/// prefill, 2 decode).
+pub fn pd_snapshot(prefill: usize, decode: usize) -> MirrorSnapshot {
+    use crate::cluster::config::InstanceRole;
+    let mut config = spec::default_cluster();
+    let template = config.instances[0].clone();
+    config.instances = (0..prefill + decode)
+        .map(|index| {
+            let mut instance = template.clone();
+            let (role, name, n) = if index < prefill {
+                (InstanceRole::Prefill, "prefill", index)
+            } else {
+                (InstanceRole::Decode, "decode", index - prefill)
+            };
+            instance.role = role;
+            instance.id = format!("{name}-{n}");
+            instance
+        })
+        .collect();
+    let instances = config
+        .instances
+        .iter()
+        .enumerate()
+        .map(|(index, instance)| {
+            let (running, waiting) = if instance.role == InstanceRole::Prefill {
+                (4, 4)
+            } else {
+                (64, 16)
+            };
+            Arc::new(whatif_instance(
+                &instance.id,
+                running,
+                waiting,
+                true,
+                index as u64,
+            ))
+        })
+        .collect();
+    let settings = TwinSettings {
+        disaggregation: crate::twin::snapshot::PdSettings::resolve(&spec::DisaggSpec::default())
+            .ok(),
+        ..TwinSettings::defaults()
+    };
+    MirrorSnapshot {
+        generation: 1,
+        config_generation: 1,
+        config: Arc::new(config),
+        settings: Arc::new(settings),
+        instances,
+        traffic: Arc::new(TrafficStats::default()),
+        memo: Default::default(),
+    }
+}

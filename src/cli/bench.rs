@@ -67,7 +67,8 @@ pub struct BenchArgs {
     #[arg(long, hide = true)]
     pub fake_pods: Option<usize>,
     /// Cases to run, comma-separated (default all): offline, whatif (or one of its askings:
-    /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load.
+    /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load,
+    /// pd-first.
     /// One case alone is what a profiler should run.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -77,7 +78,7 @@ pub struct BenchArgs {
 }
 
 /// The case names `--cases` accepts.
-const CASES: [&str; 11] = [
+const CASES: [&str; 12] = [
     "offline",
     "whatif",
     "whatif-repeated",
@@ -89,6 +90,7 @@ const CASES: [&str; 11] = [
     "live",
     "kv",
     "load",
+    "pd-first",
 ];
 
 impl BenchArgs {
@@ -155,6 +157,9 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     .any(|case| args.runs(case))
     {
         whatif_cases(&mut out, args, calls, &known)?;
+    }
+    if args.runs("pd-first") {
+        pd_case(&mut out, calls)?;
     }
     if args.runs("memory") {
         memory_case(&mut out, &known)?;
@@ -492,6 +497,37 @@ fn load_case(out: &mut String, clients: usize, seconds: u64) -> Result<(), CliEr
     if let Some(err) = &report.first_error {
         let _ = writeln!(out, "first error: {err}");
     }
+    Ok(())
+}
+
+/// The P/D case: a first PredictRouting question (nothing memoised) over 8 prefill x 2
+/// decode pods, answered for every pair and decode only (issue 35's goal: p99 under 5 ms).
+fn pd_case(out: &mut String, calls: u32) -> Result<(), CliError> {
+    let snapshot = crate::bench::pd_snapshot(8, 2);
+    let question = whatif_question(1);
+    let _ = writeln!(
+        out,
+        "\n== P/D what-if: 8 prefill (4 running + 4 waiting) x 2 decode (64 + 16), 2,000-token prompt, 256 output tokens, 16 pairs + 2 decode only, {calls} calls"
+    );
+    let mut latencies = Vec::with_capacity(calls as usize);
+    for _ in 0..calls {
+        let fresh = snapshot.clone();
+        let started = Instant::now();
+        let answer = predict_routing(&fresh, &question, &Limits::DEFAULT)
+            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        latencies.push(started.elapsed());
+        if answer.pairs.len() != 16 {
+            return Err(CliError::flag(
+                "bench",
+                format!("the P/D case answered {} pairs, not 16", answer.pairs.len()),
+            ));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        latency_row("in-process, 1 replication, first question", &mut latencies)
+    );
     Ok(())
 }
 

@@ -186,6 +186,7 @@ fn positive<T: PartialEq + Default>(value: T, flag: &'static str) -> Result<T, S
 /// Resolves the flags into server options (reads and validates the cluster file).
 pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
     let mut yaml = None;
+    let mut disaggregation = None;
     let cluster = match &args.config {
         None => default_cluster(),
         Some(path) => {
@@ -196,11 +197,13 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
             let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
             let cluster = parse_cluster_yaml_with(&text, args.model_dir.as_deref())
                 .map_err(|err| bad(err.to_string()))?;
+            disaggregation = crate::twin::snapshot::PdSettings::from_cluster_yaml(&text)
+                .map_err(|err| bad(err.to_string()))?;
             yaml = Some(text);
             cluster
         }
     };
-    let live = crate::cli::serve_live::live_config(
+    let mut live = crate::cli::serve_live::live_config(
         &args.live,
         &cluster,
         yaml.as_deref(),
@@ -280,10 +283,17 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
             }
         }
     }
+    // The YAML's `disaggregation:` section rides in the twin settings (docs/disaggregation.md).
+    if let Some(live) = live.as_mut() {
+        live.settings.disaggregation = disaggregation.clone();
+    }
     // With live sources the instance set comes from them (synced when the server starts).
     options.initial_config = live.is_none().then(|| InitialConfig {
         cluster,
-        settings: TwinSettings::defaults(),
+        settings: TwinSettings {
+            disaggregation,
+            ..TwinSettings::defaults()
+        },
     });
     options.live = live;
     Ok(options)

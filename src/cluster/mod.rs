@@ -10,6 +10,7 @@ pub mod admission;
 pub mod config;
 pub mod disagg;
 mod pd_run;
+pub use pd_run::PdProgress;
 pub mod router;
 pub mod signals;
 pub mod sim;

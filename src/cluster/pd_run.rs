@@ -17,10 +17,14 @@ use super::disagg::{DisaggConfig, PdSummary, serves_decode, serves_prefill};
 use super::router::{Router, RoutingContext};
 use super::signals;
 use super::sim::{Cluster, Dispatch, Half};
+
+#[path = "pd_pair.rs"]
+mod pair;
 use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::metrics::{Counts, LatencyStats, Outcome, RequestRecord};
 use crate::sim::rng::RngStreams;
 use crate::sim::{Engine, RequestId, RequestSpec, SimError};
+pub use pair::PdProgress;
 
 /// Where a disaggregated request is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,46 +91,9 @@ impl Cluster {
         disagg: DisaggConfig,
         seed: u64,
     ) -> Result<Self, SimError> {
-        let invalid = |reason: String| SimError::InvalidState {
-            field: "disaggregation",
-            reason,
-        };
-        if disagg.kv.len() != config.instances.len() {
-            return Err(invalid(format!(
-                "KV geometry for {} instances, the cluster has {}",
-                disagg.kv.len(),
-                config.instances.len()
-            )));
-        }
-        let decode_candidates: Vec<usize> = (0..config.instances.len())
-            .filter(|&i| serves_decode(config.instances[i].role))
-            .collect();
-        let prefill_candidates: Vec<usize> = (0..config.instances.len())
-            .filter(|&i| serves_prefill(config.instances[i].role))
-            .collect();
-        if decode_candidates.is_empty() {
-            return Err(invalid(
-                "no instance serves decode (role decode or both)".to_owned(),
-            ));
-        }
-        let prefill_router = Router::new(
-            disagg.prefill_routing.clone(),
-            config.instances.len(),
-            RngStreams::new(seed).stream("router-prefill"),
-        );
+        let runtime = PdRuntime::new(&config, disagg, seed)?;
         let mut cluster = Cluster::new(config, seed)?;
-        cluster.pd = Some(Box::new(PdRuntime {
-            config: disagg,
-            prefill_router,
-            requests: BTreeMap::new(),
-            events: BTreeMap::new(),
-            next_seq: 0,
-            prefill_done: 0,
-            handoffs_pending: 0,
-            decode_only: 0,
-            decode_candidates,
-            prefill_candidates,
-        }));
+        cluster.pd = Some(Box::new(runtime));
         Ok(cluster)
     }
 
@@ -388,6 +355,49 @@ impl Cluster {
 }
 
 impl PdRuntime {
+    /// The disaggregation state of a cluster of `config`'s instances.
+    fn new(config: &ClusterConfig, disagg: DisaggConfig, seed: u64) -> Result<Self, SimError> {
+        let invalid = |reason: String| SimError::InvalidState {
+            field: "disaggregation",
+            reason,
+        };
+        if disagg.kv.len() != config.instances.len() {
+            return Err(invalid(format!(
+                "KV geometry for {} instances, the cluster has {}",
+                disagg.kv.len(),
+                config.instances.len()
+            )));
+        }
+        let decode_candidates: Vec<usize> = (0..config.instances.len())
+            .filter(|&i| serves_decode(config.instances[i].role))
+            .collect();
+        let prefill_candidates: Vec<usize> = (0..config.instances.len())
+            .filter(|&i| serves_prefill(config.instances[i].role))
+            .collect();
+        if decode_candidates.is_empty() {
+            return Err(invalid(
+                "no instance serves decode (role decode or both)".to_owned(),
+            ));
+        }
+        let prefill_router = Router::new(
+            disagg.prefill_routing.clone(),
+            config.instances.len(),
+            RngStreams::new(seed).stream("router-prefill"),
+        );
+        Ok(PdRuntime {
+            config: disagg,
+            prefill_router,
+            requests: BTreeMap::new(),
+            events: BTreeMap::new(),
+            next_seq: 0,
+            prefill_done: 0,
+            handoffs_pending: 0,
+            decode_only: 0,
+            decode_candidates,
+            prefill_candidates,
+        })
+    }
+
     fn push(&mut self, at_us: u64, event: PdEvent) {
         self.events.insert((at_us, self.next_seq), event);
         self.next_seq += 1;

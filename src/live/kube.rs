@@ -100,6 +100,8 @@ impl Coordinator {
                     continue;
                 }
                 Some(entry) if entry.pod.address == *address => {
+                    changed |= entry.role != view.role;
+                    entry.role = view.role;
                     let (facts, node_gpu) = (Some(view.facts.clone()), view.node_gpu.clone());
                     if entry.inputs.facts != facts || entry.inputs.node_gpu != node_gpu {
                         entry.inputs.facts = facts;
@@ -116,6 +118,7 @@ impl Coordinator {
             }
             self.add(source, view.id.clone(), address.clone());
             if let Some(entry) = self.pods.get_mut(&view.id) {
+                entry.role = view.role;
                 entry.inputs.facts = Some(view.facts.clone());
                 entry.inputs.node_gpu = view.node_gpu.clone();
             }

@@ -95,6 +95,8 @@ struct Entry {
     inferred: Option<infer::Inferred>,
     /// The labels of its `ditto_live_inferred` series (to replace or drop it).
     inferred_labels: Option<Vec<String>>,
+    /// Its `llm-d.ai/role` label (Kubernetes discovery), over its pool's role.
+    role: Option<crate::cluster::config::InstanceRole>,
 }
 
 impl Entry {
@@ -281,6 +283,7 @@ impl Coordinator {
                 inputs: infer::PodInputs::default(),
                 inferred: None,
                 inferred_labels: None,
+                role: None,
             },
         );
         self.metrics.pods.set(self.pods.len() as i64);
@@ -296,6 +299,7 @@ impl Coordinator {
         let inferred = entry.inferred_instance().is_some();
         let mut instance = base.clone();
         instance.id = entry.pod.id.clone();
+        instance.role = entry.role.unwrap_or(instance.role);
         let mut mismatches = Vec::new();
         for (field, published, configured) in [
             ("block_size", entry.cache.0, &mut instance.engine.block_size),
@@ -338,6 +342,7 @@ impl Coordinator {
             // The published values do not make a valid engine: keep the pool's.
             let mut fallback = base.clone();
             fallback.id = entry.pod.id.clone();
+            fallback.role = entry.role.unwrap_or(fallback.role);
             return fallback;
         }
         instance

@@ -22,7 +22,10 @@ use super::snapshot::MirrorSnapshot;
 
 /// A question naming the publisher's block hashes meets the blocks this instance keeps under
 /// their token keys (see `twin::cached`): each hash the instance knows is replaced by its key.
-fn alias_block_keys(spec: &mut RequestSpec, state: &crate::twin::snapshot::InstanceState) {
+pub(super) fn alias_block_keys(
+    spec: &mut RequestSpec,
+    state: &crate::twin::snapshot::InstanceState,
+) {
     if !state.cached_blocks.has_aliases() {
         return;
     }
@@ -36,7 +39,11 @@ fn alias_block_keys(spec: &mut RequestSpec, state: &crate::twin::snapshot::Insta
 }
 
 /// The question's request as an engine request arriving at `now`.
-fn question_request(question: &RoutingQuestion, replication: u32, arrival_us: u64) -> RequestSpec {
+pub(super) fn question_request(
+    question: &RoutingQuestion,
+    replication: u32,
+    arrival_us: u64,
+) -> RequestSpec {
     let request = &question.request;
     let output = match &request.output {
         OutputLength::Point(tokens) => *tokens,
@@ -164,7 +171,7 @@ pub(super) fn simulate(
 
 /// The candidate's engine as observed (or, under use-last, as if observed at `now`), before
 /// any length is drawn: restored once per snapshot and remembered.
-fn restored_base(
+pub(super) fn restored_base(
     call: &Call<'_>,
     index: usize,
     treatment: Treatment,
@@ -201,6 +208,76 @@ fn restored_base(
         .memo
         .insert_restored(restored_key, Arc::clone(&base));
     Ok(base)
+}
+
+/// Candidate `index`'s engine for `replication` as its forks start (restored as `treatment`
+/// says, this replication's lengths drawn), before any roll forward: the P/D pair forks
+/// start from the same engines as the monolithic ones.
+pub(super) fn candidate_engine(
+    call: &Call<'_>,
+    index: usize,
+    replication: u32,
+    treatment: Treatment,
+) -> Result<Engine, TwinError> {
+    Forks {
+        call,
+        index,
+        replication,
+        base: restored_base(call, index, treatment)?,
+        lengths: OnceCell::new(),
+    }
+    .fork()
+}
+
+/// Candidate `index`'s fork without any request and without background traffic, to the
+/// horizon: what a P/D pair fork compares the pod's other requests with. The observation's
+/// continuation is the monolithic path's own baseline (shared through the memo); otherwise it
+/// starts at `now`. Remembered per snapshot either way.
+pub(super) fn quiet_baseline(
+    call: &Call<'_>,
+    index: usize,
+    replication: u32,
+    treatment: Treatment,
+) -> Result<Arc<Baseline>, TwinError> {
+    let Call {
+        snapshot,
+        question,
+        budget,
+        forking,
+        ..
+    } = *call;
+    let now = question.now_us;
+    let horizon_end = now.saturating_add(question.options.horizon_us);
+    let continuation = treatment == Treatment::RollForward;
+    let key = BaselineKey {
+        instance: index,
+        now_us: (!continuation).then_some(now),
+        seed: question.options.seed,
+        replication,
+        background: 0,
+        background_prompt_tokens: 0,
+        treatment: u8::from(treatment == Treatment::UseLast),
+    };
+    if let Some(baseline) = snapshot
+        .memo
+        .get(&key)
+        .filter(|baseline| baseline.covers_until_us >= horizon_end)
+    {
+        return Ok(baseline);
+    }
+    let mut engine = candidate_engine(call, index, replication, treatment)?;
+    let drains = forking == Forking::Shortcuts;
+    let baseline = if continuation {
+        let until = horizon_end.saturating_add(question.options.horizon_us);
+        run_recorded(&mut engine, &[], until, budget, drains)?
+    } else {
+        run_until_done(&mut engine, now, budget)?;
+        engine.run_until(now);
+        run_recorded(&mut engine, &[], horizon_end, budget, drains)?
+    };
+    let baseline = Arc::new(baseline);
+    snapshot.memo.insert(key, Arc::clone(&baseline));
+    Ok(baseline)
 }
 
 /// What one candidate's forks for one replication start from.

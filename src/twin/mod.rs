@@ -16,6 +16,7 @@ pub mod limits;
 pub mod load_forecast;
 pub mod memo;
 pub mod parallel;
+mod pd;
 pub mod predict;
 pub mod question;
 pub mod run;

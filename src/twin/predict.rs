@@ -18,12 +18,13 @@
 use super::error::TwinError;
 use super::fork::{Call, simulate};
 use super::limits::Limits;
-use super::question::{RoutingAnswer, RoutingQuestion, StalePolicy};
+use super::question::{CandidatePrediction, RoutingAnswer, RoutingQuestion, StalePolicy};
 use super::run::EventBudget;
 use super::sampling::output_draw;
 use super::snapshot::MirrorSnapshot;
 use super::summary::{recommend, summarize};
 use super::valid::ValidRouting;
+use crate::cluster::disagg::serves_decode;
 
 /// One replication's outcome on one candidate.
 #[derive(Clone, Debug, Default)]
@@ -135,8 +136,15 @@ fn answer(
         budget: &budget,
         forking,
     };
+    // A P/D pool: prefill-only pods take no whole request (answered in pairs instead).
+    let disaggregated = super::pd::is_disaggregated(snapshot);
+    let prefill_only: Vec<bool> = candidates
+        .iter()
+        .map(|&i| disaggregated && !serves_decode(snapshot.config.instances[i].role))
+        .collect();
     let results = super::parallel::map(&jobs, |&(position, replication)| {
         match treatments[position] {
+            _ if prefill_only[position] => Ok(Outcome1::default()),
             Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
             treatment => simulate(&call, candidates[position], replication, treatment),
         }
@@ -149,22 +157,56 @@ fn answer(
         let reps =
             &results[position * replications as usize..(position + 1) * replications as usize];
         events += reps.iter().map(|r| r.events).sum::<u64>();
-        predictions.push(summarize(
-            snapshot,
-            question,
-            index,
-            treatments[position],
-            reps,
-        ));
+        let mut prediction = summarize(snapshot, question, index, treatments[position], reps);
+        if prefill_only[position] {
+            prediction = prefill_only_prediction(prediction);
+        }
+        predictions.push(prediction);
     }
-    let recommended = recommend(&predictions);
-    Ok(RoutingAnswer {
+    let mut answer = RoutingAnswer {
+        recommended_instance_id: recommend(&predictions),
         candidates: predictions,
-        recommended_instance_id: recommended,
         generation: snapshot.generation,
         seed: question.options.seed,
         events,
-    })
+        pairs: Vec::new(),
+        recommended_prefill_instance_id: None,
+        decider: Vec::new(),
+    };
+    if disaggregated {
+        let plan = super::pd::plan(&call, candidates, &treatments)?;
+        let treatment_of = |index: usize| {
+            candidates
+                .iter()
+                .position(|&c| c == index)
+                .map_or(Treatment::Excluded, |position| treatments[position])
+        };
+        let (pairs, pair_events) = super::pd::answer_pairs(&call, &plan, &treatment_of)?;
+        let best = super::pd::recommend(&plan.choices, &answer.candidates, &pairs);
+        answer.recommended_instance_id = best.as_ref().map(|(decode, _)| decode.clone());
+        answer.recommended_prefill_instance_id = best.and_then(|(_, prefill)| prefill);
+        answer.events += pair_events;
+        answer.pairs = pairs;
+        answer.decider = plan.choices;
+    }
+    Ok(answer)
+}
+
+/// A prefill-only pod's place among the candidates of a P/D question: not a target for the
+/// whole request (llm-d's decode filter leaves it out); its answers are the pairs'.
+fn prefill_only_prediction(mut prediction: CandidatePrediction) -> CandidatePrediction {
+    prediction.valid = false;
+    prediction.invalid_reason =
+        "role prefill: serves a request's prefill only (see the pair answers)".to_owned();
+    prediction.ttft_ms = Default::default();
+    prediction.tpot_ms = Default::default();
+    prediction.e2e_ms = Default::default();
+    prediction.slo_probability = 0.0;
+    prediction.ttft_slo_probability = 0.0;
+    prediction.tpot_slo_probability = 0.0;
+    prediction.queue_wait_ms = 0.0;
+    prediction.others_delta_e2e_ms = 0.0;
+    prediction
 }
 
 fn treatment(snapshot: &MirrorSnapshot, valid: &ValidRouting, index: usize) -> Treatment {

@@ -158,6 +158,48 @@ pub struct RoutingAnswer {
     pub seed: u64,
     /// Simulation events processed for the answer.
     pub events: u64,
+    /// A prefill/decode pool only: one answer per (prefill, decode) pair whose decode pod
+    /// the decider sends to a remote prefill (`candidates` then answer decode only).
+    pub pairs: Vec<PairPrediction>,
+    /// The prefill pod of the recommendation when it is a pair (`recommended_instance_id`
+    /// is its decode pod).
+    pub recommended_prefill_instance_id: Option<String>,
+    /// The decider's choice on each decode-serving candidate (P/D pools only).
+    pub decider: Vec<DeciderChoice>,
+}
+
+/// The predicted outcome of serving the request on one (prefill, decode) pair.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PairPrediction {
+    /// The prefill pod.
+    pub prefill_instance_id: String,
+    /// The decode pod.
+    pub decode_instance_id: String,
+    /// The client's view: TTFT from arrival to the decode pod's first token, TPOT on the
+    /// decode pod, the prefill's queue wait and prefix hits, the others' delta over both
+    /// pods; `instance_id` is the decode pod.
+    pub prediction: CandidatePrediction,
+    /// Mean arrival to the prefill pod's token, ms.
+    pub prefill_ttft_ms: f64,
+    /// Mean KV pull, ms.
+    pub transfer_ms: f64,
+    /// Mean prefill's token to the decode pod's first token, ms.
+    pub handover_ms: f64,
+    /// Change of the other requests' mean E2E on the prefill pod, ms.
+    pub prefill_others_delta_e2e_ms: f64,
+    /// Change of the other requests' mean E2E on the decode pod, ms.
+    pub decode_others_delta_e2e_ms: f64,
+}
+
+/// The `prefix-based-pd-decider` on one decode pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeciderChoice {
+    /// The decode pod.
+    pub decode_instance_id: String,
+    /// Prompt tokens not cached there.
+    pub uncached_tokens: u32,
+    /// A separate prefill (true) or decode only.
+    pub remote_prefill: bool,
 }
 
 /// Where a capacity forecast starts.

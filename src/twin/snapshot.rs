@@ -121,6 +121,65 @@ pub struct TwinSettings {
     /// args, its node, its `/metrics`), by instance id; shown on GetSnapshot. Empty when
     /// nothing is inferred (pushed configs, pools taken as configured).
     pub inferred: std::collections::BTreeMap<String, InferredSetup>,
+    /// Prefill/decode disaggregation (the cluster YAML's `disaggregation:` section or
+    /// SyncClusterConfig's `disaggregation`); `None` when not configured. A pool with
+    /// prefill pods but no section is answered with every default (docs/disaggregation.md).
+    pub disaggregation: Option<PdSettings>,
+}
+
+/// The disaggregation settings the twin answers pair questions with: the section as
+/// resolved, its connector and link by name. The KV geometry is each instance's own
+/// (computed per question from its model, TP and block size).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PdSettings {
+    /// The KV connector (`data/kv_connectors.json`).
+    pub connector: String,
+    /// The link (`data/kv_connectors.json`).
+    pub link: String,
+    /// The decider, prefill profile, transfer model and hold timeout (its `kv` empty).
+    pub config: crate::cluster::disagg::DisaggConfig,
+}
+
+impl PdSettings {
+    /// Resolves a `disaggregation:` section (YAML or wire) as `ditto run` does; errors name
+    /// `disaggregation.*` fields.
+    pub fn resolve(
+        spec: &crate::cluster::spec::DisaggSpec,
+    ) -> Result<Self, crate::cluster::spec::ClusterSpecError> {
+        let config = crate::cluster::spec::resolve_disaggregation(spec, Vec::new())?;
+        let name = |value: &Option<String>, default: &str| {
+            value
+                .as_deref()
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .unwrap_or(default)
+                .to_owned()
+        };
+        Ok(Self {
+            connector: name(&spec.connector, crate::cluster::spec::DEFAULT_CONNECTOR),
+            link: name(&spec.link, crate::cluster::spec::DEFAULT_LINK),
+            config,
+        })
+    }
+
+    /// The `disaggregation:` section of a cluster YAML document, resolved (`None` without
+    /// one). The rest of the document is left to `cluster::spec`.
+    pub fn from_cluster_yaml(
+        text: &str,
+    ) -> Result<Option<Self>, crate::cluster::spec::ClusterSpecError> {
+        #[derive(serde::Deserialize)]
+        struct Section {
+            #[serde(default)]
+            disaggregation: Option<crate::cluster::spec::DisaggSpec>,
+        }
+        let section: Section = serde_saphyr::from_str(text)
+            .map_err(|err| crate::cluster::spec::ClusterSpecError::Yaml(err.to_string()))?;
+        section
+            .disaggregation
+            .as_ref()
+            .map(Self::resolve)
+            .transpose()
+    }
 }
 
 /// What the live mirror inferred about one pod, each value with where it came from
@@ -157,6 +216,7 @@ impl TwinSettings {
             output_tokens: LengthDist::gaussian(256.0, 128.0, 1, 4096),
             variants: std::collections::BTreeMap::new(),
             inferred: std::collections::BTreeMap::new(),
+            disaggregation: None,
         }
     }
 }

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 
 use super::selector::LabelSelector;
+use crate::cluster::config::InstanceRole;
 
 /// What the live mirror makes of one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +22,26 @@ pub struct PodView {
     pub facts: crate::live::infer::PodFacts,
     /// What its node's GPU label says (read only when the source infers its pool).
     pub node_gpu: Option<crate::live::infer::NodeGpu>,
+    /// Its `llm-d.ai/role` label (`prefill`, `decode`, `both`); `None` when absent or not one
+    /// of those (the instance keeps its pool's role).
+    pub role: Option<InstanceRole>,
+}
+
+/// llm-d's pod role label (llm-d-router's `decode-filter` / `prefill-filter` read it).
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// The role a pod's labels give it (see [`PodView::role`]).
+pub fn pod_role(labels: &BTreeMap<String, String>) -> Option<InstanceRole> {
+    match labels
+        .get(ROLE_LABEL)
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        Some("prefill") => Some(InstanceRole::Prefill),
+        Some("decode") => Some(InstanceRole::Decode),
+        Some("both") | Some("prefill-decode") => Some(InstanceRole::Both),
+        _ => None,
+    }
 }
 
 /// The instance id of a pod: `namespace/name`.
@@ -99,6 +120,7 @@ pub fn view(
         problem,
         facts: crate::live::infer::pod_facts(pod),
         node_gpu: None,
+        role: pod_role(labels),
     })
 }
 
@@ -195,6 +217,25 @@ mod tests {
         assert_eq!(view.problem, None);
         let v6 = super::view(&pod(ready_pod("vllm-1", "fd00::5")), "x", &selector, 8000).unwrap();
         assert_eq!(v6.address.as_deref(), Some("[fd00::5]:8000"));
+    }
+
+    #[test]
+    fn the_llm_d_role_label_gives_the_role() {
+        let selector = LabelSelector::parse("app=vllm").unwrap();
+        for (label, role) in [
+            (Some("prefill"), Some(InstanceRole::Prefill)),
+            (Some("Decode"), Some(InstanceRole::Decode)),
+            (Some("both"), Some(InstanceRole::Both)),
+            (Some("encode"), None),
+            (None, None),
+        ] {
+            let mut json = ready_pod("vllm-0", "10.1.2.3");
+            if let Some(label) = label {
+                json["metadata"]["labels"][ROLE_LABEL] = label.into();
+            }
+            let view = view(&pod(json), "x", &selector, 8000).unwrap();
+            assert_eq!(view.role, role, "{label:?}");
+        }
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub fn cluster_from_proto(message: &proto::ClusterConfig) -> Result<DecodedConfi
         admission: admission_from_proto(message.admission.as_ref())?,
         staleness: staleness_from_proto(message.staleness.as_ref())?,
     };
-    let settings = settings_from_proto(message.twin.as_ref())?;
+    let mut settings = settings_from_proto(message.twin.as_ref())?;
+    settings.disaggregation =
+        super::pd::disaggregation_from_proto(message.disaggregation.as_ref())?;
     Ok(DecodedConfig {
         cluster,
         settings,
@@ -341,6 +343,10 @@ pub fn cluster_to_proto(
             max_signal_age_ms: Some(us_to_ms(settings.max_signal_age_us)),
             output_tokens: Some(length_dist_to(&settings.output_tokens)),
         }),
+        disaggregation: settings
+            .disaggregation
+            .as_ref()
+            .map(super::pd::disaggregation_to_proto),
     }
 }
 

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod forecast;
+pub mod pd;
 pub mod question;
 pub mod state;
 

@@ -404,26 +404,7 @@ pub fn routing_answer_to_proto(
     answer: &RoutingAnswer,
     request_id: &str,
 ) -> proto::PredictRoutingResponse {
-    let candidates = answer
-        .candidates
-        .iter()
-        .map(|c| proto::CandidatePrediction {
-            instance_id: c.instance_id.clone(),
-            valid: c.valid,
-            invalid_reason: c.invalid_reason.clone(),
-            ttft_ms: Some(distribution_to(&c.ttft_ms)),
-            tpot_ms: Some(distribution_to(&c.tpot_ms)),
-            e2e_ms: Some(distribution_to(&c.e2e_ms)),
-            slo_probability: c.slo_probability,
-            ttft_slo_probability: c.ttft_slo_probability,
-            tpot_slo_probability: c.tpot_slo_probability,
-            queue_wait_ms: c.queue_wait_ms,
-            prefix_hit_tokens: c.prefix_hit_tokens,
-            kv_usage_after: c.kv_usage_after,
-            others_delta_e2e_ms: c.others_delta_e2e_ms,
-            input_age_ms: c.input_age_ms,
-        })
-        .collect();
+    let candidates = answer.candidates.iter().map(candidate_to).collect();
     proto::PredictRoutingResponse {
         candidates,
         recommended_instance_id: answer.recommended_instance_id.clone().unwrap_or_default(),
@@ -436,31 +417,58 @@ pub fn routing_answer_to_proto(
             .iter()
             .map(|c| c.input_age_ms)
             .fold(0.0, f64::max),
+        pairs: answer.pairs.iter().map(super::pd::pair_to).collect(),
+        recommended_prefill_instance_id: answer
+            .recommended_prefill_instance_id
+            .clone()
+            .unwrap_or_default(),
+        decider: answer.decider.iter().map(super::pd::decider_to).collect(),
+    }
+}
+
+/// Encodes one candidate's prediction.
+pub(super) fn candidate_to(c: &CandidatePrediction) -> proto::CandidatePrediction {
+    proto::CandidatePrediction {
+        instance_id: c.instance_id.clone(),
+        valid: c.valid,
+        invalid_reason: c.invalid_reason.clone(),
+        ttft_ms: Some(distribution_to(&c.ttft_ms)),
+        tpot_ms: Some(distribution_to(&c.tpot_ms)),
+        e2e_ms: Some(distribution_to(&c.e2e_ms)),
+        slo_probability: c.slo_probability,
+        ttft_slo_probability: c.ttft_slo_probability,
+        tpot_slo_probability: c.tpot_slo_probability,
+        queue_wait_ms: c.queue_wait_ms,
+        prefix_hit_tokens: c.prefix_hit_tokens,
+        kv_usage_after: c.kv_usage_after,
+        others_delta_e2e_ms: c.others_delta_e2e_ms,
+        input_age_ms: c.input_age_ms,
+    }
+}
+
+/// Decodes one candidate's prediction.
+pub(super) fn candidate_from(c: &proto::CandidatePrediction) -> CandidatePrediction {
+    CandidatePrediction {
+        instance_id: c.instance_id.clone(),
+        valid: c.valid,
+        invalid_reason: c.invalid_reason.clone(),
+        ttft_ms: distribution_from(c.ttft_ms.as_ref()),
+        tpot_ms: distribution_from(c.tpot_ms.as_ref()),
+        e2e_ms: distribution_from(c.e2e_ms.as_ref()),
+        slo_probability: c.slo_probability,
+        ttft_slo_probability: c.ttft_slo_probability,
+        tpot_slo_probability: c.tpot_slo_probability,
+        queue_wait_ms: c.queue_wait_ms,
+        prefix_hit_tokens: c.prefix_hit_tokens,
+        kv_usage_after: c.kv_usage_after,
+        others_delta_e2e_ms: c.others_delta_e2e_ms,
+        input_age_ms: c.input_age_ms,
     }
 }
 
 /// Decodes a routing answer (for clients).
 pub fn routing_answer_from_proto(message: &proto::PredictRoutingResponse) -> RoutingAnswer {
-    let candidates = message
-        .candidates
-        .iter()
-        .map(|c| CandidatePrediction {
-            instance_id: c.instance_id.clone(),
-            valid: c.valid,
-            invalid_reason: c.invalid_reason.clone(),
-            ttft_ms: distribution_from(c.ttft_ms.as_ref()),
-            tpot_ms: distribution_from(c.tpot_ms.as_ref()),
-            e2e_ms: distribution_from(c.e2e_ms.as_ref()),
-            slo_probability: c.slo_probability,
-            ttft_slo_probability: c.ttft_slo_probability,
-            tpot_slo_probability: c.tpot_slo_probability,
-            queue_wait_ms: c.queue_wait_ms,
-            prefix_hit_tokens: c.prefix_hit_tokens,
-            kv_usage_after: c.kv_usage_after,
-            others_delta_e2e_ms: c.others_delta_e2e_ms,
-            input_age_ms: c.input_age_ms,
-        })
-        .collect();
+    let candidates = message.candidates.iter().map(candidate_from).collect();
     RoutingAnswer {
         candidates,
         recommended_instance_id: (!message.recommended_instance_id.is_empty())
@@ -468,6 +476,14 @@ pub fn routing_answer_from_proto(message: &proto::PredictRoutingResponse) -> Rou
         generation: message.snapshot_generation,
         seed: message.seed,
         events: message.simulation_events,
+        pairs: message.pairs.iter().map(super::pd::pair_from).collect(),
+        recommended_prefill_instance_id: (!message.recommended_prefill_instance_id.is_empty())
+            .then(|| message.recommended_prefill_instance_id.clone()),
+        decider: message
+            .decider
+            .iter()
+            .map(super::pd::decider_from)
+            .collect(),
     }
 }
 
