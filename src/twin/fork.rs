@@ -11,7 +11,7 @@ use crate::sim::{Engine, Outcome, RequestId, RequestSpec};
 use super::build::{QUESTION_REQUEST_ID, final_lengths, prompt_content, restore_base, set_lengths};
 use super::error::TwinError;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
-use super::predict::{Forking, Outcome1, Treatment};
+use super::outcome::{Forking, ReplicationOutcome, Treatment};
 use super::question::{Background, OutputLength, RoutingQuestion};
 use super::run::{
     EventBudget, ForkRun, Newcomer, run_events, run_fork, run_recorded, run_recorded_for,
@@ -98,7 +98,7 @@ pub(super) fn simulate(
     index: usize,
     replication: u32,
     treatment: Treatment,
-) -> Result<Outcome1, TwinError> {
+) -> Result<ReplicationOutcome, TwinError> {
     let Call {
         snapshot,
         question,
@@ -331,7 +331,7 @@ fn continuation_pair(
     cached: Option<Arc<Baseline>>,
     spec: RequestSpec,
     horizon_end: u64,
-) -> Result<Outcome1, TwinError> {
+) -> Result<ReplicationOutcome, TwinError> {
     let Call {
         snapshot,
         question,
@@ -531,16 +531,16 @@ fn measure(
     baseline: &Baseline,
     now: u64,
     horizon_end: u64,
-) -> Outcome1 {
+) -> ReplicationOutcome {
     let events = run.events;
     let records = &with.metrics().records;
     // (The question's request is watched: a drain's closed form reports it when the engine
     // did not get to retire it.)
     let mine = with.watched_record().or(run.question.as_ref());
     let ms = |us: u64| us as f64 / 1000.0;
-    let mut outcome = Outcome1 {
+    let mut outcome = ReplicationOutcome {
         events,
-        ..Outcome1::default()
+        ..ReplicationOutcome::default()
     };
     match mine {
         Some(record) if record.outcome == Outcome::Completed => {

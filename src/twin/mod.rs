@@ -15,6 +15,7 @@ mod fork;
 pub mod limits;
 pub mod load_forecast;
 pub mod memo;
+mod outcome;
 pub mod parallel;
 mod pd;
 pub mod predict;

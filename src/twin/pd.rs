@@ -25,7 +25,7 @@ use super::error::TwinError;
 use super::fork::{
     Call, alias_block_keys, candidate_engine, question_request, quiet_baseline, restored_base,
 };
-use super::predict::{Forking, Outcome1, Treatment};
+use super::outcome::{Forking, ReplicationOutcome, Treatment};
 use super::question::{CandidatePrediction, DeciderChoice, PairPrediction};
 use super::run::{EventBudget, ForkRun, run_fork, run_until_done};
 use super::snapshot::MirrorSnapshot;
@@ -128,7 +128,7 @@ pub(super) fn plan(
 /// One replication of one pair, measured.
 #[derive(Clone, Debug, Default)]
 struct PairOutcome {
-    client: Outcome1,
+    client: ReplicationOutcome,
     prefill_ttft_ms: f64,
     transfer_ms: f64,
     handover_ms: f64,
@@ -220,7 +220,7 @@ pub(super) fn answer_pairs(
         let reps =
             &results[position * replications as usize..(position + 1) * replications as usize];
         events += reps.iter().map(|(_, e)| e).sum::<u64>();
-        let clients: Vec<Outcome1> = reps.iter().map(|(o, _)| o.client.clone()).collect();
+        let clients: Vec<ReplicationOutcome> = reps.iter().map(|(o, _)| o.client.clone()).collect();
         let mut prediction = summarize(
             snapshot,
             call.question,

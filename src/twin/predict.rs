@@ -18,6 +18,8 @@
 use super::error::TwinError;
 use super::fork::{Call, simulate};
 use super::limits::Limits;
+pub use super::outcome::Forking;
+use super::outcome::{ReplicationOutcome, Treatment};
 use super::question::{CandidatePrediction, RoutingAnswer, RoutingQuestion, StalePolicy};
 use super::run::EventBudget;
 use super::sampling::output_draw;
@@ -25,48 +27,6 @@ use super::snapshot::MirrorSnapshot;
 use super::summary::{recommend, summarize};
 use super::valid::ValidRouting;
 use crate::cluster::disagg::serves_decode;
-
-/// One replication's outcome on one candidate.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Outcome1 {
-    pub(super) ttft_ms: f64,
-    pub(super) tpot_ms: f64,
-    pub(super) e2e_ms: f64,
-    pub(super) completed: bool,
-    pub(super) ttft_known: bool,
-    pub(super) dropped: bool,
-    pub(super) queue_wait_ms: f64,
-    pub(super) prefix_hit_tokens: f64,
-    pub(super) kv_usage_after: f64,
-    pub(super) others_delta_e2e_ms: f64,
-    pub(super) events: u64,
-}
-
-/// How one candidate is treated given its signal age and the stale policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Treatment {
-    /// Restore at the observation time and simulate forward to `now` first.
-    RollForward,
-    /// Pretend the observed state is the state at `now`.
-    UseLast,
-    /// Report invalid (saturated), never recommend.
-    Saturated,
-    /// Leave out.
-    Excluded,
-}
-
-/// How a question's forks are run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Forking {
-    /// With shortcuts (the default: same answers, less work): each fork starts where the
-    /// request would first be reached, from a remembered checkpoint when there is one
-    /// (`sim::engine::ReachLog`), and ends in closed form once only time can change its batch
-    /// (`sim::engine::Drain`).
-    Shortcuts,
-    /// Plainly: roll forward from the observation, submit the request at `now` and step to the
-    /// end. The path the shortcuts are checked against.
-    Plain,
-}
 
 /// Checks `question` against `snapshot` ([`ValidRouting::new`]) and answers it within
 /// `limits`.
@@ -144,13 +104,13 @@ fn answer(
         .collect();
     let results = super::parallel::map(&jobs, |&(position, replication)| {
         match treatments[position] {
-            _ if prefill_only[position] => Ok(Outcome1::default()),
-            Treatment::Excluded | Treatment::Saturated => Ok(Outcome1::default()),
+            _ if prefill_only[position] => Ok(ReplicationOutcome::default()),
+            Treatment::Excluded | Treatment::Saturated => Ok(ReplicationOutcome::default()),
             treatment => simulate(&call, candidates[position], replication, treatment),
         }
     });
     debug_assert_eq!(results.len(), candidates.len() * replications as usize);
-    let results: Vec<Outcome1> = results.into_iter().collect::<Result<_, _>>()?;
+    let results: Vec<ReplicationOutcome> = results.into_iter().collect::<Result<_, _>>()?;
     let mut predictions = Vec::with_capacity(candidates.len());
     let mut events = 0;
     for (position, &index) in candidates.iter().enumerate() {

@@ -1,7 +1,7 @@
 //! From the replications' outcomes on each candidate to the answer: distributions, SLO
 //! probabilities, means, validity, and the recommended instance.
 
-use super::predict::{Outcome1, Treatment};
+use super::outcome::{ReplicationOutcome, Treatment};
 use super::question::{CandidatePrediction, Distribution, RoutingQuestion};
 use super::snapshot::MirrorSnapshot;
 use super::stats::distribution;
@@ -12,7 +12,7 @@ pub(super) fn summarize(
     question: &RoutingQuestion,
     index: usize,
     treatment: Treatment,
-    reps: &[Outcome1],
+    reps: &[ReplicationOutcome],
 ) -> CandidatePrediction {
     let instance = &snapshot.config.instances[index];
     let age_ms = super::fork::elapsed_us(snapshot.instances[index].observed_at_us, question.now_us)
@@ -36,13 +36,14 @@ pub(super) fn summarize(
         ),
         Treatment::RollForward | Treatment::UseLast => (true, String::new()),
     };
-    let pick = |f: fn(&Outcome1) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
+    let pick = |f: fn(&ReplicationOutcome) -> f64| -> Vec<f64> { reps.iter().map(f).collect() };
     let slo = question.request.slo;
-    let ttft_met = |r: &Outcome1| r.ttft_known && slo.ttft_ms.is_none_or(|t| r.ttft_ms <= t);
-    let meets = |r: &Outcome1, target: Option<f64>, value: f64| {
+    let ttft_met =
+        |r: &ReplicationOutcome| r.ttft_known && slo.ttft_ms.is_none_or(|t| r.ttft_ms <= t);
+    let meets = |r: &ReplicationOutcome, target: Option<f64>, value: f64| {
         target.is_none_or(|t| r.completed && value <= t)
     };
-    let fraction = |f: &dyn Fn(&Outcome1) -> bool| -> f64 {
+    let fraction = |f: &dyn Fn(&ReplicationOutcome) -> bool| -> f64 {
         if reps.is_empty() {
             0.0
         } else {
