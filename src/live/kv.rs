@@ -14,7 +14,7 @@
 //! - **Restarts** (a sequence number going back, another process on `/metrics`) clear the
 //!   pod's blocks (its GPU cache died with it) and replay the new publisher from 0.
 //!
-//! Every rank writes to the pod's one instance through [`KvSink`], which numbers the batches
+//! Every rank writes to the pod's one instance through [`super::pod::KvSink`], which numbers the batches
 //! for the store (ranks have their own sequences) and carries unrecovered gaps to it.
 
 use std::sync::Arc;
@@ -27,7 +27,8 @@ use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocke
 
 use super::config::KvEndpoints;
 use super::kv_wire::{KvWireError, WireBatch, decode_batch, decode_seq};
-use super::pod::{Pod, pause, wall_now_us};
+use super::pod::{Pod, pause};
+use crate::telemetry::clock::wall_now_us;
 use crate::twin::store::{KvEvent, KvEventBatch, Publish};
 
 /// The largest forward jump of a sequence number taken as batches missed (16.7 M: 23 minutes
@@ -45,15 +46,6 @@ pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 pub const RECONNECT_CAP: Duration = Duration::from_secs(1);
 /// Most distinct unknown event types counted per pod (the rest count as `other`).
 const MAX_UNKNOWN_TYPES: usize = 16;
-
-/// Where the pod's instance is in the store: every rank's batches go through it, in order.
-#[derive(Debug, Default)]
-pub struct KvSink {
-    /// The store sequence number of the next batch.
-    next_seq: u64,
-    /// Last `ts_us` written (the store wants it non-decreasing).
-    last_ts_us: u64,
-}
 
 /// Where one rank's stream is.
 #[derive(Debug, Default)]

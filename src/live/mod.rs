@@ -254,7 +254,7 @@ impl Coordinator {
             deprecated: Mutex::new(Vec::new()),
             restarts: AtomicU64::new(0),
             restarted: watch::channel(0).0,
-            kv_sink: Mutex::new(kv::KvSink::default()),
+            kv_sink: Mutex::new(pod::KvSink::default()),
             unknown_types: Mutex::new(Vec::new()),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
