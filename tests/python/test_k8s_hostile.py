@@ -3,8 +3,9 @@ the stand-in API server (fake_kube_api.py) sends what a real one could within it
 and ditto must keep serving what fits and say why, with every input bounded before it is held.
 
 - D4: a pod list over --max-instances (5,000 pods, limit 4,096) mirrors the first 4,096 by
-  namespace/name, leaves the rest out (counted, one warning per change), keeps SERVING and
-  answering; pods that join while it is full take their place in that order.
+  namespace/name, leaves the rest out (counted, one warning per change, each marked
+  `ditto_live_stale{signal="over_limit"}`), keeps SERVING and answering; pods that join while
+  it is full take their place in that order, and the marks follow.
 - D5: a watch line with no newline is cut at the line cap: the stream is dropped, the pods are
   stale with the reason, the source is relisted, and ditto's peak memory stays bounded.
 - D8: a watch that fails right after every good LIST backs off (LISTs at a bounded rate, one
@@ -28,6 +29,7 @@ from conftest import BINARY, Server, free_port
 from ditto.v1 import twin_pb2 as pb
 from fake_kube_api import FakeKubeApi
 from test_live import BOUND_S, Fake, bounded_until, by_id, eventually, metric, snapshot
+from test_live_limits import over_limit_marks
 
 LABELS = {"app": "vllm", "llm-d.ai/role": "decode"}
 SELECTOR = "app=vllm,llm-d.ai/role=decode"
@@ -119,6 +121,10 @@ def test_d4_a_pod_list_over_max_instances_mirrors_the_first_4096_and_leaves_out_
     assert metric(server, "ditto_live_pods_over_limit") == 904
     ids = sorted(by_id(snapshot(server)))
     assert ids == [f"llm-d/{name}" for name in names[:4096]], "the first 4,096 by namespace/name"
+    # Each pod left out is marked stale on /metrics, one by one (never scraped).
+    bounded_until(lambda: over_limit_marks(server) == [f"llm-d/{name}" for name in names[4096:]],
+                  "the 904 left out marked")
+    assert metric(server, "ditto_live_scrapes_total", instance="llm-d/vllm-4096") is None
     # Questions answer; health SERVING.
     server.wait_serving()
     question = pb.PredictRoutingRequest(request=pb.CandidateRequest(prompt_tokens=100, output_tokens=10), request_id="q",
@@ -131,6 +137,9 @@ def test_d4_a_pod_list_over_max_instances_mirrors_the_first_4096_and_leaves_out_
     ids = sorted(by_id(snapshot(server)))
     assert len(ids) == 4096 and ids[:3] == ["llm-d/aaa-0", "llm-d/aaa-1", "llm-d/aaa-2"], ids[:4]
     assert ids[-1] == "llm-d/vllm-4092", ids[-1]
+    # The three swapped out are marked now, and the marks follow the same order.
+    bounded_until(lambda: over_limit_marks(server) == [f"llm-d/{name}" for name in names[4093:]],
+                  "the 907 left out marked")
     server.wait_serving()
     output = server.output()
     assert "config sync rejected" not in output, "the pod set was refused whole"

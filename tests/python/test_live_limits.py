@@ -1,0 +1,61 @@
+"""`--max-instances` over static and DNS sources (issue 38, the gaps D4 left): a `--pods` list
+longer than the limit is mirrored up to it, the first by id (`host:port`), and each pod left
+out is marked stale on /metrics (`ditto_live_stale{signal="over_limit"}`), never scraped; a
+DNS source past the limit is cut the same way. Waits are bounded polls.
+"""
+
+import re
+
+from conftest import free_port
+from test_live import Fake, bounded_until, by_id, eventually, free_port_on, metric, serve, snapshot  # noqa: F401
+
+
+def over_limit_marks(server):
+    """The ids marked left out over --max-instances on /metrics."""
+    _, text = server.http("/metrics")
+    marks = []
+    for line in text.splitlines():
+        if line.startswith("ditto_live_stale{") and 'signal="over_limit"' in line and line.endswith(" 1"):
+            marks.append(re.search(r'instance="([^"]*)"', line).group(1))
+    return sorted(marks)
+
+
+def test_a_static_list_over_max_instances_mirrors_the_first_by_id_and_marks_the_rest(serve):
+    # Addresses nobody listens on: mirrored pods are stale (connection refused), which is
+    # not what is checked; which ones are mirrored, and which are marked, is.
+    port = free_port()
+    pods = [f"127.0.0.{i}:{port}" for i in (9, 3, 7, 5, 4)]
+    server = serve("--pods", ",".join(pods), "--max-instances", "3")
+    first = sorted(pods)[:3]
+    eventually(server, lambda i: sorted(i) == first, "the first 3 by id mirrored")
+    assert over_limit_marks(server) == sorted(pods)[3:]
+    assert metric(server, "ditto_live_pods_over_limit") == 2
+    assert metric(server, "ditto_live_pods") == 3
+    output = server.output()
+    assert "more served pods than --max-instances" in output
+    assert "config sync rejected" not in output
+    # Never scraped: no scrape series for a left-out pod.
+    for pod in sorted(pods)[3:]:
+        assert metric(server, "ditto_live_scrapes_total", instance=pod) is None, pod
+
+
+def test_a_dns_source_past_max_instances_is_left_out_and_marked():
+    # The static pod takes the only room; the DNS source's address ("localhost") is left out.
+    fake = Fake("127.0.0.1", free_port_on("127.0.0.1"))
+    port = free_port()
+    from conftest import Server
+
+    server = Server(["--scrape-interval-ms", "50", "--pods", f"127.0.0.2:{port}",
+                     "--pods-dns", f"localhost:{fake.http_port}", "--dns-interval-ms", "100",
+                     "--max-instances", "1"])
+    try:
+        server.wait_serving()
+        bounded_until(lambda: over_limit_marks(server) == [fake.address], "the DNS address marked")
+        assert sorted(by_id(snapshot(server))) == [f"127.0.0.2:{port}"]
+        assert metric(server, "ditto_live_pods_over_limit") == 1
+        assert "config sync rejected" not in server.output()
+        assert metric(server, "ditto_live_scrapes_total", instance=fake.address) is None
+    finally:
+        code = server.terminate()
+        fake.stop()
+        assert code == 0
