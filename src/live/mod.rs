@@ -18,6 +18,7 @@ pub mod k8s;
 mod kube;
 pub mod kv;
 pub mod kv_bench;
+pub mod kv_frames;
 pub mod kv_wire;
 mod limit;
 pub mod pod;

@@ -59,3 +59,61 @@ def test_a_dns_source_past_max_instances_is_left_out_and_marked():
         code = server.terminate()
         fake.stop()
         assert code == 0
+
+
+def test_a_zmq_frame_claiming_more_than_the_frame_limit_is_cut_not_held(serve):
+    """A KV publisher whose frame header claims 2^50 bytes (9 bytes on the wire): the ZMQ
+    library would reserve that much before the body (the reservation failed and aborted the
+    process); the connection is cut at the header, the pod's KV stream stale with the reason,
+    and the server keeps serving."""
+    import socket
+    import struct
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.5)
+    pub_port = listener.getsockname()[1]
+    done = threading.Event()
+    held = []
+
+    def publish():
+        # Every connection: the greeting, READY as a PUB, then one frame header claiming 2^50.
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            try:
+                conn.settimeout(5)
+                conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL" + b"\0" * 16 + b"\x00" + b"\0" * 31)
+                got = b""
+                while len(got) < 64:
+                    part = conn.recv(64 - len(got))
+                    if not part:
+                        break
+                    got += part
+                name, key, value = b"READY", b"Socket-Type", b"PUB"
+                body = bytes([len(name)]) + name + bytes([len(key)]) + key + struct.pack(">I", len(value)) + value
+                conn.sendall(bytes([0x04, len(body)]) + body)
+                conn.sendall(bytes([0x02]) + struct.pack(">Q", 1 << 50) + b"x" * 4096)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    try:
+        server = serve("--pods", f"127.0.0.1:{free_port()}", "--kv-events", f"tcp://{{ip}}:{pub_port}")
+        reason = eventually(server, lambda i: "over the limit of 134217728" in i[next(iter(i))].stale_reason
+                            and i[next(iter(i))].stale_reason, "the frame cut")
+        assert "1125899906842624 bytes" in reason, reason
+        assert server.process.poll() is None, "ditto exited"
+        assert server.http("/healthz")[0] == 200
+    finally:
+        done.set()
+        thread.join(timeout=5)
+        for conn in held:
+            conn.close()
+        listener.close()
