@@ -121,6 +121,26 @@ impl Coordinator {
             self.refresh_inference(&view.id);
             changed = true;
         }
+        self.note_discovery(source, &views, degraded.as_ref(), now);
+        let left_out: Vec<String> = served[admitted..]
+            .iter()
+            .map(|view| view.id.clone())
+            .collect();
+        drop(views);
+        self.kube_views.insert(source, (pods, degraded));
+        self.note_left_out(source, left_out);
+        changed
+    }
+
+    /// Each known pod of `source` gets its discovery reason (deleted, not served, or the
+    /// source's degradation), and a lost pod the time it was first found lost.
+    fn note_discovery(
+        &mut self,
+        source: usize,
+        views: &BTreeMap<&str, &k8s::PodView>,
+        degraded: Option<&String>,
+        now: Instant,
+    ) {
         for (id, entry) in self
             .pods
             .iter_mut()
@@ -135,17 +155,9 @@ impl Coordinator {
             } else {
                 entry.vanished_since = None;
             }
-            let reason = problem.or_else(|| degraded.clone());
+            let reason = problem.or_else(|| degraded.cloned());
             entry.pod.set_health(|health| health.discovery = reason);
         }
-        let left_out: Vec<String> = served[admitted..]
-            .iter()
-            .map(|view| view.id.clone())
-            .collect();
-        drop(views);
-        self.kube_views.insert(source, (pods, degraded));
-        self.note_left_out(source, left_out);
-        changed
     }
 
     /// Retires the Kubernetes-discovered pods lost for longer than `retire_after`.

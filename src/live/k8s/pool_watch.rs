@@ -5,6 +5,8 @@
 //! from the last version seen when it ends, after a backoff (0.5 s doubling to 30 s) when it
 //! failed or did not live [`KubeLimits::healthy_after`].
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use kube::Client;
@@ -42,6 +44,9 @@ pub(super) struct PoolWatch {
     metrics: LiveMetrics,
     /// The version to watch from (`None`: the current state first).
     rv: Option<String>,
+    /// The watch being opened: kept across cancellations (the caller selects on
+    /// [`Self::next`]), so a request is never dropped half-sent and sent again.
+    opening: Option<Opening>,
     /// The open watch and when it was opened.
     lines: Option<(Lines<Body>, Instant)>,
     retry_at: Option<Instant>,
@@ -66,6 +71,7 @@ impl PoolWatch {
             limits,
             metrics,
             rv: None,
+            opening: None,
             lines: None,
             retry_at: None,
             backoff: FIRST_BACKOFF,
@@ -73,7 +79,7 @@ impl PoolWatch {
     }
 
     /// The next change of the pool. Cancel-safe: a line read in part stays buffered, a
-    /// backoff is remembered, a watch being opened is opened again.
+    /// backoff is remembered, a watch being opened stays in flight.
     pub(super) async fn next(&mut self) -> PoolEvent {
         loop {
             if let Some(at) = self.retry_at {
@@ -81,7 +87,22 @@ impl PoolWatch {
                 self.retry_at = None;
             }
             if self.lines.is_none() {
-                match self.open().await {
+                let opening = match self.opening.take() {
+                    Some(opening) => opening,
+                    None => match self.watch_request() {
+                        Ok(request) => Box::pin(open(
+                            self.client.clone(),
+                            request,
+                            self.namespace.clone(),
+                            self.limits,
+                        )),
+                        Err(failure) => return self.failed(failure.0, failure.1),
+                    },
+                };
+                let opening = self.opening.insert(opening);
+                let opened = opening.await;
+                self.opening = None;
+                match opened {
                     Ok(lines) => self.lines = Some((lines, Instant::now())),
                     Err((kind, reason)) => return self.failed(kind, reason),
                 }
@@ -119,7 +140,7 @@ impl PoolWatch {
     }
 
     /// One watch line: the pool's change, or `None` for a bookmark (its version kept).
-    fn event(&mut self, line: &[u8]) -> Result<Option<PoolEvent>, (&'static str, String)> {
+    fn event(&mut self, line: &[u8]) -> Result<Option<PoolEvent>, Failure> {
         let undecodable = |err: &dyn std::fmt::Display| {
             (
                 "undecodable",
@@ -166,8 +187,8 @@ impl PoolWatch {
         }
     }
 
-    /// Opens the watch from the last version seen (the current state first when none).
-    async fn open(&mut self) -> Result<Lines<Body>, (&'static str, String)> {
+    /// The watch request, from the last version seen (the current state first when none).
+    fn watch_request(&self) -> Result<http::Request<Vec<u8>>, Failure> {
         let seconds = u32::try_from(self.limits.watch_timeout.as_secs().max(1)).unwrap_or(290);
         let params = WatchParams::default()
             .fields(&format!("metadata.name={}", self.name))
@@ -176,56 +197,9 @@ impl PoolWatch {
             "/apis/{}/namespaces/{}/{}",
             self.resource.api_version, self.namespace, self.resource.plural
         );
-        let request = kube::core::Request::new(path)
+        kube::core::Request::new(path)
             .watch(&params, self.rv.as_deref().unwrap_or("0"))
-            .map_err(|err| ("error", format!("kubernetes API request: {err}")))?;
-        let deadline = Instant::now() + self.limits.idle();
-        let sent = tokio::time::timeout_at(deadline, self.client.send(request.map(Body::from)))
-            .await
-            .map_err(|_| {
-                (
-                    "idle",
-                    "kubernetes API: no answer before the watch timeout".to_owned(),
-                )
-            })?
-            .map_err(|err| ("error", format!("kubernetes API: {err}")))?;
-        if sent.status().is_success() {
-            return Ok(Lines::new(
-                sent.into_body(),
-                MAX_WATCH_LINE_BYTES,
-                self.limits.idle(),
-                deadline,
-            ));
-        }
-        let code = sent.status().as_u16();
-        let body = read_all(
-            sent.into_body(),
-            MAX_STATUS_BYTES,
-            self.limits.idle(),
-            deadline,
-        )
-        .await
-        .unwrap_or_default();
-        let message = serde_json::from_slice::<kube::core::Status>(&body)
-            .map(|status| status.message)
-            .unwrap_or_default();
-        Err(match code {
-            403 => (
-                "forbidden",
-                format!(
-                    "kubernetes API forbids watch on inferencepools in namespace {:?}: grant \
-                     get, list and watch on inferencepools to ditto's service account",
-                    self.namespace
-                ),
-            ),
-            code => (
-                "status",
-                format!(
-                    "kubernetes API answered {code}: {}",
-                    message.chars().take(512).collect::<String>()
-                ),
-            ),
-        })
+            .map_err(|err| ("error", format!("kubernetes API request: {err}")))
     }
 
     /// A failure: the watch dropped (its memory freed), counted, retried after the backoff.
@@ -241,4 +215,61 @@ impl PoolWatch {
         self.retry_at = Some(Instant::now() + self.backoff);
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// A failure's kind (a `ditto_live_kube_failures_total` label) and reason.
+type Failure = (&'static str, String);
+
+/// A watch being opened.
+type Opening = Pin<Box<dyn Future<Output = Result<Lines<Body>, Failure>> + Send>>;
+
+/// Sends the watch request; its answer's lines bounded by [`MAX_WATCH_LINE_BYTES`] and its
+/// silence by [`KubeLimits::idle`], an error answer read up to a cap and named.
+async fn open(
+    client: Client,
+    request: http::Request<Vec<u8>>,
+    namespace: String,
+    limits: KubeLimits,
+) -> Result<Lines<Body>, Failure> {
+    let deadline = Instant::now() + limits.idle();
+    let sent = tokio::time::timeout_at(deadline, client.send(request.map(Body::from)))
+        .await
+        .map_err(|_| {
+            (
+                "idle",
+                "kubernetes API: no answer before the watch timeout".to_owned(),
+            )
+        })?
+        .map_err(|err| ("error", format!("kubernetes API: {err}")))?;
+    if sent.status().is_success() {
+        return Ok(Lines::new(
+            sent.into_body(),
+            MAX_WATCH_LINE_BYTES,
+            limits.idle(),
+            deadline,
+        ));
+    }
+    let code = sent.status().as_u16();
+    let body = read_all(sent.into_body(), MAX_STATUS_BYTES, limits.idle(), deadline)
+        .await
+        .unwrap_or_default();
+    let message = serde_json::from_slice::<kube::core::Status>(&body)
+        .map(|status| status.message)
+        .unwrap_or_default();
+    Err(match code {
+        403 => (
+            "forbidden",
+            format!(
+                "kubernetes API forbids watch on inferencepools in namespace {namespace:?}: \
+                 grant get, list and watch on inferencepools to ditto's service account"
+            ),
+        ),
+        code => (
+            "status",
+            format!(
+                "kubernetes API answered {code}: {}",
+                message.chars().take(512).collect::<String>()
+            ),
+        ),
+    })
 }
