@@ -15,9 +15,9 @@ use axum::Router;
 use axum::routing::get;
 
 use super::config::{Discovery, LiveConfig, LiveSource};
-use super::pod::wall_now_us;
 use crate::cluster::spec::default_cluster;
 use crate::telemetry::Metrics;
+use crate::telemetry::clock::wall_now_us;
 use crate::twin::snapshot::TwinSettings;
 use crate::twin::store::{MirrorStore, StoreLimits};
 

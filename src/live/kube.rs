@@ -38,9 +38,8 @@ impl Coordinator {
 
     /// Mirrors what source `source` last reported (whether the pod set changed): served pods
     /// are added (or restarted when their IP changed), up to `--max-instances` in all, by
-    /// id (`namespace/name`) order; the served pods past it are left out (never scraped),
-    /// counted in `ditto_live_pods_over_limit`, said in one warning per change of their
-    /// count. Known pods that are gone or not served turn stale at once and are retired
+    /// id (`namespace/name`) order; the served pods past it are left out (never scraped,
+    /// each marked stale on `/metrics`: see [`super::limit`]). Known pods that are gone or not served turn stale at once and are retired
     /// after `retire_after` (at once when their room is needed by a served pod); a degraded
     /// source's pods carry its failure as their discovery reason.
     fn apply_kube(&mut self, source: usize) -> bool {
@@ -125,6 +124,26 @@ impl Coordinator {
             self.refresh_inference(&view.id);
             changed = true;
         }
+        self.note_discovery(source, &views, degraded.as_ref(), now);
+        let left_out: Vec<String> = served[admitted..]
+            .iter()
+            .map(|view| view.id.clone())
+            .collect();
+        drop(views);
+        self.kube_views.insert(source, (pods, degraded));
+        self.note_left_out(source, left_out);
+        changed
+    }
+
+    /// Each known pod of `source` gets its discovery reason (deleted, not served, or the
+    /// source's degradation), and a lost pod the time it was first found lost.
+    fn note_discovery(
+        &mut self,
+        source: usize,
+        views: &BTreeMap<&str, &k8s::PodView>,
+        degraded: Option<&String>,
+        now: Instant,
+    ) {
         for (id, entry) in self
             .pods
             .iter_mut()
@@ -139,45 +158,8 @@ impl Coordinator {
             } else {
                 entry.vanished_since = None;
             }
-            let reason = problem.or_else(|| degraded.clone());
+            let reason = problem.or_else(|| degraded.cloned());
             entry.pod.set_health(|health| health.discovery = reason);
-        }
-        let left_out = served.len() - admitted;
-        let first_left_out = served.get(admitted).map(|view| view.id.clone());
-        drop(views);
-        self.kube_views.insert(source, (pods, degraded));
-        self.note_over_limit(source, left_out, first_left_out, max);
-        changed
-    }
-
-    /// Records how many served pods of `source` are left out; one log line when the total
-    /// changes.
-    fn note_over_limit(
-        &mut self,
-        source: usize,
-        left_out: usize,
-        first: Option<String>,
-        max: usize,
-    ) {
-        self.over_limit.insert(source, left_out);
-        let total: usize = self.over_limit.values().sum();
-        let before = usize::try_from(self.metrics.pods_over_limit.get()).unwrap_or(0);
-        if total == before {
-            return;
-        }
-        self.metrics
-            .pods_over_limit
-            .set(i64::try_from(total).unwrap_or(i64::MAX));
-        if total > 0 {
-            tracing::warn!(
-                left_out = total,
-                max_instances = max,
-                first_left_out = first.as_deref().unwrap_or(""),
-                "live mirror: more served pods than --max-instances; mirroring the first by \
-                 namespace/name, the rest are left out (not scraped)"
-            );
-        } else {
-            tracing::info!("live mirror: every served pod fits in --max-instances again");
         }
     }
 
@@ -202,7 +184,7 @@ impl Coordinator {
         for id in expired {
             changed |= self.retire(&id);
         }
-        if changed && self.over_limit.values().any(|&count| count > 0) {
+        if changed && self.any_left_out() {
             // Room was made: pods left out over the limit may fit now.
             let sources: Vec<usize> = self.kube_views.keys().copied().collect();
             for source in sources {

@@ -14,7 +14,7 @@
 //! - **Restarts** (a sequence number going back, another process on `/metrics`) clear the
 //!   pod's blocks (its GPU cache died with it) and replay the new publisher from 0.
 //!
-//! Every rank writes to the pod's one instance through [`KvSink`], which numbers the batches
+//! Every rank writes to the pod's one instance through [`super::pod::KvSink`], which numbers the batches
 //! for the store (ranks have their own sequences) and carries unrecovered gaps to it.
 
 use std::sync::Arc;
@@ -26,8 +26,10 @@ use tokio_stream::StreamExt;
 use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use super::config::KvEndpoints;
+use super::kv_frames::relay;
 use super::kv_wire::{KvWireError, WireBatch, decode_batch, decode_seq};
-use super::pod::{Pod, pause, wall_now_us};
+use super::pod::{Pod, pause};
+use crate::telemetry::clock::wall_now_us;
 use crate::twin::store::{KvEvent, KvEventBatch, Publish};
 
 /// The largest forward jump of a sequence number taken as batches missed (16.7 M: 23 minutes
@@ -45,15 +47,6 @@ pub const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 pub const RECONNECT_CAP: Duration = Duration::from_secs(1);
 /// Most distinct unknown event types counted per pod (the rest count as `other`).
 const MAX_UNKNOWN_TYPES: usize = 16;
-
-/// Where the pod's instance is in the store: every rank's batches go through it, in order.
-#[derive(Debug, Default)]
-pub struct KvSink {
-    /// The store sequence number of the next batch.
-    next_seq: u64,
-    /// Last `ts_us` written (the store wants it non-decreasing).
-    last_ts_us: u64,
-}
 
 /// Where one rank's stream is.
 #[derive(Debug, Default)]
@@ -85,11 +78,20 @@ pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints, rank: u32) {
     loop {
         let mut socket = SubSocket::new();
         let mut monitor = socket.monitor();
-        let connected = tokio::time::timeout(RECONNECT_CAP, socket.connect(&events)).await;
-        let failure = match connected {
-            Ok(Ok(())) => None,
-            Ok(Err(err)) => Some(format!("cannot connect to {events}: {err}")),
-            Err(_) => Some(format!("connecting to {events} timed out")),
+        // Through a relay that bounds the publisher's frames (see `kv_frames`).
+        let connect = async {
+            let relay = relay(&events).await.map_err(|err| err.to_string())?;
+            socket
+                .connect(&relay.endpoint)
+                .await
+                .map_err(|err| err.to_string())?;
+            Ok::<_, String>(relay)
+        };
+        let connected = tokio::time::timeout(RECONNECT_CAP, connect).await;
+        let (relay, failure) = match connected {
+            Ok(Ok(relay)) => (Some(relay), None),
+            Ok(Err(err)) => (None, Some(format!("cannot connect to {events}: {err}"))),
+            Err(_) => (None, Some(format!("connecting to {events} timed out"))),
         };
         if let Some(failure) = failure {
             pod.metrics
@@ -127,7 +129,7 @@ pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints, rank: u32) {
         )
         .await;
         let reason = match ended {
-            Ended::Disconnected(reason) => reason,
+            Ended::Disconnected(reason) => relay.and_then(|r| r.tripped()).unwrap_or(reason),
             Ended::Restarted => "the pod restarted".to_owned(),
         };
         pod.metrics
@@ -531,10 +533,14 @@ async fn fetch_replay(
     end: Option<u64>,
     timeout: Duration,
 ) -> Result<Vec<WireBatch>, String> {
+    let relay = tokio::time::timeout(timeout, relay(endpoint))
+        .await
+        .map_err(|_| format!("timed out after {} ms", timeout.as_millis()))?
+        .map_err(|err| err.to_string())?;
     let work = async {
         let mut socket = DealerSocket::new();
         socket
-            .connect(endpoint)
+            .connect(&relay.endpoint)
             .await
             .map_err(|err| err.to_string())?;
         let request = ZmqMessage::try_from(vec![
@@ -576,7 +582,9 @@ async fn fetch_replay(
         }
         Ok(batches)
     };
-    tokio::time::timeout(timeout, work)
+    let outcome = tokio::time::timeout(timeout, work)
         .await
-        .map_err(|_| format!("timed out after {} ms", timeout.as_millis()))?
+        .map_err(|_| format!("timed out after {} ms", timeout.as_millis()))
+        .and_then(|done| done);
+    outcome.map_err(|err| relay.tripped().unwrap_or(err))
 }

@@ -23,9 +23,9 @@ use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 use super::bench::{process_cpu_s, rss_mb};
 use super::config::{Discovery, KvEndpoints, LiveConfig, LiveSource};
 use super::kv_wire::decode_batch;
-use super::pod::wall_now_us;
 use crate::cluster::spec::default_cluster;
 use crate::telemetry::Metrics;
+use crate::telemetry::clock::wall_now_us;
 use crate::twin::snapshot::TwinSettings;
 use crate::twin::store::{KvEventBatch, MirrorStore, Publish, StoreLimits};
 

@@ -18,7 +18,9 @@ pub mod k8s;
 mod kube;
 pub mod kv;
 pub mod kv_bench;
+pub mod kv_frames;
 pub mod kv_wire;
+mod limit;
 pub mod pod;
 pub mod rebuild;
 mod runtime;
@@ -129,8 +131,10 @@ struct Coordinator {
     inferred_gauge: prometheus::IntGaugeVec,
     /// What each Kubernetes source last reported: its pods and why it is degraded.
     kube_views: BTreeMap<usize, (Vec<k8s::PodView>, Option<String>)>,
-    /// Served pods of each Kubernetes source left out over `--max-instances`.
-    over_limit: BTreeMap<usize, usize>,
+    /// Served pods of each source left out over `--max-instances`, in their order.
+    left_out: BTreeMap<usize, Vec<String>>,
+    /// The left-out pods marked `ditto_live_stale{signal="over_limit"}`.
+    marked_left_out: std::collections::BTreeSet<String>,
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -155,18 +159,10 @@ fn spawn_tasks(
         kube_tasks: tokio::task::JoinSet::new(),
         inferred_gauge: inferred::register_gauge(metrics.registry())?,
         kube_views: BTreeMap::new(),
-        over_limit: BTreeMap::new(),
+        left_out: BTreeMap::new(),
+        marked_left_out: std::collections::BTreeSet::new(),
     };
-    let mut statics = Vec::new();
-    for (index, source) in coordinator.config.sources.iter().enumerate() {
-        if let Discovery::Static(pods) = &source.discovery {
-            statics.extend(pods.iter().map(|pod| (index, pod.clone())));
-        }
-    }
-    for (source, id) in statics {
-        coordinator.add(source, id.clone(), id.clone());
-        coordinator.refresh_inference(&id);
-    }
+    coordinator.add_statics();
     if !coordinator.pods.is_empty() {
         coordinator.sync().map_err(LiveError::Config)?;
     }
@@ -256,7 +252,7 @@ impl Coordinator {
             deprecated: Mutex::new(Vec::new()),
             restarts: AtomicU64::new(0),
             restarted: watch::channel(0).0,
-            kv_sink: Mutex::new(kv::KvSink::default()),
+            kv_sink: Mutex::new(pod::KvSink::default()),
             unknown_types: Mutex::new(Vec::new()),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
@@ -477,12 +473,6 @@ impl Coordinator {
                     continue;
                 }
             };
-            for id in &found {
-                if !self.pods.contains_key(id) {
-                    self.add(index, id.clone(), id.clone());
-                    changed = true;
-                }
-            }
             let vanished: Vec<(&String, &mut Option<Instant>)> = self
                 .pods
                 .iter_mut()
@@ -493,6 +483,7 @@ impl Coordinator {
             for id in retired {
                 changed |= self.retire(&id);
             }
+            changed |= self.admit_found(index, &found);
         }
         self.metrics.pods.set(self.pods.len() as i64);
         if changed {

@@ -1,20 +1,13 @@
 //! Time at the gRPC edge: the server's wall clock, the client's `grpc-timeout`, and the
-//! deadline a prediction or forecast works against. Only the edge reads the wall clock: the
-//! server here, and the live mirror (`live::pod::wall_now_us`) when it stamps what it
-//! scraped; `sim` and `twin` are given every time they use.
+//! deadline a prediction or forecast works against. The wall clock is
+//! `telemetry::clock::wall_now_us`, shared with the live mirror (re-exported here).
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tonic::metadata::MetadataMap;
 
-/// Microseconds since the Unix epoch on the server's clock (0 if the clock is before 1970).
-pub fn wall_now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
-        })
-}
+/// Microseconds since the Unix epoch on the server's clock (see [`crate::telemetry::clock`]).
+pub use crate::telemetry::clock::wall_now_us;
 
 /// Parses a `grpc-timeout` header value (`<up to 8 digits><H|M|S|m|u|n>`).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {

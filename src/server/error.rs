@@ -82,7 +82,9 @@ impl CallError {
     pub fn code(&self) -> Code {
         match self {
             CallError::Twin(err) => match err {
-                TwinError::InvalidField { .. } => Code::InvalidArgument,
+                TwinError::InvalidField { .. } | TwinError::Superseded { .. } => {
+                    Code::InvalidArgument
+                }
                 TwinError::NotFound { .. } => Code::NotFound,
                 TwinError::NotSynced | TwinError::Unsimulable(_) => Code::FailedPrecondition,
                 TwinError::OverLimit(_) | TwinError::EventBudget { .. } => Code::ResourceExhausted,

@@ -4,6 +4,7 @@
 //!
 //! Knows the domain's snapshot (to export signal ages) but nothing about gRPC.
 
+pub mod clock;
 pub mod families;
 pub mod live;
 pub mod metrics;

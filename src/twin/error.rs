@@ -16,6 +16,16 @@ pub enum TwinError {
         /// What is wrong.
         why: String,
     },
+    /// A write older than what the instance already holds: a newer observation (e.g. a push
+    /// that won the race against a scrape) is kept. Said and coded like `InvalidField` to a
+    /// caller; its own kind so a writer can tell the race from a state that is wrong.
+    #[error("{path}: {why}")]
+    Superseded {
+        /// Field path (`observed_at_us`).
+        path: String,
+        /// What it is older than.
+        why: String,
+    },
     /// An id that does not exist (instance, variant, generation).
     #[error("{what} not found: {id}")]
     NotFound {

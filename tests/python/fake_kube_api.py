@@ -26,7 +26,8 @@
   open watch cleanly; `expire(change)` applies a change without a watch event (as if compacted
   away) and sends 410 to every open watch.
 - A hostile API server (what a broken or malicious one can send within the same wire format):
-  `hostile_watch("long_line", size=N)` makes the next pod watch send N bytes of one event
+  `hostile_watch("long_line", size=N)` (`hostile_pool_watch` for InferencePools) makes the next
+  pod watch send N bytes of one event
   with no newline; `hostile_watch("hang")` makes it send half an event and then nothing, held
   open past its `timeoutSeconds`; `leak_namespaces = True` lists and watches pods of every
   namespace, as if the namespace in the path were ignored.
@@ -116,6 +117,7 @@ class FakeKubeApi:
         self.generation = 0  # bumped to end open watches
         self.expired_generation = 0
         self.hostile = []  # behaviours of the next pod watches
+        self.hostile_pools = []  # behaviours of the next InferencePool watches
         self.leak_namespaces = False
         self.closing = threading.Event()
         handler = make_handler(self)
@@ -222,6 +224,11 @@ class FakeKubeApi:
         """The next pod watch misbehaves: `long_line` (size bytes, no newline) or `hang`."""
         with self.lock:
             self.hostile.append((mode, size))
+
+    def hostile_pool_watch(self, mode, size=0):
+        """The next InferencePool watch misbehaves (as `hostile_watch`)."""
+        with self.lock:
+            self.hostile_pools.append((mode, size))
 
     def fail(self, kind, code, times):
         with self.lock:
@@ -366,6 +373,8 @@ def make_handler(api):
                 generation, expired = api.generation, api.expired_generation
                 gone = since < api.compacted and since != 0
                 hostile = api.hostile.pop(0) if api.hostile and store is api.pods else None
+                if api.hostile_pools and store is api.pools:
+                    hostile = api.hostile_pools.pop(0)
                 leak = api.leak_namespaces and store is api.pods
             try:
                 if hostile is not None:

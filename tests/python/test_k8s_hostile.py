@@ -3,10 +3,12 @@ the stand-in API server (fake_kube_api.py) sends what a real one could within it
 and ditto must keep serving what fits and say why, with every input bounded before it is held.
 
 - D4: a pod list over --max-instances (5,000 pods, limit 4,096) mirrors the first 4,096 by
-  namespace/name, leaves the rest out (counted, one warning per change), keeps SERVING and
-  answering; pods that join while it is full take their place in that order.
+  namespace/name, leaves the rest out (counted, one warning per change, each marked
+  `ditto_live_stale{signal="over_limit"}`), keeps SERVING and answering; pods that join while
+  it is full take their place in that order, and the marks follow.
 - D5: a watch line with no newline is cut at the line cap: the stream is dropped, the pods are
-  stale with the reason, the source is relisted, and ditto's peak memory stays bounded.
+  stale with the reason, the source is relisted, and ditto's peak memory stays bounded; an
+  InferencePool's watch is capped the same way.
 - D8: a watch that fails right after every good LIST backs off (LISTs at a bounded rate, one
   warning, the pods stale without flapping) and recovers when watches work again.
 - D9: a watch that hangs mid-line (no byte, not even a bookmark) is dead after its
@@ -28,6 +30,7 @@ from conftest import BINARY, Server, free_port
 from ditto.v1 import twin_pb2 as pb
 from fake_kube_api import FakeKubeApi
 from test_live import BOUND_S, Fake, bounded_until, by_id, eventually, metric, snapshot
+from test_live_limits import over_limit_marks
 
 LABELS = {"app": "vllm", "llm-d.ai/role": "decode"}
 SELECTOR = "app=vllm,llm-d.ai/role=decode"
@@ -119,6 +122,10 @@ def test_d4_a_pod_list_over_max_instances_mirrors_the_first_4096_and_leaves_out_
     assert metric(server, "ditto_live_pods_over_limit") == 904
     ids = sorted(by_id(snapshot(server)))
     assert ids == [f"llm-d/{name}" for name in names[:4096]], "the first 4,096 by namespace/name"
+    # Each pod left out is marked stale on /metrics, one by one (never scraped).
+    bounded_until(lambda: over_limit_marks(server) == [f"llm-d/{name}" for name in names[4096:]],
+                  "the 904 left out marked")
+    assert metric(server, "ditto_live_scrapes_total", instance="llm-d/vllm-4096") is None
     # Questions answer; health SERVING.
     server.wait_serving()
     question = pb.PredictRoutingRequest(request=pb.CandidateRequest(prompt_tokens=100, output_tokens=10), request_id="q",
@@ -131,6 +138,9 @@ def test_d4_a_pod_list_over_max_instances_mirrors_the_first_4096_and_leaves_out_
     ids = sorted(by_id(snapshot(server)))
     assert len(ids) == 4096 and ids[:3] == ["llm-d/aaa-0", "llm-d/aaa-1", "llm-d/aaa-2"], ids[:4]
     assert ids[-1] == "llm-d/vllm-4092", ids[-1]
+    # The three swapped out are marked now, and the marks follow the same order.
+    bounded_until(lambda: over_limit_marks(server) == [f"llm-d/{name}" for name in names[4093:]],
+                  "the 907 left out marked")
     server.wait_serving()
     output = server.output()
     assert "config sync rejected" not in output, "the pod set was refused whole"
@@ -158,6 +168,40 @@ def test_d5_a_watch_line_without_a_newline_is_cut_and_the_source_relisted(api, s
         eventually(server, lambda i: sorted(i) == ["llm-d/vllm-a", "llm-d/vllm-b"]
                    and not any(x.stale_reason for x in i.values()), "recovered")
         assert status_kb(server, "VmRSS") < before + 48 * 1024, "the line's memory was returned"
+    finally:
+        b.stop()
+
+
+def test_d5_an_inference_pool_watch_line_without_a_newline_is_cut_too(api, vllm, tmp_path):
+    k = api()
+    a = vllm()
+    b = Fake("127.0.0.3", a.http_port)
+    try:
+        k.pod("decode-0", a.host, {"app": "vllm", "llm-d.ai/role": "decode"})
+        k.pod("prefill-0", b.host, {"app": "vllm", "llm-d.ai/role": "prefill"})
+        k.pool("qwen-pool", {"app": "vllm", "llm-d.ai/role": "decode"}, a.http_port)
+        env = dict(os.environ)
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        env["KUBECONFIG"] = k.kubeconfig(str(tmp_path / "kubeconfig"))
+        server = Server(["--scrape-interval-ms", "50", "--retire-after-ms", "1500", "--inference-pool", "qwen-pool",
+                         "--pods-namespace", "llm-d"], env=env)
+        try:
+            server.wait_serving()
+            eventually(server, lambda i: sorted(i) == ["llm-d/decode-0"], "the pool's pod")
+            before = status_kb(server, "VmRSS")
+            # 200 MiB of one InferencePool event with no newline.
+            k.hostile_pool_watch("long_line", size=200 << 20)
+            k.end_watches()
+            bounded_until(lambda: (metric(server, "ditto_live_kube_failures_total", kind="line_too_long") or 0) >= 1,
+                          "the pool's long line cut")
+            peak = status_kb(server, "VmHWM")
+            assert peak < before + 96 * 1024, f"peak RSS {peak} kB (was {before} kB before the line)"
+            # The pool is followed again: its selector changes, its new pods are mirrored.
+            k.pool("qwen-pool", {"app": "vllm", "llm-d.ai/role": "prefill"}, a.http_port)
+            eventually(server, lambda i: sorted(i) == ["llm-d/prefill-0"], "the new selector's pods")
+        finally:
+            code = server.terminate()
+            assert code == 0, server.output()
     finally:
         b.stop()
 

@@ -9,6 +9,7 @@
 //!   [`KubeNews`] to the live coordinator.
 //! - `follow`: one source's pods: a paginated LIST, a WATCH from its `resourceVersion`
 //!   (bookmarks, relist on 410 Gone, backoff on errors not reset by a LIST alone).
+//! - `pool_watch`: the InferencePool's watch, its lines bounded as the pods' are.
 //! - `lines`: bounded reading of the API server's answers (line and page caps, idle time).
 //!
 //! Instance ids are `namespace/name`: stable for a pod that keeps its name (a StatefulSet
@@ -17,6 +18,7 @@
 pub mod endpoint;
 mod follow;
 pub mod lines;
+mod pool_watch;
 pub mod selector;
 pub mod watch;
 

@@ -2,20 +2,18 @@
 //! task per source that lists and watches its pods (`follow`: bounded lines, pages and
 //! silences, backoff) and sends the coordinator the full view of the source's pods after
 //! every change, or an outage (the pods keep their last state, stale, and one warning per
-//! kind of failure names what is missing). An InferencePool is followed with kube-runtime's
-//! watcher (one small object).
+//! kind of failure names what is missing). An InferencePool is followed by its own watch
+//! (`pool_watch`: lines capped as the pods' are).
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config};
 use tokio::sync::mpsc;
 
 use super::endpoint::{PoolTarget, PoolVersion, pool_target};
 use super::follow::Follower;
+use super::pool_watch::{PoolEvent, PoolWatch};
 use super::{KubeLimits, KubeNews, KubeSource};
 use crate::telemetry::live::LiveMetrics;
 
@@ -94,13 +92,15 @@ pub async fn run(
         spec.read_nodes,
         tx.clone(),
         limits,
-        metrics,
+        metrics.clone(),
     );
     match (&spec.selector, &spec.inference_pool) {
         (Some(_), _) => loop {
             follower.step().await;
         },
-        (None, Some(pool)) => follow_pool(&client, pool, spec.port, follower).await,
+        (None, Some(pool)) => {
+            follow_pool(&client, pool, spec.port, follower, limits, metrics).await;
+        }
         (None, None) => {}
     }
 }
@@ -112,6 +112,8 @@ async fn follow_pool(
     name: &str,
     port_override: Option<u16>,
     mut follower: Follower,
+    limits: KubeLimits,
+    metrics: LiveMetrics,
 ) {
     let namespace = follower.namespace.clone();
     let mut delay = Duration::from_millis(500);
@@ -138,33 +140,30 @@ async fn follow_pool(
         delay = (delay * 2).min(Duration::from_secs(30));
     };
     tracing::info!(pool = %name, group = version.group(), version = version.version(), "live mirror: following the InferencePool");
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &namespace, &pool_resource(version));
-    let mut pool_events = watcher::watcher(
-        api,
-        watcher::Config::default().fields(&format!("metadata.name={name}")),
-    )
-    .default_backoff()
-    .boxed();
+    let mut pool_events = PoolWatch::new(
+        client.clone(),
+        namespace,
+        name.to_owned(),
+        pool_resource(version),
+        limits,
+        metrics,
+    );
     let mut target: Option<PoolTarget> = None;
     loop {
         tokio::select! {
-            item = pool_events.next() => {
-                let Some(item) = item else { return };
-                let object = match item {
-                    Ok(Event::Apply(object) | Event::InitApply(object)) => object,
-                    Ok(Event::Delete(_)) => {
+            event = pool_events.next() => {
+                let json = match event {
+                    PoolEvent::Applied(json) => json,
+                    PoolEvent::Deleted => {
                         let reason = format!("InferencePool {name:?} deleted");
                         follower.outage(reason).await;
                         continue;
                     }
-                    Ok(Event::Init | Event::InitDone) => continue,
-                    Err(err) => {
-                        tracing::warn!(pool = %name, %err, "live mirror: InferencePool watch failing");
+                    PoolEvent::Failed(reason) => {
+                        tracing::warn!(pool = %name, %reason, "live mirror: InferencePool watch failing");
                         continue;
                     }
                 };
-                let json = serde_json::json!({"spec": object.data.get("spec").cloned().unwrap_or_default()});
                 match pool_target(&json, version) {
                     Ok(mut new) => {
                         if let Some(port) = port_override {

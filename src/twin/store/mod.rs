@@ -413,24 +413,29 @@ impl MirrorStore {
         instance_id: &str,
         reason: Option<String>,
     ) -> Result<u64, TwinError> {
-        self.set_note(instance_id, reason, |state| &mut state.stale_reason)
+        self.set_note(instance_id, reason, Publish::Now, |state| {
+            &mut state.stale_reason
+        })
     }
 
     /// Sets (or clears, with `None`) what the feeding edge capped to the instance's limits
     /// in its last observation (e.g. `gauges.running 300 capped to max_num_seqs 256`); the
-    /// instance is not stale for it. A new generation only when the note changes.
+    /// instance is not stale for it. A new generation only when the note changes; staged
+    /// (`Publish::Staged`) it is published with the next tick, beside the capped values.
     pub fn set_capped_note(
         &self,
         instance_id: &str,
         note: Option<String>,
+        publish: Publish,
     ) -> Result<u64, TwinError> {
-        self.set_note(instance_id, note, |state| &mut state.capped)
+        self.set_note(instance_id, note, publish, |state| &mut state.capped)
     }
 
     fn set_note(
         &self,
         instance_id: &str,
         value: Option<String>,
+        publish: Publish,
         slot: impl Fn(&mut InstanceState) -> &mut Option<String>,
     ) -> Result<u64, TwinError> {
         let mut writer = lock(&self.writer);
@@ -438,13 +443,15 @@ impl MirrorStore {
         let index = instance_index(&writer, instance_id)?;
         let mut state = (*current.instances[index]).clone();
         if *slot(&mut state) == value {
-            // Nothing to write; staged writes are published all the same (the caller
-            // expects what it reads next to be current).
-            self.publish_staged_locked(&mut writer);
+            // Nothing to write; staged writes are published all the same when asked (the
+            // caller expects what it reads next to be current).
+            if publish == Publish::Now {
+                self.publish_staged_locked(&mut writer);
+            }
             return Ok(writer.generation);
         }
         *slot(&mut state) = value;
-        self.commit(&mut writer, index, state, Publish::Now)
+        self.commit(&mut writer, index, state, publish)
     }
 
     /// Publishes every staged write as one new generation; `None` when nothing was staged.

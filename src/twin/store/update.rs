@@ -36,13 +36,13 @@ pub(super) fn build_state(
         ));
     }
     if touches_requests && at < old.observed_at_us {
-        return Err(TwinError::invalid(
-            "observed_at_us",
-            format!(
+        return Err(TwinError::Superseded {
+            path: "observed_at_us".to_owned(),
+            why: format!(
                 "{at} is older than the instance's last observation {}",
                 old.observed_at_us
             ),
-        ));
+        });
     }
     if update.gauges.is_some() && at < old.gauges_at_us {
         return Err(TwinError::invalid(
