@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use ditto::cluster::autoscale::{
-    AutoscaleConfig, Objectives, Policy, PolicyOutcome, SlotState, WarmUp, run_policy,
+    AutoscaleConfig, Objectives, Policy, PolicyOutcome, PolicyRun, SlotState, WarmUp, run_policy,
 };
 use ditto::cluster::config::{
     AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy, StalenessConfig,
@@ -214,13 +214,15 @@ proptest! {
         let count = requests.len();
         let mut seen = Vec::new();
         let outcome = run_policy(
-            &base(routing(route), 8),
-            &config,
-            &policy,
-            20.0,
+            &PolicyRun {
+                base: &base(routing(route), 8),
+                config: &config,
+                policy: &policy,
+                capacity: 20.0,
+                seed,
+                max_events: u64::MAX,
+            },
             requests,
-            seed,
-            u64::MAX,
             &mut |slot, record| seen.push((slot, record.clone())),
         )
         .unwrap();
@@ -236,13 +238,15 @@ fn a_reactive_policy_scales_up_under_a_burst_and_back_down_after() {
     let count = requests.len();
     let mut seen = Vec::new();
     let outcome = run_policy(
-        &base(RoutingPolicy::LeastLoaded, 8),
-        &config,
-        &policy,
-        20.0,
+        &PolicyRun {
+            base: &base(RoutingPolicy::LeastLoaded, 8),
+            config: &config,
+            policy: &policy,
+            capacity: 20.0,
+            seed: 3,
+            max_events: u64::MAX,
+        },
         requests,
-        3,
-        u64::MAX,
         &mut |slot, record| seen.push((slot, record.clone())),
     )
     .unwrap();
@@ -269,13 +273,15 @@ fn a_static_pool_holds_its_size_and_bills_it() {
     let count = requests.len();
     let mut seen = Vec::new();
     let outcome = run_policy(
-        &base(RoutingPolicy::RoundRobin, 8),
-        &config,
-        &policy,
-        20.0,
+        &PolicyRun {
+            base: &base(RoutingPolicy::RoundRobin, 8),
+            config: &config,
+            policy: &policy,
+            capacity: 20.0,
+            seed: 9,
+            max_events: u64::MAX,
+        },
         requests,
-        9,
-        u64::MAX,
         &mut |slot, record| seen.push((slot, record.clone())),
     )
     .unwrap();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::error::CliError;
 use crate::bench::{DAY_CAPACITY_PER_REPLICA, autoscale_day, autoscale_day_requests};
-use crate::cluster::autoscale::{AutoscaleError, run_policy};
+use crate::cluster::autoscale::{AutoscaleError, PolicyRun, run_policy};
 
 /// Runs the day and appends its row.
 pub fn autoscale_case(out: &mut String) -> Result<(), CliError> {
@@ -17,17 +17,15 @@ pub fn autoscale_case(out: &mut String) -> Result<(), CliError> {
     let (base, config, policy) = autoscale_day()?;
     let requests = autoscale_day_requests()?;
     let started = Instant::now();
-    let outcome = run_policy(
-        &base,
-        &config,
-        &policy,
-        DAY_CAPACITY_PER_REPLICA,
-        requests,
-        42,
-        u64::MAX,
-        &mut |_, _| {},
-    )
-    .map_err(|err| match err {
+    let run = PolicyRun {
+        base: &base,
+        config: &config,
+        policy: &policy,
+        capacity: DAY_CAPACITY_PER_REPLICA,
+        seed: 42,
+        max_events: u64::MAX,
+    };
+    let outcome = run_policy(&run, requests, &mut |_, _| {}).map_err(|err| match err {
         AutoscaleError::Sim(err) => CliError::from(err),
         AutoscaleError::EventBudget(_) => CliError::flag("cases", err.to_string()),
     })?;

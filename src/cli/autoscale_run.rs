@@ -232,20 +232,19 @@ pub fn execute(
     let mut outcomes = Vec::with_capacity(config.policies.len());
     for policy in &config.policies {
         let started = std::time::Instant::now();
-        let outcome = autoscale::run_policy(
+        let run = autoscale::PolicyRun {
             base,
             config,
             policy,
             capacity,
-            make()?,
             seed,
-            args.max_events,
-            &mut |_, _| {},
-        )
-        .map_err(|err| match err {
-            AutoscaleError::Sim(err) => CliError::from(err),
-            AutoscaleError::EventBudget(_) => CliError::flag("max-events", err.to_string()),
-        })?;
+            max_events: args.max_events,
+        };
+        let outcome =
+            autoscale::run_policy(&run, make()?, &mut |_, _| {}).map_err(|err| match err {
+                AutoscaleError::Sim(err) => CliError::from(err),
+                AutoscaleError::EventBudget(_) => CliError::flag("max-events", err.to_string()),
+            })?;
         eprintln!(
             "ditto run: policy {} done in {:.1} s wall ({} requests)",
             policy.name(),

@@ -21,5 +21,5 @@ mod slots;
 pub use config::{AutoscaleConfig, Objectives, Policy, WarmUp};
 pub use hpa::{Hpa, HpaConfig, RatePolicy, ScalingRules, SelectPolicy};
 pub use outcome::{PolicyOutcome, Sample, SlotChange, SlotState};
-pub use run::{AutoscaleError, run_policy};
+pub use run::{AutoscaleError, PolicyRun, run_policy};
 pub use slots::Slots;

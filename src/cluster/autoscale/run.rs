@@ -51,22 +51,43 @@ struct Loop<'a> {
     scratch: Vec<f64>,
 }
 
-/// Runs `requests` (arrival order) through a cluster of `base`'s first instance under
-/// `policy`, with `capacity` req/s per replica for the predictive policy; `observer` sees
-/// every finished request once with its slot.
+/// One policy's run: the pool (`base`'s first instance is the replica template), the
+/// autoscaler, the policy, the predictive policy's per-replica capacity (req/s), the seed
+/// and the event budget.
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyRun<'a> {
+    /// The cluster whose first instance is replicated (routing, admission, staleness kept).
+    pub base: &'a ClusterConfig,
+    /// The autoscaler.
+    pub config: &'a AutoscaleConfig,
+    /// The policy.
+    pub policy: &'a Policy,
+    /// Requests per second one replica serves (predictive policy).
+    pub capacity: f64,
+    /// Seed of the router and warm-up streams.
+    pub seed: u64,
+    /// Most events.
+    pub max_events: u64,
+}
+
+/// Runs `requests` (arrival order) through `run`'s pool; `observer` sees every finished
+/// request once with its slot (`usize::MAX` for a rejected one).
 pub fn run_policy<I>(
-    base: &ClusterConfig,
-    config: &AutoscaleConfig,
-    policy: &Policy,
-    capacity: f64,
+    run: &PolicyRun<'_>,
     requests: I,
-    seed: u64,
-    max_events: u64,
     observer: &mut Observer<'_>,
 ) -> Result<PolicyOutcome, AutoscaleError>
 where
     I: IntoIterator<Item = RequestSpec>,
 {
+    let PolicyRun {
+        base,
+        config,
+        policy,
+        capacity,
+        seed,
+        max_events,
+    } = *run;
     let hpa_config = config.hpa.clone();
     let (min, max) = (hpa_config.min_replicas, hpa_config.max_replicas);
     let initial = match policy {

@@ -368,3 +368,47 @@ pub fn parse_autoscaler(text: &str) -> Result<Option<AutoscaleConfig>, ClusterSp
         serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
     top.autoscaler.as_ref().map(resolve_autoscaler).transpose()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_takes_the_guide_defaults_and_names_bad_fields() {
+        let text = "pools: [{name: a}]\nautoscaler: {min_replicas: 3, max_replicas: 8, ttft_ms: 2000, tpot_ms: 80}\n";
+        let config = parse_autoscaler(text).unwrap().unwrap();
+        assert_eq!(config.initial_replicas, 3);
+        assert_eq!(config.warm_up, WarmUp::LLM_D);
+        assert_eq!(config.sync_period_us, 15_000_000);
+        assert_eq!(config.hpa.scale_down.stabilization_us, 180_000_000);
+        assert_eq!(config.policies.len(), 5);
+        assert_eq!(parse_autoscaler("pools: [{name: a}]\n").unwrap(), None);
+        let error = |section: &str| {
+            parse_autoscaler(&format!("autoscaler: {section}\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            error("{max_replicas: 2, min_replicas: 3, ttft_ms: 1, tpot_ms: 1}")
+                .starts_with("autoscaler.max_replicas:")
+        );
+        assert!(
+            error("{max_replicas: 2, ttft_ms: 0, tpot_ms: 1}").starts_with("autoscaler.ttft_ms:")
+        );
+        assert!(error(
+            "{max_replicas: 2, ttft_ms: 1, tpot_ms: 1, policies: [{name: predictive, horizon_s: 60}]}"
+        )
+        .starts_with("autoscaler.policies[0].horizon_s:"));
+        assert!(
+            error(
+                "{max_replicas: 2, ttft_ms: 1, tpot_ms: 1, policies: [{name: static, target: 3}]}"
+            )
+            .starts_with("autoscaler.policies[0].target:")
+        );
+        assert!(error(
+            "{max_replicas: 2, ttft_ms: 1, tpot_ms: 1, scale_up: {policies: [{type: pods, value: 1.5, period_s: 60}]}}"
+        )
+        .starts_with("autoscaler.scale_up.policies[0].value:"));
+        assert!(error("{max_replicas: 2, ttft_ms: 1, tpot_ms: 1, warmup: 3}").contains("warmup"));
+    }
+}
