@@ -11,6 +11,10 @@
 
 use std::sync::Arc;
 
+mod autoscale;
+
+pub use autoscale::{DAY_CAPACITY_PER_REPLICA, autoscale_day, autoscale_day_requests};
+
 use crate::catalog;
 use crate::cluster::spec;
 use crate::sim::latency::LatencyKind;

@@ -5,7 +5,7 @@
 //! about parsing them.
 
 /// HuggingFace `config.json` of each bundled model, keyed by its lowercase directory name.
-pub(crate) static MODEL_CONFIGS: [(&str, &str); 14] = [
+pub(crate) static MODEL_CONFIGS: [(&str, &str); 15] = [
     (
         "codellama-34b-instruct-hf",
         include_str!("../../data/model_configs/codellama-34b-instruct-hf/config.json"),
@@ -59,6 +59,10 @@ pub(crate) static MODEL_CONFIGS: [(&str, &str); 14] = [
     (
         "qwen3-30b-a3b",
         include_str!("../../data/model_configs/qwen3-30b-a3b/config.json"),
+    ),
+    (
+        "qwen3-32b",
+        include_str!("../../data/model_configs/qwen3-32b/config.json"),
     ),
     (
         "yi-34b",

@@ -133,4 +133,15 @@ pub struct RunArgs {
     /// Interval of the KV-usage timeline in the summary, in seconds (0: no timeline).
     #[arg(long, default_value_t = 10.0)]
     pub kv_sample_interval_s: f64,
+    /// With a cluster file's `autoscaler:` section: the policies to compare on the same load
+    /// (comma-separated: static, slo-aware, queue-depth, saturation, predictive, or `all`);
+    /// default the section's `policies` (all five unless listed).
+    #[arg(long)]
+    pub policies: Option<String>,
+    /// With an autoscaler: write an SVG plot of load, replicas and P90 latency over time.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// With an autoscaler: print the comparison table on stdout instead of the JSON.
+    #[arg(long)]
+    pub table: bool,
 }

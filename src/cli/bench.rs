@@ -68,7 +68,7 @@ pub struct BenchArgs {
     pub fake_pods: Option<usize>,
     /// Cases to run, comma-separated (default all): offline, whatif (or one of its askings:
     /// whatif-repeated, whatif-push, whatif-first), grpc, predictor, memory, live, kv, load,
-    /// pd-first.
+    /// pd-first, autoscale.
     /// One case alone is what a profiler should run.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
@@ -78,7 +78,7 @@ pub struct BenchArgs {
 }
 
 /// The case names `--cases` accepts.
-const CASES: [&str; 12] = [
+const CASES: [&str; 13] = [
     "offline",
     "whatif",
     "whatif-repeated",
@@ -91,6 +91,7 @@ const CASES: [&str; 12] = [
     "kv",
     "load",
     "pd-first",
+    "autoscale",
 ];
 
 impl BenchArgs {
@@ -169,6 +170,9 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     }
     if args.runs("kv") {
         kv_case(&mut out, args)?;
+    }
+    if args.runs("autoscale") {
+        super::autoscale_bench::autoscale_case(&mut out)?;
     }
     let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
     if seconds > 0 && args.runs("load") {

@@ -6,6 +6,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::args::RunArgs;
+use super::autoscale_report;
+use super::autoscale_run::{self, AutoscaleReport};
 use super::cluster_run::{self, ClusterInfo, InstanceJson};
 use super::error::CliError;
 use super::latency::resolve_latency;
@@ -78,6 +80,21 @@ pub enum Simulated {
     Engine(Box<Engine>),
     /// A cluster.
     Cluster(Box<Cluster>),
+    /// An autoscaled pool under each policy (`autoscale_run`); `table` prints the
+    /// comparison table instead of the JSON.
+    Autoscaled {
+        /// The comparison.
+        report: Box<AutoscaleReport>,
+        /// Print the table instead of the JSON.
+        table: bool,
+    },
+}
+
+/// What an autoscaled run prints as JSON.
+#[derive(Serialize)]
+struct AutoscaledOutput<'a> {
+    autoscaling: &'a autoscale_run::AutoscaleJson,
+    run: &'a RunInfo,
 }
 
 /// A finished run.
@@ -93,6 +110,18 @@ pub struct RunResult {
 impl RunResult {
     /// The summary as pretty JSON with a trailing newline (byte-stable per input and seed).
     pub fn summary_json(&self) -> String {
+        if let Simulated::Autoscaled { report, table } = &self.simulated {
+            if *table {
+                return autoscale_report::table(&report.json);
+            }
+            let output = AutoscaledOutput {
+                autoscaling: &report.json,
+                run: &self.output.run,
+            };
+            let mut text = serde_json::to_string_pretty(&output).unwrap_or_default();
+            text.push('\n');
+            return text;
+        }
         let mut text = serde_json::to_string_pretty(&self.output).unwrap_or_default();
         text.push('\n');
         text
@@ -125,6 +154,7 @@ impl RunResult {
                     push(record, None);
                 }
             }
+            Simulated::Autoscaled { .. } => {}
         }
         text
     }
@@ -134,6 +164,15 @@ impl RunResult {
         match &self.simulated {
             Simulated::Engine(engine) => (engine.counts(), engine.events_processed()),
             Simulated::Cluster(cluster) => (cluster.counts(), cluster.events_processed()),
+            Simulated::Autoscaled { report, .. } => {
+                let mut counts = crate::sim::metrics::Counts::default();
+                let mut events = 0;
+                for outcome in &report.outcomes {
+                    counts.add(&outcome.counts);
+                    events += outcome.events;
+                }
+                (counts, events)
+            }
         }
     }
 }
@@ -197,6 +236,28 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
             cost_per_hour: 0.0,
         };
         let (cluster_config, disaggregation) = cluster_run::cluster_config(args, template)?;
+        if let Some(autoscale) = autoscale_run::section(args)? {
+            if disaggregation.is_some() {
+                return Err(CliError::flag(
+                    "cluster",
+                    "an autoscaler section needs a cluster without disaggregation",
+                ));
+            }
+            return run_autoscaled(
+                args,
+                &cluster_config,
+                &autoscale,
+                source,
+                workload_name,
+                seed,
+            );
+        }
+        if args.policies.is_some() || args.plot.is_some() || args.table {
+            return Err(CliError::flag(
+                "policies",
+                "--policies, --plot and --table need a cluster file with an autoscaler section",
+            ));
+        }
         let mut cluster = match disaggregation {
             Some(disagg) => Cluster::new_disaggregated(cluster_config, disagg, seed)?,
             None => Cluster::new(cluster_config, seed)?,
@@ -258,6 +319,54 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
             run: info,
         },
         simulated: Simulated::Engine(Box::new(engine)),
+    })
+}
+
+/// The autoscaling comparison: every policy on the same requests.
+fn run_autoscaled(
+    args: &RunArgs,
+    base: &crate::cluster::ClusterConfig,
+    autoscale: &crate::cluster::autoscale::AutoscaleConfig,
+    source: Source,
+    workload: String,
+    seed: u64,
+) -> Result<RunResult, CliError> {
+    let make = || -> Result<Box<dyn Iterator<Item = RequestSpec>>, CliError> {
+        match &source {
+            Source::Generated(spec, _) => Ok(Box::new(spec.generator()?)),
+            Source::Trace(requests, ..) => Ok(Box::new(requests.clone().into_iter())),
+        }
+    };
+    let report = autoscale_run::execute(args, base, autoscale, make, workload.clone(), seed)?;
+    eprint!("{}", autoscale_report::table(&report.json));
+    let first = &base.instances[0];
+    let run = RunInfo {
+        model: first.model.clone(),
+        gpu: first.gpu.clone(),
+        tp: first.tp,
+        latency_model: first.latency.kind().as_str().to_owned(),
+        num_gpu_blocks: first.engine.num_gpu_blocks,
+        block_size: first.engine.block_size,
+        max_num_seqs: first.engine.max_num_seqs,
+        max_num_batched_tokens: first.engine.max_num_batched_tokens,
+        max_model_len: first.engine.max_model_len,
+        scheduling_policy: first.engine.scheduling_policy.as_str(),
+        workload,
+        seed,
+        cluster: None,
+    };
+    Ok(RunResult {
+        output: RunOutput {
+            summary: SummaryJson::from(&crate::sim::metrics::Summary::default()),
+            rejected_requests: None,
+            instances: None,
+            disaggregation: None,
+            run,
+        },
+        simulated: Simulated::Autoscaled {
+            report: Box::new(report),
+            table: args.table,
+        },
     })
 }
 

@@ -7,6 +7,7 @@
 //! like `sim`: no I/O (the YAML arrives as text), no wall clock.
 
 pub mod admission;
+pub mod autoscale;
 pub mod config;
 pub mod disagg;
 mod pd_run;

@@ -45,6 +45,9 @@ pub struct Cluster {
     pub(super) scratch_fraction: Vec<f64>,
     /// Prefill/decode disaggregation, when configured (`pd_run.rs`).
     pub(super) pd: Option<Box<super::pd_run::PdRuntime>>,
+    /// Autoscaled replicas: which instances the router may pick, and the accounting of
+    /// replaced ones (`autoscale/slots.rs`).
+    pub(super) scale: Option<Box<super::autoscale::Slots>>,
 }
 
 /// What an instance is sent: a whole request, or one half of a disaggregated one.
@@ -143,6 +146,7 @@ impl Cluster {
             scratch_views: Vec::with_capacity(count),
             scratch_fraction: Vec::with_capacity(count),
             pd: None,
+            scale: None,
             config,
         };
         // Captures start from the instances' state at the start time.
@@ -229,6 +233,9 @@ impl Cluster {
         counts.rejected = self.rejected.len() as u64;
         if let Some(pd) = &self.pd {
             pd.correct_counts(&mut counts);
+        }
+        if let Some(scale) = &self.scale {
+            counts.add(scale.retired_counts());
         }
         counts
     }
@@ -456,6 +463,9 @@ impl Cluster {
 
     /// Admission, routing and dispatch of one arrival.
     pub(crate) fn arrive(&mut self, spec: RequestSpec) -> Dispatch {
+        if self.scale.is_some() {
+            return self.arrive_scaled(spec);
+        }
         let now = self.now_us;
         self.scratch_views.clear();
         for index in 0..self.engines.len() {

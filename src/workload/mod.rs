@@ -16,6 +16,7 @@
 
 mod arrival;
 mod dist;
+mod diurnal;
 mod error;
 mod generator;
 mod spec;
@@ -23,6 +24,7 @@ mod trace;
 
 pub use arrival::{ArrivalProcess, GAMMA_CV_MAX};
 pub use dist::{EMPIRICAL_VALUES_MAX, LengthDist, LengthDraw};
+pub use diurnal::Diurnal;
 pub use error::WorkloadError;
 pub use generator::WorkloadGenerator;
 pub use spec::{

@@ -49,6 +49,10 @@ pub struct WorkloadSpec {
     /// Piecewise-constant rate: consecutive stages, the run ends after the last one.
     #[serde(default)]
     pub stages: Option<Vec<Stage>>,
+    /// A daily sinusoid between a trough and a peak, run as stages (exclusive with `rate`
+    /// and `stages`; `workload/diurnal.rs`).
+    #[serde(default)]
+    pub diurnal: Option<crate::workload::diurnal::Diurnal>,
     /// Default arrival process of every client (default Poisson).
     #[serde(default = "default_arrival")]
     pub arrival: ArrivalProcess,
@@ -263,6 +267,7 @@ impl WorkloadSpec {
             duration_s: None,
             rate: Some(rate),
             stages: None,
+            diurnal: None,
             arrival,
             input_tokens: Some(input_tokens),
             output_tokens: Some(output_tokens),
@@ -375,6 +380,15 @@ impl WorkloadSpec {
         }
         if let Some(duration_s) = self.duration_s {
             check_duration("duration_s", duration_s)?;
+        }
+        if let Some(curve) = &self.diurnal {
+            if self.rate.is_some() || self.stages.is_some() || self.duration_s.is_some() {
+                return Err(WorkloadError::invalid(
+                    "diurnal",
+                    "not allowed with `rate`, `stages` or `duration_s` (it sets the rate and the run length)",
+                ));
+            }
+            return stage_schedule(&curve.stages()?);
         }
         match (&self.rate, &self.stages) {
             (Some(_), Some(_)) => Err(WorkloadError::invalid(

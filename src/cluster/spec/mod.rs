@@ -8,8 +8,13 @@
 use serde::Deserialize;
 use thiserror::Error;
 
+mod autoscale;
 mod disagg;
 mod policies;
+
+pub use autoscale::{
+    AutoscalerSpec, PolicySpec, RateSpec, RulesSpec, parse_autoscaler, resolve_autoscaler,
+};
 
 pub use disagg::{
     DEFAULT_CONNECTOR, DEFAULT_LINK, DeciderSpec, DisaggSpec, pool_kv, resolve_disaggregation,
@@ -69,6 +74,10 @@ struct ClusterFile {
     /// Prefill/decode disaggregation (docs/disaggregation.md).
     #[serde(default)]
     disaggregation: Option<DisaggSpec>,
+    /// The autoscaler, read by `spec::autoscale::parse_autoscaler` (docs/autoscaling.md).
+    #[serde(default)]
+    #[allow(dead_code)]
+    autoscaler: Option<serde::de::IgnoredAny>,
     /// Live-mirror pod sources, read by `live::config` (not part of the simulated cluster).
     #[serde(default)]
     #[allow(dead_code)]

@@ -1,0 +1,231 @@
+//! The autoscaling comparison as text: a table, and an SVG plot (hand-written, no plotting
+//! dependency) of load, replicas and P90 TTFT over time, one line per policy.
+
+use std::fmt::Write as _;
+
+use super::autoscale_run::AutoscaleJson;
+use crate::cluster::autoscale::PolicyOutcome;
+
+/// The comparison table (one line per policy).
+pub fn table(json: &AutoscaleJson) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}; SLO TTFT {} ms, TPOT {} ms; replicas {}..{}; warm-up {}-{} s; capacity {:.2} req/s/replica",
+        json.pool,
+        json.ttft_slo_ms,
+        json.tpot_slo_ms,
+        json.min_replicas,
+        json.max_replicas,
+        json.warm_up_s[0],
+        json.warm_up_s[1],
+        json.capacity_per_replica
+    );
+    let _ = writeln!(
+        out,
+        "{:<12} {:>10} {:>13} {:>10} {:>9} {:>5} {:>9} {:>11} {:>12} {:>12}",
+        "policy",
+        "SLO att.",
+        "replica-h",
+        "cost",
+        "mean rep",
+        "peak",
+        "up/down",
+        "under-prov",
+        "p90 TTFT ms",
+        "p90 TPOT ms"
+    );
+    for p in &json.policies {
+        let _ = writeln!(
+            out,
+            "{:<12} {:>9.2}% {:>13.2} {:>10.2} {:>9.2} {:>5} {:>9} {:>10.0}s {:>12.0} {:>12.1}",
+            p.policy,
+            100.0 * p.slo_attainment,
+            p.replica_hours,
+            p.cost,
+            p.mean_replicas,
+            p.peak_replicas,
+            format!("{}/{}", p.scale_ups, p.scale_downs),
+            p.time_under_provisioned_s,
+            p.ttft_ms[1],
+            p.tpot_ms[1]
+        );
+    }
+    out
+}
+
+const WIDTH: f64 = 960.0;
+const PANEL: f64 = 200.0;
+const LEFT: f64 = 70.0;
+const TOP: f64 = 40.0;
+const GAP: f64 = 40.0;
+const COLORS: [&str; 6] = [
+    "#444444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e",
+];
+/// Most points drawn per line (the timeline is thinned by taking each bucket's maximum).
+const POINTS_MAX: usize = 1_200;
+
+/// An SVG of three panels sharing the time axis: arrivals per second, replicas held, and
+/// the window P90 TTFT (log-free, clipped at 4 × the objective), one line per policy.
+pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
+    let end_s = outcomes
+        .iter()
+        .flat_map(|o| o.timeline.last().map(|s| s.at_s))
+        .fold(1.0, f64::max);
+    let height = TOP + 3.0 * PANEL + 2.0 * GAP + 60.0;
+    let plot_w = WIDTH - LEFT - 160.0;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="20" font-size="14">{}</text>"#,
+        escape(&format!(
+            "{} — {} (SLO TTFT {} ms, TPOT {} ms)",
+            json.pool, json.workload, json.ttft_slo_ms, json.tpot_slo_ms
+        ))
+    );
+    let x = |t: f64| LEFT + plot_w * t / end_s;
+    let panels: [(&str, f64); 3] = [
+        ("arrivals (req/s)", 0.0),
+        ("replicas held", 1.0),
+        ("P90 TTFT (ms, clipped)", 2.0),
+    ];
+    let rate_max = outcomes
+        .iter()
+        .flat_map(|o| o.timeline.iter().map(|s| s.arrival_rate))
+        .fold(1e-9, f64::max);
+    let replicas_max = f64::from(json.max_replicas.max(1)) * 1.1;
+    let ttft_max = json.ttft_slo_ms * 4.0;
+    for (title, index) in panels {
+        let top = TOP + index * (PANEL + GAP);
+        let _ = writeln!(
+            out,
+            r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL}" fill="none" stroke="#999"/>"##
+        );
+        let _ = writeln!(out, r#"<text x="{LEFT}" y="{}">{title}</text>"#, top - 6.0);
+        let max = [rate_max, replicas_max, ttft_max][index as usize];
+        for tick in 0..=4 {
+            let value = max * f64::from(tick) / 4.0;
+            let y = top + PANEL - PANEL * f64::from(tick) / 4.0;
+            let _ = writeln!(
+                out,
+                r##"<text x="{}" y="{}" text-anchor="end" fill="#555">{value:.0}</text>"##,
+                LEFT - 6.0,
+                y + 4.0
+            );
+        }
+        if index == 2.0 {
+            let y = top + PANEL - PANEL * json.ttft_slo_ms / ttft_max;
+            let _ = writeln!(
+                out,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#999" stroke-dasharray="4 4"/>"##,
+                LEFT + plot_w
+            );
+        }
+    }
+    // Time axis labels (hours when the run is long).
+    let bottom = TOP + 3.0 * PANEL + 2.0 * GAP;
+    for tick in 0..=6 {
+        let t = end_s * f64::from(tick) / 6.0;
+        let label = if end_s > 7200.0 {
+            format!("{:.1} h", t / 3600.0)
+        } else {
+            format!("{t:.0} s")
+        };
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{label}</text>"#,
+            x(t),
+            bottom + 18.0
+        );
+    }
+    // The load (the same for every policy: the first one's).
+    if let Some(first) = outcomes.first() {
+        let points = thin(first.timeline.iter().map(|s| (s.at_s, s.arrival_rate)));
+        polyline(&mut out, &points, &x, TOP, rate_max, "#444444");
+    }
+    for (index, outcome) in outcomes.iter().enumerate() {
+        let color = COLORS[(index + 1) % COLORS.len()];
+        let replicas = thin(
+            outcome
+                .timeline
+                .iter()
+                .map(|s| (s.at_s, f64::from(s.billed))),
+        );
+        polyline(
+            &mut out,
+            &replicas,
+            &x,
+            TOP + PANEL + GAP,
+            replicas_max,
+            color,
+        );
+        let ttft = thin(
+            outcome
+                .timeline
+                .iter()
+                .map(|s| (s.at_s, s.p90_ttft_ms.unwrap_or(0.0).min(ttft_max))),
+        );
+        polyline(
+            &mut out,
+            &ttft,
+            &x,
+            TOP + 2.0 * (PANEL + GAP),
+            ttft_max,
+            color,
+        );
+        let legend_y = TOP + 20.0 * index as f64;
+        let _ = writeln!(
+            out,
+            r#"<rect x="{}" y="{}" width="14" height="4" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+            LEFT + plot_w + 16.0,
+            legend_y,
+            LEFT + plot_w + 36.0,
+            legend_y + 6.0,
+            escape(&outcome.policy)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+fn polyline(
+    out: &mut String,
+    points: &[(f64, f64)],
+    x: &dyn Fn(f64) -> f64,
+    top: f64,
+    max: f64,
+    color: &str,
+) {
+    let mut path = String::new();
+    for &(t, v) in points {
+        let y = top + PANEL - PANEL * (v / max).clamp(0.0, 1.0);
+        let _ = write!(path, "{:.1},{:.1} ", x(t), y);
+    }
+    let _ = writeln!(
+        out,
+        r#"<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{}"/>"#,
+        path.trim_end()
+    );
+}
+
+/// At most [`POINTS_MAX`] points: each bucket's maximum at its first time.
+fn thin(points: impl Iterator<Item = (f64, f64)>) -> Vec<(f64, f64)> {
+    let all: Vec<(f64, f64)> = points.collect();
+    let bucket = all.len().div_ceil(POINTS_MAX).max(1);
+    all.chunks(bucket)
+        .map(|chunk| {
+            let max = chunk.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+            (chunk[0].0, max)
+        })
+        .collect()
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

@@ -1,0 +1,162 @@
+//! What a [`Cluster`] needs to scale: a routable mask over its instances (a warming,
+//! draining or stopped replica receives nothing), routing over the routable ones only, and
+//! a stopped replica's slot reused by a fresh engine (a new pod: empty cache), its counts
+//! kept so the cluster's conservation still covers every request it served.
+
+use crate::cluster::Dispatch;
+use crate::cluster::config::{PrefixMode, Signal};
+use crate::cluster::router::RoutingContext;
+use crate::cluster::signals::{self, CapturedSignals, SignalView};
+use crate::cluster::sim::Cluster;
+use crate::sim::Engine;
+use crate::sim::kv::hash::prompt_block_keys;
+use crate::sim::metrics::Counts;
+use crate::sim::request::RequestSpec;
+
+/// The autoscaled cluster's slot state.
+#[derive(Clone, Debug, Default)]
+pub struct Slots {
+    routable: Vec<bool>,
+    retired: Counts,
+    candidates: Vec<usize>,
+    in_flight: Vec<u64>,
+    sent: Vec<u64>,
+    fraction: Vec<f64>,
+}
+
+impl Slots {
+    /// The requests of replaced engines (they all left: completed, dropped or timed out).
+    pub fn retired_counts(&self) -> &Counts {
+        &self.retired
+    }
+}
+
+impl Cluster {
+    /// Turns on autoscaling: only instances marked in `routable` receive requests from now
+    /// on (one flag per instance).
+    pub fn enable_scaling(&mut self, routable: Vec<bool>) {
+        debug_assert_eq!(routable.len(), self.engines.len(), "one flag per instance");
+        self.scale = Some(Box::new(Slots {
+            routable,
+            ..Slots::default()
+        }));
+    }
+
+    /// Whether instance `index` may receive requests (always, without autoscaling).
+    pub fn is_routable(&self, index: usize) -> bool {
+        self.scale
+            .as_ref()
+            .is_none_or(|s| s.routable.get(index).copied().unwrap_or(false))
+    }
+
+    /// Lets instance `index` receive requests, or stops sending it any (its requests run on).
+    pub fn set_routable(&mut self, index: usize, on: bool) {
+        if let Some(flag) = self.scale.as_mut().and_then(|s| s.routable.get_mut(index)) {
+            *flag = on;
+        }
+    }
+
+    /// Whether instance `index` holds no request (nothing queued, running or in flight).
+    pub fn is_drained(&self, index: usize) -> bool {
+        let counts = self.engines[index].counts();
+        counts.queued + counts.running == 0 && self.in_flight[index] == 0
+    }
+
+    /// Puts a fresh engine (a new pod) in drained instance `index`'s place at the current
+    /// time; the old engine's counts stay in the cluster's. Returns false (and changes
+    /// nothing) when the instance still holds requests.
+    pub fn replace_engine(&mut self, index: usize, mut engine: Engine) -> bool {
+        if !self.is_drained(index) || self.scale.is_none() {
+            return false;
+        }
+        let now = self.now_us;
+        engine.run_until(now);
+        let old = std::mem::replace(&mut self.engines[index], engine);
+        if let Some(scale) = self.scale.as_mut() {
+            scale.retired.add(&old.counts());
+        }
+        self.records_seen[index] = 0;
+        self.in_flight[index] = 0;
+        self.sent_since_refresh[index] = 0;
+        let precise = self.router.prefix_mode() == Some(PrefixMode::Precise);
+        self.captured[index] = CapturedSignals::default();
+        for signal in signals::SIGNALS {
+            if signal != Signal::PrefixCache || precise {
+                self.captured[index].refresh(signal, &self.engines[index], now);
+            }
+        }
+        true
+    }
+
+    /// Admission, routing over the routable instances only, and dispatch of one arrival.
+    pub(in crate::cluster) fn arrive_scaled(&mut self, spec: RequestSpec) -> Dispatch {
+        let Some(mut slots) = self.scale.take() else {
+            return Dispatch::Rejected;
+        };
+        let now = self.now_us;
+        slots.candidates.clear();
+        slots
+            .candidates
+            .extend((0..self.engines.len()).filter(|&i| slots.routable[i]));
+        self.scratch_views.clear();
+        for &index in &slots.candidates {
+            let view: SignalView = signals::current_view(
+                &self.captured[index],
+                &self.engines[index],
+                &self.config.staleness,
+            );
+            self.scratch_views.push(view);
+        }
+        if slots.candidates.is_empty() || !self.admission.admit(&spec, now, &self.scratch_views) {
+            self.scale = Some(slots);
+            self.reject(spec);
+            return Dispatch::Rejected;
+        }
+        let mode = self.router.prefix_mode();
+        let mut keys_by_size: Vec<(u32, Vec<u64>)> = Vec::new();
+        slots.fraction.clear();
+        slots.in_flight.clear();
+        slots.sent.clear();
+        for &index in &slots.candidates {
+            let block_size = self.config.instances[index].engine.block_size;
+            if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
+                keys_by_size.push((block_size, prompt_block_keys(&spec, block_size)));
+            }
+            let keys = keys_by_size
+                .iter()
+                .find(|(size, _)| *size == block_size)
+                .map_or(&[][..], |(_, keys)| &keys[..]);
+            let matched = match mode {
+                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
+                Some(PrefixMode::Precise) => signals::precise_prefix_match(
+                    keys,
+                    &self.captured[index],
+                    &self.engines[index],
+                    &self.config.staleness,
+                ),
+                None => 0,
+            };
+            slots.fraction.push(if keys.is_empty() {
+                0.0
+            } else {
+                matched as f64 / keys.len() as f64
+            });
+            slots.in_flight.push(self.in_flight[index]);
+            slots.sent.push(self.sent_since_refresh[index]);
+        }
+        let context = RoutingContext {
+            views: &self.scratch_views,
+            in_flight: &slots.in_flight,
+            sent_since_refresh: &slots.sent,
+            prefix_fraction: &slots.fraction,
+        };
+        let index = slots.candidates[self.router.pick(&context)];
+        let chosen_size = self.config.instances[index].engine.block_size;
+        if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == chosen_size) {
+            self.router.record_dispatch(index, keys);
+        }
+        self.scale = Some(slots);
+        self.dispatch_as(index, spec, crate::cluster::sim::Half::Whole);
+        Dispatch::Routed(index)
+    }
+}
