@@ -21,7 +21,9 @@ pub struct LiveMetrics {
     pub kv_batches: IntCounterVec,
     /// KV replays by instance and result (`ok`, `unavailable`).
     pub kv_replays: IntCounterVec,
-    /// 1 while `signal` (`metrics`, `kv_events`, `config`, `discovery`) holds `instance` stale.
+    /// 1 while `signal` (`metrics`, `kv_events`, `config`, `discovery`, `inference`) holds
+    /// `instance` stale; `over_limit` marks a served pod left out of the mirror by
+    /// `--max-instances` (never an instance, never scraped).
     pub stale: IntGaugeVec,
     /// 1 when a pod publishes a cache setting (`block_size`, `num_gpu_blocks`) that differs
     /// from the configured one, or more running requests than `max_num_seqs`.
@@ -191,7 +193,7 @@ impl LiveMetrics {
         for result in ["ok", "unavailable"] {
             let _ = self.kv_replays.remove_label_values(&[instance, result]);
         }
-        for signal in ["metrics", "kv_events", "config", "discovery"] {
+        for signal in ["metrics", "kv_events", "config", "discovery", "inference"] {
             let _ = self.stale.remove_label_values(&[instance, signal]);
         }
         for field in ["block_size", "num_gpu_blocks", "max_num_seqs"] {
