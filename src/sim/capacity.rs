@@ -173,7 +173,8 @@ pub fn num_gpu_blocks(
     let allocatable_gib = available_gib - overhead_gib;
     // Truncation to whole bytes, then floor division: BLIS's int64 arithmetic.
     let allocatable_bytes = (allocatable_gib * GIB) as u64;
-    let blocks = allocatable_bytes / block_bytes;
+    let blocks =
+        (allocatable_bytes / block_bytes).saturating_sub(sliding_reserve(arch, block_size));
     if blocks == 0 {
         return Err(CapacityError::NoBlocks {
             allocatable_gib,
@@ -181,6 +182,20 @@ pub fn num_gpu_blocks(
         });
     }
     u32::try_from(blocks).map_err(|_| CapacityError::TooManyBlocks { blocks })
+}
+
+/// Running requests whose sliding-window blocks a hybrid model's pool sets aside: vLLM's
+/// default `max_num_seqs`, the most a pod admits at once.
+pub const HYBRID_RESERVED_REQUESTS: u64 = 256;
+
+/// Blocks a hybrid model ([`ModelArch::is_hybrid_kv`]) sets aside from the pool for its
+/// sliding-window group: [`ModelArch::sliding_blocks_per_request`] for each of
+/// [`HYBRID_RESERVED_REQUESTS`] running requests, an upper bound of what the group holds
+/// (vLLM's scheduler admits a request only when both groups' blocks fit; the engine here
+/// allocates the full group's blocks only, so the sliding group's are taken off its pool up
+/// front). 0 for every other model.
+pub fn sliding_reserve(arch: &ModelArch, block_size: u32) -> u64 {
+    u64::from(arch.sliding_blocks_per_request(block_size)) * HYBRID_RESERVED_REQUESTS
 }
 
 /// Estimated weight memory of the whole model in bytes (all experts resident), as BLIS's
@@ -224,6 +239,14 @@ pub fn model_weight_bytes(arch: &ModelArch) -> u64 {
         + mlp_total
         + lm_head
         + final_norm;
+    if arch.unquantized_weight_bytes_per_param > 0.0 {
+        // A checkpoint that quantizes its routed experts only (gpt-oss's MXFP4): the
+        // experts at the quantized width, the rest at the width it keeps them in.
+        let experts = routed_expert_params(arch);
+        let rest = params - experts;
+        return (experts as f64 * arch.effective_weight_bytes_per_param()
+            + rest as f64 * arch.unquantized_weight_bytes()) as u64;
+    }
     // Truncation to whole bytes is the intent (BLIS int64(...)).
     (params as f64 * arch.effective_weight_bytes_per_param()) as u64
 }
@@ -412,6 +435,32 @@ mod tests {
         odd.num_kv_heads = 6;
         let err = num_gpu_blocks(&odd, &gpu, 4, 0.9, 16).unwrap_err();
         assert!(err.to_string().contains("num_kv_heads"), "{err}");
+    }
+
+    #[test]
+    fn gpt_oss_prices_mxfp4_experts_and_pages_one_kv_group() {
+        let arch = crate::catalog::model("gpt-oss-120b").unwrap();
+        // 36 x 128 x 3 x 2880^2 expert parameters at 4.25 bits, the rest (attention,
+        // router, embeddings, LM head, norms) in bf16: 64.7 GB (the checkpoint is about
+        // 65 GB: BLIS's attention count takes the query width as hidden, 2880, not 4096).
+        let experts = 36 * 128 * 3 * 2880u64 * 2880;
+        assert_eq!(routed_expert_params(&arch), experts);
+        let weights = model_weight_bytes(&arch) as f64;
+        assert!((weights / 1e9 - 64.66).abs() < 0.01, "{weights}");
+        // One group's page: 18 full layers x 2 x 64 x 8 heads x 2 bytes per token.
+        assert_eq!(arch.kv_bytes_per_block(1, 16), 18 * 2 * 64 * 8 * 2 * 16);
+        let mut h200 = h100();
+        h200.memory_gib = 141.0;
+        let blocks = u64::from(num_gpu_blocks(&arch, &h200, 1, 0.9, 16).unwrap());
+        // By hand: (141 x 0.9 − weights − 8 − 0.15) GiB over 589,824-byte pages, less 10
+        // sliding blocks for each of 256 requests.
+        let free = ((141.0 * 0.9 - weights / GIB - 8.0 - 0.15) * GIB) as u64;
+        assert_eq!(blocks, free / 589_824 - 2560);
+        // Without the hybrid manager the same memory would hold half the tokens.
+        let mut flat = arch.clone();
+        flat.sliding_window_layers = 0;
+        let flat_blocks = u64::from(num_gpu_blocks(&flat, &h200, 1, 0.9, 16).unwrap());
+        assert!(blocks > 2 * flat_blocks - 2600, "{blocks} vs {flat_blocks}");
     }
 
     #[test]
