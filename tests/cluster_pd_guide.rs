@@ -107,3 +107,71 @@ fn a_stretch_of_the_guide_workload_runs_with_every_invariant() {
         assert_eq!(engine.kv().used_blocks(), 0);
     }
 }
+
+mod common;
+
+#[test]
+fn the_pd_sweep_reports_attainment_and_gpus_per_split() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/cluster_pd.yaml");
+    let args = [
+        "run",
+        "--cluster",
+        path,
+        "--num-requests",
+        "60",
+        "--rate",
+        "20",
+        "--input-tokens",
+        "2000,500,100,4000",
+        "--output-tokens",
+        "50,10,1,100",
+        "--pd-sweep",
+        "1-2:1-2",
+        "--pd-sweep-slo",
+        "ttft_ms=400,tpot_ms=50,attainment=0.8",
+    ];
+    let out = common::cli::ditto(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let splits = json["splits"].as_array().unwrap();
+    let shape: Vec<(u64, u64, u64)> = splits
+        .iter()
+        .map(|s| {
+            (
+                s["prefill"].as_u64().unwrap(),
+                s["decode"].as_u64().unwrap(),
+                s["gpus"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    // The file's prefill pods run at TP 1, its decode pods at TP 2.
+    assert_eq!(shape, vec![(1, 1, 3), (1, 2, 5), (2, 1, 4), (2, 2, 6)]);
+    for split in splits {
+        assert_eq!(split["completed"], 60);
+        let attainment = split["slo_attainment"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&attainment));
+        assert_eq!(split["meets_target"], attainment >= 0.8);
+    }
+    // More prefill pods never lengthen the median TTFT here.
+    let ttft = |i: usize| splits[i]["ttft_ms"]["p50"].as_f64().unwrap();
+    assert!(ttft(2) <= ttft(0), "{} vs {}", ttft(2), ttft(0));
+    // `best` is the fewest-GPU split meeting the target, if any.
+    let meeting: Vec<&serde_json::Value> = splits
+        .iter()
+        .filter(|s| s["meets_target"] == true)
+        .collect();
+    match meeting.iter().min_by_key(|s| s["gpus"].as_u64().unwrap()) {
+        Some(best) => assert_eq!(json["best"]["gpus"], best["gpus"]),
+        None => assert!(json["best"].is_null()),
+    }
+    // Bad ranges name the flag and exit 2.
+    let mut bad = args;
+    bad[14] = "3-1:1";
+    let out = common::cli::ditto(&bad);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--pd-sweep"));
+}

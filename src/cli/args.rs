@@ -133,4 +133,12 @@ pub struct RunArgs {
     /// Interval of the KV-usage timeline in the summary, in seconds (0: no timeline).
     #[arg(long, default_value_t = 10.0)]
     pub kv_sample_interval_s: f64,
+    /// P:D ratio sweep of a P/D cluster file: `PREFILL:DECODE` replica ranges (e.g.
+    /// `4-12:1-3`); prints SLO attainment and GPUs per split (docs/disaggregation.md).
+    #[arg(long, requires = "cluster")]
+    pub pd_sweep: Option<String>,
+    /// The sweep's objectives: `ttft_ms=N,tpot_ms=N,attainment=F` (each optional;
+    /// attainment defaults to 0.9).
+    #[arg(long, requires = "pd_sweep")]
+    pub pd_sweep_slo: Option<String>,
 }
