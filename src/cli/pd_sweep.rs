@@ -210,21 +210,24 @@ impl Templates {
     }
 }
 
+/// An inclusive replica range (low, high).
+type Range = (u32, u32);
+
 /// Parses `P1-P2:D1-D2` (a single number is a one-value range).
-fn parse_ranges(text: &str) -> Result<((u32, u32), (u32, u32)), CliError> {
+fn parse_ranges(text: &str) -> Result<(Range, Range), CliError> {
     let bad = |reason: String| CliError::flag("pd-sweep", reason);
     let (prefill, decode) = text.split_once(':').ok_or_else(|| {
         bad(format!(
             "expected PREFILL:DECODE ranges like 4-12:1-3, got {text:?}"
         ))
     })?;
-    let range = |part: &str, role: &str| -> Result<(u32, u32), CliError> {
+    let range = |part: &str, role: &str| -> Result<Range, CliError> {
         let (low, high) = part.split_once('-').unwrap_or((part, part));
         let number = |s: &str| {
             s.trim()
                 .parse::<u32>()
                 .ok()
-                .filter(|&n| n >= 1 && n <= spec::INSTANCES_MAX)
+                .filter(|n| (1..=spec::INSTANCES_MAX).contains(n))
         };
         match (number(low), number(high)) {
             (Some(low), Some(high)) if low <= high => Ok((low, high)),
