@@ -64,6 +64,22 @@ fn the_guide_file_loads_with_hybrid_kv_sizing() {
 }
 
 #[test]
+fn gpt_oss_prices_mxfp4_experts_and_bf16_rest() {
+    let arch = catalog::model("gpt-oss-120b").unwrap();
+    // 36 x 128 x 3 x 2880^2 expert parameters at 4.25 bits, the rest (attention, router,
+    // embeddings, LM head, norms) in bf16: 64.7 GB (the checkpoint is about 65 GB: BLIS's
+    // attention count takes the query width as hidden, 2880, not 4096).
+    let experts = 36.0 * 128.0 * 3.0 * 2880.0 * 2880.0;
+    let expert_bytes = capacity::routed_expert_weight_bytes(&arch) as f64;
+    assert!(
+        (expert_bytes - experts * 0.53125).abs() < 1.0,
+        "{expert_bytes}"
+    );
+    let weights = capacity::model_weight_bytes(&arch) as f64;
+    assert!((weights / 1e9 - 64.66).abs() < 0.01, "{weights}");
+}
+
+#[test]
 fn a_stretch_of_the_guide_workload_runs_with_every_invariant() {
     let mut cluster = guide_cluster();
     // The guide's `20_1_isl_osl` at 45 req/s constant: 5,151-token random prompts, 250

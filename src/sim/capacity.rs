@@ -438,32 +438,6 @@ mod tests {
     }
 
     #[test]
-    fn gpt_oss_prices_mxfp4_experts_and_pages_one_kv_group() {
-        let arch = crate::catalog::model("gpt-oss-120b").unwrap();
-        // 36 x 128 x 3 x 2880^2 expert parameters at 4.25 bits, the rest (attention,
-        // router, embeddings, LM head, norms) in bf16: 64.7 GB (the checkpoint is about
-        // 65 GB: BLIS's attention count takes the query width as hidden, 2880, not 4096).
-        let experts = 36 * 128 * 3 * 2880u64 * 2880;
-        assert_eq!(routed_expert_params(&arch), experts);
-        let weights = model_weight_bytes(&arch) as f64;
-        assert!((weights / 1e9 - 64.66).abs() < 0.01, "{weights}");
-        // One group's page: 18 full layers x 2 x 64 x 8 heads x 2 bytes per token.
-        assert_eq!(arch.kv_bytes_per_block(1, 16), 18 * 2 * 64 * 8 * 2 * 16);
-        let mut h200 = h100();
-        h200.memory_gib = 141.0;
-        let blocks = u64::from(num_gpu_blocks(&arch, &h200, 1, 0.9, 16).unwrap());
-        // By hand: (141 x 0.9 − weights − 8 − 0.15) GiB over 589,824-byte pages, less 10
-        // sliding blocks for each of 256 requests.
-        let free = ((141.0 * 0.9 - weights / GIB - 8.0 - 0.15) * GIB) as u64;
-        assert_eq!(blocks, free / 589_824 - 2560);
-        // Without the hybrid manager the same memory would hold half the tokens.
-        let mut flat = arch.clone();
-        flat.sliding_window_layers = 0;
-        let flat_blocks = u64::from(num_gpu_blocks(&flat, &h200, 1, 0.9, 16).unwrap());
-        assert!(blocks > 2 * flat_blocks - 2600, "{blocks} vs {flat_blocks}");
-    }
-
-    #[test]
     fn moe_counts_every_expert_and_the_dense_prefix() {
         // A toy MoE: 2 layers, first one dense; hand-count the parameters.
         let mut arch = llama_8b();
