@@ -19,6 +19,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
+        Command::Run(args) if args.pd_sweep.is_some() => {
+            ditto::cli::pd_sweep::execute(&args).map(|report| {
+                let _ = std::io::stdout().lock().write_all(report.as_bytes());
+            })
+        }
         Command::Run(args) => run_command(&args),
         Command::Serve(args) => return ditto::cli::serve::main(&args),
         Command::Predict(args) => return ditto::cli::predict::main(&args),

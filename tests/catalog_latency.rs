@@ -40,7 +40,7 @@ fn every_bundled_model_builds_every_analytic_model_on_h100() {
     // Goal: the embedded configs are all usable. Method: roofline, physics and calibrated
     // must build at TP 1 and price a mixed batch at a finite, positive time; blackbox must
     // either build or say that BLIS fitted no coefficients for the combination.
-    assert_eq!(catalog::model_names().len(), 15);
+    assert_eq!(catalog::model_names().len(), 16);
     for name in catalog::model_names() {
         for kind in [
             LatencyKind::Roofline,

@@ -5,7 +5,7 @@
 //! about parsing them.
 
 /// HuggingFace `config.json` of each bundled model, keyed by its lowercase directory name.
-pub(crate) static MODEL_CONFIGS: [(&str, &str); 15] = [
+pub(crate) static MODEL_CONFIGS: [(&str, &str); 16] = [
     (
         "codellama-34b-instruct-hf",
         include_str!("../../data/model_configs/codellama-34b-instruct-hf/config.json"),
@@ -17,6 +17,10 @@ pub(crate) static MODEL_CONFIGS: [(&str, &str); 15] = [
     (
         "glm-5.2-fp8",
         include_str!("../../data/model_configs/glm-5.2-fp8/config.json"),
+    ),
+    (
+        "gpt-oss-120b",
+        include_str!("../../data/model_configs/gpt-oss-120b/config.json"),
     ),
     (
         "llama-2-70b-hf",

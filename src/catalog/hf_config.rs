@@ -24,6 +24,11 @@ const DTYPE_BYTES: [(&str, f64); 8] = [
     ("nf4", 1.0),
 ];
 
+/// MXFP4 weight width, bytes per parameter: 4-bit E2M1 values plus one 8-bit E8M0 scale per
+/// block of 32 (the OCP Microscaling spec; gpt-oss's `*_blocks` / `*_scales` tensors):
+/// 4 + 8 / 32 = 4.25 bits.
+pub const MXFP4_BYTES_PER_PARAM: f64 = 4.25 / 8.0;
+
 /// Fields carrying the total routed-expert count, in vLLM's `get_num_experts` order (plus
 /// BLIS's historical alias); the first that is >= 2 wins.
 const EXPERT_COUNT_FIELDS: [&str; 5] = [
@@ -78,6 +83,7 @@ impl Fields<'_> {
         let moe_intermediate_size = self.int("moe_intermediate_size")?;
         let bytes_per_param = self.dtype_bytes()?;
         let max_position_embeddings = self.int("max_position_embeddings")?;
+        let sliding_window_layers = self.sliding_layers()?;
         let model_type = self.string("model_type").unwrap_or("");
         let max_model_len = scaled_max_model_len(
             max_position_embeddings,
@@ -115,7 +121,51 @@ impl Fields<'_> {
             first_k_dense_replace: self.int("first_k_dense_replace")?,
             kv_lora_rank: self.int("kv_lora_rank")?,
             qk_rope_head_dim: self.int("qk_rope_head_dim")?,
+            sliding_window_layers,
+            sliding_window: if sliding_window_layers > 0 {
+                self.int("sliding_window")?
+            } else {
+                0
+            },
+            unquantized_weight_bytes_per_param: self.unquantized_weight_bytes(bytes_per_param),
         })
+    }
+
+    /// Sliding-window layers: the `sliding_attention` entries of `layer_types` (gpt-oss,
+    /// Gemma 3); 0 without `layer_types`, or with `use_sliding_window: false` (Qwen's
+    /// configs name a window they do not use). A config with sliding layers must give a
+    /// positive `sliding_window`.
+    fn sliding_layers(&self) -> Result<u32, CatalogError> {
+        if self.map.get("use_sliding_window") == Some(&Value::Bool(false)) {
+            return Ok(0);
+        }
+        let Some(Value::Array(types)) = self.map.get("layer_types") else {
+            return Ok(0);
+        };
+        let sliding = types
+            .iter()
+            .filter(|kind| kind.as_str() == Some("sliding_attention"))
+            .count();
+        let sliding = u32::try_from(sliding).unwrap_or(u32::MAX);
+        if sliding > 0 && self.int("sliding_window")? == 0 {
+            let problem =
+                format!("is missing or 0 while layer_types names {sliding} sliding layers");
+            return Err(invalid(self.model, "sliding_window", problem));
+        }
+        Ok(sliding)
+    }
+
+    /// The width of the modules a quantized checkpoint leaves unquantized
+    /// (`quantization_config.modules_to_not_convert`, as gpt-oss's MXFP4 config lists its
+    /// attention, router, embeddings and LM head): the compute dtype; 0 otherwise.
+    fn unquantized_weight_bytes(&self, compute_bytes: f64) -> f64 {
+        match self.map.get("quantization_config") {
+            Some(Value::Object(quant)) => match quant.get("modules_to_not_convert") {
+                Some(Value::Array(modules)) if !modules.is_empty() => compute_bytes,
+                _ => 0.0,
+            },
+            _ => 0.0,
+        }
     }
 
     /// A non-negative integer field; 0 when absent or not a number (BLIS's `getInt`).
@@ -184,6 +234,11 @@ impl Fields<'_> {
         let (key, dtype) = match (self.string("torch_dtype"), self.string("dtype")) {
             (Some(dtype), _) => ("torch_dtype", dtype),
             (None, Some(dtype)) => ("dtype", dtype),
+            // gpt-oss's MXFP4 configs give no dtype: the checkpoint keeps its unquantized
+            // modules in bf16 and vLLM computes in bf16.
+            (None, None) if self.quant_method().eq_ignore_ascii_case("mxfp4") => {
+                return Ok(2.0);
+            }
             (None, None) => {
                 let problem = "is missing (needed for bytes per parameter)".to_string();
                 return Err(invalid(self.model, "torch_dtype", problem));
@@ -198,6 +253,15 @@ impl Fields<'_> {
                 let problem = format!("`{dtype}` is not one of {}", known.join(", "));
                 invalid(self.model, key, problem)
             })
+    }
+
+    /// `quantization_config.quant_method`, or "" when absent.
+    fn quant_method(&self) -> &str {
+        self.map
+            .get("quantization_config")
+            .and_then(|quant| quant.get("quant_method"))
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     /// Quantized weight width: `quantization_config`, else the model name, else 0.
@@ -229,6 +293,9 @@ fn quantization_bytes(quant: &Map<String, Value>) -> f64 {
         .unwrap_or("");
     if method.eq_ignore_ascii_case("fp8") {
         return 1.0;
+    }
+    if method.eq_ignore_ascii_case("mxfp4") {
+        return MXFP4_BYTES_PER_PARAM;
     }
     if !method.eq_ignore_ascii_case("compressed-tensors") {
         return 0.0;
@@ -489,6 +556,38 @@ mod tests {
         assert_eq!(weight_bytes_from_name("phi-4-FP8-dynamic"), 1.0);
         assert_eq!(weight_bytes_from_name("fp8x-model"), 0.0);
         assert_eq!(weight_bytes_from_name("llama-3.1-8b"), 0.0);
+    }
+
+    #[test]
+    fn sliding_layers_and_mxfp4_are_read() {
+        let arch = parse_ok(
+            r#"{"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 64,
+                "vocab_size": 100, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention",
+                                "sliding_attention", "full_attention"],
+                "quantization_config": {"quant_method": "mxfp4",
+                    "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}}"#,
+        );
+        assert_eq!((arch.sliding_window_layers, arch.sliding_window), (2, 128));
+        assert!(arch.is_hybrid_kv());
+        assert_eq!(arch.bytes_per_param, 2.0);
+        assert_eq!(arch.weight_bytes_per_param, 0.53125);
+        assert_eq!(arch.unquantized_weight_bytes(), 2.0);
+        // Qwen names a window it does not use.
+        let qwen = parse_ok(&format!(
+            r#"{{{BASE}, "use_sliding_window": false, "sliding_window": 4096,
+                "layer_types": ["sliding_attention", "full_attention"]}}"#
+        ));
+        assert_eq!((qwen.sliding_window_layers, qwen.sliding_window), (0, 0));
+        let err = parse(
+            "m",
+            &format!(r#"{{{BASE}, "layer_types": ["sliding_attention", "full_attention"]}}"#),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("sliding_window"), "{err}");
     }
 
     #[test]

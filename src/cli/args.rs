@@ -144,4 +144,12 @@ pub struct RunArgs {
     /// With an autoscaler: print the comparison table on stdout instead of the JSON.
     #[arg(long)]
     pub table: bool,
+    /// P:D ratio sweep of a P/D cluster file: `PREFILL:DECODE` replica ranges (e.g.
+    /// `4-12:1-3`); prints SLO attainment and GPUs per split (docs/disaggregation.md).
+    #[arg(long, requires = "cluster")]
+    pub pd_sweep: Option<String>,
+    /// The sweep's objectives: `ttft_ms=N,tpot_ms=N,attainment=F` (each optional;
+    /// attainment defaults to 0.9).
+    #[arg(long, requires = "pd_sweep")]
+    pub pd_sweep_slo: Option<String>,
 }

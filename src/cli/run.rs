@@ -458,6 +458,15 @@ fn load_source(args: &RunArgs) -> Result<Source, CliError> {
     Ok(Source::Generated(Box::new(spec), "flags".to_owned()))
 }
 
+/// The run's requests (trace, workload file or generator flags), in arrival order, and the
+/// seed: what `--pd-sweep` replays on every split.
+pub fn requests(args: &RunArgs) -> Result<(Vec<RequestSpec>, u64), CliError> {
+    match load_source(args)? {
+        Source::Generated(spec, _) => Ok((spec.generator()?.collect(), spec.seed)),
+        Source::Trace(requests, ..) => Ok((requests, args.seed)),
+    }
+}
+
 /// Parses `MEAN,STDEV,MIN,MAX` into a clamped gaussian.
 fn gaussian_flag(flag: &'static str, text: &str) -> Result<LengthDist, CliError> {
     let parts: Vec<&str> = text.split(',').map(str::trim).collect();

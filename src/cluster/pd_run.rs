@@ -102,6 +102,20 @@ impl Cluster {
         self.pd.as_ref().map(|pd| &pd.config)
     }
 
+    /// Every finished request once, as its client saw it (the records the cluster summary
+    /// builds on): a disaggregated request's decode half stamped with its arrival at the
+    /// gateway, finished prefill halves left out; a monolithic cluster's records as they are.
+    pub fn client_records(&self) -> Vec<RequestRecord> {
+        let mut out = Vec::new();
+        for (index, engine) in self.engines().iter().enumerate() {
+            match &self.pd {
+                None => out.extend(engine.metrics().records.iter().cloned()),
+                Some(pd) => pd.client_records(index, &engine.metrics().records, &mut out),
+            }
+        }
+        out
+    }
+
     /// Routing of one admitted arrival, disaggregated: the decode profile picks a decode
     /// pod; the decider says from its believed prefix hit whether to prefill remotely; if
     /// so the prefill profile picks a prefill pod. `keys_by_size` holds the prompt's block

@@ -3,7 +3,9 @@
 //! arrival rate (`twin::desired`), and exports what an autoscaler scales on:
 //! `ditto_desired_replicas`, `ditto_current_replicas` and
 //! `ditto_forecast_slo_attainment_ratio`, labelled `{model_name,namespace,variant_name}` like
-//! llm-d's variant autoscaler's `wva_desired_replicas`.
+//! llm-d's variant autoscaler's `wva_desired_replicas`, plus `role` (`both`, `prefill` or
+//! `decode`): a P/D pool's prefill and decode variants are forecast together, their split
+//! searched (`twin::forecast_pd`), and each role gets its own series.
 //!
 //! The forecasts run on the blocking pool (fanning out on the simulation pool), each round
 //! bounded by the server's longest call as its deadline; ticks missed meanwhile are skipped,
@@ -17,8 +19,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::deadline::wall_now_us;
+use crate::cluster::config::InstanceRole;
 use crate::telemetry::Metrics;
-use crate::twin::desired::{Desired, DesiredSettings, desired, question, variants};
+use crate::twin::desired::{
+    Desired, DesiredSettings, desired, desired_split, pd_pairs, question, split_question, variants,
+};
 use crate::twin::forecast::forecast_capacity;
 use crate::twin::limits::Limits;
 use crate::twin::store::MirrorStore;
@@ -41,7 +46,16 @@ struct Gauges {
     rounds: IntCounterVec,
 }
 
-const LABELS: [&str; 3] = ["model_name", "namespace", "variant_name"];
+const LABELS: [&str; 4] = ["model_name", "namespace", "variant_name", "role"];
+
+/// The `role` label of a variant (llm-d's `llm-d.ai/role` values).
+fn role_label(role: InstanceRole) -> &'static str {
+    match role {
+        InstanceRole::Both => "both",
+        InstanceRole::Prefill => "prefill",
+        InstanceRole::Decode => "decode",
+    }
+}
 
 impl Gauges {
     fn register(metrics: &Metrics) -> Result<Self, prometheus::Error> {
@@ -93,6 +107,7 @@ impl Gauges {
                 variant.model.as_str(),
                 variant.namespace.as_str(),
                 variant.name.as_str(),
+                role_label(variant.role),
             ];
             self.desired
                 .with_label_values(&labels)
@@ -117,7 +132,29 @@ fn round(
     let snapshot = &stored.snapshot;
     let now_us = wall_now_us();
     let mut out = Vec::new();
-    for variant in variants(snapshot, &settings.namespace) {
+    let all = variants(snapshot, &settings.namespace);
+    let pairs = pd_pairs(&all);
+    for &(p, d) in &pairs {
+        let (prefill, decode) = (&all[p], &all[d]);
+        let answer = match split_question(snapshot, prefill, decode, settings, now_us) {
+            None => None,
+            Some(asked) => match forecast_capacity(snapshot, &asked, limits) {
+                Ok(answer) => Some(answer),
+                Err(err) => {
+                    return Some(Err(format!(
+                        "P/D split {}/{}: {err}",
+                        prefill.name, decode.name
+                    )));
+                }
+            },
+        };
+        out.extend(desired_split(prefill, decode, answer.as_ref()));
+    }
+    let paired = |index: usize| pairs.iter().any(|&(p, d)| p == index || d == index);
+    for (index, variant) in all.into_iter().enumerate() {
+        if paired(index) {
+            continue;
+        }
         let answer = match question(snapshot, &variant, settings, now_us) {
             None => None,
             Some(asked) => match forecast_capacity(snapshot, &asked, limits) {

@@ -173,7 +173,8 @@ pub fn num_gpu_blocks(
     let allocatable_gib = available_gib - overhead_gib;
     // Truncation to whole bytes, then floor division: BLIS's int64 arithmetic.
     let allocatable_bytes = (allocatable_gib * GIB) as u64;
-    let blocks = allocatable_bytes / block_bytes;
+    let blocks =
+        (allocatable_bytes / block_bytes).saturating_sub(sliding_reserve(arch, block_size));
     if blocks == 0 {
         return Err(CapacityError::NoBlocks {
             allocatable_gib,
@@ -181,6 +182,20 @@ pub fn num_gpu_blocks(
         });
     }
     u32::try_from(blocks).map_err(|_| CapacityError::TooManyBlocks { blocks })
+}
+
+/// Running requests whose sliding-window blocks a hybrid model's pool sets aside: vLLM's
+/// default `max_num_seqs`, the most a pod admits at once.
+pub const HYBRID_RESERVED_REQUESTS: u64 = 256;
+
+/// Blocks a hybrid model ([`ModelArch::is_hybrid_kv`]) sets aside from the pool for its
+/// sliding-window group: [`ModelArch::sliding_blocks_per_request`] for each of
+/// [`HYBRID_RESERVED_REQUESTS`] running requests, an upper bound of what the group holds
+/// (vLLM's scheduler admits a request only when both groups' blocks fit; the engine here
+/// allocates the full group's blocks only, so the sliding group's are taken off its pool up
+/// front). 0 for every other model.
+pub fn sliding_reserve(arch: &ModelArch, block_size: u32) -> u64 {
+    u64::from(arch.sliding_blocks_per_request(block_size)) * HYBRID_RESERVED_REQUESTS
 }
 
 /// Estimated weight memory of the whole model in bytes (all experts resident), as BLIS's
@@ -224,6 +239,14 @@ pub fn model_weight_bytes(arch: &ModelArch) -> u64 {
         + mlp_total
         + lm_head
         + final_norm;
+    if arch.unquantized_weight_bytes_per_param > 0.0 {
+        // A checkpoint that quantizes its routed experts only (gpt-oss's MXFP4): the
+        // experts at the quantized width, the rest at the width it keeps them in.
+        let experts = routed_expert_params(arch);
+        let rest = params - experts;
+        return (experts as f64 * arch.effective_weight_bytes_per_param()
+            + rest as f64 * arch.unquantized_weight_bytes()) as u64;
+    }
     // Truncation to whole bytes is the intent (BLIS int64(...)).
     (params as f64 * arch.effective_weight_bytes_per_param()) as u64
 }

@@ -15,6 +15,7 @@ use super::MirrorSnapshot;
 use super::question::{
     ForecastAnswer, ForecastQuestion, ForecastStart, SloTargets, VariantCandidates,
 };
+use crate::cluster::config::InstanceRole;
 use crate::workload::LengthDist;
 
 /// What the forecast loop asks, apart from the traffic it observes.
@@ -47,6 +48,9 @@ pub struct Variant {
     pub template_id: String,
     /// Instances mirrored now.
     pub current: u32,
+    /// The template's role (`both`, `prefill` or `decode`; llm-d's `llm-d.ai/role`): a
+    /// variant is also split by role.
+    pub role: InstanceRole,
 }
 
 /// What the loop exports for one variant.
@@ -93,7 +97,7 @@ pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Varia
         let namespace = namespace.unwrap_or(default_namespace);
         match out
             .iter_mut()
-            .find(|v| v.name == name && v.namespace == namespace)
+            .find(|v| v.name == name && v.namespace == namespace && v.role == instance.role)
         {
             Some(variant) => variant.current += 1,
             None => out.push(Variant {
@@ -102,10 +106,110 @@ pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Varia
                 model: instance.model.clone(),
                 template_id: instance.id.clone(),
                 current: 1,
+                role: instance.role,
             }),
         }
     }
     out
+}
+
+/// The P/D pairs among `variants`: each prefill variant with the first decode variant of
+/// the same model and namespace, as (prefill index, decode index); a forecast searches the
+/// pair's split together ([`split_question`]).
+pub fn pd_pairs(variants: &[Variant]) -> Vec<(usize, usize)> {
+    let mut pairs: Vec<(usize, usize)> = Vec::new();
+    for (p, prefill) in variants.iter().enumerate() {
+        if prefill.role != InstanceRole::Prefill {
+            continue;
+        }
+        let decode = variants.iter().position(|v| {
+            v.role == InstanceRole::Decode
+                && v.model == prefill.model
+                && v.namespace == prefill.namespace
+                && !pairs
+                    .iter()
+                    .any(|&(_, d)| variants[d].template_id == v.template_id)
+        });
+        if let Some(d) = decode {
+            pairs.push((p, d));
+        }
+    }
+    pairs
+}
+
+/// The capacity question for a P/D pair at its share of the observed arrival rate (its
+/// replicas, both roles', among every variant's: a pool that is all P/D takes the whole
+/// rate, as every request visits both roles) over the settings' horizon: both counts searched, the split named by the answer's
+/// `desired_replicas`. None when the mirror has observed no arrivals.
+pub fn split_question(
+    snapshot: &MirrorSnapshot,
+    prefill: &Variant,
+    decode: &Variant,
+    settings: &DesiredSettings,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    let total = all_current(&variants(snapshot, &settings.namespace));
+    let rate = snapshot.traffic.arrivals_per_s * f64::from(prefill.current + decode.current)
+        / f64::from(total.max(1));
+    let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
+    let mut asked = question_for(
+        snapshot,
+        prefill,
+        settings,
+        vec![(rate, settings.horizon_s)],
+        now_us,
+    )?;
+    asked.variants.push(VariantCandidates {
+        template_instance_id: decode.template_id.clone(),
+        replica_counts: Vec::new(),
+    });
+    Some(asked)
+}
+
+fn all_current(variants: &[Variant]) -> u32 {
+    variants.iter().map(|v| v.current).sum()
+}
+
+/// The gauges of a P/D pair from its split forecast (None: no traffic, one of each): the
+/// desired split's candidate, else the last evaluated (the largest split tried).
+pub fn desired_split(
+    prefill: &Variant,
+    decode: &Variant,
+    answer: Option<&ForecastAnswer>,
+) -> [Desired; 2] {
+    let one = |variant: &Variant, desired: u32, attainment: f64| Desired {
+        variant: variant.clone(),
+        desired,
+        attainment,
+    };
+    let Some(answer) = answer else {
+        return [one(prefill, 1, 1.0), one(decode, 1, 1.0)];
+    };
+    let chosen = if answer.desired_replicas.is_empty() {
+        answer.candidates.last()
+    } else {
+        answer
+            .candidates
+            .iter()
+            .find(|c| c.replicas == answer.desired_replicas)
+    };
+    let Some(candidate) = chosen else {
+        return [
+            one(prefill, prefill.current.max(1), 0.0),
+            one(decode, decode.current.max(1), 0.0),
+        ];
+    };
+    let count_of = |variant: &Variant| {
+        candidate
+            .replicas
+            .iter()
+            .find(|(id, _)| *id == variant.template_id)
+            .map_or(1, |&(_, count)| count.max(1))
+    };
+    [
+        one(prefill, count_of(prefill), candidate.slo_attainment),
+        one(decode, count_of(decode), candidate.slo_attainment),
+    ]
 }
 
 /// Prompt and output lengths to forecast with: the recently finished requests' when the
@@ -301,6 +405,7 @@ mod tests {
             model: "m".to_owned(),
             template_id: "vllm-0".to_owned(),
             current: 4,
+            role: InstanceRole::Both,
         }
     }
 
@@ -321,5 +426,41 @@ mod tests {
         assert_eq!((unmet.desired, unmet.attainment), (2, 0.7));
         let idle = desired(&variant(), None);
         assert_eq!((idle.desired, idle.attainment), (1, 1.0));
+    }
+
+    #[test]
+    fn a_prefill_variant_pairs_with_a_decode_variant_of_its_model_and_gets_the_split() {
+        let role = |name: &str, template: &str, role| Variant {
+            name: name.to_owned(),
+            template_id: template.to_owned(),
+            role,
+            ..variant()
+        };
+        let all = vec![
+            role("vllm", "vllm-0", InstanceRole::Both),
+            role("decode", "decode-0", InstanceRole::Decode),
+            role("prefill", "prefill-0", InstanceRole::Prefill),
+        ];
+        assert_eq!(pd_pairs(&all), vec![(2, 1)]);
+        let mut other_model = all.clone();
+        other_model[1].model = "other".to_owned();
+        assert!(pd_pairs(&other_model).is_empty());
+        let mut split = candidate(0, 0.96);
+        split.replicas = vec![("prefill-0".to_owned(), 5), ("decode-0".to_owned(), 2)];
+        let mut short = candidate(0, 0.5);
+        short.replicas = vec![("prefill-0".to_owned(), 4), ("decode-0".to_owned(), 2)];
+        let answer = ForecastAnswer {
+            candidates: vec![short, split.clone()],
+            desired_replicas: split.replicas.clone(),
+            generation: 1,
+            seed: 0,
+            state_age_us: 0,
+        };
+        let [prefill, decode] = desired_split(&all[2], &all[1], Some(&answer));
+        assert_eq!((prefill.desired, decode.desired), (5, 2));
+        assert_eq!((prefill.attainment, decode.attainment), (0.96, 0.96));
+        assert_eq!(prefill.variant.role, InstanceRole::Prefill);
+        let [idle_p, idle_d] = desired_split(&all[2], &all[1], None);
+        assert_eq!((idle_p.desired, idle_d.desired), (1, 1));
     }
 }

@@ -32,11 +32,15 @@ pub const REPLICAS_MAX: u32 = 512;
 
 /// One replication's measurements.
 #[derive(Clone, Debug, Default)]
-struct Replication {
+pub(super) struct Replication {
     ttft_ms: Vec<f64>,
     e2e_ms: Vec<f64>,
     gaps_us: std::collections::HashMap<u64, u64>,
     attainment: f64,
+    /// Fraction of requests meeting the TTFT objective (the prefill side of a P/D split).
+    pub(super) ttft_attainment: f64,
+    /// Fraction meeting the TPOT and end-to-end objectives (the decode side).
+    pub(super) decode_attainment: f64,
     max_queue_depth: u64,
     kv_usage_mean: f64,
     throughput_rps: f64,
@@ -49,8 +53,14 @@ pub fn forecast_capacity(
     limits: &Limits,
 ) -> Result<ForecastAnswer, TwinError> {
     let templates = validate(snapshot, question, limits)?;
-    let candidates = candidate_counts(snapshot, question, &templates, limits)?;
     let budget = EventBudget::for_call(limits);
+    if let Some(split) = super::forecast_pd::split_roles(snapshot, question, &templates)? {
+        let evaluated = super::forecast_pd::search_split(
+            snapshot, question, &templates, split, limits, &budget,
+        )?;
+        return Ok(answer(snapshot, question, evaluated));
+    }
+    let candidates = candidate_counts(snapshot, question, &templates, limits)?;
     let mut evaluated: Vec<ForecastCandidate> = Vec::new();
     let searching = question
         .variants
@@ -64,17 +74,11 @@ pub fn forecast_capacity(
         vec![candidates]
     };
     for batch in batches {
-        let jobs: Vec<(usize, u32)> = (0..batch.len())
-            .flat_map(|c| (0..question.replications).map(move |r| (c, r)))
-            .collect();
-        let results = super::parallel::map(&jobs, |&(c, r)| {
-            run_replication(snapshot, question, &templates, &batch[c], r, &budget)
-        });
-        let results: Vec<Replication> = results.into_iter().collect::<Result<_, _>>()?;
-        for (c, counts) in batch.iter().enumerate() {
-            let reps = &results
-                [c * question.replications as usize..(c + 1) * question.replications as usize];
-            evaluated.push(summarize(snapshot, question, &templates, counts, reps));
+        for (counts, reps) in batch
+            .iter()
+            .zip(evaluate(snapshot, question, &templates, &batch, &budget)?)
+        {
+            evaluated.push(summarize(snapshot, question, &templates, counts, &reps));
         }
         if searching
             && evaluated
@@ -84,6 +88,42 @@ pub fn forecast_capacity(
             break;
         }
     }
+    Ok(answer(snapshot, question, evaluated))
+}
+
+/// Runs every replication of each of `batch`'s candidates (in parallel); their
+/// replications, candidate by candidate.
+pub(super) fn evaluate(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    templates: &[usize],
+    batch: &[Vec<u32>],
+    budget: &EventBudget,
+) -> Result<Vec<Vec<Replication>>, TwinError> {
+    let jobs: Vec<(usize, u32)> = (0..batch.len())
+        .flat_map(|c| (0..question.replications).map(move |r| (c, r)))
+        .collect();
+    let results = super::parallel::map(&jobs, |&(c, r)| {
+        run_replication(snapshot, question, templates, &batch[c], r, budget)
+    });
+    let mut results = results.into_iter();
+    let mut out = Vec::with_capacity(batch.len());
+    for _ in batch {
+        let reps: Vec<Replication> = results
+            .by_ref()
+            .take(question.replications as usize)
+            .collect::<Result<_, _>>()?;
+        out.push(reps);
+    }
+    Ok(out)
+}
+
+/// The answer from the evaluated candidates: the cheapest meeting the target is desired.
+fn answer(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+    evaluated: Vec<ForecastCandidate>,
+) -> ForecastAnswer {
     let desired = evaluated
         .iter()
         .filter(|c| c.slo_attainment >= question.target_attainment)
@@ -105,13 +145,13 @@ pub fn forecast_capacity(
             .max()
             .unwrap_or(0),
     };
-    Ok(ForecastAnswer {
+    ForecastAnswer {
         candidates: evaluated,
         desired_replicas: desired,
         generation: snapshot.generation,
         seed: question.seed,
         state_age_us,
-    })
+    }
 }
 
 fn total(replicas: &[(String, u32)]) -> u32 {
@@ -305,7 +345,8 @@ fn candidate_counts(
 
 /// True if `instance` is configured like `template` (same variant).
 fn same_variant(instance: &InstanceConfig, template: &InstanceConfig) -> bool {
-    instance.model == template.model
+    instance.role == template.role
+        && instance.model == template.model
         && instance.gpu == template.gpu
         && instance.tp == template.tp
         && instance.engine == template.engine
@@ -320,6 +361,14 @@ fn run_replication(
     replication: u32,
     budget: &EventBudget,
 ) -> Result<Replication, TwinError> {
+    if super::forecast_pd::is_disaggregated(snapshot, templates) {
+        let seed = replication_seed(question.seed, replication);
+        let mut cluster = super::forecast_pd::idle_cluster(snapshot, templates, counts, seed)?;
+        // From idle instances at time 0 (the mirrored clock would make the cluster tick
+        // through every refresh interval since the epoch).
+        run_cluster(&mut cluster, forecast_workload(question, seed)?, budget)?;
+        return Ok(measure(&cluster, &question.slo, 0));
+    }
     let now = question.now_us;
     let outputs = output_draw(snapshot)?;
     let mut instances = Vec::new();
@@ -481,16 +530,11 @@ impl Supervisor<Cluster> for ClusterSupervisor<'_> {
 }
 
 fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
-    let mut window: Vec<&RequestRecord> = Vec::new();
-    for engine in cluster.engines() {
-        window.extend(
-            engine
-                .metrics()
-                .records
-                .iter()
-                .filter(|r| r.id.0 < MIRRORED_ID_BASE),
-        );
-    }
+    let records = cluster.client_records();
+    let mut window: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.id.0 < MIRRORED_ID_BASE)
+        .collect();
     window.extend(
         cluster
             .rejected_records()
@@ -500,6 +544,7 @@ fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
     let ms = |us: u64| us as f64 / 1000.0;
     let mut replication = Replication::default();
     let mut met = 0usize;
+    let (mut ttft_met, mut decode_met) = (0usize, 0usize);
     let mut completed = 0usize;
     for record in &window {
         if record.outcome != Outcome::Completed {
@@ -511,18 +556,23 @@ fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
         let tpot = record.tpot_us().unwrap_or(0.0) / 1000.0;
         replication.ttft_ms.push(ttft);
         replication.e2e_ms.push(e2e);
-        let ok = slo.ttft_ms.is_none_or(|t| ttft <= t)
-            && slo.tpot_ms.is_none_or(|t| tpot <= t)
-            && slo.e2e_ms.is_none_or(|t| e2e <= t);
-        if ok {
-            met += 1;
-        }
+        let ttft_ok = slo.ttft_ms.is_none_or(|t| ttft <= t);
+        let decode_ok =
+            slo.tpot_ms.is_none_or(|t| tpot <= t) && slo.e2e_ms.is_none_or(|t| e2e <= t);
+        met += usize::from(ttft_ok && decode_ok);
+        ttft_met += usize::from(ttft_ok);
+        decode_met += usize::from(decode_ok);
     }
-    replication.attainment = if window.is_empty() {
-        1.0
-    } else {
-        met as f64 / window.len() as f64
+    let share = |n: usize| {
+        if window.is_empty() {
+            1.0
+        } else {
+            n as f64 / window.len() as f64
+        }
     };
+    replication.attainment = share(met);
+    replication.ttft_attainment = share(ttft_met);
+    replication.decode_attainment = share(decode_met);
     for engine in cluster.engines() {
         for (&gap, &count) in &engine.metrics().token_gap_counts {
             *replication.gaps_us.entry(gap).or_insert(0u64) += count;
@@ -542,7 +592,7 @@ fn measure(cluster: &Cluster, slo: &SloTargets, now: u64) -> Replication {
     replication
 }
 
-fn summarize(
+pub(super) fn summarize(
     snapshot: &MirrorSnapshot,
     question: &ForecastQuestion,
     templates: &[usize],

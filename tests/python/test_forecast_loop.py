@@ -13,7 +13,7 @@ from conftest import Server
 from ditto.v1 import twin_pb2 as pb
 
 POLL_BOUND_S = 180.0
-LABELS = 'model_name="llama-3.1-8b-instruct",namespace="llm-d",variant_name="vllm"'
+LABELS = 'model_name="llama-3.1-8b-instruct",namespace="llm-d",role="both",variant_name="vllm"'
 
 
 def gauge(text, name):

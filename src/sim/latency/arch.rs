@@ -77,6 +77,18 @@ pub struct ModelArch {
     pub kv_lora_rank: u32,
     /// `qk_rope_head_dim`: the rotary part stored beside the MLA latent.
     pub qk_rope_head_dim: u32,
+    /// Layers of sliding-window attention (`layer_types` entries `sliding_attention`); 0 for
+    /// a model whose layers all attend to the whole context. With both kinds the model runs
+    /// under vLLM's hybrid KV-cache manager ([`ModelArch::is_hybrid_kv`]).
+    pub sliding_window_layers: u32,
+    /// `sliding_window`, tokens: how far back a sliding layer attends (0 without sliding
+    /// layers).
+    pub sliding_window: u32,
+    /// Weight width of the parameters a quantized checkpoint keeps unquantized (attention,
+    /// router, embeddings, LM head: gpt-oss's `modules_to_not_convert`), bytes per
+    /// parameter; 0 = the same as [`ModelArch::effective_weight_bytes_per_param`]. Only KV
+    /// capacity's weight count reads it so far.
+    pub unquantized_weight_bytes_per_param: f64,
 }
 
 /// GPU figures: datasheet peaks plus BLIS's calibrated efficiencies.
@@ -205,9 +217,13 @@ impl ModelArch {
     /// [`ModelArch::effective_head_dim`]. When `kv_heads < tp` vLLM replicates heads, so this
     /// under-counts (BLIS's documented optimistic approximation). MLA: `layers x (kv_lora_rank
     /// + qk_rope_head_dim) x kv_bytes`, replicated on every rank so not divided by `tp`.
+    ///
+    /// A hybrid model ([`ModelArch::is_hybrid_kv`]) counts its full-attention layers only:
+    /// what grows with every token. Its sliding layers hold at most a window's blocks per
+    /// request ([`ModelArch::sliding_blocks_per_request`]), a constant.
     pub fn kv_bytes_per_token(&self, tp: u32) -> f64 {
         debug_assert!(tp > 0, "tensor parallelism must be positive, got {tp}");
-        let layers = f64::from(self.num_layers);
+        let layers = f64::from(self.full_attention_layers());
         if self.is_mla() {
             let latent_width = f64::from(self.kv_lora_rank) + f64::from(self.qk_rope_head_dim);
             return layers * latent_width * self.kv_bytes_per_element;
@@ -218,6 +234,53 @@ impl ModelArch {
             * f64::from(self.num_kv_heads)
             * self.kv_bytes_per_element;
         per_token / f64::from(tp.max(1))
+    }
+
+    /// True when the model mixes sliding-window and full-attention layers (gpt-oss): vLLM's
+    /// hybrid KV-cache manager then keeps one KV group per attention type over one block
+    /// pool, each group's page holding a block of tokens for the same number of layers.
+    pub fn is_hybrid_kv(&self) -> bool {
+        self.sliding_window_layers > 0
+            && self.sliding_window > 0
+            && self.sliding_window_layers < self.num_layers
+    }
+
+    /// Layers whose KV grows with the context: all of them unless the model is hybrid.
+    pub fn full_attention_layers(&self) -> u32 {
+        if self.is_hybrid_kv() {
+            self.num_layers - self.sliding_window_layers
+        } else {
+            self.num_layers
+        }
+    }
+
+    /// Blocks of the pool (each sized as [`ModelArch::kv_bytes_per_block`], the full
+    /// layers' page) the sliding-window layers hold per running request, at most
+    /// `ceil((window + block_size − 1) / block_size) + 1` of their group: vLLM's
+    /// sliding-window manager frees the blocks wholly outside the window, so a request keeps
+    /// the blocks the window spans unaligned plus the ones being written; the groups' pages are equal in vLLM, and when the sliding layers outnumber
+    /// the full ones they form several groups (scaled here by sliding / full layers,
+    /// rounded up). 0 for a non-hybrid model.
+    pub fn sliding_blocks_per_request(&self, block_size: u32) -> u32 {
+        if !self.is_hybrid_kv() || block_size == 0 {
+            return 0;
+        }
+        let per_group = (self.sliding_window + block_size - 1).div_ceil(block_size) + 1;
+        let full = self.full_attention_layers();
+        (u64::from(per_group) * u64::from(self.sliding_window_layers))
+            .div_ceil(u64::from(full))
+            .try_into()
+            .unwrap_or(u32::MAX)
+    }
+
+    /// Bytes per parameter of the weights a quantized checkpoint leaves unquantized: the
+    /// explicit width when the config names such modules, else the effective weight width.
+    pub fn unquantized_weight_bytes(&self) -> f64 {
+        if self.unquantized_weight_bytes_per_param > 0.0 {
+            self.unquantized_weight_bytes_per_param
+        } else {
+            self.effective_weight_bytes_per_param()
+        }
     }
 
     /// KV-cache bytes one block of `block_size` tokens occupies on one GPU, truncated to whole
@@ -276,6 +339,9 @@ pub(crate) mod tests {
             first_k_dense_replace: 0,
             kv_lora_rank: 0,
             qk_rope_head_dim: 0,
+            sliding_window_layers: 0,
+            sliding_window: 0,
+            unquantized_weight_bytes_per_param: 0.0,
         }
     }
 
@@ -301,6 +367,33 @@ pub(crate) mod tests {
         assert_eq!(arch.kv_bytes_per_token(1), 131_072.0);
         assert_eq!(arch.kv_bytes_per_token(2), 65_536.0);
         assert_eq!(arch.kv_bytes_per_block(1, 16), 2_097_152);
+    }
+
+    #[test]
+    fn hybrid_kv_counts_full_layers_per_token_and_a_window_per_request() {
+        // gpt-oss-120b: 36 layers, 18 sliding (window 128), 8 KV heads of 64, bf16 KV.
+        let mut arch = llama_8b();
+        arch.num_layers = 36;
+        arch.num_kv_heads = 8;
+        arch.head_dim = 64;
+        assert_eq!(arch.kv_bytes_per_token(1), 36.0 * 2.0 * 64.0 * 8.0 * 2.0);
+        assert_eq!(arch.sliding_blocks_per_request(16), 0);
+        arch.sliding_window_layers = 18;
+        arch.sliding_window = 128;
+        assert!(arch.is_hybrid_kv());
+        // One group's page: the 18 full layers.
+        assert_eq!(arch.kv_bytes_per_token(1), 18.0 * 2.0 * 64.0 * 8.0 * 2.0);
+        // ceil(143 / 16) + 1 = 10 blocks at 16; ceil(255 / 128) + 1 = 3 at 128.
+        assert_eq!(arch.sliding_blocks_per_request(16), 10);
+        assert_eq!(arch.sliding_blocks_per_request(128), 3);
+        // Five sliding layers to one full (Gemma 3's pattern): five groups' worth.
+        arch.num_layers = 6;
+        arch.sliding_window_layers = 5;
+        arch.sliding_window = 1024;
+        assert_eq!(arch.sliding_blocks_per_request(16), 5 * 66);
+        // All layers sliding is not hybrid (no full group to page by): unchanged.
+        arch.sliding_window_layers = 6;
+        assert!(!arch.is_hybrid_kv());
     }
 
     #[test]
