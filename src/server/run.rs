@@ -230,8 +230,18 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(options.max_message_bytes);
+    let predictor = Arc::new(super::predictor::Predictor::new(
+        Arc::clone(&shared),
+        super::predictor::PredictorOptions {
+            body: options.http.body,
+            ..options.predictor.clone()
+        },
+    )?);
+    let twin = TwinServer::new(TwinService::new(
+        Arc::clone(&shared),
+        Arc::clone(&predictor),
+    ))
+    .max_decoding_message_size(options.max_message_bytes);
     let auth_mode = match (&options.auth.token, options.auth.reads) {
         (None, _) => "off",
         (Some(_), false) => "bearer token on writes",
@@ -275,15 +285,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         .add_service(reflection_v1alpha)
         .add_service(twin)
         .add_service(keda);
-    let predictor = Arc::new(super::predictor::Predictor::new(
-        Arc::clone(&shared),
-        super::predictor::PredictorOptions {
-            body: options.http.body,
-            ..options.predictor.clone()
-        },
-    )?);
     let connections = super::http_conn::ConnectionMetrics::register(&shared.metrics)?;
-    let _ = shared.predictor.set(Arc::downgrade(&predictor));
     let probes = http::observed(
         http::probe_router(
             Arc::clone(&shared),

@@ -14,6 +14,7 @@ pub mod forecast;
 mod fork;
 pub mod limits;
 pub mod load_forecast;
+pub mod matching;
 pub mod memo;
 pub mod parallel;
 pub mod predict;
