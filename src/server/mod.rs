@@ -19,6 +19,7 @@ pub mod http;
 pub mod http_conn;
 pub mod keda;
 pub mod lifecycle;
+pub mod listeners;
 pub mod load;
 pub mod loadgen;
 pub mod observe;
