@@ -108,12 +108,8 @@ impl BenchArgs {
 /// Runs the cases asked for (every case by default) and returns the report.
 pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
     if let Some(pods) = args.fake_pods {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|err| CliError::flag("fake-pods", err.to_string()))?;
-        return runtime
-            .block_on(crate::live::bench::serve_fake_pods(pods))
+        return crate::server::runtime::block_on(crate::live::bench::serve_fake_pods(pods))
+            .map_err(|err| CliError::flag("fake-pods", err.to_string()))?
             .map(|()| String::new())
             .map_err(|err| CliError::flag("fake-pods", err));
     }
@@ -415,12 +411,13 @@ fn live_seconds(args: &BenchArgs) -> u64 {
         .max(1)
 }
 
-/// A multi-threaded runtime for the cases that serve or scrape on loopback.
-fn bench_runtime() -> Result<tokio::runtime::Runtime, CliError> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|err| CliError::flag("bench", err.to_string()))
+/// Runs a case that serves or scrapes on loopback on its own runtime (`server::runtime`).
+fn on_runtime<T>(
+    case: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, CliError> {
+    crate::server::runtime::block_on(case)
+        .map_err(|err| CliError::flag("bench", err.to_string()))?
+        .map_err(|err| CliError::flag("bench", err))
 }
 
 /// Case 4: the live mirror scraping fake pods.
@@ -430,14 +427,11 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
         out,
         "\n== live mirror: 100 fake vLLM pods on loopback, /metrics every 50 ms, {seconds} s (the fake pods in their own process: the CPU is ditto's own)"
     );
-    let runtime = bench_runtime()?;
-    let live = runtime
-        .block_on(crate::live::bench::scrape_bench(
-            100,
-            Duration::from_millis(50),
-            Duration::from_secs(seconds),
-        ))
-        .map_err(|err| CliError::flag("bench", err))?;
+    let live = on_runtime(crate::live::bench::scrape_bench(
+        100,
+        Duration::from_millis(50),
+        Duration::from_secs(seconds),
+    ))?;
     let _ = writeln!(out, "{}", live.row());
     Ok(())
 }
@@ -445,7 +439,6 @@ fn live_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
 /// The live mirror's KV-event case (see `live::kv_bench`).
 fn kv_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
     let seconds = live_seconds(args);
-    let runtime = bench_runtime()?;
     let _ = writeln!(
         out,
         "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
@@ -456,15 +449,13 @@ fn kv_case(out: &mut String, args: &BenchArgs) -> Result<(), CliError> {
     } else {
         (26_312, 200_000)
     };
-    let kv = runtime
-        .block_on(crate::live::kv_bench::kv_bench(
-            100,
-            200,
-            cached,
-            memory_blocks,
-            Duration::from_secs(seconds),
-        ))
-        .map_err(|err| CliError::flag("bench", err))?;
+    let kv = on_runtime(crate::live::kv_bench::kv_bench(
+        100,
+        200,
+        cached,
+        memory_blocks,
+        Duration::from_secs(seconds),
+    ))?;
     let _ = writeln!(out, "{}", kv.rows());
     Ok(())
 }

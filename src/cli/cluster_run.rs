@@ -150,10 +150,11 @@ pub fn cluster_config(
                 source,
             })?;
             Some(
-                spec::parse_cluster_file(&text, None).map_err(|err| CliError::BadFile {
-                    path: Path::new(path).to_path_buf(),
-                    reason: err.to_string(),
-                })?,
+                spec::parse_cluster_file(&text, Some(&super::model_files::FsModelFiles::new(None)))
+                    .map_err(|err| CliError::BadFile {
+                        path: Path::new(path).to_path_buf(),
+                        reason: err.to_string(),
+                    })?,
             )
         }
         None => None,

@@ -17,6 +17,7 @@ pub mod error;
 pub mod forecast_loop;
 pub mod http_args;
 pub mod latency;
+pub mod model_files;
 pub mod pd_sweep;
 pub mod predict;
 pub mod predictor_args;

@@ -195,8 +195,9 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
                 reason,
             };
             let text = std::fs::read_to_string(path).map_err(|err| bad(err.to_string()))?;
-            let cluster = parse_cluster_yaml_with(&text, args.model_dir.as_deref())
-                .map_err(|err| bad(err.to_string()))?;
+            let files = crate::cli::model_files::FsModelFiles::new(args.model_dir.as_deref());
+            let cluster =
+                parse_cluster_yaml_with(&text, Some(&files)).map_err(|err| bad(err.to_string()))?;
             disaggregation = crate::twin::snapshot::PdSettings::from_cluster_yaml(&text)
                 .map_err(|err| bad(err.to_string()))?;
             yaml = Some(text);

@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::Server;
@@ -28,10 +27,11 @@ use super::keda::KedaService;
 use super::keda::load::LoadTracker;
 use super::keda::proto::external_scaler_server::ExternalScalerServer;
 use super::lifecycle::{DrainGate, Lifecycle};
+use super::listeners::{bind_all, serve_main, serve_probes, stopped};
 use super::observe::ObserveGrpc;
 use super::proto::twin_server::TwinServer;
 use super::service::{ServiceLimits, Shared, TwinService};
-use super::tls::{self, TlsAcceptors, TlsFiles};
+use super::tls::{TlsAcceptors, TlsFiles};
 use crate::cluster::config::ClusterConfig;
 use crate::telemetry::Metrics;
 use crate::twin::limits::Limits;
@@ -158,123 +158,33 @@ pub struct RunningServer {
     background: Vec<JoinHandle<()>>,
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })
-}
-
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    // An error means the sender is gone, which also means stop.
-    let _ = stop.wait_for(|stop| *stop).await;
-}
-
 /// Syncs the initial config, binds both listeners and starts serving.
 pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> {
     let tls = options.tls.as_ref().map(TlsAcceptors::load).transpose()?;
     let metrics = Arc::new(Metrics::new()?);
     let in_flight = Lifecycle::in_flight_gauge()?;
     metrics.register(Box::new(in_flight.clone()))?;
-    let rejections = prometheus::IntCounterVec::new(
-        prometheus::Opts::new(
-            "ditto_auth_rejections_total",
-            "Calls refused for a missing or wrong bearer token, by gRPC method or HTTP path.",
-        ),
-        &["method"],
-    )?;
-    metrics.register(Box::new(rejections.clone()))?;
+    let rejections = auth_rejections(&metrics)?;
     let lifecycle = Arc::new(Lifecycle::new(in_flight));
-    let store = Arc::new(MirrorStore::new(options.store));
-    if let Some(initial) = options.initial_config {
-        store
-            .sync_config(initial.cluster, initial.settings, Vec::new())
-            .map_err(ServeError::Config)?;
-    }
+    let store = mirror_store(options.store, options.initial_config)?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    let mut background = Vec::new();
-    if let Some(forecast) = options.forecast_loop {
-        background.push(forecast_loop::spawn(
-            forecast,
-            Arc::clone(&store),
-            options.service.twin.clone(),
-            options.service.max_call,
-            &metrics,
-            lifecycle.draining(),
-        )?);
-    }
-    let window = Duration::from_micros(options.store.arrivals_window_us);
-    let load = Arc::new(LoadTracker::new(
-        options.load_forecast_step,
-        window,
+    let (load, background) = spawn_background(
+        options.forecast_loop,
+        (options.load_forecast_step, options.store.arrivals_window_us),
+        &store,
+        &options.service,
         &metrics,
-    )?);
-    background.push(load.spawn(
-        Arc::clone(&store),
-        Arc::clone(&metrics),
-        lifecycle.draining(),
-    ));
+        &lifecycle,
+    )?;
     let shared = Arc::new(Shared::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
         .await;
-    let live = match options.live {
-        Some(config) => Some(start_live(config, &shared)?),
-        None => None,
-    };
+    let live = options
+        .live
+        .map(|config| start_live(config, &shared))
+        .transpose()?;
     shared.report_serving().await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
-    let twin = TwinServer::new(TwinService::new(Arc::clone(&shared)))
-        .max_decoding_message_size(options.max_message_bytes);
-    let auth_mode = match (&options.auth.token, options.auth.reads) {
-        (None, _) => "off",
-        (Some(_), false) => "bearer token on writes",
-        (Some(_), true) => "bearer token on writes and reads",
-    };
-    let auth = Arc::new(options.auth);
-    let twin = AuthGate::new(twin, Arc::clone(&auth), rejections.clone());
-    let twin = DrainGate::new(twin, Arc::clone(&lifecycle));
-    let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
-    let keda = ExternalScalerServer::new(KedaService::new(
-        Arc::clone(&shared),
-        load,
-        lifecycle.draining(),
-    )?)
-    .max_decoding_message_size(options.max_message_bytes);
-    let keda = AuthGate::new(keda, Arc::clone(&auth), rejections.clone());
-    let keda = DrainGate::new(keda, Arc::clone(&lifecycle));
-    let keda = ObserveGrpc::new(keda, Arc::clone(&shared.metrics));
-    let grpc_listener = bind(options.grpc_addr).await?;
-    let http_listener = bind(options.http_addr).await?;
-    let metrics_listener = match options.metrics_addr {
-        Some(addr) => Some((addr, bind(addr).await?)),
-        None => None,
-    };
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: options.grpc_addr,
-            source,
-        })?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind {
-            addr: options.http_addr,
-            source,
-        })?;
-    let (stop, stop_rx) = watch::channel(false);
-    let routes = Server::builder()
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(twin)
-        .add_service(keda);
     let predictor = Arc::new(super::predictor::Predictor::new(
         Arc::clone(&shared),
         super::predictor::PredictorOptions {
@@ -282,8 +192,22 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
             ..options.predictor.clone()
         },
     )?);
+    let auth_mode = auth_mode(&options.auth);
+    let auth = Arc::new(options.auth);
+    let gates = Gates::new(&auth, &rejections, &lifecycle);
+    let routes = grpc_routes(
+        &shared,
+        &predictor,
+        load,
+        &gates,
+        health_service,
+        options.max_message_bytes,
+    )?;
+    let (listeners, metrics_listener) =
+        bind_all(options.grpc_addr, options.http_addr, options.metrics_addr).await?;
+    let (grpc_addr, http_addr) = (listeners.grpc_addr, listeners.http_addr);
+    let (stop, stop_rx) = watch::channel(false);
     let connections = super::http_conn::ConnectionMetrics::register(&shared.metrics)?;
-    let _ = shared.predictor.set(Arc::downgrade(&predictor));
     let probes = http::observed(
         http::probe_router(
             Arc::clone(&shared),
@@ -296,68 +220,27 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     let router = http::router(Arc::clone(&shared), predictor, auth, rejections);
     let (metrics_addr, metrics) = match metrics_listener {
         None => (None, None),
-        Some((addr, listener)) => {
-            let limits = super::http_conn::HttpLimits {
-                max_connections: options.metrics_max_connections,
-                ..options.http
-            };
-            let (bound, task) = serve_probes(
-                addr,
-                listener,
-                probes,
-                limits,
-                &shared,
-                tls.as_ref(),
-                stopped(stop_rx.clone()),
-            )?;
-            (Some(bound), Some(task))
-        }
+        Some((addr, listener)) => serve_probes(
+            addr,
+            listener,
+            probes,
+            (options.http, options.metrics_max_connections),
+            &shared,
+            tls.as_ref(),
+            stopped(stop_rx.clone()),
+        )
+        .map(|(bound, task)| (Some(bound), Some(task)))?,
     };
-    let (grpc, http) =
-        match &tls {
-            None => {
-                let grpc = routes.serve_with_incoming_shutdown(
-                    super::grpc_conn::incoming(
-                        grpc_listener,
-                        options.grpc,
-                        super::grpc_conn::GrpcConnectionMetrics::register(&shared.metrics)?,
-                    ),
-                    stopped(stop_rx.clone()),
-                );
-                let http = super::http_conn::serve(
-                    http_listener,
-                    router,
-                    options.http,
-                    connections,
-                    stopped(stop_rx),
-                );
-                (tokio::spawn(grpc), tokio::spawn(http))
-            }
-            Some(acceptors) => {
-                let grpc = routes.serve_with_incoming_shutdown(
-                    tls::grpc_incoming(grpc_listener, acceptors.grpc.clone()),
-                    stopped(stop_rx.clone()),
-                );
-                let listener = tls::TlsListener::new(http_listener, acceptors.http.clone())
-                    .map_err(|source| ServeError::Bind {
-                        addr: options.http_addr,
-                        source,
-                    })?;
-                let http = super::http_conn::serve(
-                    listener,
-                    router,
-                    options.http,
-                    connections,
-                    stopped(stop_rx),
-                );
-                (tokio::spawn(grpc), tokio::spawn(http))
-            }
-        };
-    let transport = match (&options.tls, &tls) {
-        (Some(files), Some(_)) if files.client_ca.is_some() => "TLS, client certificates on gRPC",
-        (Some(_), Some(_)) => "TLS",
-        _ => "plain",
-    };
+    let (grpc, http) = serve_main(
+        listeners,
+        routes,
+        router,
+        (options.grpc, options.http),
+        (&shared, connections),
+        tls.as_ref(),
+        &stop_rx,
+    )?;
+    let transport = transport(options.tls.as_ref(), tls.is_some());
     let metrics_listen = metrics_addr.map_or_else(|| "off".to_owned(), |addr| addr.to_string());
     tracing::info!(%grpc_addr, %http_addr, metrics_addr = %metrics_listen, auth = auth_mode, transport, "ditto serving");
     Ok(RunningServer {
@@ -376,47 +259,142 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
     })
 }
 
-/// Serves `probes` (metrics and the probes) on the `--metrics-addr` listener within `limits`,
-/// over TLS when the server has it, its connections counted apart
-/// (`ditto_metrics_http_connections*`); returns the bound address and the task.
-fn serve_probes(
-    addr: SocketAddr,
-    listener: TcpListener,
-    probes: axum::Router,
-    limits: super::http_conn::HttpLimits,
-    shared: &Shared,
-    tls: Option<&TlsAcceptors>,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), ServeError> {
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let connections = super::http_conn::ConnectionMetrics::register_as(
-        &shared.metrics,
-        "ditto_metrics_http",
-        "--metrics-max-connections",
-    )?;
-    let task = match tls {
-        None => tokio::spawn(super::http_conn::serve(
-            listener,
-            probes,
-            limits,
-            connections,
-            stop,
-        )),
-        Some(acceptors) => {
-            let listener = tls::TlsListener::new(listener, acceptors.http.clone())
-                .map_err(|source| ServeError::Bind { addr, source })?;
-            tokio::spawn(super::http_conn::serve(
-                listener,
-                probes,
-                limits,
-                connections,
-                stop,
-            ))
+/// What every exposed gRPC service sits behind: the bearer-token gate (counting its
+/// rejections) and the drain gate.
+struct Gates {
+    auth: Arc<AuthPolicy>,
+    rejections: prometheus::IntCounterVec,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl Gates {
+    fn new(
+        auth: &Arc<AuthPolicy>,
+        rejections: &prometheus::IntCounterVec,
+        lifecycle: &Arc<Lifecycle>,
+    ) -> Self {
+        Self {
+            auth: Arc::clone(auth),
+            rejections: rejections.clone(),
+            lifecycle: Arc::clone(lifecycle),
         }
-    };
-    Ok((bound, task))
+    }
+}
+
+/// The mirror store, with the initial config synced when there is one (a bad config fails
+/// before anything binds).
+fn mirror_store(
+    limits: StoreLimits,
+    initial: Option<InitialConfig>,
+) -> Result<Arc<MirrorStore>, ServeError> {
+    let store = Arc::new(MirrorStore::new(limits));
+    if let Some(initial) = initial {
+        store
+            .sync_config(initial.cluster, initial.settings, Vec::new())
+            .map_err(ServeError::Config)?;
+    }
+    Ok(store)
+}
+
+/// The gRPC listener's services: health, reflection (v1 and v1alpha), and the Twin and
+/// KEDA services, each behind the gates and observed (`server::observe`).
+fn grpc_routes(
+    shared: &Arc<Shared>,
+    predictor: &Arc<super::predictor::Predictor>,
+    load: Arc<LoadTracker>,
+    gates: &Gates,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    max_message_bytes: usize,
+) -> Result<tonic::transport::server::Router, ServeError> {
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let twin = TwinServer::new(TwinService::new(Arc::clone(shared), Arc::clone(predictor)))
+        .max_decoding_message_size(max_message_bytes);
+    let twin = AuthGate::new(twin, Arc::clone(&gates.auth), gates.rejections.clone());
+    let twin = DrainGate::new(twin, Arc::clone(&gates.lifecycle));
+    let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
+    let keda = ExternalScalerServer::new(KedaService::new(
+        Arc::clone(shared),
+        load,
+        gates.lifecycle.draining(),
+    )?)
+    .max_decoding_message_size(max_message_bytes);
+    let keda = AuthGate::new(keda, Arc::clone(&gates.auth), gates.rejections.clone());
+    let keda = DrainGate::new(keda, Arc::clone(&gates.lifecycle));
+    let keda = ObserveGrpc::new(keda, Arc::clone(&shared.metrics));
+    Ok(Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(twin)
+        .add_service(keda))
+}
+
+/// `ditto_auth_rejections_total`, registered.
+fn auth_rejections(metrics: &Metrics) -> Result<prometheus::IntCounterVec, ServeError> {
+    let rejections = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "ditto_auth_rejections_total",
+            "Calls refused for a missing or wrong bearer token, by gRPC method or HTTP path.",
+        ),
+        &["method"],
+    )?;
+    metrics.register(Box::new(rejections.clone()))?;
+    Ok(rejections)
+}
+
+/// The listeners' transport, for the start-up line.
+fn transport(files: Option<&TlsFiles>, loaded: bool) -> &'static str {
+    match files {
+        Some(files) if loaded && files.client_ca.is_some() => "TLS, client certificates on gRPC",
+        Some(_) if loaded => "TLS",
+        _ => "plain",
+    }
+}
+
+/// How the bearer token applies, for the start-up line.
+fn auth_mode(auth: &AuthPolicy) -> &'static str {
+    match (&auth.token, auth.reads) {
+        (None, _) => "off",
+        (Some(_), false) => "bearer token on writes",
+        (Some(_), true) => "bearer token on writes and reads",
+    }
+}
+
+/// The background loops: the optional forecast loop and the load sampler (KEDA's and the
+/// load forecast's), each stopping when the server drains. Returns the load tracker and
+/// their tasks.
+fn spawn_background(
+    forecast: Option<ForecastLoopOptions>,
+    (load_step, arrivals_window_us): (Duration, u64),
+    store: &Arc<MirrorStore>,
+    service: &ServiceLimits,
+    metrics: &Arc<Metrics>,
+    lifecycle: &Lifecycle,
+) -> Result<(Arc<LoadTracker>, Vec<JoinHandle<()>>), ServeError> {
+    let mut background = Vec::new();
+    if let Some(forecast) = forecast {
+        background.push(forecast_loop::spawn(
+            forecast,
+            Arc::clone(store),
+            service.twin.clone(),
+            service.max_call,
+            metrics,
+            lifecycle.draining(),
+        )?);
+    }
+    let window = Duration::from_micros(arrivals_window_us);
+    let load = Arc::new(LoadTracker::new(load_step, window, metrics)?);
+    background.push(load.spawn(Arc::clone(store), Arc::clone(metrics), lifecycle.draining()));
+    Ok((load, background))
 }
 
 /// Starts the live mirror and reports SERVING after each instance set it syncs.

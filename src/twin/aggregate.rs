@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::cluster::config::{ClusterConfig, InstanceConfig};
+use crate::cluster::config::{ClusterConfig, InstanceConfig, InstanceRole};
 use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
 
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
@@ -33,6 +33,9 @@ pub const SYNTHETIC_NOW_US: u64 = 1_000_000;
 /// First block key of the new prompt (keys of synthesized prompts never collide with it).
 const PROMPT_KEY_BASE: u64 = 0xD170_0000_0000_0000;
 
+/// First block key of the waiting requests' prompts on a decode pod (each its own 2^32 keys).
+const WAITING_KEY_BASE: u64 = 0xD171_0000_0000_0000;
+
 /// A pod's role in prefill/decode disaggregation (the peer's `pod_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PodType {
@@ -44,15 +47,54 @@ pub enum PodType {
     Decode,
 }
 
+/// The `pod_type` spellings accepted, as the EPP sends them: the value of the pod's role
+/// label (`endpointRoleLabel`, by default llm-d's `llm-d.ai/role`), or `""` when the pod has
+/// none. llm-d's role values: `prefill` and `encode-prefill` prefill only; `decode` and
+/// `encode-decode` decode only; `prefill-decode`, `encode-prefill-decode` and the deprecated
+/// `both` serve both phases, as does `monolithic` (the peer's own load test sends it). An
+/// encode-only pod (`encode`) has no latency this API predicts.
+pub const POD_TYPES: &str = "'', 'monolithic', 'both', 'prefill-decode', \
+     'encode-prefill-decode', 'prefill', 'encode-prefill', 'decode' or 'encode-decode'";
+
 impl PodType {
-    /// Parses the peer's spelling; `None` for anything else.
+    /// Parses a role as the EPP sends it (see [`POD_TYPES`]); `None` for anything else.
     pub fn parse(text: &str) -> Option<PodType> {
         match text {
-            "" => Some(PodType::Monolithic),
-            "prefill" => Some(PodType::Prefill),
-            "decode" => Some(PodType::Decode),
+            "" | "monolithic" | "both" | "prefill-decode" | "encode-prefill-decode" => {
+                Some(PodType::Monolithic)
+            }
+            "prefill" | "encode-prefill" => Some(PodType::Prefill),
+            "decode" | "encode-decode" => Some(PodType::Decode),
             _ => None,
         }
+    }
+
+    /// The peer's own spelling of this pod type (`""` for monolithic).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodType::Monolithic => "",
+            PodType::Prefill => "prefill",
+            PodType::Decode => "decode",
+        }
+    }
+
+    /// The mirrored instance role entries of this pod type are matched to and simulated on.
+    pub fn role(self) -> InstanceRole {
+        match self {
+            PodType::Monolithic => InstanceRole::Both,
+            PodType::Prefill => InstanceRole::Prefill,
+            PodType::Decode => InstanceRole::Decode,
+        }
+    }
+
+    /// A prediction with the phases this pod type does not serve made neutral: a prefill
+    /// pod's TPOT is 0 with no spread (it generates one token; the EPP neutralises its TPOT
+    /// too), so no TPOT SLO is ever missed there.
+    pub fn neutralise(self, mut prediction: AggregatePrediction) -> AggregatePrediction {
+        if !self.carries_tpot() {
+            prediction.tpot = Estimate::default();
+        }
+        prediction
     }
 
     /// Whether entries of this pod type carry a TTFT worth learning from.
@@ -167,6 +209,10 @@ pub fn single_instance_config(config: &ClusterConfig, index: usize) -> Option<Cl
 /// - Waiting requests each carry an equal share of the prefill tokens in flight, or a prompt
 ///   as long as the new one when none are reported.
 /// - The prefix score is the fraction of the new prompt's full blocks cached on the pod.
+/// - By `pod_type`: a prefill pod's running requests are prompts half computed and every
+///   request there, the new one too, ends at its first token; a decode pod holds the new
+///   prompt's KV whole (pulled from its prefill pod), so it computes only the last token; so
+///   do its waiting requests, their pulled blocks cached as far as the free blocks go.
 pub fn instance_from_aggregates(
     instance: &InstanceConfig,
     aggregates: &PodAggregates,
@@ -176,6 +222,7 @@ pub fn instance_from_aggregates(
     let block = u64::from(engine.block_size.max(1));
     let total_blocks = u64::from(engine.num_gpu_blocks);
     let max_len = u64::from(engine.effective_max_model_len().max(2));
+    let prefill_pod = aggregates.pod_type == PodType::Prefill;
     let running_count = aggregates
         .num_request_running
         .min(engine.max_num_seqs.max(1));
@@ -191,13 +238,16 @@ pub fn instance_from_aggregates(
         // Leave room to decode: a context at most half the model length.
         let context = per_request_tokens.clamp(1, max_len / 2) as u32;
         for index in 0..running_count {
-            running.push(synthetic_request(
-                format!("running-{index}"),
-                context,
-                context,
-                1,
-                max_len,
-            ));
+            let id = format!("running-{index}");
+            running.push(if prefill_pod {
+                // A prefill pod's running requests are prompts half computed (chunked
+                // prefill), each ending at its first token.
+                let mut request = synthetic_request(id, context, context.div_ceil(2), 0, max_len);
+                request.max_tokens = 1;
+                request
+            } else {
+                synthetic_request(id, context, context, 1, max_len)
+            });
         }
     }
     let waiting_prompt =
@@ -207,19 +257,47 @@ pub fn instance_from_aggregates(
             u64::from(aggregates.input_token_length)
         }
         .clamp(1, max_len / 2) as u32;
-    let waiting = (0..aggregates.num_request_waiting)
-        .map(|index| synthetic_request(format!("waiting-{index}"), waiting_prompt, 0, 0, max_len))
+    let decode_pod = aggregates.pod_type == PodType::Decode;
+    let waiting: Vec<ObservedRequest> = (0..aggregates.num_request_waiting)
+        .map(|index| {
+            let mut request =
+                synthetic_request(format!("waiting-{index}"), waiting_prompt, 0, 0, max_len);
+            if prefill_pod {
+                request.max_tokens = 1;
+            }
+            if decode_pod {
+                // Its KV is pulled from a prefill pod too: keyed blocks, cached below.
+                let base = WAITING_KEY_BASE + (u64::from(index) << 32);
+                request.block_hashes = (0..u64::from(waiting_prompt) / block)
+                    .map(|i| base + i)
+                    .collect();
+            }
+            request
+        })
         .collect();
     let prompt_tokens = aggregates.input_token_length.max(1);
     // A prompt longer than the pod holds is refused before simulation: no more keys.
     let full_blocks = u64::from(prompt_tokens).min(max_len) / block;
     let block_hashes: Vec<u64> = (0..full_blocks).map(|i| PROMPT_KEY_BASE + i).collect();
     let free_blocks = total_blocks.saturating_sub(resident_blocks);
-    let hit_blocks = ((aggregates.prefix_cache_score.clamp(0.0, 1.0) * full_blocks as f64).floor()
-        as u64)
-        .min(free_blocks);
-    let cached_blocks =
-        CachedBlocks::from_keys(block_hashes[..hit_blocks as usize].iter().copied());
+    // A decode pod receives the prompt's KV from its prefill pod: all of it is there when
+    // the request is scheduled, and it computes only the prompt's last token.
+    let cached_fraction = match aggregates.pod_type {
+        PodType::Decode => 1.0,
+        PodType::Monolithic | PodType::Prefill => aggregates.prefix_cache_score.clamp(0.0, 1.0),
+    };
+    let hit_blocks = ((cached_fraction * full_blocks as f64).floor() as u64).min(free_blocks);
+    // A decode pod's waiting requests hold their pulled KV in what the new prompt leaves.
+    let pulled = waiting
+        .iter()
+        .flat_map(|request| request.block_hashes.iter().copied())
+        .take(free_blocks.saturating_sub(hit_blocks) as usize);
+    let cached_blocks = CachedBlocks::from_keys(
+        block_hashes[..hit_blocks as usize]
+            .iter()
+            .copied()
+            .chain(pulled),
+    );
     let state = InstanceState {
         instance_id: instance.id.clone(),
         observed_at_us: SYNTHETIC_NOW_US,
@@ -235,9 +313,14 @@ pub fn instance_from_aggregates(
         cached_blocks,
         ..InstanceState::default()
     };
-    let output = output_tokens
-        .max(aggregates.num_tokens_generated.saturating_add(1))
-        .max(1);
+    // A prefill pod is sent the prompt with `max_tokens = 1` (llm-d's routing sidecar).
+    let output = if prefill_pod {
+        1
+    } else {
+        output_tokens
+            .max(aggregates.num_tokens_generated.saturating_add(1))
+            .max(1)
+    };
     let request = CandidateRequest {
         prompt_tokens,
         token_ids: None,
@@ -300,6 +383,7 @@ pub fn predict_aggregates(
         memo: Default::default(),
     };
     predict_on_mirrored(&snapshot, 0, request, SYNTHETIC_NOW_US, options, limits)
+        .map(|prediction| aggregates.pod_type.neutralise(prediction))
 }
 
 /// Predicts `request` on instance `index` of `snapshot` at `now_us` (the mirrored state of a

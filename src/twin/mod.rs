@@ -15,6 +15,7 @@ pub mod forecast_pd;
 mod fork;
 pub mod limits;
 pub mod load_forecast;
+pub mod matching;
 pub mod memo;
 mod outcome;
 pub mod parallel;

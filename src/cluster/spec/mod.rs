@@ -241,19 +241,21 @@ pub fn default_cluster() -> ClusterConfig {
         .expect("the embedded default cluster is valid (tested in cluster_spec)")
 }
 
-/// Parses and resolves a cluster YAML document (models: embedded, or `model_config` files).
+/// Parses and resolves a cluster YAML document whose models are embedded (it reads no
+/// files: see [`parse_cluster_yaml_with`]).
 pub fn parse_cluster_yaml(text: &str) -> Result<ClusterConfig, ClusterSpecError> {
     parse_cluster_yaml_with(text, None)
 }
 
-/// Parses and resolves a cluster YAML document; a `model:` that is not embedded is looked up
-/// as `model_dir/<normalised name>/config.json` (`ditto serve --model-dir`). A
-/// `disaggregation:` section is validated but not returned (see [`parse_cluster_file`]).
+/// Parses and resolves a cluster YAML document; `model_config` files and a `model:` that is
+/// not embedded (`<model dir>/<normalised name>/config.json`, `ditto serve --model-dir`) are
+/// read through `files`. A `disaggregation:` section is validated but not returned (see
+/// [`parse_cluster_file`]).
 pub fn parse_cluster_yaml_with(
     text: &str,
-    model_dir: Option<&std::path::Path>,
+    files: Option<&dyn ModelFiles>,
 ) -> Result<ClusterConfig, ClusterSpecError> {
-    parse_cluster_file(text, model_dir).map(|file| file.config)
+    parse_cluster_file(text, files).map(|file| file.config)
 }
 
 /// A resolved cluster file: the cluster, its disaggregation if it has a
@@ -269,10 +271,11 @@ pub struct ClusterFileConfig {
     pub kv: Vec<crate::cluster::disagg::InstanceKv>,
 }
 
-/// Parses and resolves a cluster YAML document with its disaggregation section.
+/// Parses and resolves a cluster YAML document with its disaggregation section (model
+/// files read through `files`, as in [`parse_cluster_yaml_with`]).
 pub fn parse_cluster_file(
     text: &str,
-    model_dir: Option<&std::path::Path>,
+    files: Option<&dyn ModelFiles>,
 ) -> Result<ClusterFileConfig, ClusterSpecError> {
     let file: ClusterFile =
         serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
@@ -293,7 +296,7 @@ pub fn parse_cluster_file(
         }
         let mut pool = pool.clone();
         if pool.model_config_json.is_none() {
-            pool.model_config_json = read_model_config(&pool, &path, model_dir)?;
+            pool.model_config_json = read_model_config(&pool, &path, files)?;
         }
         let mut template = resolve_pool(&pool, &path)?;
         template.role = resolve_role(role, &path)?;
@@ -348,36 +351,40 @@ pub fn parse_cluster_file(
     })
 }
 
+/// Where a cluster file's model configs come from when a pool's model is not embedded: the
+/// caller's file reading (`cli::model_files` at the edge), so resolving stays pure.
+pub trait ModelFiles {
+    /// The text of a pool's `model_config` file, or why it cannot be read.
+    fn read(&self, file: &str) -> Result<String, String>;
+    /// The `config.json` of `model` (its normalised name) under the model directory, `None`
+    /// when there is no directory or no such file, or why it cannot be read (naming it).
+    fn in_model_dir(&self, model: &str) -> Result<Option<String>, String>;
+}
+
 /// The `config.json` text for a pool whose model is not embedded: its `model_config` file,
-/// else `model_dir/<normalised model>/config.json` when that exists (`None`: use the
-/// embedded catalog).
+/// else `<model dir>/<normalised model>/config.json` when that exists (`None`: use the
+/// embedded catalog). Without `files`, a `model_config` file is an error.
 fn read_model_config(
     pool: &PoolSpec,
     path: &str,
-    model_dir: Option<&std::path::Path>,
+    files: Option<&dyn ModelFiles>,
 ) -> Result<Option<String>, ClusterSpecError> {
     if let Some(file) = &pool.model_config {
-        return std::fs::read_to_string(file)
-            .map(Some)
-            .map_err(|err| invalid(format!("{path}.model_config"), format!("{file}: {err}")));
+        return match files {
+            Some(files) => files.read(file).map(Some),
+            None => Err("this caller reads no files".to_owned()),
+        }
+        .map_err(|err| invalid(format!("{path}.model_config"), format!("{file}: {err}")));
     }
-    let Some(dir) = model_dir else {
+    let Some(files) = files else {
         return Ok(None);
     };
     if catalog::model(&pool.model).is_ok() {
         return Ok(None);
     }
-    let file = dir
-        .join(catalog::normalize_model_name(&pool.model))
-        .join("config.json");
-    match std::fs::read_to_string(&file) {
-        Ok(text) => Ok(Some(text)),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(err) => Err(invalid(
-            format!("{path}.model"),
-            format!("{}: {err}", file.display()),
-        )),
-    }
+    files
+        .in_model_dir(&catalog::normalize_model_name(&pool.model))
+        .map_err(|err| invalid(format!("{path}.model"), err))
 }
 
 /// Builds one instance of `pool` (its id is set by the caller).

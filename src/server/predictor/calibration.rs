@@ -348,19 +348,23 @@ impl Calibrator {
         );
         let calibration = self.lock();
         let ttft_raw = if calibration.ttft_is_e2e() {
-            super::handlers::e2e_estimate(prediction, output_tokens)
+            super::training::e2e_estimate(prediction, output_tokens)
         } else {
             prediction.ttft
         };
-        (
-            calibrated_estimate(calibration.phase(Phase::Ttft), ttft_raw, &load, objective),
+        let ttft = calibrated_estimate(calibration.phase(Phase::Ttft), ttft_raw, &load, objective);
+        // A pod that does not decode keeps its neutral TPOT (`PodType::neutralise`).
+        let tpot = if aggregates.pod_type.carries_tpot() {
             calibrated_estimate(
                 calibration.phase(Phase::Tpot),
                 prediction.tpot,
                 &load,
                 objective,
-            ),
-        )
+            )
+        } else {
+            prediction.tpot
+        };
+        (ttft, tpot)
     }
 
     /// Maps a routing answer's TTFT and TPOT distributions (means and quantiles) through the

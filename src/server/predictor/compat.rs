@@ -123,13 +123,13 @@ pub fn healthz() -> Response {
 /// `GET /readyz`: a config is synced and the server is not shutting down (the peer's
 /// `{"status": "ready", ...}`, else 503 with `detail`).
 pub fn readyz(predictor: &Predictor) -> Response {
-    if predictor.shared.is_ready() {
+    if predictor.shared().is_ready() {
         ok_json(json!({
             "status": "ready",
             "model_type": PEER_MODEL_TYPE,
             "engine": MODEL_TYPE,
-            "objective_type": objective_type(predictor.options.objective),
-            "quantile": predictor.options.quantile,
+            "objective_type": objective_type(predictor.options().objective),
+            "quantile": predictor.options().quantile,
         }))
     } else {
         detail(StatusCode::SERVICE_UNAVAILABLE, "Models are not ready")
@@ -138,14 +138,14 @@ pub fn readyz(predictor: &Predictor) -> Response {
 
 /// `GET /`: the service description of the peer's prediction server.
 pub async fn root(State(predictor): State<Arc<Predictor>>, headers: HeaderMap) -> Response {
-    let options = &predictor.options;
+    let options = predictor.options();
     ok_json(json!({
         "message": "ditto is running: latency predictions by simulating the pod",
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
         "objective_type": objective_type(options.objective),
         "quantile": options.quantile,
-        "is_ready": predictor.shared.is_ready(),
+        "is_ready": predictor.shared().is_ready(),
         "sync_interval": 0,
         "training_server": own_url(&headers),
     }))
@@ -153,34 +153,34 @@ pub async fn root(State(predictor): State<Arc<Predictor>>, headers: HeaderMap) -
 
 /// `GET /status`.
 pub async fn status(State(predictor): State<Arc<Predictor>>, headers: HeaderMap) -> Response {
-    let options = &predictor.options;
+    let options = predictor.options();
     ok_json(json!({
-        "is_ready": predictor.shared.is_ready(),
+        "is_ready": predictor.shared().is_ready(),
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
         "objective_type": objective_type(options.objective),
         "quantile": options.quantile,
-        "last_model_load": iso8601(predictor.started_at_us),
+        "last_model_load": iso8601(predictor.started_at_us()),
         "training_server_url": own_url(&headers),
         "models_exist": { "ttft_model": true, "tpot_model": true },
         "ensemble_active": false,
         "replications": options.replications,
-        "calibration": predictor.calibrator.summary(),
+        "calibration": predictor.calibrator().summary(),
     }))
 }
 
 /// `POST /reload`: re-reads the calibration file (there is no model to sync).
 pub async fn reload(State(predictor): State<Arc<Predictor>>) -> Response {
-    match predictor.calibrator.reload() {
+    match predictor.calibrator().reload() {
         Ok(loaded) => ok_json(json!({
             "synced": false,
             "loaded": loaded,
-            "is_ready": predictor.shared.is_ready(),
+            "is_ready": predictor.shared().is_ready(),
             "model_type": PEER_MODEL_TYPE,
             "engine": MODEL_TYPE,
-            "objective_type": objective_type(predictor.options.objective),
-            "quantile": predictor.options.quantile,
-            "last_load_time": iso8601(predictor.started_at_us),
+            "objective_type": objective_type(predictor.options().objective),
+            "quantile": predictor.options().quantile,
+            "last_load_time": iso8601(predictor.started_at_us()),
         })),
         Err(err) => detail(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -196,17 +196,17 @@ fn counts(ttft: u64, tpot: u64) -> Value {
 /// `GET /data/status`: the peer's training data, test data and ensemble sections, mapped
 /// onto the calibration (see the module doc), and ditto's own `calibration` summary.
 pub async fn data_status(State(predictor): State<Arc<Predictor>>) -> Response {
-    let ((ttft, tpot), (ttft_test, tpot_test)) = predictor.calibrator.sample_counts();
+    let ((ttft, tpot), (ttft_test, tpot_test)) = predictor.calibrator().sample_counts();
     ok_json(json!({
         "training_data": counts(ttft, tpot),
         "test_data": counts(ttft_test, tpot_test),
         "ensemble": { "ensemble_mode": false, "ensemble_active": false },
         "bucket_distribution": {},
-        "model_ready": predictor.shared.is_ready(),
-        "last_retrain": predictor.calibrator.trained_at_us().map(iso8601),
+        "model_ready": predictor.shared().is_ready(),
+        "last_retrain": predictor.calibrator().trained_at_us().map(iso8601),
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
-        "calibration": predictor.calibrator.summary(),
+        "calibration": predictor.calibrator().summary(),
     }))
 }
 
@@ -312,7 +312,7 @@ pub async fn flush(State(predictor): State<Arc<Predictor>>, body: Bytes) -> Resp
         Ok(parsed) => parsed,
         Err(errors) => return unprocessable(errors),
     };
-    let flushed = predictor.calibrator.flush(request);
+    let flushed = predictor.calibrator().flush(request);
     ok_json(json!({
         "success": true,
         "flushed_at": iso8601(wall_now_us()),
@@ -341,7 +341,7 @@ pub async fn models_list(State(predictor): State<Arc<Predictor>>) -> Response {
     for name in MODEL_NAMES {
         let entry = match phase_of(name) {
             Some(phase) => {
-                let file = predictor.calibrator.model_file(phase);
+                let file = predictor.calibrator().model_file(phase);
                 json!({
                     "exists": true,
                     "size_bytes": file.size_bytes,
@@ -356,7 +356,7 @@ pub async fn models_list(State(predictor): State<Arc<Predictor>>) -> Response {
         "models": models,
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
-        "quantile": predictor.options.quantile,
+        "quantile": predictor.options().quantile,
         "server_time": iso8601(wall_now_us()),
         "downloadable": false,
     }))
@@ -374,7 +374,7 @@ pub async fn model_info(
     let Some(phase) = phase_of(&name) else {
         return detail(StatusCode::NOT_FOUND, format!("Model {name} not found"));
     };
-    let file = predictor.calibrator.model_file(phase);
+    let file = predictor.calibrator().model_file(phase);
     ok_json(json!({
         "model_name": name,
         "path": model_path(&predictor),
@@ -383,7 +383,7 @@ pub async fn model_info(
         "exists": true,
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
-        "quantile": predictor.options.quantile,
+        "quantile": predictor.options().quantile,
         "downloadable": false,
     }))
 }
@@ -395,14 +395,14 @@ pub async fn download_info(State(predictor): State<Arc<Predictor>>) -> Response 
     ok_json(json!({
         "model_type": PEER_MODEL_TYPE,
         "engine": MODEL_TYPE,
-        "objective_type": objective_type(predictor.options.objective),
-        "quantile": predictor.options.quantile,
+        "objective_type": objective_type(predictor.options().objective),
+        "quantile": predictor.options().quantile,
         "downloadable": false,
         "available_endpoints": {},
         "model_status": { "ttft_model_ready": true, "tpot_model_ready": true },
         "message": "ditto predicts by simulating the pod, not with a regressor: there is no \
                     model to download; call /predict/bulk/strict",
-        "calibration": predictor.calibrator.summary(),
+        "calibration": predictor.calibrator().summary(),
     }))
 }
 

@@ -1,5 +1,5 @@
 //! The predictor's HTTP handlers: decode and validate (`schema`), simulate on the
-//! simulation pool (`Predictor::simulate_entries`), calibrate, encode. Every error is JSON
+//! simulation pool (`Predictor::simulate`), calibrate, encode. Every error is JSON
 //! with a `detail`, as FastAPI answers: 422 for validation, 413 over the bulk entry limit,
 //! 503 before a config is synced or when the pool is saturated, 504 past the deadline.
 
@@ -13,13 +13,11 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::calibration::Absorbed;
 use super::schema::{self, FieldError, TrainingEntry, iso8601};
-use super::{Predictor, Source};
+use super::{Predictor, Simulated, Source};
 use crate::server::deadline::wall_now_us;
 use crate::server::error::CallError;
-use crate::sim::latency::online::{Phase, load_features};
-use crate::twin::aggregate::{AggregatePrediction, Estimate, Objective, PodAggregates};
+use crate::twin::aggregate::{AggregatePrediction, Objective, PodAggregates};
 use crate::twin::{MirrorSnapshot, TwinError};
 
 /// `model_type` in every answer: predictions come from simulation, not a regressor.
@@ -105,170 +103,55 @@ pub(crate) fn error_response(err: &CallError) -> Response {
     detail(http_status(err), err.to_string())
 }
 
-type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
-
-/// Simulates `entries` on the latest snapshot on the simulation pool; the snapshot is
-/// returned for naming mirrored sources. UNAVAILABLE ("Models not ready") before a config is
-/// synced.
-pub(crate) async fn simulate_entries(
-    predictor: &Arc<Predictor>,
-    entries: Vec<PodAggregates>,
-    objective: Objective,
-) -> Result<(Arc<MirrorSnapshot>, Simulated), CallError> {
-    let Some(stored) = predictor.shared.store.latest() else {
-        return Err(CallError::Unavailable("Models not ready".to_owned()));
-    };
-    let snapshot = Arc::clone(&stored.snapshot);
-    let deadline = Instant::now() + predictor.shared.limits.max_call;
-    let worker = Arc::clone(predictor);
-    let view = Arc::clone(&snapshot);
-    let now_us = wall_now_us();
-    let results = predictor
-        .shared
-        .simulate(deadline, move |cancel| {
-            Ok(worker.simulate_entries(&view, &entries, objective, now_us, cancel))
-        })
-        .await?;
-    let events: u64 = results
-        .iter()
-        .filter_map(|r| r.as_ref().ok())
-        .map(|(p, _)| p.events)
-        .sum();
-    predictor.shared.metrics.simulation_events.inc_by(events);
-    Ok((snapshot, results))
-}
-
 async fn simulate(
     predictor: &Arc<Predictor>,
     entries: Vec<PodAggregates>,
     objective: Objective,
 ) -> Result<(Arc<MirrorSnapshot>, Simulated), Response> {
-    simulate_entries(predictor, entries, objective)
+    predictor
+        .simulate(entries, objective)
         .await
         .map_err(|err| error_response(&err))
 }
 
-/// Entries in one training call that must all lack a TPOT before the calibration takes the
-/// router for one that does not stream (a lone 1-token request must not flip the mode).
-const E2E_EVIDENCE: usize = 5;
-
-/// Whether a training call's TTFT samples measure end-to-end latency: a router with
-/// llm-d's `streamingMode: false` records E2E as TTFT and trains no TPOT, so every entry of
-/// a pod that decodes has `actual_tpot_ms` 0. Needs [`E2E_EVIDENCE`] such entries; fewer
-/// keep the current mode.
-fn ttft_measures_e2e(entries: &[TrainingEntry], current: bool) -> bool {
-    let both: Vec<&TrainingEntry> = entries
-        .iter()
-        .filter(|e| e.aggregates.pod_type.carries_ttft() && e.aggregates.pod_type.carries_tpot())
-        .collect();
-    if both.len() < E2E_EVIDENCE {
-        return current;
-    }
-    both.iter().all(|e| e.actual_tpot_ms == 0.0)
-}
-
-/// A prediction's end-to-end estimate for `output_tokens` tokens: TTFT plus the remaining
-/// tokens at the predicted TPOT (spreads and bounds added the same way).
-pub(crate) fn e2e_estimate(prediction: &AggregatePrediction, output_tokens: u32) -> Estimate {
-    let tokens = f64::from(output_tokens.saturating_sub(1));
-    let (ttft, tpot) = (prediction.ttft, prediction.tpot);
-    Estimate {
-        value: ttft.value + tpot.value * tokens,
-        mean: ttft.mean + tpot.mean * tokens,
-        uncertainty: ttft.uncertainty + tpot.uncertainty * tokens,
-        bounds: (
-            ttft.bounds.0 + tpot.bounds.0 * tokens,
-            ttft.bounds.1 + tpot.bounds.1 * tokens,
-        ),
-    }
-}
-
-/// Simulates training entries (means) and absorbs their measured latencies in order:
-/// TTFT from monolithic and prefill pods, TPOT from monolithic and decode pods. When the
-/// router does not stream ([`ttft_measures_e2e`]), its "TTFT" is matched against the
-/// simulated E2E. Returns what was absorbed; entries the pool cannot simulate count as
-/// rejected.
-pub(crate) async fn train_entries(
-    predictor: &Arc<Predictor>,
-    entries: &[TrainingEntry],
-) -> Result<Absorbed, CallError> {
-    let e2e = ttft_measures_e2e(entries, predictor.calibrator.ttft_is_e2e());
-    let output_tokens = predictor.options.output_tokens;
-    let aggregates = entries.iter().map(|e| e.aggregates).collect();
-    let (_, results) = simulate_entries(predictor, aggregates, Objective::Mean).await?;
-    let mut samples = Vec::with_capacity(entries.len() * 2);
-    let mut unsimulated = 0;
-    for (entry, result) in entries.iter().zip(results) {
-        match result {
-            Ok((prediction, _)) if prediction.valid => {
-                let load = load_features(
-                    entry.aggregates.prefill_tokens_in_flight,
-                    entry.aggregates.decode_tokens_in_flight,
-                );
-                if entry.aggregates.pod_type.carries_ttft() {
-                    let simulated = if e2e {
-                        e2e_estimate(&prediction, output_tokens).value
-                    } else {
-                        prediction.ttft.value
-                    };
-                    samples.push((Phase::Ttft, simulated, load, entry.actual_ttft_ms));
-                }
-                if entry.aggregates.pod_type.carries_tpot() {
-                    samples.push((
-                        Phase::Tpot,
-                        prediction.tpot.value,
-                        load,
-                        entry.actual_tpot_ms,
-                    ));
-                }
-            }
-            _ => unsimulated += 1,
-        }
-    }
-    predictor.calibrator.count_malformed(unsimulated);
-    let mut absorbed = predictor.calibrator.absorb(&samples, e2e);
-    absorbed.rejected += unsimulated;
-    Ok(absorbed)
-}
-
-impl Predictor {
-    fn out(
-        &self,
-        snapshot: &MirrorSnapshot,
-        aggregates: &PodAggregates,
-        prediction: &AggregatePrediction,
-        source: Source,
-    ) -> PredictionOut {
-        let (ttft, tpot) = self.calibrator.calibrate_prediction(
-            prediction,
-            aggregates,
-            self.options.output_tokens,
-            self.options.objective,
-        );
-        PredictionOut {
-            ttft_ms: ttft.value,
-            tpot_ms: tpot.value,
-            ttft_uncertainty: ttft.uncertainty,
-            tpot_uncertainty: tpot.uncertainty,
-            ttft_prediction_bounds: [ttft.bounds.0, ttft.bounds.1],
-            tpot_prediction_bounds: [tpot.bounds.0, tpot.bounds.1],
-            predicted_at: iso8601(wall_now_us()),
-            model_type: MODEL_TYPE,
-            objective_type: objective_type(self.options.objective),
-            quantile: self.options.quantile,
-            last_model_load: iso8601(self.started_at_us),
-            source: match source {
-                Source::Mirrored(index) => format!(
-                    "mirrored:{}",
-                    snapshot
-                        .config
-                        .instances
-                        .get(index)
-                        .map_or("", |i| i.id.as_str())
-                ),
-                Source::Aggregates => "aggregates".to_owned(),
-            },
-        }
+/// One entry's answer in the peer's shape, its latencies passed through the calibration.
+fn prediction_json(
+    predictor: &Predictor,
+    snapshot: &MirrorSnapshot,
+    aggregates: &PodAggregates,
+    prediction: &AggregatePrediction,
+    source: Source,
+) -> PredictionOut {
+    let options = predictor.options();
+    let (ttft, tpot) = predictor.calibrator().calibrate_prediction(
+        prediction,
+        aggregates,
+        options.output_tokens,
+        options.objective,
+    );
+    PredictionOut {
+        ttft_ms: ttft.value,
+        tpot_ms: tpot.value,
+        ttft_uncertainty: ttft.uncertainty,
+        tpot_uncertainty: tpot.uncertainty,
+        ttft_prediction_bounds: [ttft.bounds.0, ttft.bounds.1],
+        tpot_prediction_bounds: [tpot.bounds.0, tpot.bounds.1],
+        predicted_at: iso8601(wall_now_us()),
+        model_type: MODEL_TYPE,
+        objective_type: objective_type(options.objective),
+        quantile: options.quantile,
+        last_model_load: iso8601(predictor.started_at_us()),
+        source: match source {
+            Source::Mirrored(index) => format!(
+                "mirrored:{}",
+                snapshot
+                    .config
+                    .instances
+                    .get(index)
+                    .map_or("", |i| i.id.as_str())
+            ),
+            Source::Aggregates => "aggregates".to_owned(),
+        },
     }
 }
 
@@ -290,14 +173,18 @@ async fn predict_one(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         Err(errors) => return unprocessable(errors),
     };
     let (snapshot, mut results) =
-        match simulate(predictor, vec![entry], predictor.options.objective).await {
+        match simulate(predictor, vec![entry], predictor.options().objective).await {
             Ok(done) => done,
             Err(response) => return response,
         };
     match results.pop() {
-        Some(Ok((prediction, source))) if prediction.valid => {
-            ok_json(predictor.out(&snapshot, &entry, &prediction, source))
-        }
+        Some(Ok((prediction, source))) if prediction.valid => ok_json(prediction_json(
+            predictor,
+            &snapshot,
+            &entry,
+            &prediction,
+            source,
+        )),
         Some(Ok(_)) => unprocessable(vec![unservable(vec![
             Value::from("body"),
             Value::from("input_token_length"),
@@ -345,7 +232,7 @@ fn bulk_entries<T>(
     field: &str,
     parse: fn(&Value, &[Value]) -> Result<T, Vec<FieldError>>,
 ) -> Result<Vec<Result<T, Vec<FieldError>>>, Response> {
-    let limit = predictor.options.max_bulk_entries;
+    let limit = predictor.options().max_bulk_entries;
     let value = schema::parse_body_within(body, schema::value_budget(limit)).map_err(body_error)?;
     let object = schema::object(&value, &[Value::from("body")]).map_err(unprocessable)?;
     let items = schema::list(object, field).map_err(unprocessable)?;
@@ -407,14 +294,14 @@ async fn predict_entries(
     entries: Vec<PodAggregates>,
 ) -> Result<Vec<Outcome>, Response> {
     let (snapshot, results) =
-        simulate(predictor, entries.clone(), predictor.options.objective).await?;
+        simulate(predictor, entries.clone(), predictor.options().objective).await?;
     Ok(results
         .into_iter()
         .zip(&entries)
         .enumerate()
         .map(|(index, (result, entry))| match result {
             Ok((prediction, source)) if prediction.valid => Outcome::Predicted(Box::new(
-                predictor.out(&snapshot, entry, &prediction, source),
+                prediction_json(predictor, &snapshot, entry, &prediction, source),
             )),
             Ok(_) => Outcome::Unservable(unservable(vec![
                 Value::from("body"),
@@ -518,14 +405,14 @@ async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         Ok(done) => done,
         Err(response) => {
             if response.status() == StatusCode::UNPROCESSABLE_ENTITY {
-                predictor.calibrator.count_malformed(1);
+                predictor.calibrator().count_malformed(1);
             }
             return response;
         }
     };
     if parsed.iter().any(Result::is_err) {
         let bad = parsed.iter().filter(|r| r.is_err()).count() as u64;
-        predictor.calibrator.count_malformed(bad);
+        predictor.calibrator().count_malformed(bad);
         return unprocessable(
             parsed
                 .into_iter()
@@ -535,7 +422,7 @@ async fn train(predictor: &Arc<Predictor>, body: &[u8]) -> Response {
         );
     }
     let entries: Vec<TrainingEntry> = parsed.into_iter().filter_map(Result::ok).collect();
-    let absorbed = match train_entries(predictor, &entries).await {
+    let absorbed = match predictor.train(&entries).await {
         Ok(absorbed) => absorbed,
         Err(err) => return error_response(&err),
     };

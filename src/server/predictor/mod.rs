@@ -7,10 +7,17 @@
 //! point at ditto.
 //!
 //! Each entry is a candidate pod described by aggregates. It is matched to a mirrored pod
-//! when exactly one fresh mirrored instance reports the same waiting and running counts and
-//! a KV usage within [`MATCH_KV_TOLERANCE`] (see [`matching`]); its mirrored per-request
-//! state is simulated then. Otherwise the pod's state is built from the aggregates on the
-//! first instance of the synced config (`twin::aggregate`). Either way the state is forked
+//! when exactly one fresh mirrored instance of its role reports the same waiting and running
+//! counts and a KV usage within [`MATCH_KV_TOLERANCE`] (`twin::matching`); its mirrored
+//! per-request state is simulated then. Otherwise the pod's state is built from the
+//! aggregates on the first instance of its role in the synced config (`twin::aggregate`).
+//! `pod_type` is the pod's role label as the EPP sends it: a prefill pod predicts TTFT (its
+//! TPOT neutral, 0), a decode pod the rest (its TTFT the decode side's: the prompt's KV
+//! pulled whole, only the last token computed).
+//!
+//! The path of a call: `handlers` decodes and validates (`schema`, or `grpc` for
+//! `AddTrainingSamples`), [`Predictor::simulate`] runs `twin::matching` on the simulation
+//! pool, the calibration maps the answer, `handlers` encodes. Either way the state is forked
 //! and simulated with the new request; the answer is the mean or the configured quantile
 //! over replications, their spread the uncertainty and bounds, all passed through the
 //! online calibration learnt from `/add_training_data_bulk` (`calibration`). A bulk call's
@@ -23,10 +30,9 @@ pub mod compat;
 pub mod grpc;
 pub mod handlers;
 pub mod loadgen;
-pub mod matching;
 pub mod schema;
+pub mod training;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -34,21 +40,19 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
-use crate::cluster::config::ClusterConfig;
 use crate::sim::latency::online::CalibrationState;
-use crate::twin::aggregate::{
-    AggregateOptions, AggregatePrediction, Objective, PodAggregates, PodType, predict_aggregates,
-    single_instance_config,
-};
+use crate::twin::aggregate::{AggregateOptions, AggregatePrediction, Objective, PodAggregates};
 use crate::twin::limits::CancelFlag;
-use crate::twin::snapshot::{MirrorSnapshot, TwinSettings};
+use crate::twin::matching::{PoolTemplates, predict_entries, replications_per_entry};
+use crate::twin::snapshot::MirrorSnapshot;
 use crate::twin::{Limits, TwinError};
 
-use super::service::Shared;
-use calibration::Calibrator;
+use super::error::CallError;
+use super::state::Shared;
+use calibration::{Absorbed, Calibrator};
+use schema::TrainingEntry;
 
-/// Largest KV usage difference between an entry and a mirrored pod it is matched to.
-pub const MATCH_KV_TOLERANCE: f64 = 0.02;
+pub use crate::twin::matching::{MATCH_KV_TOLERANCE, Source};
 
 /// How the predictor answers.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,31 +100,18 @@ impl Default for PredictorOptions {
     }
 }
 
-/// The pool template entries without a mirrored match are simulated on.
-#[derive(Debug)]
-struct Template {
-    config_generation: u64,
-    config: Arc<ClusterConfig>,
-    settings: Arc<TwinSettings>,
-}
+/// Each entry's prediction (uncalibrated) and where its state came from, in entry order.
+pub type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
 
-/// The predictor's state, shared by its handlers.
+/// The latency predictor: its options, its online calibration (which gRPC answers and
+/// `AddTrainingSamples` reach through it too) and the pool templates of the synced config.
 #[derive(Debug)]
 pub struct Predictor {
     shared: Arc<Shared>,
     options: PredictorOptions,
     calibrator: Calibrator,
     started_at_us: u64,
-    template: Mutex<Option<Arc<Template>>>,
-}
-
-/// Where one entry's prediction came from.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Source {
-    /// The mirrored state of this instance index.
-    Mirrored(usize),
-    /// A state built from the aggregates.
-    Aggregates,
+    templates: Mutex<Option<Arc<PoolTemplates>>>,
 }
 
 impl Predictor {
@@ -145,7 +136,7 @@ impl Predictor {
             options,
             calibrator,
             started_at_us: super::deadline::wall_now_us(),
-            template: Mutex::new(None),
+            templates: Mutex::new(None),
         })
     }
 
@@ -154,53 +145,51 @@ impl Predictor {
         &self.options
     }
 
-    /// The calibration.
+    /// The online calibration.
     pub fn calibrator(&self) -> &Calibrator {
         &self.calibrator
     }
 
-    fn template(&self, snapshot: &MirrorSnapshot) -> Result<Arc<Template>, TwinError> {
-        let mut slot = self
-            .template
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(template) = slot.as_ref()
-            && template.config_generation == snapshot.config_generation
-        {
-            return Ok(Arc::clone(template));
-        }
-        let config = single_instance_config(&snapshot.config, 0).ok_or_else(|| {
-            TwinError::invalid("config.instances", "the synced config has no instance")
-        })?;
-        let template = Arc::new(Template {
-            config_generation: snapshot.config_generation,
-            config: Arc::new(config),
-            settings: Arc::clone(&snapshot.settings),
-        });
-        *slot = Some(Arc::clone(&template));
-        Ok(template)
+    /// The server's shared state (the mirror, metrics, limits).
+    pub fn shared(&self) -> &Shared {
+        &self.shared
     }
 
-    /// Simulates every entry (in parallel) on `snapshot`, uncalibrated, with `objective`.
-    pub fn simulate_entries(
+    /// When the predictor started (wall clock, µs): the peer's `last_model_load`.
+    pub fn started_at_us(&self) -> u64 {
+        self.started_at_us
+    }
+
+    fn templates(&self, snapshot: &MirrorSnapshot) -> Result<Arc<PoolTemplates>, TwinError> {
+        let mut slot = self
+            .templates
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let templates = PoolTemplates::current(slot.as_ref(), snapshot)?;
+        *slot = Some(Arc::clone(&templates));
+        Ok(templates)
+    }
+
+    /// Simulates every entry (in parallel) on `snapshot`, uncalibrated, with `objective`,
+    /// within the call's replication budget (`twin::matching`).
+    fn simulate_on(
         &self,
         snapshot: &MirrorSnapshot,
         entries: &[PodAggregates],
         objective: Objective,
         now_us: u64,
         cancel: CancelFlag,
-    ) -> Vec<Result<(AggregatePrediction, Source), TwinError>> {
-        let template = match self.template(snapshot) {
-            Ok(template) => template,
+    ) -> Simulated {
+        let templates = match self.templates(snapshot) {
+            Ok(templates) => templates,
             Err(err) => return entries.iter().map(|_| Err(err.clone())).collect(),
         };
-        // A call's forks are bounded: big bulk calls get fewer replications per entry (at
-        // least 2, for a spread).
-        let per_entry = (self.options.forks_per_call / entries.len().max(1)) as u32;
         let options = AggregateOptions {
-            replications: per_entry
-                .clamp(2, self.options.replications.max(2))
-                .min(self.options.replications),
+            replications: replications_per_entry(
+                self.options.forks_per_call,
+                entries.len(),
+                self.options.replications,
+            ),
             seed: self.options.seed,
             horizon_us: self.shared.limits.twin.max_horizon_us,
             output_tokens: self.options.output_tokens,
@@ -211,62 +200,54 @@ impl Predictor {
             cancel: Some(cancel),
             ..self.shared.limits.twin.clone()
         };
-        // Identical entries (idle pods often are) are simulated once: answers are
-        // deterministic in the entry.
-        let mut first_of: HashMap<[u64; 11], usize> = HashMap::with_capacity(entries.len());
-        let mut distinct: Vec<PodAggregates> = Vec::with_capacity(entries.len());
-        let slots: Vec<usize> = entries
-            .iter()
-            .map(|entry| {
-                *first_of.entry(entry_key(entry)).or_insert_with(|| {
-                    distinct.push(*entry);
-                    distinct.len() - 1
-                })
-            })
-            .collect();
-        let results = crate::twin::parallel::map(&distinct, |aggregates| {
-            match matching::mirrored_match(snapshot, aggregates, now_us) {
-                Some(index) => matching::predict_mirrored(
-                    snapshot, index, aggregates, &options, &limits, now_us,
-                )
-                .map(|p| (p, Source::Mirrored(index))),
-                None => predict_aggregates(
-                    &template.config,
-                    &template.settings,
-                    aggregates,
-                    &options,
-                    &limits,
-                )
-                .map(|p| (p, Source::Aggregates)),
-            }
-        });
-        slots
-            .into_iter()
-            .map(|slot| results[slot].clone())
-            .collect()
+        predict_entries(snapshot, &templates, entries, &options, &limits, now_us)
     }
-}
 
-/// Every field of an entry, exactly (floats by their bits).
-fn entry_key(entry: &PodAggregates) -> [u64; 11] {
-    let pod_type = match entry.pod_type {
-        PodType::Monolithic => 0,
-        PodType::Prefill => 1,
-        PodType::Decode => 2,
-    };
-    [
-        entry.kv_cache_percentage.to_bits(),
-        u64::from(entry.input_token_length),
-        u64::from(entry.num_request_waiting),
-        u64::from(entry.num_request_running),
-        u64::from(entry.num_tokens_generated),
-        entry.prefix_cache_score.to_bits(),
-        pod_type,
-        entry.prefill_tokens_in_flight,
-        entry.decode_tokens_in_flight,
-        entry.encoder_input_size,
-        entry.encoder_matched_size,
-    ]
+    /// Simulates `entries` on the latest snapshot on the simulation pool; the snapshot is
+    /// returned for naming mirrored sources. UNAVAILABLE ("Models not ready") before a
+    /// config is synced.
+    pub async fn simulate(
+        self: &Arc<Self>,
+        entries: Vec<PodAggregates>,
+        objective: Objective,
+    ) -> Result<(Arc<MirrorSnapshot>, Simulated), CallError> {
+        let Some(stored) = self.shared.store.latest() else {
+            return Err(CallError::Unavailable("Models not ready".to_owned()));
+        };
+        let snapshot = Arc::clone(&stored.snapshot);
+        let deadline = std::time::Instant::now() + self.shared.limits.max_call;
+        let worker = Arc::clone(self);
+        let view = Arc::clone(&snapshot);
+        let now_us = super::deadline::wall_now_us();
+        let results = self
+            .shared
+            .simulate(deadline, move |cancel| {
+                Ok(worker.simulate_on(&view, &entries, objective, now_us, cancel))
+            })
+            .await?;
+        let events: u64 = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .map(|(p, _)| p.events)
+            .sum();
+        self.shared.metrics.simulation_events.inc_by(events);
+        Ok((snapshot, results))
+    }
+
+    /// Simulates training entries (means) and absorbs their measured latencies
+    /// (`training::samples`). Returns what was absorbed; entries the pool cannot simulate
+    /// count as rejected.
+    pub async fn train(self: &Arc<Self>, entries: &[TrainingEntry]) -> Result<Absorbed, CallError> {
+        let e2e = training::ttft_measures_e2e(entries, self.calibrator.ttft_is_e2e());
+        let aggregates = entries.iter().map(|e| e.aggregates).collect();
+        let (_, results) = self.simulate(aggregates, Objective::Mean).await?;
+        let (samples, unsimulated) =
+            training::samples(entries, results, e2e, self.options.output_tokens);
+        self.calibrator.count_malformed(unsimulated);
+        let mut absorbed = self.calibrator.absorb(&samples, e2e);
+        absorbed.rejected += unsimulated;
+        Ok(absorbed)
+    }
 }
 
 /// The predictor's calls that are also counted as RPCs (`ditto_rpc_requests_total` with

@@ -5,14 +5,14 @@
 //!
 //! Field names, bounds and defaults follow the peer's `PredictionRequest` and
 //! `TrainingEntry`: `kv_cache_percentage` and `prefix_cache_score` in [0, 1], counts ≥ 0,
-//! `pod_type` one of "", "prefill", "decode" (null means ""), the in-flight and encoder
+//! `pod_type` a role as the EPP sends it (`twin::aggregate::POD_TYPES`; null means ""), the in-flight and encoder
 //! fields optional with default 0.
 
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::bounded_json::BoundedJsonError;
-use crate::twin::aggregate::{PodAggregates, PodType};
+use crate::twin::aggregate::{POD_TYPES, PodAggregates, PodType};
 
 /// Most waiting or running requests one entry may report: ditto simulates each of them.
 pub const MAX_REQUESTS_PER_POD: u64 = 4_096;
@@ -331,10 +331,10 @@ impl Fields<'_> {
                 let mut error = FieldError::new(
                     "literal_error",
                     at,
-                    "Input should be '', 'prefill' or 'decode'",
+                    format!("Input should be {POD_TYPES}"),
                     Value::String(text.clone()),
                 );
-                error.ctx = Some(json!({"expected": "'', 'prefill' or 'decode'"}));
+                error.ctx = Some(json!({ "expected": POD_TYPES }));
                 self.errors.push(error);
                 PodType::Monolithic
             }),
@@ -422,11 +422,7 @@ pub fn aggregates(value: &Value, base: &[Value]) -> Result<PodAggregates, Vec<Fi
 /// A valid entry as the peer echoes a request in a lenient bulk call's `errors`: its known
 /// fields only (pydantic drops the rest).
 pub fn echo(entry: &PodAggregates) -> Value {
-    let pod_type = match entry.pod_type {
-        PodType::Monolithic => "",
-        PodType::Prefill => "prefill",
-        PodType::Decode => "decode",
-    };
+    let pod_type = entry.pod_type.as_str();
     json!({
         "kv_cache_percentage": entry.kv_cache_percentage,
         "input_token_length": entry.input_token_length,

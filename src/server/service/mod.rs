@@ -11,14 +11,11 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
 
 mod push;
 
@@ -29,141 +26,40 @@ use super::convert::state::snapshot_to_proto;
 use super::deadline::{client_deadline, wall_now_us, work_deadline};
 use super::error::{CallError, status_from};
 use super::observe::code_name;
+use super::predictor::Predictor;
 use super::proto;
-use super::proto::twin_server::{Twin, TwinServer};
-use super::slots::SimulationPool;
+use super::proto::twin_server::Twin;
 use super::spans;
-use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::limits::{CancelFlag, Limits};
-use crate::twin::store::{MirrorStore, StoredSnapshot};
+use crate::twin::limits::Limits;
+use crate::twin::store::StoredSnapshot;
+
+pub use super::state::{ServiceLimits, Shared};
 use crate::twin::{TwinError, forecast, predict};
 
-/// How the service bounds its work.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceLimits {
-    /// Per-call simulation limits (the deadline is set per call).
-    pub twin: Limits,
-    /// Longest a prediction or forecast may take when the client sets no shorter
-    /// grpc-timeout (also per question on a prediction stream).
-    pub max_call: Duration,
-    /// Simulations running at once (others wait, within their deadline).
-    pub max_concurrent_simulations: usize,
-    /// Calls waiting for a simulation slot at once; one more is RESOURCE_EXHAUSTED at once
-    /// (a bounded queue, not one that grows with the load).
-    pub max_queued_simulations: usize,
-    /// Questions of one prediction stream being answered at once.
-    pub stream_in_flight: usize,
-}
-
-/// State shared by the gRPC service and the HTTP endpoints.
-#[derive(Debug)]
-pub struct Shared {
-    /// The mirror.
-    pub store: Arc<MirrorStore>,
-    /// The metrics.
-    pub metrics: Arc<Metrics>,
-    /// The gRPC health statuses.
-    pub health: HealthReporter,
-    /// Work bounds.
-    pub limits: ServiceLimits,
-    pool: SimulationPool,
-    shutting_down: AtomicBool,
-    /// The latency predictor API (`server::predictor`), set once at startup: its online
-    /// calibration applies to gRPC answers too, and `AddTrainingSamples` feeds it.
-    pub predictor: std::sync::OnceLock<std::sync::Weak<super::predictor::Predictor>>,
-}
-
-impl Shared {
-    /// Shared state over `store`.
-    pub fn new(
-        store: Arc<MirrorStore>,
-        metrics: Arc<Metrics>,
-        health: HealthReporter,
-        limits: ServiceLimits,
-    ) -> Self {
-        let pool = SimulationPool::new(
-            limits.max_concurrent_simulations,
-            limits.max_queued_simulations,
-            metrics.simulations_running.clone(),
-            metrics.simulations_waiting.clone(),
-        );
-        Self {
-            store,
-            metrics,
-            health,
-            pool,
-            limits,
-            shutting_down: AtomicBool::new(false),
-            predictor: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// Ready: a config is synced and the server is not shutting down.
-    pub fn is_ready(&self) -> bool {
-        !self.shutting_down.load(Ordering::SeqCst) && self.store.latest().is_some()
-    }
-
-    /// Reports SERVING (overall and for `ditto.v1.Twin`) if ready.
-    pub async fn report_serving(&self) {
-        if self.is_ready() {
-            self.set_health(ServingStatus::Serving).await;
-        }
-    }
-
-    /// Reports NOT_SERVING from now on (shutdown has begun).
-    pub async fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        self.set_health(ServingStatus::NotServing).await;
-    }
-
-    /// Sets both health entries.
-    pub async fn set_health(&self, status: ServingStatus) {
-        self.health.set_service_status("", status).await;
-        self.health
-            .set_service_status(
-                <TwinServer<TwinService> as tonic::server::NamedService>::NAME,
-                status,
-            )
-            .await;
-    }
-}
-
-/// The service implementation.
+/// The service implementation: the shared state, and the latency predictor whose online
+/// calibration maps routing answers and which `AddTrainingSamples` trains.
 #[derive(Clone, Debug)]
 pub struct TwinService {
     shared: Arc<Shared>,
+    predictor: Arc<Predictor>,
 }
 
 impl TwinService {
-    /// A service over `shared`.
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    /// A service over `shared`, calibrated and trained through `predictor`.
+    pub fn new(shared: Arc<Shared>, predictor: Arc<Predictor>) -> Self {
+        Self { shared, predictor }
     }
 }
 
-impl Shared {
-    /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
-    /// event-budget exhaustions.
-    pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>
-    where
-        T: Send + 'static,
-        F: FnOnce(CancelFlag) -> Result<T, TwinError> + Send + 'static,
-    {
-        let result = self.pool.run(deadline, work).await;
-        if result.as_ref().is_err_and(CallError::is_event_budget) {
-            self.metrics.event_budget_exhaustions.inc();
-        }
-        result
-    }
-
+impl TwinService {
     /// Answers one routing question within `deadline`.
     async fn answer_routing(
         &self,
         message: proto::PredictRoutingRequest,
         deadline: Instant,
     ) -> Result<proto::PredictRoutingResponse, CallError> {
-        let limits = self.limits.twin.clone();
+        let limits = self.shared.limits.twin.clone();
         let decoded = routing_from_proto(&message, &limits)?;
         let request_id = decoded.request_id.clone();
         let replications = u64::from(decoded.options.replications);
@@ -181,16 +77,15 @@ impl Shared {
         simulate_span.record("ditto.candidates", spans::as_i64(candidates));
         simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
         simulate_span.record("ditto.events", spans::as_i64(answer.events));
-        self.metrics.simulation_events.inc_by(answer.events);
-        self.metrics.predictions.inc();
-        self.metrics
+        self.shared.metrics.simulation_events.inc_by(answer.events);
+        self.shared.metrics.predictions.inc();
+        self.shared
+            .metrics
             .forks
             .with_label_values(&["PredictRouting"])
             .inc_by(answer.candidates.len() as u64 * replications);
         let mut answer = answer;
-        if let Some(predictor) = self.predictor.get().and_then(std::sync::Weak::upgrade) {
-            predictor.calibrator().calibrate_routing(&mut answer);
-        }
+        self.predictor.calibrator().calibrate_routing(&mut answer);
         Ok(routing_answer_to_proto(&answer, &request_id))
     }
 
@@ -199,7 +94,7 @@ impl Shared {
         message: proto::ForecastCapacityRequest,
         deadline: Instant,
     ) -> Result<proto::ForecastCapacityResponse, CallError> {
-        let limits = self.limits.twin.clone();
+        let limits = self.shared.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits)?;
         let replications = u64::from(decoded.question.replications);
         let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
@@ -216,8 +111,9 @@ impl Shared {
         let candidates = answer.candidates.len() as u64;
         simulate_span.record("ditto.candidates", spans::as_i64(candidates));
         simulate_span.record("ditto.forks", spans::as_i64(candidates * replications));
-        self.metrics.forecasts.inc();
-        self.metrics
+        self.shared.metrics.forecasts.inc();
+        self.shared
+            .metrics
             .forks
             .with_label_values(&["ForecastCapacity"])
             .inc_by(answer.candidates.len() as u64 * replications);
@@ -246,16 +142,16 @@ impl Shared {
             ));
         }
         let snapshot_span = spans::snapshot(generation);
-        let stored = snapshot_span.in_scope(|| self.store.snapshot(generation))?;
+        let stored = snapshot_span.in_scope(|| self.shared.store.snapshot(generation))?;
         snapshot_span.record(
             "ditto.generation",
             spans::as_i64(stored.snapshot.generation),
         );
         drop(snapshot_span);
         let question = spans::resolve().in_scope(|| resolve(&stored))?;
-        let twin = self.limits.twin.clone();
+        let twin = self.shared.limits.twin.clone();
         let snapshot = Arc::clone(&stored.snapshot);
-        let simulation = self.simulate(deadline, move |cancel| {
+        let simulation = self.shared.simulate(deadline, move |cancel| {
             let limits = Limits {
                 deadline: Some(deadline),
                 cancel: Some(cancel),
@@ -385,17 +281,8 @@ impl Twin for TwinService {
         &self,
         request: Request<proto::AddTrainingSamplesRequest>,
     ) -> Result<Response<proto::AddTrainingSamplesResponse>, Status> {
-        let result = match self
-            .shared
-            .predictor
-            .get()
-            .and_then(std::sync::Weak::upgrade)
-        {
-            Some(predictor) => {
-                super::predictor::grpc::add_training_samples(&predictor, request.get_ref()).await
-            }
-            None => Err(Status::unavailable("the latency predictor is not running")),
-        };
+        let result =
+            super::predictor::grpc::add_training_samples(&self.predictor, request.get_ref()).await;
         result.map(Response::new)
     }
 
@@ -407,7 +294,6 @@ impl Twin for TwinService {
         let client = client_deadline(request.metadata(), started);
         let deadline = work_deadline(client, self.shared.limits.max_call, started);
         let result = self
-            .shared
             .answer_routing(request.into_inner(), deadline)
             .await
             .map_err(Status::from);
@@ -426,7 +312,7 @@ impl Twin for TwinService {
         let in_flight = self.shared.limits.stream_in_flight.max(1);
         let (out_tx, out_rx) = mpsc::channel(in_flight);
         let (job_tx, mut job_rx) = mpsc::channel(in_flight);
-        let shared = Arc::clone(&self.shared);
+        let service = self.clone();
         // Reader: starts each question as it arrives, at most `in_flight` ahead of the writer.
         // Bytes that do not decode end the stream with their INVALID_ARGUMENT, after the
         // answers to the questions before them.
@@ -435,9 +321,9 @@ impl Twin for TwinService {
                 let item = match inbound.message().await {
                     Ok(Some(message)) => {
                         let deadline =
-                            work_deadline(client, shared.limits.max_call, Instant::now());
+                            work_deadline(client, service.shared.limits.max_call, Instant::now());
                         let request_id = message.request_id.clone();
-                        let worker = Arc::clone(&shared);
+                        let worker = service.clone();
                         let job = tokio::spawn(async move {
                             let result = worker
                                 .answer_routing(message, deadline)
@@ -448,6 +334,7 @@ impl Twin for TwinService {
                                 Err(status) => status.code(),
                             };
                             worker
+                                .shared
                                 .metrics
                                 .stream_answers
                                 .with_label_values(&[&code_name(code)])
@@ -495,7 +382,6 @@ impl Twin for TwinService {
         let client = client_deadline(request.metadata(), started);
         let deadline = work_deadline(client, self.shared.limits.max_call, started);
         let result = self
-            .shared
             .answer_forecast(request.into_inner(), deadline)
             .await
             .map_err(Status::from);

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use tonic::{Status, Streaming};
 
-use super::Shared;
 use crate::server::convert::state::{kv_batch_from_proto, update_from_proto};
 use crate::server::error::CallError;
+use crate::server::state::Shared;
 use crate::server::{proto, spans};
 use crate::twin::TwinError;
 use crate::twin::store::{KvEvent, MirrorStore};
