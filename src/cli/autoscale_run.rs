@@ -3,9 +3,8 @@
 
 use std::path::Path;
 
-use serde::Serialize;
-
 use super::args::RunArgs;
+pub use super::autoscale_report::{AutoscaleJson, PolicyJson};
 use super::error::CliError;
 use crate::cluster::ClusterConfig;
 use crate::cluster::autoscale::{
@@ -15,45 +14,6 @@ use crate::sim::RequestSpec;
 
 /// Requests whose lengths calibrate the predictive policy's per-replica capacity.
 const LENGTH_SAMPLE: usize = 2_000;
-
-/// One policy's line of the comparison.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct PolicyJson {
-    /// Policy.
-    pub policy: String,
-    /// Share of requests completed within both objectives.
-    pub slo_attainment: f64,
-    /// Pod-hours held (warming, ready, draining).
-    pub replica_hours: f64,
-    /// Replica-hours × the pool's cost_per_hour.
-    pub cost: f64,
-    /// Mean pods held.
-    pub mean_replicas: f64,
-    /// Most pods held at a sync.
-    pub peak_replicas: u32,
-    /// Syncs that scaled up.
-    pub scale_ups: u32,
-    /// Syncs that scaled down.
-    pub scale_downs: u32,
-    /// Pods started.
-    pub pods_added: u32,
-    /// Pods stopped.
-    pub pods_removed: u32,
-    /// Seconds whose window P90 TTFT or TPOT exceeded its objective.
-    pub time_under_provisioned_s: f64,
-    /// TTFT p50, p90, p99 (ms).
-    pub ttft_ms: [f64; 3],
-    /// TPOT p50, p90, p99 (ms).
-    pub tpot_ms: [f64; 3],
-    /// Requests submitted.
-    pub requests: u64,
-    /// Requests completed.
-    pub completed: u64,
-    /// Simulated seconds.
-    pub duration_s: f64,
-    /// Events processed.
-    pub events: u64,
-}
 
 impl From<&PolicyOutcome> for PolicyJson {
     fn from(o: &PolicyOutcome) -> Self {
@@ -77,31 +37,6 @@ impl From<&PolicyOutcome> for PolicyJson {
             events: o.events,
         }
     }
-}
-
-/// The JSON of an autoscaled run.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct AutoscaleJson {
-    /// Model, GPU and TP of the pool.
-    pub pool: String,
-    /// Where requests came from.
-    pub workload: String,
-    /// Seed.
-    pub seed: u64,
-    /// TTFT objective (ms).
-    pub ttft_slo_ms: f64,
-    /// TPOT objective (ms).
-    pub tpot_slo_ms: f64,
-    /// Replica bounds.
-    pub min_replicas: u32,
-    /// Replica bounds.
-    pub max_replicas: u32,
-    /// Warm-up range (s).
-    pub warm_up_s: [f64; 2],
-    /// One replica's calibrated capacity, req/s (0 when no predictive policy ran).
-    pub capacity_per_replica: f64,
-    /// One line per policy.
-    pub policies: Vec<PolicyJson>,
 }
 
 /// A finished comparison.

@@ -10,11 +10,12 @@ use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::serve::{ServeArgs, ServeCommandError, options};
+use super::error::ServeCommandError;
+use super::serve::{ServeArgs, options};
 use crate::twin::store::MirrorStore;
 
 /// Exit code of a config that would not serve (the CLI's bad-input code).
-pub const EXIT_INVALID: u8 = 2;
+pub use super::error::EXIT_INVALID;
 
 /// What a config that passed the check holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::catalog::CatalogError;
+use crate::server::ServeError;
 use crate::sim::SimError;
 use crate::sim::capacity::CapacityError;
 use crate::workload::WorkloadError;
@@ -64,6 +65,55 @@ impl CliError {
         CliError::BadFlag {
             flag,
             reason: reason.into(),
+        }
+    }
+}
+
+/// Exit code of bad input: a flag, file or config that would not run or serve.
+pub const EXIT_INVALID: u8 = 2;
+
+/// Why `ditto serve` stopped with an error.
+#[derive(Debug, Error)]
+pub enum ServeCommandError {
+    /// A flag has an unusable value.
+    #[error("--{flag}: {reason}")]
+    BadFlag {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A live-mirror flag has an unusable value.
+    #[error("--{flag}: {reason}")]
+    BadLiveFlag {
+        /// The flag.
+        flag: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The cluster file cannot be read or used.
+    #[error("--config {path}: {reason}")]
+    BadConfig {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The server failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+impl ServeCommandError {
+    /// 64 for bad flags or config (EX_USAGE), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ServeCommandError::BadFlag { .. }
+            | ServeCommandError::BadLiveFlag { .. }
+            | ServeCommandError::BadConfig { .. }
+            | ServeCommandError::Serve(ServeError::Config(_))
+            | ServeCommandError::Serve(ServeError::Tls(_)) => EXIT_INVALID,
+            ServeCommandError::Serve(_) => 1,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::serve::ServeCommandError;
+use super::error::ServeCommandError;
 use crate::server::forecast_loop::ForecastLoopOptions;
 use crate::twin::desired::DesiredSettings;
 use crate::twin::question::SloTargets;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::serve::ServeCommandError;
+use super::error::ServeCommandError;
 use crate::server::grpc_conn::GrpcLimits;
 use crate::server::http_conn::{BodyLimits, HttpLimits};
 use crate::server::run::DEFAULT_METRICS_MAX_CONNECTIONS;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::cli::serve::ServeCommandError;
+use super::error::ServeCommandError;
 use crate::server::predictor::PredictorOptions;
 use crate::server::predictor::calibration::load;
 use crate::twin::aggregate::Objective;

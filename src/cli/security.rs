@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::serve::ServeCommandError;
+use super::error::ServeCommandError;
 use crate::server::auth::{AuthPolicy, BearerToken, TOKEN_ENV};
 use crate::server::tls::TlsFiles;
 

@@ -16,11 +16,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use thiserror::Error;
 
+pub use super::error::ServeCommandError;
 use crate::cluster::spec::{default_cluster, parse_cluster_yaml_with};
 use crate::server::run::{DEFAULT_GRPC_ADDR, DEFAULT_HTTP_ADDR};
-use crate::server::{InitialConfig, ServeError, ServerOptions, serve_until_signal};
+use crate::server::{InitialConfig, ServerOptions, serve_until_signal};
 use crate::twin::limits::Limits;
 use crate::twin::snapshot::TwinSettings;
 use crate::twin::store::StoreLimits;
@@ -125,54 +125,6 @@ pub struct ServeArgs {
     pub log: String,
 }
 
-/// Why `ditto serve` stopped with an error.
-#[derive(Debug, Error)]
-pub enum ServeCommandError {
-    /// A flag has an unusable value.
-    #[error("--{flag}: {reason}")]
-    BadFlag {
-        /// The flag.
-        flag: &'static str,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A live-mirror flag has an unusable value.
-    #[error("--{flag}: {reason}")]
-    BadLiveFlag {
-        /// The flag.
-        flag: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The cluster file cannot be read or used.
-    #[error("--config {path}: {reason}")]
-    BadConfig {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The server failed.
-    #[error(transparent)]
-    Serve(#[from] ServeError),
-}
-
-impl ServeCommandError {
-    /// 64 for bad flags or config (EX_USAGE), 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            ServeCommandError::BadFlag { .. }
-            | ServeCommandError::BadLiveFlag { .. }
-            | ServeCommandError::BadConfig { .. }
-            | ServeCommandError::Serve(ServeError::Config(_))
-            | ServeCommandError::Serve(ServeError::Tls(_)) => {
-                crate::cli::check_config::EXIT_INVALID
-            }
-            ServeCommandError::Serve(_) => 1,
-        }
-    }
-}
-
 fn positive<T: PartialEq + Default>(value: T, flag: &'static str) -> Result<T, ServeCommandError> {
     if value == T::default() {
         return Err(ServeCommandError::BadFlag {
@@ -198,7 +150,13 @@ pub fn options(args: &ServeArgs) -> Result<ServerOptions, ServeCommandError> {
             let files = crate::cli::model_files::FsModelFiles::new(args.model_dir.as_deref());
             let cluster =
                 parse_cluster_yaml_with(&text, Some(&files)).map_err(|err| bad(err.to_string()))?;
-            disaggregation = crate::twin::snapshot::PdSettings::from_cluster_yaml(&text)
+            disaggregation = crate::cluster::spec::disaggregation_section(&text)
+                .and_then(|section| {
+                    section
+                        .as_ref()
+                        .map(crate::twin::snapshot::PdSettings::resolve)
+                        .transpose()
+                })
                 .map_err(|err| bad(err.to_string()))?;
             yaml = Some(text);
             cluster

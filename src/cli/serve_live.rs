@@ -9,11 +9,11 @@ use clap::{Args, ValueEnum};
 
 use crate::cluster::config::ClusterConfig;
 use crate::live::config::{
-    apply_vllm_batch_defaults, check_endpoint, explicit_limits, parse_dns, parse_pods,
-    pool_template, sources_from_yaml,
+    check_endpoint, explicit_limits, parse_dns, parse_pods, pool_template, sources_from_yaml,
 };
 use crate::live::infer::{InferOptions, InferSpec, default_hf_cache, explicit_fields};
 use crate::live::k8s::{KubeSource, LabelSelector};
+use crate::live::vllm_defaults::apply_vllm_batch_defaults;
 use crate::live::{Discovery, KvEndpoints, LiveConfig, LiveSource, MaxAges};
 use crate::twin::question::StalePolicy;
 use crate::twin::snapshot::TwinSettings;

@@ -26,6 +26,7 @@ pub mod rebuild;
 mod runtime;
 pub mod scrape;
 pub mod text;
+pub mod vllm_defaults;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;

@@ -5,7 +5,7 @@
 //! `ditto_forecast_slo_attainment_ratio`, labelled `{model_name,namespace,variant_name}` like
 //! llm-d's variant autoscaler's `wva_desired_replicas`, plus `role` (`both`, `prefill` or
 //! `decode`): a P/D pool's prefill and decode variants are forecast together, their split
-//! searched (`twin::forecast_pd`), and each role gets its own series.
+//! searched (`twin::forecast`), and each role gets its own series.
 //!
 //! The forecasts run on the blocking pool (fanning out on the simulation pool), each round
 //! bounded by the server's longest call as its deadline; ticks missed meanwhile are skipped,

@@ -24,13 +24,16 @@ pub const QUESTION_REQUEST_ID: u64 = 0;
 /// `1 << MIRRORED_ID_BITS` ids.
 pub const MIRRORED_ID_BITS: u32 = 24;
 
+/// Most background arrivals one fork may simulate (their ids stay below the mirrored ones).
+pub const BACKGROUND_ARRIVALS_MAX: u64 = 200_000;
+
 // The id ranges never overlap: the question's request and synthetic arrivals (background
 // traffic, forecast workloads: ids from 1, at most one per store-limited request) stay below
 // the mirrored ids, each instance's requests (at most the store's per-instance limit) fit its
 // range, and every instance's range fits a u64.
 const _: () = {
     assert!(QUESTION_REQUEST_ID < MIRRORED_ID_BASE);
-    assert!(super::fork::BACKGROUND_ARRIVALS_MAX < MIRRORED_ID_BASE);
+    assert!(BACKGROUND_ARRIVALS_MAX < MIRRORED_ID_BASE);
     assert!(super::store::StoreLimits::DEFAULT.max_requests_per_instance < 1 << MIRRORED_ID_BITS);
     assert!(
         (super::store::StoreLimits::DEFAULT.max_instances as u64)

@@ -8,7 +8,10 @@ use std::sync::Arc;
 
 use crate::sim::{Engine, Outcome, RequestId, RequestSpec};
 
-use super::build::{QUESTION_REQUEST_ID, final_lengths, prompt_content, restore_base, set_lengths};
+use super::build::{
+    BACKGROUND_ARRIVALS_MAX, QUESTION_REQUEST_ID, final_lengths, prompt_content, restore_base,
+    set_lengths,
+};
 use super::error::TwinError;
 use super::memo::{Baseline, BaselineKey, CheckpointKey, RestoredKey};
 use super::outcome::{Forking, ReplicationOutcome, Treatment};
@@ -452,9 +455,6 @@ fn submit_question(engine: &mut Engine, spec: RequestSpec) -> Result<(), TwinErr
         .submit_watched(spec)
         .map_err(|err| TwinError::invalid("request", err.to_string()))
 }
-
-/// Most background arrivals one fork may simulate.
-pub const BACKGROUND_ARRIVALS_MAX: u64 = 200_000;
 
 /// Poisson arrivals at this instance's share of the observed rate over the horizon, with
 /// (prompt, output) pairs drawn from recently finished requests (or the question's prompt

@@ -11,7 +11,6 @@ pub mod cached;
 pub mod desired;
 pub mod error;
 pub mod forecast;
-pub mod forecast_pd;
 mod fork;
 pub mod limits;
 pub mod load_forecast;

@@ -161,25 +161,6 @@ impl PdSettings {
             config,
         })
     }
-
-    /// The `disaggregation:` section of a cluster YAML document, resolved (`None` without
-    /// one). The rest of the document is left to `cluster::spec`.
-    pub fn from_cluster_yaml(
-        text: &str,
-    ) -> Result<Option<Self>, crate::cluster::spec::ClusterSpecError> {
-        #[derive(serde::Deserialize)]
-        struct Section {
-            #[serde(default)]
-            disaggregation: Option<crate::cluster::spec::DisaggSpec>,
-        }
-        let section: Section = serde_saphyr::from_str(text)
-            .map_err(|err| crate::cluster::spec::ClusterSpecError::Yaml(err.to_string()))?;
-        section
-            .disaggregation
-            .as_ref()
-            .map(Self::resolve)
-            .transpose()
-    }
 }
 
 /// What the live mirror inferred about one pod, each value with where it came from

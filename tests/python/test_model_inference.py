@@ -27,6 +27,11 @@ from test_live import Fake, eventually, metric, snapshot
 
 LABELS = {"app": "vllm", "llm-d.ai/inferenceServing": "true"}
 
+# The pods serve a fine-tune of Qwen3-32B that the catalog does not embed (Qwen3-32B itself
+# is embedded since stop 35, and the catalog is looked in first), with Qwen3-32B's config.json,
+# so its config comes from --model-dir or the HF cache.
+MODEL = "acme/qwen3-32b-support"
+
 # Qwen/Qwen3-32B's published config.json (huggingface.co/Qwen/Qwen3-32B/blob/main/config.json).
 QWEN3_32B = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 5120,
@@ -84,8 +89,8 @@ def cluster(tmp_path):
     api.node("a100-node-1", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
     api.node("cpu-node-1", {})
     model_dir = tmp_path / "models"
-    (model_dir / "qwen3-32b").mkdir(parents=True)
-    (model_dir / "qwen3-32b" / "config.json").write_text(json.dumps(QWEN3_32B))
+    (model_dir / "qwen3-32b-support").mkdir(parents=True)
+    (model_dir / "qwen3-32b-support" / "config.json").write_text(json.dumps(QWEN3_32B))
     yield api, pod, serve, model_dir
     for server in servers:
         code = server.terminate()
@@ -108,30 +113,30 @@ def sources(setup):
 
 def test_a_qwen3_32b_pool_is_found_and_simulated_as_it_runs(cluster):
     api, pod, serve, model_dir = cluster
-    pod("qwen-0", "Qwen/Qwen3-32B",
-        vllm_container(["Qwen/Qwen3-32B", "--port", "8200", "--tensor-parallel-size", "2",
+    pod("qwen-0", MODEL,
+        vllm_container([MODEL, "--port", "8200", "--tensor-parallel-size", "2",
                         "--max-num-seqs", "128"], gpus=2), node="h100-node-1")
     # TP from the GPU request (4 / data-parallel 2 = 2), a shell script, another GPU: another pool.
-    pod("qwen-1", "Qwen/Qwen3-32B",
-        vllm_container(["Qwen/Qwen3-32B", "--port", "8200", "--data-parallel-size", "2"], gpus=4,
+    pod("qwen-1", MODEL,
+        vllm_container([MODEL, "--port", "8200", "--data-parallel-size", "2"], gpus=4,
                        shell=True), node="a100-node-1")
     server = serve("--model-dir", str(model_dir))
     found = eventually(server, lambda i: sorted(i) == ["llm-d/qwen-0", "llm-d/qwen-1"]
                        and all(x.HasField("inferred") and x.HasField("gauges") and not x.stale_reason
                                for x in i.values()) and i, "both pods inferred")
     a, b = found["llm-d/qwen-0"].inferred, found["llm-d/qwen-1"].inferred
-    assert (a.model, a.gpu, a.tp) == ("Qwen/Qwen3-32B", "H100", 2), a
+    assert (a.model, a.gpu, a.tp) == (MODEL, "H100", 2), a
     assert sources(a) == ("pod-args", "model-dir", "node-label", "pod-args"), a
-    assert (b.model, b.gpu, b.tp) == ("Qwen/Qwen3-32B", "A100-80", 2), b
+    assert (b.model, b.gpu, b.tp) == (MODEL, "A100-80", 2), b
     assert sources(b) == ("pod-args", "model-dir", "node-label", "gpu-request"), b
-    assert a.pool != b.pool and a.pool.startswith("qwen3-32b-h100-tp2"), (a.pool, b.pool)
+    assert a.pool != b.pool and a.pool.startswith("qwen3-32b-support-h100-tp2"), (a.pool, b.pool)
     # The simulated instances are what the pods run (not the embedded llama on H100).
     spec_a, spec_b = config_of(server, "llm-d/qwen-0"), config_of(server, "llm-d/qwen-1")
-    assert (spec_a.model, spec_a.gpu, spec_a.tp) == ("Qwen/Qwen3-32B", "H100", 2), spec_a
+    assert (spec_a.model, spec_a.gpu, spec_a.tp) == (MODEL, "H100", 2), spec_a
     assert spec_a.engine.max_num_seqs == 128 and spec_a.engine.max_model_len == 40960, spec_a.engine
     assert json.loads(spec_a.model_config_json)["num_hidden_layers"] == 64
     assert (spec_b.gpu, spec_b.tp) == ("A100-80", 2), spec_b
-    assert metric(server, "ditto_live_inferred", instance="llm-d/qwen-0", model="Qwen/Qwen3-32B", gpu="H100",
+    assert metric(server, "ditto_live_inferred", instance="llm-d/qwen-0", model=MODEL, gpu="H100",
                   tp="2", model_source="pod-args", gpu_source="node-label", tp_source="pod-args") == 1
     question = pb.PredictRoutingRequest(
         request=pb.CandidateRequest(prompt_tokens=1000, output_tokens=100), request_id="q")
@@ -157,7 +162,7 @@ def test_the_model_name_comes_from_metrics_when_the_args_have_none(cluster):
 
 def test_a_model_without_a_config_is_stale_naming_it(cluster):
     api, pod, serve, model_dir = cluster
-    pod("qwen-0", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="h100-node-1")
+    pod("qwen-0", MODEL, vllm_container([MODEL, "-tp", "2"], gpus=2), node="h100-node-1")
     pod("mystery-0", "acme/mystery-70b", vllm_container(["acme/mystery-70b", "-tp", "4"], gpus=4),
         node="h100-node-1")
     server = serve(env={"DITTO_MODEL_DIR": str(model_dir)})
@@ -187,8 +192,8 @@ def test_a_model_without_a_config_is_stale_naming_it(cluster):
 def test_forbidden_nodes_fall_back_to_the_default_gpu_and_say_so_once(cluster):
     api, pod, serve, model_dir = cluster
     api.forbid_nodes()
-    pod("qwen-0", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="h100-node-1")
-    pod("qwen-1", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="a100-node-1")
+    pod("qwen-0", MODEL, vllm_container([MODEL, "-tp", "2"], gpus=2), node="h100-node-1")
+    pod("qwen-1", MODEL, vllm_container([MODEL, "-tp", "2"], gpus=2), node="a100-node-1")
     server = serve("--default-gpu", "L40S", "--model-dir", str(model_dir))
     found = eventually(server, lambda i: len(i) == 2 and all(x.inferred.gpu for x in i.values()) and i,
                        "both inferred")
@@ -202,7 +207,7 @@ def test_forbidden_nodes_fall_back_to_the_default_gpu_and_say_so_once(cluster):
 
 def test_without_a_default_gpu_the_pools_gpu_is_used_and_a_node_without_the_label_too(cluster):
     api, pod, serve, model_dir = cluster
-    pod("qwen-0", "Qwen/Qwen3-32B", vllm_container(["Qwen/Qwen3-32B", "-tp", "2"], gpus=2), node="cpu-node-1")
+    pod("qwen-0", MODEL, vllm_container([MODEL, "-tp", "2"], gpus=2), node="cpu-node-1")
     server = serve(env={"DITTO_MODEL_DIR": str(model_dir)})
     inst = eventually(server, lambda i: "llm-d/qwen-0" in i and i["llm-d/qwen-0"].inferred.gpu
                       and i["llm-d/qwen-0"].inferred, "inferred")
@@ -212,8 +217,8 @@ def test_without_a_default_gpu_the_pools_gpu_is_used_and_a_node_without_the_labe
 
 def test_a_yaml_pool_overrides_what_is_inferred(cluster, tmp_path):
     api, pod, serve, model_dir = cluster
-    pod("qwen-0", "Qwen/Qwen3-32B",
-        vllm_container(["Qwen/Qwen3-32B", "-tp", "2", "--max-num-seqs", "512"], gpus=2), node="a100-node-1")
+    pod("qwen-0", MODEL,
+        vllm_container([MODEL, "-tp", "2", "--max-num-seqs", "512"], gpus=2), node="a100-node-1")
     config = tmp_path / "cluster.yaml"
     config.write_text(
         "pools:\n  - {name: vllm, model: qwen3-14b, tp: 1, engine: {max_num_seqs: 64}}\n")

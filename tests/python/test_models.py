@@ -1,5 +1,5 @@
-"""Any model: a pool of Qwen3-32B (not embedded) on H200, from `--model-dir` (name normalised,
-`Qwen/Qwen3-32B` -> DIR/qwen3-32b/config.json), from a pool's `model_config: PATH`, and from
+"""Any model: a pool of a Qwen3-32B fine-tune (not embedded) on H200, from `--model-dir` (name
+normalised, `acme/qwen3-32b-support` -> DIR/qwen3-32b-support/config.json), from a pool's `model_config: PATH`, and from
 SyncClusterConfig's `model_config_json`, answers --check-config, PredictRouting,
 ForecastCapacity and the predictor's /predict. A config that is not an HF config is refused
 naming the field (exit 2 / INVALID_ARGUMENT). Clients: grpcio and requests.
@@ -42,8 +42,14 @@ def check(*args):
 @pytest.mark.parametrize("how", ["model-dir", "model_config"])
 def test_qwen3_32b_on_h200_answers_every_api(tmp_path, how):
     if how == "model-dir":
-        config = cluster(tmp_path, "model: Qwen/Qwen3-32B,")
-        extra = ["--model-dir", MODELS]
+        # A fine-tune the catalog does not embed (it embeds Qwen3-32B, and looks there first),
+        # with Qwen3-32B's config.json in the model directory under its normalised name.
+        models = tmp_path / "models"
+        (models / "qwen3-32b-support").mkdir(parents=True)
+        with open(QWEN) as source:
+            (models / "qwen3-32b-support" / "config.json").write_text(source.read())
+        config = cluster(tmp_path, "model: acme/qwen3-32b-support,")
+        extra = ["--model-dir", str(models)]
     else:
         config = cluster(tmp_path, f"model: qwen3-32b, model_config: {QWEN},")
         extra = []
@@ -54,7 +60,7 @@ def test_qwen3_32b_on_h200_answers_every_api(tmp_path, how):
         server.wait_serving()
         snap = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
         assert [i.instance_id for i in snap.instances] == ["qwen-0", "qwen-1"]
-        assert {i.model for i in snap.config.instances} == {"qwen3-32b" if how == "model_config" else "Qwen/Qwen3-32B"}
+        assert {i.model for i in snap.config.instances} == {"qwen3-32b" if how == "model_config" else "acme/qwen3-32b-support"}
         message = pb.PredictRoutingRequest(
             request=pb.CandidateRequest(prompt_tokens=2000, output_tokens=256), request_id="q")
         message.options.replications = 1
@@ -97,7 +103,8 @@ def test_sync_cluster_config_takes_model_config_json():
     try:
         server.wait_serving()
         text = open(QWEN).read()
-        spec = pb.InstanceSpec(id="qwen-a", model="Qwen/Qwen3-32B", gpu="H200", model_config_json=text)
+        spec = pb.InstanceSpec(id="qwen-a", model="acme/qwen3-32b-support", gpu="H200",
+                               model_config_json=text)
         ack = server.twin.SyncClusterConfig(pb.ClusterConfig(instances=[spec]), timeout=10)
         assert ack.changed
         message = pb.PredictRoutingRequest(
@@ -106,7 +113,7 @@ def test_sync_cluster_config_takes_model_config_json():
         answer = server.twin.PredictRouting(message, timeout=60)
         assert [c.instance_id for c in answer.candidates] == ["qwen-a"] and answer.candidates[0].valid
         # GetSnapshot hands the config back with the model's config text, so it re-syncs as is
-        # (without it, `Qwen/Qwen3-32B` is not an embedded model and the sync is refused).
+        # (without it, `acme/qwen3-32b-support` is not an embedded model and the sync is refused).
         echoed = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10).config
         assert json.loads(echoed.instances[0].model_config_json) == json.loads(text)
         again = server.twin.SyncClusterConfig(echoed, timeout=10)

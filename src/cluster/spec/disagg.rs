@@ -190,3 +190,17 @@ pub fn resolve_disaggregation(
         kv,
     })
 }
+
+/// The `disaggregation:` section of a cluster YAML document alone (`None` without one), for
+/// callers that resolve the rest of the document with [`super::parse_cluster_yaml`] (which
+/// validates the section but returns only the `ClusterConfig`).
+pub fn disaggregation_section(text: &str) -> Result<Option<DisaggSpec>, ClusterSpecError> {
+    #[derive(serde::Deserialize)]
+    struct Section {
+        #[serde(default)]
+        disaggregation: Option<DisaggSpec>,
+    }
+    let section: Section =
+        serde_saphyr::from_str(text).map_err(|err| ClusterSpecError::Yaml(err.to_string()))?;
+    Ok(section.disaggregation)
+}

@@ -17,8 +17,8 @@ pub use autoscale::{
 };
 
 pub use disagg::{
-    DEFAULT_CONNECTOR, DEFAULT_LINK, DeciderSpec, DisaggSpec, pool_kv, resolve_disaggregation,
-    resolve_role,
+    DEFAULT_CONNECTOR, DEFAULT_LINK, DeciderSpec, DisaggSpec, disaggregation_section, pool_kv,
+    resolve_disaggregation, resolve_role,
 };
 
 pub use policies::{

@@ -430,7 +430,7 @@ fn build(
     {
         instance.latency = template.latency.clone();
     }
-    super::config::apply_vllm_batch_defaults(&mut instance, explicit_limits);
+    super::vllm_defaults::apply_vllm_batch_defaults(&mut instance, explicit_limits);
     Ok(instance)
 }
 

@@ -203,12 +203,13 @@ fn the_pools_explicit_fields_override_what_is_inferred() {
 
 #[test]
 fn model_configs_are_found_in_a_model_dir_and_an_hf_cache() {
+    // A model the catalog does not embed (Qwen3-32B now is), in a Qwen3-32B-shaped config.
     let root = std::env::temp_dir().join(format!("ditto-infer-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let model_dir = root.join("models");
-    std::fs::create_dir_all(model_dir.join("qwen3-32b")).unwrap();
-    std::fs::write(model_dir.join("qwen3-32b/config.json"), QWEN3_32B).unwrap();
-    let hub = root.join("hf/hub/models--Qwen--Qwen3-32B");
+    std::fs::create_dir_all(model_dir.join("acme-32b")).unwrap();
+    std::fs::write(model_dir.join("acme-32b/config.json"), QWEN3_32B).unwrap();
+    let hub = root.join("hf/hub/models--Acme--Acme-32B");
     std::fs::create_dir_all(hub.join("snapshots/abc123")).unwrap();
     std::fs::create_dir_all(hub.join("refs")).unwrap();
     std::fs::write(hub.join("refs/main"), "abc123\n").unwrap();
@@ -218,17 +219,17 @@ fn model_configs_are_found_in_a_model_dir_and_an_hf_cache() {
         ..InferOptions::default()
     };
     assert_eq!(
-        find_model_config("Qwen/Qwen3-32B", &by_dir).unwrap().source,
+        find_model_config("Acme/Acme-32B", &by_dir).unwrap().source,
         "model-dir"
     );
     let by_cache = InferOptions {
         hf_cache: Some(root.join("hf")),
         ..InferOptions::default()
     };
-    let found = find_model_config("Qwen/Qwen3-32B", &by_cache).unwrap();
+    let found = find_model_config("Acme/Acme-32B", &by_cache).unwrap();
     assert_eq!((found.source, found.json.is_some()), ("hf-cache", true));
     // A bare name finds the repository by its last segment.
-    assert!(find_model_config("qwen3-32b", &by_cache).is_ok());
+    assert!(find_model_config("acme-32b", &by_cache).is_ok());
     assert_eq!(
         find_model_config("Qwen/Qwen3-14B", &by_cache)
             .unwrap()

@@ -23,10 +23,12 @@ use tokio::time::Instant;
 use super::endpoint::{PodView, pod_ip, view};
 use super::lines::{Lines, ReadError, read_all};
 use super::selector::LabelSelector;
-use super::watch::GPU_PRODUCT_LABEL;
 use super::{KubeLimits, KubeNews, LIST_PAGE_LIMIT, MAX_LIST_PAGE_BYTES, MAX_WATCH_LINE_BYTES};
 use crate::live::infer::NodeGpu;
 use crate::telemetry::live::LiveMetrics;
+
+/// The node label NVIDIA's GPU feature discovery sets to the GPU's product name.
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 
 /// First delay before retrying after a failure; doubled per failure up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);

@@ -17,9 +17,6 @@ use super::pool_watch::{PoolEvent, PoolWatch};
 use super::{KubeLimits, KubeNews, KubeSource};
 use crate::telemetry::live::LiveMetrics;
 
-/// The node label NVIDIA's GPU feature discovery sets to the GPU's product name.
-pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
-
 /// The client config: in-cluster (service account) when running in a pod, else
 /// `KUBECONFIG` / `~/.kube/config`. The error says which file failed.
 pub async fn client() -> Result<Client, String> {

@@ -9,18 +9,14 @@
 //! whose KV is held for a pull or in transfer yet, so the snapshot's in-flight requests are
 //! not carried into it (a `start: snapshot` question is answered as `start: empty`).
 
-use crate::catalog;
-use crate::cluster::Cluster;
-use crate::cluster::config::{ClusterConfig, InstanceConfig, InstanceRole};
-use crate::cluster::disagg::InstanceKv;
-use crate::cluster::spec::{DisaggSpec, resolve_disaggregation};
+use crate::cluster::config::InstanceRole;
 
-use super::error::TwinError;
-use super::forecast::{REPLICAS_MAX, Replication, evaluate, summarize};
-use super::limits::Limits;
-use super::question::{ForecastCandidate, ForecastQuestion};
-use super::run::EventBudget;
-use super::snapshot::MirrorSnapshot;
+use super::replication::{REPLICAS_MAX, Replication, evaluate, summarize};
+use crate::twin::error::TwinError;
+use crate::twin::limits::Limits;
+use crate::twin::question::{ForecastCandidate, ForecastQuestion};
+use crate::twin::run::EventBudget;
+use crate::twin::snapshot::MirrorSnapshot;
 
 /// The two searched variants of a P/D split: indices into the question's variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,13 +25,6 @@ pub struct SplitRoles {
     pub prefill: usize,
     /// The decode variant.
     pub decode: usize,
-}
-
-/// True when any template serves one role only: the candidates run disaggregated.
-pub(super) fn is_disaggregated(snapshot: &MirrorSnapshot, templates: &[usize]) -> bool {
-    templates
-        .iter()
-        .any(|&t| snapshot.config.instances[t].role != InstanceRole::Both)
 }
 
 /// The P/D split the question searches, if it searches one: exactly two variants with
@@ -68,56 +57,6 @@ pub(super) fn split_roles(
              decode template)",
         )),
     }
-}
-
-/// A candidate's disaggregated cluster from idle instances: `counts[v]` copies of variant
-/// `v`'s template, with llm-d's P/D defaults.
-pub(super) fn idle_cluster(
-    snapshot: &MirrorSnapshot,
-    templates: &[usize],
-    counts: &[u32],
-    seed: u64,
-) -> Result<Cluster, TwinError> {
-    let mut instances: Vec<InstanceConfig> = Vec::new();
-    let mut kv = Vec::new();
-    for (variant, (&template, &count)) in templates.iter().zip(counts).enumerate() {
-        let template = &snapshot.config.instances[template];
-        let geometry = instance_kv(template)
-            .map_err(|reason| TwinError::invalid(format!("variants[{variant}]"), reason))?;
-        for k in 0..count {
-            let mut config = template.clone();
-            config.id = format!("{}#{k}", template.id);
-            config.engine.kv_sample_interval_us = 0;
-            instances.push(config);
-            kv.push(geometry);
-        }
-    }
-    let disagg = resolve_disaggregation(&DisaggSpec::default(), kv)
-        .map_err(|err| TwinError::invalid("variants", err.to_string()))?;
-    let config = ClusterConfig {
-        instances,
-        routing: snapshot.config.routing.clone(),
-        admission: snapshot.config.admission,
-        staleness: snapshot.config.staleness,
-    };
-    Cluster::new_disaggregated(config, disagg, seed)
-        .map_err(|err| TwinError::invalid("variants", err.to_string()))
-}
-
-/// An instance's KV geometry for the transfer model, from its model's architecture.
-fn instance_kv(instance: &InstanceConfig) -> Result<InstanceKv, String> {
-    let arch = match &instance.model_config_json {
-        Some(json) => catalog::parse_model_config(&instance.model, json),
-        None => catalog::model(&instance.model),
-    }
-    .map_err(|err| err.to_string())?;
-    Ok(InstanceKv {
-        bytes_per_token_per_rank: arch.kv_bytes_per_token(instance.tp),
-        layers: arch.num_layers,
-        planes: if arch.is_mla() { 1 } else { 2 },
-        tp: instance.tp,
-        block_size: instance.engine.block_size,
-    })
 }
 
 /// Searches the split: from one replica of each role, adds a prefill replica while the TTFT
