@@ -86,25 +86,9 @@ impl Cluster {
         let Some(pd) = self.pd.as_mut() else {
             return Err(bad("the cluster is not disaggregated".to_owned()));
         };
-        let mut half = spec.clone();
-        half.output_tokens = 1;
-        half.max_tokens = 1;
-        pd.requests.insert(
-            spec.id,
-            PdRequest {
-                arrival_us: spec.arrival_us,
-                prefill,
-                decode,
-                stage: Stage::Prefill,
-                spec,
-                prefill_record: None,
-                decode_arrival_us: None,
-                transfer_start_us: None,
-                transfer_end_us: None,
-                released: false,
-                expired: false,
-            },
-        );
+        let half = PdRequest::prefill_half(&spec);
+        pd.requests
+            .insert(spec.id, PdRequest::new(spec, prefill, decode));
         self.dispatch_as(prefill, half, Half::Prefill);
         Ok(())
     }

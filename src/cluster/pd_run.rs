@@ -59,6 +59,34 @@ struct PdRequest {
     expired: bool,
 }
 
+impl PdRequest {
+    /// A request just sent to `prefill` for its prefill half, to end on `decode`.
+    fn new(spec: RequestSpec, prefill: usize, decode: usize) -> Self {
+        Self {
+            arrival_us: spec.arrival_us,
+            prefill,
+            decode,
+            stage: Stage::Prefill,
+            spec,
+            prefill_record: None,
+            decode_arrival_us: None,
+            transfer_start_us: None,
+            transfer_end_us: None,
+            released: false,
+            expired: false,
+        }
+    }
+
+    /// The prefill half of `spec`: the prompt with one output token, as the decode pod's
+    /// routing sidecar sends it (`max_tokens = 1`).
+    fn prefill_half(spec: &RequestSpec) -> RequestSpec {
+        let mut half = spec.clone();
+        half.output_tokens = 1;
+        half.max_tokens = 1;
+        half
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PdEvent {
     Handoff(RequestId),
@@ -158,25 +186,9 @@ impl Cluster {
             self.dispatch_as(decode, spec, Half::Whole);
             return Dispatch::Routed(decode);
         };
-        let mut half = spec.clone();
-        half.output_tokens = 1;
-        half.max_tokens = 1;
-        pd.requests.insert(
-            spec.id,
-            PdRequest {
-                arrival_us: spec.arrival_us,
-                prefill,
-                decode,
-                stage: Stage::Prefill,
-                spec,
-                prefill_record: None,
-                decode_arrival_us: None,
-                transfer_start_us: None,
-                transfer_end_us: None,
-                released: false,
-                expired: false,
-            },
-        );
+        let half = PdRequest::prefill_half(&spec);
+        pd.requests
+            .insert(spec.id, PdRequest::new(spec, prefill, decode));
         self.pd = Some(pd);
         self.dispatch_as(prefill, half, Half::Prefill);
         Dispatch::Routed(decode)
