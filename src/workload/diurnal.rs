@@ -1,43 +1,12 @@
 //! A diurnal rate curve: a sinusoid between a trough and a peak over a period (a day by
 //! default), peaking at a given time of the period, turned into piecewise-constant stages
 //! of `step_s` seconds, each at the curve's mean over its span (so the day's request count
-//! is the curve's integral). Validation names `diurnal.*` fields.
-
-use serde::Deserialize;
+//! is the curve's integral). Validation names `diurnal.*` fields. The field's type is the
+//! spec's ([`Diurnal`] in `spec.rs`); its curve and stages are here.
 
 use crate::workload::dist::check_positive;
 use crate::workload::error::WorkloadError;
-use crate::workload::spec::{STAGES_MAX, Stage};
-
-/// The `diurnal:` field of a workload spec.
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Diurnal {
-    /// Lowest rate, req/s (> 0).
-    pub trough_rate: f64,
-    /// Highest rate, req/s (≥ the trough).
-    pub peak_rate: f64,
-    /// Length of one cycle, s (default 86,400: a day).
-    #[serde(default = "day")]
-    pub period_s: f64,
-    /// When in the cycle the peak comes, s (default 14:00, 50,400 s into a day).
-    #[serde(default)]
-    pub peak_at_s: Option<f64>,
-    /// How long the load runs, s (default one period).
-    #[serde(default)]
-    pub duration_s: Option<f64>,
-    /// Length of each constant stage, s (default 60).
-    #[serde(default = "minute")]
-    pub step_s: f64,
-}
-
-fn day() -> f64 {
-    86_400.0
-}
-
-fn minute() -> f64 {
-    60.0
-}
+use crate::workload::spec::{Diurnal, STAGES_MAX, Stage};
 
 impl Diurnal {
     /// The curve's rate at `t` seconds.

@@ -24,9 +24,9 @@ mod trace;
 
 pub use arrival::{ArrivalProcess, GAMMA_CV_MAX};
 pub use dist::{EMPIRICAL_VALUES_MAX, LengthDist, LengthDraw};
-pub use diurnal::Diurnal;
 pub use error::WorkloadError;
 pub use generator::WorkloadGenerator;
+pub use spec::Diurnal;
 pub use spec::{
     CLIENTS_MAX, ClientSpec, DEFAULT_CLIENT_ID, DURATION_S_MAX, PrefixSpec, RATE_PER_S_MAX,
     STAGES_MAX, Stage, WorkloadSpec,

@@ -52,7 +52,7 @@ pub struct WorkloadSpec {
     /// A daily sinusoid between a trough and a peak, run as stages (exclusive with `rate`
     /// and `stages`; `workload/diurnal.rs`).
     #[serde(default)]
-    pub diurnal: Option<crate::workload::diurnal::Diurnal>,
+    pub diurnal: Option<Diurnal>,
     /// Default arrival process of every client (default Poisson).
     #[serde(default = "default_arrival")]
     pub arrival: ArrivalProcess,
@@ -492,6 +492,36 @@ fn strip_leading_dot(err: WorkloadError, implied: bool) -> WorkloadError {
         },
         other => other,
     }
+}
+
+/// The `diurnal:` field of a workload spec.
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Diurnal {
+    /// Lowest rate, req/s (> 0).
+    pub trough_rate: f64,
+    /// Highest rate, req/s (≥ the trough).
+    pub peak_rate: f64,
+    /// Length of one cycle, s (default 86,400: a day).
+    #[serde(default = "day")]
+    pub period_s: f64,
+    /// When in the cycle the peak comes, s (default 14:00, 50,400 s into a day).
+    #[serde(default)]
+    pub peak_at_s: Option<f64>,
+    /// How long the load runs, s (default one period).
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// Length of each constant stage, s (default 60).
+    #[serde(default = "minute")]
+    pub step_s: f64,
+}
+
+fn day() -> f64 {
+    86_400.0
+}
+
+fn minute() -> f64 {
+    60.0
 }
 
 #[cfg(test)]
