@@ -10,9 +10,10 @@ use crate::twin::question::{
 };
 use crate::twin::store::StoredSnapshot;
 
+use super::prediction::distribution_to;
 use super::question::{
     DEFAULT_FORECAST_REPLICATIONS, DEFAULT_SEED, DEFAULT_TARGET_ATTAINMENT, REPLICAS_MAX,
-    distribution_to, exhausted, quantiles_from, replications_from, resolve_now, slo_from,
+    exhausted, quantiles_from, replications_from, resolve_now, slo_from,
 };
 use super::{count_in, join, length_dist_from, non_negative, positive, time_us};
 use crate::server::proto;

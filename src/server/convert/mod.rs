@@ -10,6 +10,7 @@
 pub mod config;
 pub mod forecast;
 pub mod pd;
+mod prediction;
 pub mod question;
 pub mod state;
 

@@ -6,7 +6,7 @@ use crate::twin::TwinError;
 use crate::twin::question::{DeciderChoice, PairPrediction};
 use crate::twin::snapshot::PdSettings;
 
-use super::question::{candidate_from, candidate_to};
+use super::prediction::{candidate_from, candidate_to};
 use super::tokens;
 use crate::server::proto;
 

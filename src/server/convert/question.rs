@@ -15,12 +15,13 @@ use std::sync::Arc;
 use crate::twin::TwinError;
 use crate::twin::limits::Limits;
 use crate::twin::question::{
-    Background, CandidatePrediction, CandidateRequest, Distribution, OutputLength, PredictOptions,
-    RoutingAnswer, RoutingQuestion, SloTargets,
+    Background, CandidateRequest, OutputLength, PredictOptions, RoutingAnswer, RoutingQuestion,
+    SloTargets,
 };
 use crate::twin::store::StoredSnapshot;
 use crate::twin::valid::ValidRouting;
 
+use super::prediction::{candidate_from, candidate_to};
 use super::state::{latest_observation_us, slo_class_from};
 use super::{
     join, ms_to_us, positive, stale_policy_from, stale_policy_to, time_us, tokens, us_to_ms,
@@ -376,29 +377,6 @@ pub fn routing_to_proto(
     }
 }
 
-pub(super) fn distribution_to(dist: &Distribution) -> proto::Distribution {
-    proto::Distribution {
-        mean: dist.mean,
-        quantiles: dist
-            .quantiles
-            .iter()
-            .map(|&(quantile, value)| proto::QuantileValue { quantile, value })
-            .collect(),
-    }
-}
-
-fn distribution_from(dist: Option<&proto::Distribution>) -> Distribution {
-    dist.map(|dist| Distribution {
-        mean: dist.mean,
-        quantiles: dist
-            .quantiles
-            .iter()
-            .map(|q| (q.quantile, q.value))
-            .collect(),
-    })
-    .unwrap_or_default()
-}
-
 /// Encodes a routing answer.
 pub fn routing_answer_to_proto(
     answer: &RoutingAnswer,
@@ -423,46 +401,6 @@ pub fn routing_answer_to_proto(
             .clone()
             .unwrap_or_default(),
         decider: answer.decider.iter().map(super::pd::decider_to).collect(),
-    }
-}
-
-/// Encodes one candidate's prediction.
-pub(super) fn candidate_to(c: &CandidatePrediction) -> proto::CandidatePrediction {
-    proto::CandidatePrediction {
-        instance_id: c.instance_id.clone(),
-        valid: c.valid,
-        invalid_reason: c.invalid_reason.clone(),
-        ttft_ms: Some(distribution_to(&c.ttft_ms)),
-        tpot_ms: Some(distribution_to(&c.tpot_ms)),
-        e2e_ms: Some(distribution_to(&c.e2e_ms)),
-        slo_probability: c.slo_probability,
-        ttft_slo_probability: c.ttft_slo_probability,
-        tpot_slo_probability: c.tpot_slo_probability,
-        queue_wait_ms: c.queue_wait_ms,
-        prefix_hit_tokens: c.prefix_hit_tokens,
-        kv_usage_after: c.kv_usage_after,
-        others_delta_e2e_ms: c.others_delta_e2e_ms,
-        input_age_ms: c.input_age_ms,
-    }
-}
-
-/// Decodes one candidate's prediction.
-pub(super) fn candidate_from(c: &proto::CandidatePrediction) -> CandidatePrediction {
-    CandidatePrediction {
-        instance_id: c.instance_id.clone(),
-        valid: c.valid,
-        invalid_reason: c.invalid_reason.clone(),
-        ttft_ms: distribution_from(c.ttft_ms.as_ref()),
-        tpot_ms: distribution_from(c.tpot_ms.as_ref()),
-        e2e_ms: distribution_from(c.e2e_ms.as_ref()),
-        slo_probability: c.slo_probability,
-        ttft_slo_probability: c.ttft_slo_probability,
-        tpot_slo_probability: c.tpot_slo_probability,
-        queue_wait_ms: c.queue_wait_ms,
-        prefix_hit_tokens: c.prefix_hit_tokens,
-        kv_usage_after: c.kv_usage_after,
-        others_delta_e2e_ms: c.others_delta_e2e_ms,
-        input_age_ms: c.input_age_ms,
     }
 }
 
