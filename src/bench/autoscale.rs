@@ -61,8 +61,11 @@ pub fn autoscale_day() -> Result<(ClusterConfig, AutoscaleConfig, Policy), SimEr
     Ok((base, config, policy))
 }
 
-/// The day's requests (seed 42; prompts 512 ± 256, outputs 128 ± 64).
-pub fn autoscale_day_requests() -> Result<WorkloadGenerator, crate::workload::WorkloadError> {
+/// The day's requests (seed 42; prompts 512 ± 256, outputs 128 ± 64); `duration_s` cuts the day
+/// short (the quick bench's half hour), `None` runs it whole.
+pub fn autoscale_day_requests(
+    duration_s: Option<f64>,
+) -> Result<WorkloadGenerator, crate::workload::WorkloadError> {
     let mut spec = WorkloadSpec::single_client(
         42,
         1,
@@ -78,7 +81,7 @@ pub fn autoscale_day_requests() -> Result<WorkloadGenerator, crate::workload::Wo
         peak_rate: 75.0,
         period_s: 86_400.0,
         peak_at_s: None,
-        duration_s: None,
+        duration_s,
         step_s: 60.0,
     });
     spec.generator()

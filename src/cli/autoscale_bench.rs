@@ -8,14 +8,22 @@ use super::error::CliError;
 use crate::bench::{DAY_CAPACITY_PER_REPLICA, autoscale_day, autoscale_day_requests};
 use crate::cluster::autoscale::{AutoscaleError, PolicyRun, run_policy};
 
-/// Runs the day and appends its row.
-pub fn autoscale_case(out: &mut String) -> Result<(), CliError> {
+/// The span `--quick` simulates instead of the day: its first half hour (a smoke run).
+const QUICK_SPAN_S: f64 = 1_800.0;
+
+/// Runs the day (with `quick`, its first half hour) and appends its row.
+pub fn autoscale_case(out: &mut String, quick: bool) -> Result<(), CliError> {
+    let span = if quick {
+        "the first half hour of a simulated day"
+    } else {
+        "a simulated day"
+    };
     let _ = writeln!(
         out,
-        "\n== autoscale: a simulated day, diurnal 15-75 req/s (mean 45), llama-3.1-8b-instruct H100 roofline, predictive policy, replicas 1-8 (goal < 10 s)"
+        "\n== autoscale: {span}, diurnal 15-75 req/s (mean 45), llama-3.1-8b-instruct H100 roofline, predictive policy, replicas 1-8 (goal for the day < 10 s)"
     );
     let (base, config, policy) = autoscale_day()?;
-    let requests = autoscale_day_requests()?;
+    let requests = autoscale_day_requests(quick.then_some(QUICK_SPAN_S))?;
     let started = Instant::now();
     let run = PolicyRun {
         base: &base,

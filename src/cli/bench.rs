@@ -168,7 +168,7 @@ pub fn execute(args: &BenchArgs) -> Result<String, CliError> {
         kv_case(&mut out, args)?;
     }
     if args.runs("autoscale") {
-        super::autoscale_bench::autoscale_case(&mut out)?;
+        super::autoscale_bench::autoscale_case(&mut out, args.quick)?;
     }
     let seconds = args.load_seconds.unwrap_or(if args.quick { 2 } else { 10 });
     if seconds > 0 && args.runs("load") {
