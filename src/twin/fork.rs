@@ -574,20 +574,8 @@ fn measure(
         .filter(|record| record.outcome == Outcome::Completed)
         .map(|record| (record.id, record.end_us));
     let drained = run.drained.iter().map(|end| (end.id, end.end_us));
-    let (mut sum, mut count) = (0i128, 0u64);
-    for (id, end_us) in completed.chain(drained) {
-        if id.0 == QUESTION_REQUEST_ID {
-            continue;
-        }
-        if let Some(end) = baseline.end_by(id.0, horizon_end) {
-            sum += i128::from(end_us) - i128::from(end);
-            count += 1;
-        }
-    }
-    outcome.others_delta_e2e_ms = if count == 0 {
-        0.0
-    } else {
-        sum as f64 / count as f64 / 1000.0
-    };
+    outcome.others_delta_e2e_ms = baseline
+        .mean_end_shift(completed.chain(drained), horizon_end)
+        .0;
     outcome
 }

@@ -110,6 +110,31 @@ impl Baseline {
         self.event_times.partition_point(|&t| t <= to_us) as u64
     }
 
+    /// Mean change (ms) of the end times `ends` against this baseline, over the requests that
+    /// finished by `to_us` in both (the question's own request left out), and how many: a
+    /// fork's impact on the requests already there.
+    pub fn mean_end_shift(
+        &self,
+        ends: impl Iterator<Item = (crate::sim::RequestId, u64)>,
+        to_us: u64,
+    ) -> (f64, u64) {
+        let (mut sum, mut count) = (0i128, 0u64);
+        for (id, end_us) in ends {
+            if id.0 == super::build::QUESTION_REQUEST_ID {
+                continue;
+            }
+            if let Some(end) = self.end_by(id.0, to_us) {
+                sum += i128::from(end_us) - i128::from(end);
+                count += 1;
+            }
+        }
+        if count == 0 {
+            (0.0, 0)
+        } else {
+            (sum as f64 / count as f64 / 1000.0, count)
+        }
+    }
+
     /// End time of request `id`, if a fork cut at `to_us` saw it finish.
     pub fn end_by(&self, id: u64, to_us: u64) -> Option<u64> {
         self.ends

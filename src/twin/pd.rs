@@ -486,21 +486,7 @@ fn delta(
         .filter(|record| record.outcome == Outcome::Completed)
         .map(|record| (record.id, record.end_us));
     let drained = run.drained.iter().map(|end| (end.id, end.end_us));
-    let (mut sum, mut count) = (0i128, 0u64);
-    for (id, end_us) in completed.chain(drained) {
-        if id.0 == QUESTION_REQUEST_ID {
-            continue;
-        }
-        if let Some(end) = baseline.end_by(id.0, horizon_end) {
-            sum += i128::from(end_us) - i128::from(end);
-            count += 1;
-        }
-    }
-    if count == 0 {
-        (0.0, 0)
-    } else {
-        (sum as f64 / count as f64 / 1000.0, count)
-    }
+    baseline.mean_end_shift(completed.chain(drained), horizon_end)
 }
 
 /// Events processed between budget charges.
