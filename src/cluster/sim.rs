@@ -485,29 +485,7 @@ impl Cluster {
         let mut keys_by_size: Vec<(u32, Vec<u64>)> = Vec::new();
         self.scratch_fraction.clear();
         for index in 0..self.engines.len() {
-            let block_size = self.config.instances[index].engine.block_size;
-            if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
-                keys_by_size.push((block_size, prompt_block_keys(&spec, block_size)));
-            }
-            let keys = keys_by_size
-                .iter()
-                .find(|(size, _)| *size == block_size)
-                .map_or(&[][..], |(_, keys)| &keys[..]);
-            let matched = match mode {
-                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
-                Some(PrefixMode::Precise) => signals::precise_prefix_match(
-                    keys,
-                    &self.captured[index],
-                    &self.engines[index],
-                    &self.config.staleness,
-                ),
-                None => 0,
-            };
-            let fraction = if keys.is_empty() {
-                0.0
-            } else {
-                matched as f64 / keys.len() as f64
-            };
+            let fraction = self.prefix_fraction(index, &spec, mode, &mut keys_by_size);
             self.scratch_fraction.push(fraction);
         }
         if self.pd.is_some() {
@@ -612,5 +590,42 @@ impl EventDriven for Cluster {
     }
     fn advance_clock_to(&mut self, time_us: u64) {
         self.now_us = self.now_us.max(time_us);
+    }
+}
+
+impl Cluster {
+    /// The fraction of `spec`'s prompt blocks instance `index` holds, as the router's prefix
+    /// scorer sees it (approximate index or precise captured cache; 0 without a prefix
+    /// scorer). `keys_by_size` caches the prompt's block keys per block size across calls.
+    pub(super) fn prefix_fraction(
+        &self,
+        index: usize,
+        spec: &RequestSpec,
+        mode: Option<PrefixMode>,
+        keys_by_size: &mut Vec<(u32, Vec<u64>)>,
+    ) -> f64 {
+        let block_size = self.config.instances[index].engine.block_size;
+        if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
+            keys_by_size.push((block_size, prompt_block_keys(spec, block_size)));
+        }
+        let keys = keys_by_size
+            .iter()
+            .find(|(size, _)| *size == block_size)
+            .map_or(&[][..], |(_, keys)| &keys[..]);
+        let matched = match mode {
+            Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
+            Some(PrefixMode::Precise) => signals::precise_prefix_match(
+                keys,
+                &self.captured[index],
+                &self.engines[index],
+                &self.config.staleness,
+            ),
+            None => 0,
+        };
+        if keys.is_empty() {
+            0.0
+        } else {
+            matched as f64 / keys.len() as f64
+        }
     }
 }

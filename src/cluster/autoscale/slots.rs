@@ -9,7 +9,6 @@ use crate::cluster::router::RoutingContext;
 use crate::cluster::signals::{self, CapturedSignals, SignalView};
 use crate::cluster::sim::Cluster;
 use crate::sim::Engine;
-use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::metrics::Counts;
 use crate::sim::request::RequestSpec;
 
@@ -118,29 +117,8 @@ impl Cluster {
         slots.in_flight.clear();
         slots.sent.clear();
         for &index in &slots.candidates {
-            let block_size = self.config.instances[index].engine.block_size;
-            if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
-                keys_by_size.push((block_size, prompt_block_keys(&spec, block_size)));
-            }
-            let keys = keys_by_size
-                .iter()
-                .find(|(size, _)| *size == block_size)
-                .map_or(&[][..], |(_, keys)| &keys[..]);
-            let matched = match mode {
-                Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
-                Some(PrefixMode::Precise) => signals::precise_prefix_match(
-                    keys,
-                    &self.captured[index],
-                    &self.engines[index],
-                    &self.config.staleness,
-                ),
-                None => 0,
-            };
-            slots.fraction.push(if keys.is_empty() {
-                0.0
-            } else {
-                matched as f64 / keys.len() as f64
-            });
+            let fraction = self.prefix_fraction(index, &spec, mode, &mut keys_by_size);
+            slots.fraction.push(fraction);
             slots.in_flight.push(self.in_flight[index]);
             slots.sent.push(self.sent_since_refresh[index]);
         }
