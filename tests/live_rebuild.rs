@@ -177,6 +177,7 @@ fn store_of(cluster: &Cluster, lists: impl Fn(usize, &Engine) -> RequestLists) -
                     running: engine.num_running() as u32,
                     waiting: engine.num_waiting() as u32,
                     kv_usage: engine.kv().usage(),
+                    transfers: None,
                 }),
                 events: Vec::new(),
             })

@@ -65,6 +65,7 @@ fn lists(at: u64, prompt_tokens: u32) -> InstanceUpdate {
             running: 0,
             waiting: 1,
             kv_usage: 0.0,
+            transfers: None,
         }),
         events: Vec::new(),
     }

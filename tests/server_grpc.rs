@@ -236,6 +236,7 @@ async fn pushed_state_and_events_are_mirrored_with_ages() {
             running: 1,
             waiting: 1,
             kv_usage: 0.2,
+            ..Default::default()
         });
         let routed = Event::Routed(proto::RequestRouted {
             request: Some(proto::RequestState {
@@ -400,6 +401,16 @@ async fn bad_state_updates_are_invalid_and_change_nothing() {
             running: 0,
             waiting: 0,
             kv_usage: 1.5,
+            ..Default::default()
+        });
+        let mut bad_transfers = full_update(A, 1_100_000, vec![], vec![]);
+        bad_transfers.gauges = Some(proto::Gauges {
+            transfers: Some(proto::KvTransferCounters {
+                transfers: 3.0,
+                bytes: f64::NAN,
+                ..Default::default()
+            }),
+            ..Default::default()
         });
         let first_token_unknown = proto::InstanceStateUpdate {
             instance_id: A.to_owned(),
@@ -460,6 +471,7 @@ async fn bad_state_updates_are_invalid_and_change_nothing() {
             (full_update(A, 0, vec![], vec![]), "observed_at_us"),
             (full_update(A, 999_999, vec![], vec![]), "observed_at_us"),
             (bad_gauges, "gauges.kv_usage"),
+            (bad_transfers, "gauges.transfers.bytes"),
             (first_token_unknown, "events[0].first_token.request_id"),
         ];
         for (update, field) in cases {

@@ -11,6 +11,7 @@ pub mod autoscale;
 pub mod config;
 pub mod disagg;
 mod pd_run;
+pub mod transfer_fit;
 pub use pd_run::PdProgress;
 pub mod router;
 pub mod signals;

@@ -308,6 +308,7 @@ pub fn instance_from_aggregates(
             running: aggregates.num_request_running,
             waiting: aggregates.num_request_waiting,
             kv_usage: kv,
+            transfers: None,
         }),
         gauges_at_us: SYNTHETIC_NOW_US,
         cached_blocks,

@@ -274,6 +274,7 @@ mod tests {
                 running: running as u32,
                 waiting: 0,
                 kv_usage: kv,
+                transfers: None,
             }),
             ..InstanceState::default()
         })

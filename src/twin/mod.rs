@@ -27,6 +27,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod store;
 mod summary;
+pub mod transfer;
 pub mod valid;
 
 pub use error::TwinError;

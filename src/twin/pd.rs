@@ -42,19 +42,6 @@ pub(super) fn is_disaggregated(snapshot: &MirrorSnapshot) -> bool {
             .any(|instance| instance.role == InstanceRole::Prefill)
 }
 
-/// The settings pair forks run with: the snapshot's, else every default (as `ditto run
-/// --routing pd`).
-fn settings(snapshot: &MirrorSnapshot) -> Result<DisaggConfig, TwinError> {
-    match &snapshot.settings.disaggregation {
-        Some(settings) => Ok(settings.config.clone()),
-        None => crate::cluster::spec::resolve_disaggregation(
-            &crate::cluster::spec::DisaggSpec::default(),
-            Vec::new(),
-        )
-        .map_err(|err| TwinError::Unsimulable(format!("default disaggregation: {err}"))),
-    }
-}
-
 /// What a P/D question asks beyond the monolithic candidates: the decider's choice on each
 /// decode-serving candidate and the pairs to fork.
 pub(super) struct PdPlan {
@@ -78,7 +65,7 @@ pub(super) fn plan(
 ) -> Result<PdPlan, TwinError> {
     let snapshot = call.snapshot;
     let question = call.question;
-    let settings = settings(snapshot)?;
+    let settings = super::transfer::configured(snapshot)?;
     let prompt = question.request.prompt_tokens;
     let mut choices = Vec::new();
     let mut pairs = Vec::new();
@@ -358,9 +345,11 @@ impl PairFork<'_> {
             admission: AdmissionPolicy::Always,
             staleness: StalenessConfig::uniform(0),
         };
+        // The pull priced as the decode pod measured its own (the catalog's until it has).
         let disagg = DisaggConfig {
             prefill_routing: RoutingPolicy::RoundRobin,
             kv: self.kv.to_vec(),
+            transfer: super::transfer::for_decode(snapshot, &self.settings.transfer, self.decode),
             ..self.settings.clone()
         };
         let mut cluster =

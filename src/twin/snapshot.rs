@@ -53,6 +53,8 @@ pub struct Gauges {
     pub waiting: u32,
     /// `vllm:kv_cache_usage_perc`, in [0, 1].
     pub kv_usage: f64,
+    /// The pod's NIXL transfer counters, if it exports them (a decode pod pulling KV).
+    pub transfers: Option<crate::cluster::transfer_fit::TransferCounters>,
 }
 
 /// What the mirror knows about one instance.
@@ -91,6 +93,9 @@ pub struct InstanceState {
     /// busier pod than the configured limits), e.g. `gauges.running 300 capped to
     /// max_num_seqs 256`; the state stays usable, so this does not make it stale.
     pub capped: Option<String>,
+    /// The KV transfer model fitted to the pod's pulls (from the increments of its gauges'
+    /// transfer counters); `None` when it never reported any.
+    pub transfer_fit: Option<crate::cluster::transfer_fit::TransferFit>,
 }
 
 /// Traffic the mirror has observed, for background arrivals and output-length sampling.

@@ -107,6 +107,36 @@ class Metrics:
         self.queries.labels(*self.values).inc(4400)
         self.hits.labels(*self.values).inc(1100)
 
+    def nixl(self, count=0, seconds=0.0, bytes=0.0, descriptors=0.0, failed=0, engine=0):
+        """`count` finished pulls of `seconds`, `bytes` and `descriptors` each, and `failed`
+        failed transfers, as vLLM's NixlConnector reports them on a decode pod
+        (kv_connector/v1/nixl_connector.py, NixlPromMetrics: the same names, buckets and
+        per-engine labels). Registered on first use, as a pod started with a KV connector."""
+        if not hasattr(self, "xfer"):
+            labels, r = ["model_name", "engine"], self.registry
+            seconds_buckets = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0]
+            self.xfer = Histogram("vllm:nixl_xfer_time_seconds", "Transfer duration.", labels,
+                                  buckets=seconds_buckets, registry=r)
+            self.post = Histogram("vllm:nixl_post_time_seconds", "Transfer post time.", labels,
+                                  buckets=[0.001] + seconds_buckets, registry=r)
+            self.moved = Histogram("vllm:nixl_bytes_transferred", "Bytes per transfer.", labels,
+                                   buckets=[2 ** (10 + i) for i in range(1, 25, 2)], registry=r)
+            self.descriptors = Histogram(
+                "vllm:nixl_num_descriptors", "Descriptors per transfer.", labels,
+                buckets=[10, 20, 30, 50, 75, 100, 200, 400, 1000, 2000, 4000, 10000, 20000, 50000], registry=r)
+            self.failed = Counter("vllm:nixl_num_failed_transfers", "Failed transfers.", labels, registry=r)
+            self.failed_notifications = Counter(
+                "vllm:nixl_num_failed_notifications", "Failed notifications.", labels, registry=r)
+        values = self.engines[engine] if engine < len(self.engines) else self.values
+        for family in (self.xfer, self.post, self.moved, self.descriptors, self.failed, self.failed_notifications):
+            family.labels(*values)
+        for _ in range(count):
+            self.xfer.labels(*values).observe(seconds)
+            self.post.labels(*values).observe(seconds / 100)
+            self.moved.labels(*values).observe(bytes)
+            self.descriptors.labels(*values).observe(descriptors)
+        self.failed.labels(*values).inc(failed)
+
     def set(self, running=None, waiting=None, kv=None, engine=0):
         values = self.engines[engine] if engine < len(self.engines) else self.values
         if running is not None:
@@ -361,6 +391,9 @@ def handler(state):
                     state.hold_after = command.get("hold_after")
                     state.holding = False
                     state.release.clear()
+            if "nixl" in command:
+                with state.lock:
+                    state.metrics.nixl(**command["nixl"])
             if command.get("release"):
                 with state.lock:
                     state.hold_after = None

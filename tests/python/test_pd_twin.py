@@ -268,3 +268,88 @@ def test_pods_labelled_by_role_are_mirrored_with_the_yaml_section_and_answered_i
     short = server.twin.PredictRouting(message, timeout=60)
     assert not short.pairs and short.recommended_prefill_instance_id == ""
     assert sorted(c.decode_instance_id for c in short.decider) == ["llm-d/decode-a", "llm-d/prefill-b"]
+
+
+# A 2,000-token pull of Llama-3.1-8B as vLLM moves it (bf16): 32 layers x 8 KV heads x 128
+# dims x 2 (K and V) x 2 bytes a token, and one descriptor per 16-token block, layer and plane.
+PULL_BYTES = 2000 * 32 * 8 * 128 * 2 * 2
+PULL_DESCRIPTORS = 125 * 32 * 2
+PULL_S = 0.4
+
+
+def test_decode_pods_nixl_metrics_fit_the_transfer_model_of_their_pairs(kube, tmp_path):
+    """A decode pod reporting slow pulls on vLLM's NIXL histograms has its pairs' transfers
+    predicted at what it measured; the other decode pod keeps the catalog's link."""
+    api, pod, serve, port = kube
+    k = api()
+    fakes = [pod(i) for i in range(3)]
+    for fake in fakes:
+        fake.control(gauges=dict(running=1, waiting=0, kv=0.01))
+    k.pod("prefill-a", fakes[0].host, {"app": "vllm", "llm-d.ai/role": "prefill"})
+    k.pod("decode-a", fakes[1].host, {"app": "vllm", "llm-d.ai/role": "decode"})
+    k.pod("decode-b", fakes[2].host, {"app": "vllm", "llm-d.ai/role": "decode"})
+    config = tmp_path / "cluster.yaml"
+    config.write_text(
+        "pools:\n"
+        "  - {name: pd, replicas: 1, model: llama-3.1-8b-instruct, gpu: H100, tp: 1,\n"
+        "     engine: {max_num_seqs: 16, max_num_batched_tokens: 4096, max_model_len: 8192}}\n"
+        "disaggregation: {connector: nixl, link: tcp-100g}\n"
+    )
+    server = serve(k, "--config", str(config), "--pods-selector", "app=vllm", "--pods-namespace", "llm-d", "--pods-port", str(port))
+
+    def instance(snap, name):
+        return next(i for i in snap.instances if i.instance_id == f"llm-d/{name}")
+
+    def mirrored():
+        snap = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+        return len(snap.instances) == 3 and all(i.HasField("gauges") and not i.stale_reason for i in snap.instances)
+
+    bounded_until(mirrored, "three pods mirrored")
+    message = pb.PredictRoutingRequest(request=pb.CandidateRequest(prompt_tokens=2000, output_tokens=32), request_id="n")
+    message.options.replications = 1
+
+    def transfers(answer):
+        return {p.decode_instance_id: p.transfer_ms for p in answer.pairs}
+
+    before = transfers(server.twin.PredictRouting(message, timeout=60))
+    assert set(before) == {"llm-d/decode-a", "llm-d/decode-b"}
+    # The connector's series registered (no pull yet): the baseline the increments count from.
+    for fake in fakes[1:]:
+        fake.control(nixl=dict(count=0))
+
+    def baselined():
+        snap = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+        return all(instance(snap, name).gauges.HasField("transfers") for name in ("decode-a", "decode-b"))
+
+    bounded_until(baselined, "the NIXL counters scraped")
+    fakes[1].control(nixl=dict(count=100, seconds=PULL_S, bytes=PULL_BYTES, descriptors=PULL_DESCRIPTORS, failed=25))
+
+    def fitted():
+        fit = instance(server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10), "decode-a").transfer_fit
+        return fit.transfers == 100 and fit.HasField("scale")
+
+    bounded_until(fitted, "decode-a's pulls fitted")
+    snap = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+    fit = instance(snap, "decode-a").transfer_fit
+    assert abs(fit.failure_ratio - 25 / 125) < 1e-9
+    assert fit.scale > 1, "0.4 s for 262 MB is slower than a 100 Gb/s link"
+    assert not instance(snap, "decode-b").HasField("transfer_fit") or instance(snap, "decode-b").transfer_fit.transfers == 0
+    after = transfers(server.twin.PredictRouting(message, timeout=60))
+    assert abs(after["llm-d/decode-a"] - PULL_S * 1000) < 0.1 * PULL_S * 1000, (before, after)
+    assert after["llm-d/decode-b"] == before["llm-d/decode-b"]
+    assert before["llm-d/decode-a"] == before["llm-d/decode-b"] < after["llm-d/decode-a"] / 5
+    # A restarted pod (its counters from zero again) is a new baseline, not a negative pull.
+    fakes[1].kill()
+    fakes[1].start()
+    fakes[1].control(gauges=dict(running=1, waiting=0, kv=0.01), nixl=dict(count=3, seconds=PULL_S, bytes=PULL_BYTES, descriptors=PULL_DESCRIPTORS))
+
+    def restarted():
+        state = instance(server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10), "decode-a")
+        return state.gauges.transfers.transfers == 3
+
+    bounded_until(restarted, "the restarted pod's counters scraped")
+    fakes[1].control(nixl=dict(count=10, seconds=PULL_S, bytes=PULL_BYTES, descriptors=PULL_DESCRIPTORS))
+    bounded_until(
+        lambda: instance(server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10), "decode-a").transfer_fit.transfers == 110,
+        "the pulls after the restart counted from its new baseline",
+    )

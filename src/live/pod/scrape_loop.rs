@@ -289,6 +289,7 @@ fn write_observation(
             running: metrics.running,
             waiting: metrics.waiting,
             kv_usage: metrics.kv_usage,
+            transfers: metrics.transfers,
         }),
         events: Vec::new(),
     };

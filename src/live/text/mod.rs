@@ -67,6 +67,9 @@ pub struct PodMetrics {
     /// The served model: the `model_name` label of the first running-gauge sample (vLLM's
     /// `--served-model-name`, else the model it loaded).
     pub model_name: Option<String>,
+    /// The NIXL connector's counters (summed over engines), if the page has its pull
+    /// histogram (a decode pod of a P/D pool).
+    pub transfers: Option<crate::cluster::transfer_fit::TransferCounters>,
 }
 
 /// What tells one run of a pod's process from the next: its start time and its counters
@@ -157,6 +160,13 @@ const ITL: &[(&str, bool)] = &[
 ];
 /// prometheus-client's process collector (vLLM's API server exports it).
 const PROCESS_START: &[(&str, bool)] = &[("process_start_time_seconds", false)];
+/// vLLM's NIXL connector (`kv_connector/v1/nixl_connector.py`, `NixlPromMetrics`): the pull
+/// duration histogram (its `_count` and `_sum`), the bytes and descriptors histograms (their
+/// `_sum`), the failed-transfer counter.
+const NIXL_XFER: &[(&str, bool)] = &[("vllm:nixl_xfer_time_seconds", false)];
+const NIXL_BYTES: &[(&str, bool)] = &[("vllm:nixl_bytes_transferred", false)];
+const NIXL_DESCRIPTORS: &[(&str, bool)] = &[("vllm:nixl_num_descriptors", false)];
+const NIXL_FAILED: &[(&str, bool)] = &[("vllm:nixl_num_failed_transfers", false)];
 
 /// The series this module reads, each read under one of its names ([`Series::names`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +179,13 @@ enum Series {
     /// The inter-token-latency histogram's `_count` (its buckets are not read).
     ItlCount,
     ProcessStart,
+    /// The NIXL pull histogram's `_count`, its `_sum`, the bytes' and descriptors' `_sum`,
+    /// the failed-transfer counter.
+    NixlTransfers,
+    NixlSeconds,
+    NixlBytes,
+    NixlDescriptors,
+    NixlFailed,
     CacheInfo,
     PromptBucket,
     PromptSum,
@@ -179,7 +196,7 @@ enum Series {
 impl Series {
     /// The series summed (or averaged) over label sets, in the order that indexes
     /// [`Reading::sums`] (`series as usize`): the variants before `CacheInfo`.
-    const SUMMED: [Series; 7] = [
+    const SUMMED: [Series; 12] = [
         Series::Waiting,
         Series::Running,
         Series::KvUsage,
@@ -187,6 +204,11 @@ impl Series {
         Series::PrefixHits,
         Series::ItlCount,
         Series::ProcessStart,
+        Series::NixlTransfers,
+        Series::NixlSeconds,
+        Series::NixlBytes,
+        Series::NixlDescriptors,
+        Series::NixlFailed,
     ];
 
     /// The names the series is published under, current first (the table above).
@@ -199,6 +221,10 @@ impl Series {
             Series::PrefixHits => PREFIX_HITS,
             Series::ItlCount => ITL,
             Series::ProcessStart => PROCESS_START,
+            Series::NixlTransfers | Series::NixlSeconds => NIXL_XFER,
+            Series::NixlBytes => NIXL_BYTES,
+            Series::NixlDescriptors => NIXL_DESCRIPTORS,
+            Series::NixlFailed => NIXL_FAILED,
             Series::CacheInfo => CACHE_INFO,
             Series::PromptBucket | Series::PromptSum => PROMPT,
             Series::GenerationBucket | Series::GenerationSum => GENERATION,
@@ -256,9 +282,25 @@ fn tag(name: &str) -> Option<Tag> {
         .unwrap_or((name, ""));
     match suffix {
         "_bucket" => tag_among(base, [Series::PromptBucket, Series::GenerationBucket]),
-        "_sum" => tag_among(base, [Series::PromptSum, Series::GenerationSum]),
-        "_count" => tag_among(base, [Series::ItlCount]),
-        "_total" => tag_among(base, [Series::PrefixQueries, Series::PrefixHits]),
+        "_sum" => tag_among(
+            base,
+            [
+                Series::PromptSum,
+                Series::GenerationSum,
+                Series::NixlSeconds,
+                Series::NixlBytes,
+                Series::NixlDescriptors,
+            ],
+        ),
+        "_count" => tag_among(base, [Series::ItlCount, Series::NixlTransfers]),
+        "_total" => tag_among(
+            base,
+            [
+                Series::PrefixQueries,
+                Series::PrefixHits,
+                Series::NixlFailed,
+            ],
+        ),
         _ => tag_among(
             name,
             [
@@ -268,6 +310,7 @@ fn tag(name: &str) -> Option<Tag> {
                 Series::PrefixQueries,
                 Series::PrefixHits,
                 Series::ProcessStart,
+                Series::NixlFailed,
                 Series::CacheInfo,
             ],
         ),
@@ -351,6 +394,20 @@ impl<'a> Reading<'a> {
         })
     }
 
+    /// The NIXL counters, if the pull histogram's `_count` is on the page (its other series
+    /// absent count 0: vLLM registers them together).
+    fn transfers(&mut self) -> Option<crate::cluster::transfer_fit::TransferCounters> {
+        let transfers = self.summed(Series::NixlTransfers, Combine::Sum)?;
+        let mut sum = |series| self.summed(series, Combine::Sum).unwrap_or(0.0);
+        Some(crate::cluster::transfer_fit::TransferCounters {
+            transfers,
+            seconds: sum(Series::NixlSeconds),
+            bytes: sum(Series::NixlBytes),
+            descriptors: sum(Series::NixlDescriptors),
+            failed: sum(Series::NixlFailed),
+        })
+    }
+
     /// [`Reading::summed`] of a required gauge: missing is an error naming its current name.
     fn required(&mut self, series: Series, combine: Combine) -> Result<f64, TextError> {
         self.summed(series, combine)
@@ -396,6 +453,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     let prefix_queries = reading.summed(Series::PrefixQueries, Combine::Sum);
     let prefix_hits = reading.summed(Series::PrefixHits, Combine::Sum);
     let process_start = reading.summed(Series::ProcessStart, Combine::Mean);
+    let transfers = reading.transfers();
     let engines = match distinct(std::mem::take(&mut reading.cache_engines)) {
         0 => distinct(std::mem::take(&mut reading.running_engines)).max(1),
         engines => engines,
@@ -420,6 +478,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         engines,
         deprecated,
         model_name: reading.model_name.take().map(Cow::into_owned),
+        transfers,
     })
 }
 

@@ -242,3 +242,59 @@ fn the_realistic_page_reads_as_the_reference_reads_it() {
         assert!(parse_metrics(&page).is_ok());
     }
 }
+
+/// The NIXL connector's series as vLLM's `NixlPromMetrics` registers them through
+/// prometheus-client (per-engine children, histograms with `_created`, the counter's
+/// `_total`), on a decode pod with two engines.
+const NIXL: &str = "\
+# HELP vllm:nixl_xfer_time_seconds Histogram of transfer duration for NIXL KV Cache transfers.
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine=\"0\",le=\"0.005\",model_name=\"m\"} 0.0
+vllm:nixl_xfer_time_seconds_bucket{engine=\"0\",le=\"5.0\",model_name=\"m\"} 30.0
+vllm:nixl_xfer_time_seconds_bucket{engine=\"0\",le=\"+Inf\",model_name=\"m\"} 30.0
+vllm:nixl_xfer_time_seconds_count{engine=\"0\",model_name=\"m\"} 30.0
+vllm:nixl_xfer_time_seconds_sum{engine=\"0\",model_name=\"m\"} 1.5
+vllm:nixl_xfer_time_seconds_count{engine=\"1\",model_name=\"m\"} 10.0
+vllm:nixl_xfer_time_seconds_sum{engine=\"1\",model_name=\"m\"} 0.5
+# HELP vllm:nixl_xfer_time_seconds_created Histogram of transfer duration for NIXL KV Cache transfers.
+# TYPE vllm:nixl_xfer_time_seconds_created gauge
+vllm:nixl_xfer_time_seconds_created{engine=\"0\",model_name=\"m\"} 1.7e9
+# TYPE vllm:nixl_post_time_seconds histogram
+vllm:nixl_post_time_seconds_count{engine=\"0\",model_name=\"m\"} 30.0
+vllm:nixl_post_time_seconds_sum{engine=\"0\",model_name=\"m\"} 0.03
+# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_bucket{engine=\"0\",le=\"2048.0\",model_name=\"m\"} 0.0
+vllm:nixl_bytes_transferred_count{engine=\"0\",model_name=\"m\"} 30.0
+vllm:nixl_bytes_transferred_sum{engine=\"0\",model_name=\"m\"} 3.0e9
+vllm:nixl_bytes_transferred_sum{engine=\"1\",model_name=\"m\"} 1.0e9
+# TYPE vllm:nixl_num_descriptors histogram
+vllm:nixl_num_descriptors_count{engine=\"0\",model_name=\"m\"} 30.0
+vllm:nixl_num_descriptors_sum{engine=\"0\",model_name=\"m\"} 120000.0
+# TYPE vllm:nixl_num_failed_transfers counter
+vllm:nixl_num_failed_transfers_total{engine=\"0\",model_name=\"m\"} 2.0
+vllm:nixl_num_failed_transfers_created{engine=\"0\",model_name=\"m\"} 1.7e9
+# TYPE vllm:nixl_num_failed_notifications counter
+vllm:nixl_num_failed_notifications_total{engine=\"0\",model_name=\"m\"} 5.0
+";
+
+#[test]
+fn the_nixl_counters_are_summed_over_engines() {
+    let metrics = parse_metrics(&format!("{PAGE}{NIXL}")).expect("a decode pod's page");
+    let transfers = metrics
+        .transfers
+        .expect("the pull histogram is on the page");
+    assert_eq!(transfers.transfers, 40.0);
+    assert_eq!(transfers.seconds, 2.0);
+    assert_eq!(transfers.bytes, 4.0e9);
+    assert_eq!(transfers.descriptors, 120_000.0);
+    assert_eq!(
+        transfers.failed, 2.0,
+        "failed notifications are not failed transfers"
+    );
+    assert_eq!(metrics.running, 3, "the gauges are read as before");
+}
+
+#[test]
+fn a_pod_without_a_kv_connector_has_no_transfer_counters() {
+    assert_eq!(parse_metrics(PAGE).expect("page").transfers, None);
+}

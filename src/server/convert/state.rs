@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use crate::cluster::transfer_fit::TransferCounters;
 use crate::sim::SloClass;
 use crate::twin::TwinError;
 use crate::twin::snapshot::{Gauges, InstanceState, ObservedRequest};
@@ -121,6 +122,13 @@ pub fn update_from_proto(
                 running: tokens(gauges.running, "gauges.running")?,
                 waiting: tokens(gauges.waiting, "gauges.waiting")?,
                 kv_usage: gauges.kv_usage,
+                transfers: gauges.transfers.as_ref().map(|counters| TransferCounters {
+                    transfers: counters.transfers,
+                    seconds: counters.seconds,
+                    bytes: counters.bytes,
+                    descriptors: counters.descriptors,
+                    failed: counters.failed,
+                }),
             })
         })
         .transpose()?;
@@ -261,6 +269,13 @@ fn instance_to_proto(
             running: i64::from(gauges.running),
             waiting: i64::from(gauges.waiting),
             kv_usage: gauges.kv_usage,
+            transfers: gauges.transfers.map(|counters| proto::KvTransferCounters {
+                transfers: counters.transfers,
+                seconds: counters.seconds,
+                bytes: counters.bytes,
+                descriptors: counters.descriptors,
+                failed: counters.failed,
+            }),
         }),
         cached_blocks: state.cached_blocks.len() as u64,
         cached_block_hashes: if include_block_hashes {
@@ -274,6 +289,20 @@ fn instance_to_proto(
         stale_reason: state.stale_reason.clone().unwrap_or_default(),
         capped: state.capped.clone().unwrap_or_default(),
         inferred: None,
+        transfer_fit: None,
+    }
+}
+
+/// The proto form of a pod's transfer fit, its scale against `configured` (the snapshot's
+/// transfer model; `None` when the settings do not resolve, then no scale is given).
+fn transfer_fit_to_proto(
+    fit: &crate::cluster::transfer_fit::TransferFit,
+    configured: Option<&crate::cluster::disagg::TransferModel>,
+) -> proto::KvTransferFit {
+    proto::KvTransferFit {
+        transfers: fit.total_transfers(),
+        scale: configured.and_then(|model| fit.raw_scale(model)),
+        failure_ratio: fit.failure_ratio(),
     }
 }
 
@@ -305,6 +334,13 @@ pub fn snapshot_to_proto(
 ) -> proto::ClusterSnapshot {
     let snapshot = &stored.snapshot;
     let max_age_us = snapshot.settings.max_signal_age_us;
+    let transfer = snapshot
+        .instances
+        .iter()
+        .any(|state| state.transfer_fit.is_some())
+        .then(|| crate::twin::transfer::configured(snapshot).ok())
+        .flatten()
+        .map(|config| config.transfer);
     proto::ClusterSnapshot {
         generation: snapshot.generation,
         config_generation: snapshot.config_generation,
@@ -327,6 +363,10 @@ pub fn snapshot_to_proto(
                     .inferred
                     .get(&state.instance_id)
                     .map(inferred_to_proto);
+                instance.transfer_fit = state
+                    .transfer_fit
+                    .as_ref()
+                    .map(|fit| transfer_fit_to_proto(fit, transfer.as_ref()));
                 instance
             })
             .collect(),

@@ -101,6 +101,7 @@ pub(super) fn build_state(
     }
     if let Some(gauges) = update.gauges {
         check_gauges(&gauges, config)?;
+        fit_transfers(&mut applied.state, &gauges);
         applied.state.gauges = Some(gauges);
         applied.state.gauges_at_us = at;
     }
@@ -124,6 +125,7 @@ fn clone_without_requests(old: &InstanceState) -> InstanceState {
         kv_event_gaps,
         stale_reason,
         capped,
+        transfer_fit,
     } = old;
     InstanceState {
         instance_id: instance_id.clone(),
@@ -138,6 +140,7 @@ fn clone_without_requests(old: &InstanceState) -> InstanceState {
         kv_event_seq: *kv_event_seq,
         kv_event_gaps: *kv_event_gaps,
         stale_reason: stale_reason.clone(),
+        transfer_fit: *transfer_fit,
         capped: capped.clone(),
     }
 }
@@ -474,6 +477,16 @@ fn check_gauges(gauges: &Gauges, config: &InstanceConfig) -> Result<(), TwinErro
             format!("{} must be in [0, 1]", gauges.kv_usage),
         ));
     }
+    if let Some(field) = gauges
+        .transfers
+        .as_ref()
+        .and_then(|transfers| transfers.invalid_field())
+    {
+        return Err(TwinError::invalid(
+            format!("gauges.transfers.{field}"),
+            "must be finite and >= 0",
+        ));
+    }
     if gauges.running > config.engine.max_num_seqs {
         return Err(TwinError::invalid(
             "gauges.running",
@@ -484,6 +497,19 @@ fn check_gauges(gauges: &Gauges, config: &InstanceConfig) -> Result<(), TwinErro
         ));
     }
     Ok(())
+}
+
+/// Folds what the pod's transfer counters moved since its last gauges into its transfer fit
+/// (a counter that went back is a restart: the new values are the next baseline).
+fn fit_transfers(state: &mut InstanceState, gauges: &Gauges) {
+    let Some(now) = gauges.transfers else {
+        return;
+    };
+    let fit = state.transfer_fit.get_or_insert_with(Default::default);
+    let before = state.gauges.and_then(|old| old.transfers);
+    if let Some(delta) = before.and_then(|before| now.since(&before)) {
+        fit.observe(&delta);
+    }
 }
 
 /// The first value that occurs twice in `values`, if any.
