@@ -63,6 +63,10 @@ pub struct Metrics {
     pub http_duration: HistogramVec,
     /// Answers sent on prediction streams, by code (`Ok` or the question's error code).
     pub stream_answers: IntCounterVec,
+    /// The KV transfer model fitted to each decode pod's NIXL metrics:
+    /// `ditto_kv_transfer_fit{instance, quantity}` with quantity `transfers` (pulls observed),
+    /// `scale` (measured over the configured model's time) and `failure_ratio`.
+    pub kv_transfer_fit: GaugeVec,
     /// Simulations running now (each holds a slot).
     pub simulations_running: IntGauge,
     /// Calls waiting for a simulation slot now.
@@ -134,6 +138,17 @@ impl Metrics {
                 &["signal", "instance"],
             )?,
         )?;
+        let kv_transfer_fit = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "ditto_kv_transfer_fit",
+                    "KV transfer model fitted to each decode pod's NIXL metrics: pulls observed \
+                     (transfers), measured over configured time (scale), failure_ratio.",
+                ),
+                &["instance", "quantity"],
+            )?,
+        )?;
         let stale_instances = gauge(
             r,
             "ditto_stale_instances",
@@ -181,6 +196,7 @@ impl Metrics {
             config_generation,
             instances,
             signal_age,
+            kv_transfer_fit,
             stale_instances,
             mirrored_requests,
             info,
@@ -240,6 +256,7 @@ impl Metrics {
             .set(saturating_i64(snapshot.instances.len() as u64));
         self.signal_age.reset();
         self.mirrored_requests.reset();
+        self.observe_transfer_fits(snapshot);
         let max_age_us = snapshot.settings.max_signal_age_us;
         let mut stale = 0;
         let mut never = 0;
@@ -282,6 +299,39 @@ impl Metrics {
             self.instances_by_freshness
                 .with_label_values(&[freshness])
                 .set(count);
+        }
+    }
+
+    /// Sets `ditto_kv_transfer_fit` from the pods that reported NIXL counters.
+    fn observe_transfer_fits(&self, snapshot: &MirrorSnapshot) {
+        self.kv_transfer_fit.reset();
+        let fits: Vec<_> = snapshot
+            .instances
+            .iter()
+            .filter_map(|state| Some((state.instance_id.as_str(), state.transfer_fit?)))
+            .collect();
+        if fits.is_empty() {
+            return;
+        }
+        let configured = crate::twin::transfer::configured(snapshot)
+            .ok()
+            .map(|config| config.transfer);
+        for (id, fit) in fits {
+            let quantities = [
+                ("transfers", Some(fit.total_transfers())),
+                (
+                    "scale",
+                    configured.as_ref().and_then(|model| fit.raw_scale(model)),
+                ),
+                ("failure_ratio", fit.failure_ratio()),
+            ];
+            for (quantity, value) in quantities {
+                if let Some(value) = value {
+                    self.kv_transfer_fit
+                        .with_label_values(&[id, quantity])
+                        .set(value);
+                }
+            }
         }
     }
 

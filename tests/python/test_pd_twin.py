@@ -338,6 +338,12 @@ def test_decode_pods_nixl_metrics_fit_the_transfer_model_of_their_pairs(kube, tm
     assert abs(after["llm-d/decode-a"] - PULL_S * 1000) < 0.1 * PULL_S * 1000, (before, after)
     assert after["llm-d/decode-b"] == before["llm-d/decode-b"]
     assert before["llm-d/decode-a"] == before["llm-d/decode-b"] < after["llm-d/decode-a"] / 5
+    exported = {}
+    for line in server.http("/metrics")[1].splitlines():
+        if line.startswith('ditto_kv_transfer_fit{instance="llm-d/decode-a"'):
+            exported[line.split('quantity="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    assert exported.get("transfers") == 100 and abs(exported.get("failure_ratio", -1) - 0.2) < 1e-9, exported
+    assert abs(exported.get("scale", -1) - fit.scale) < 1e-9 * fit.scale, exported
     # A restarted pod (its counters from zero again) is a new baseline, not a negative pull.
     fakes[1].kill()
     fakes[1].start()
