@@ -216,26 +216,32 @@ def kube(tmp_path):
         server.close()
 
 
-def test_pods_labelled_by_role_are_mirrored_with_the_yaml_section_and_answered_in_pairs(kube, tmp_path):
+def labelled_pool(kube, tmp_path, names, disaggregation):
+    """Fake vLLM pods named `names` (their role the name's prefix, as `llm-d.ai/role`) under the
+    stand-in Kubernetes API, and `ditto serve` discovering them with a one-pool YAML and the
+    given `disaggregation:` section. Returns (the API, the pods, the server)."""
     api, pod, serve, port = kube
     k = api()
-    fakes = [pod(i) for i in range(3)]
-    for fake in fakes:
+    fakes = [pod(i) for i in range(len(names))]
+    for fake, name in zip(fakes, names):
         fake.control(gauges=dict(running=1, waiting=0, kv=0.01))
-    k.pod("prefill-a", fakes[0].host, {"app": "vllm", "llm-d.ai/role": "prefill"})
-    k.pod("prefill-b", fakes[1].host, {"app": "vllm", "llm-d.ai/role": "prefill"})
-    k.pod("decode-a", fakes[2].host, {"app": "vllm", "llm-d.ai/role": "decode"})
+        k.pod(name, fake.host, {"app": "vllm", "llm-d.ai/role": name.split("-")[0]})
     config = tmp_path / "cluster.yaml"
     config.write_text(
         "pools:\n"
         "  - {name: pd, replicas: 1, model: llama-3.1-8b-instruct, gpu: H100, tp: 1,\n"
         "     engine: {max_num_seqs: 16, max_num_batched_tokens: 4096, max_model_len: 8192}}\n"
-        "disaggregation:\n"
-        "  connector: nixl\n"
-        "  link: tcp-100g\n"
-        "  decider: {non_cached_tokens: 64}\n"
+        + disaggregation
     )
     server = serve(k, "--config", str(config), "--pods-selector", "app=vllm", "--pods-namespace", "llm-d", "--pods-port", str(port))
+    return k, fakes, server
+
+
+def test_pods_labelled_by_role_are_mirrored_with_the_yaml_section_and_answered_in_pairs(kube, tmp_path):
+    k, fakes, server = labelled_pool(
+        kube, tmp_path, ["prefill-a", "prefill-b", "decode-a"],
+        "disaggregation:\n  connector: nixl\n  link: tcp-100g\n  decider: {non_cached_tokens: 64}\n",
+    )
     roles = {}
 
     def mirrored():
@@ -280,22 +286,9 @@ PULL_S = 0.4
 def test_decode_pods_nixl_metrics_fit_the_transfer_model_of_their_pairs(kube, tmp_path):
     """A decode pod reporting slow pulls on vLLM's NIXL histograms has its pairs' transfers
     predicted at what it measured; the other decode pod keeps the catalog's link."""
-    api, pod, serve, port = kube
-    k = api()
-    fakes = [pod(i) for i in range(3)]
-    for fake in fakes:
-        fake.control(gauges=dict(running=1, waiting=0, kv=0.01))
-    k.pod("prefill-a", fakes[0].host, {"app": "vllm", "llm-d.ai/role": "prefill"})
-    k.pod("decode-a", fakes[1].host, {"app": "vllm", "llm-d.ai/role": "decode"})
-    k.pod("decode-b", fakes[2].host, {"app": "vllm", "llm-d.ai/role": "decode"})
-    config = tmp_path / "cluster.yaml"
-    config.write_text(
-        "pools:\n"
-        "  - {name: pd, replicas: 1, model: llama-3.1-8b-instruct, gpu: H100, tp: 1,\n"
-        "     engine: {max_num_seqs: 16, max_num_batched_tokens: 4096, max_model_len: 8192}}\n"
-        "disaggregation: {connector: nixl, link: tcp-100g}\n"
+    _, fakes, server = labelled_pool(
+        kube, tmp_path, ["prefill-a", "decode-a", "decode-b"], "disaggregation: {connector: nixl, link: tcp-100g}\n"
     )
-    server = serve(k, "--config", str(config), "--pods-selector", "app=vllm", "--pods-namespace", "llm-d", "--pods-port", str(port))
 
     def instance(snap, name):
         return next(i for i in snap.instances if i.instance_id == f"llm-d/{name}")
