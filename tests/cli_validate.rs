@@ -487,6 +487,75 @@ fn the_overloaded_tp_runs_reach_their_knee_once_the_step_is_priced() {
 }
 
 #[test]
+fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
+    // Goal: pin docs/fidelity.md "The knee at TP > 1: sourced candidates": priced at vLLM's
+    // measured H100 TP 4 all-reduce latencies (PR #24532: ~23 µs at 2 MB, a 128-sequence
+    // decode step's message, against 17 µs priced; ~65 µs at the 9.7 MB of a 593-token
+    // prefill), the 70B × 4 reasoning run's E2E error halves and it starts to time out, while
+    // 70B × 4 codegen's TTFT turns over 8% too slow: the shipped TP 4 TTFT balance cannot
+    // take the measured all-reduce, which is why it is not the default. Method: both 70B × 4
+    // runs with the shipped file and with `allreduce_link` at 1.6 (it puts both message sizes
+    // on the measurement; an emulation, the TP 4 runs only); signed errors.
+    let names = [
+        "h100-llama2-70b-tp4-codegen",
+        "h100-llama2-70b-tp4-reasoning",
+    ];
+    let dirs: Vec<String> = runs()
+        .into_iter()
+        .filter(|d| names.iter().any(|n| d.ends_with(n)))
+        .collect();
+    assert_eq!(dirs.len(), 2);
+    let shipped_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/coefficients/ditto-calibrated.yaml");
+    let shipped = std::fs::read_to_string(&shipped_path).unwrap();
+    let link_line = shipped
+        .lines()
+        .find(|l| l.trim_start().starts_with("allreduce_link:"))
+        .unwrap();
+    let file = std::env::temp_dir().join(format!("ditto-ar-tp4-{}.yaml", std::process::id()));
+    std::fs::write(&file, shipped.replace(link_line, "  allreduce_link: 1.6")).unwrap();
+    let default = validate_json("calibrated", &dirs);
+    let measured_ar = validate_json(&file.to_string_lossy(), &dirs);
+    let _ = std::fs::remove_file(&file);
+    let (codegen, reasoning) = (names[0], names[1]);
+    let signed = |r: &Value, name: &str, metric: &str| signed_error(whole_run(r, name), metric);
+    let timed_out = |r: &Value| {
+        let run = r["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == reasoning)
+            .unwrap();
+        (
+            run["timed_out_fraction"]["predicted"].as_f64().unwrap(),
+            run["timed_out_fraction"]["measured"].as_f64().unwrap(),
+        )
+    };
+    let before = signed(&default, reasoning, "e2e_mean");
+    let after = signed(&measured_ar, reasoning, "e2e_mean");
+    assert!(before < -30.0, "shipped: 70B x4 reasoning E2E {before}%");
+    assert!(
+        (-25.0..-10.0).contains(&after),
+        "measured all-reduce: 70B x4 reasoning E2E {after}% (shipped {before}%)"
+    );
+    let (out, measured) = timed_out(&measured_ar);
+    assert!(
+        out > 0.05 && out < measured - 0.15,
+        "measured all-reduce: timed out {out} vs measured {measured}"
+    );
+    let ttft_before = signed(&default, codegen, "ttft_mean");
+    let ttft_after = signed(&measured_ar, codegen, "ttft_mean");
+    assert!(
+        ttft_before.abs() < 3.5,
+        "shipped: 70B x4 codegen TTFT {ttft_before}%"
+    );
+    assert!(
+        ttft_after > 8.0,
+        "measured all-reduce: 70B x4 codegen TTFT {ttft_after}% (shipped {ttft_before}%)"
+    );
+}
+
+#[test]
 fn bad_input_exits_2_naming_the_problem() {
     let out = ditto(&["validate", "/nonexistent/run"]);
     assert_eq!(out.status.code(), Some(2));
