@@ -54,41 +54,9 @@ impl Coordinator {
             .iter()
             .filter(|view| view.address.is_some() && view.problem.is_none())
             .collect();
-        let max = self.store.limits().max_instances;
-        let others = self
-            .pods
-            .values()
-            .filter(|entry| entry.pod.source != source)
-            .count();
-        let unserved: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(id, entry)| {
-                entry.pod.source == source
-                    && !views
-                        .get(id.as_str())
-                        .is_some_and(|view| view.address.is_some() && view.problem.is_none())
-            })
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut room = max.saturating_sub(others + unserved.len());
-        if served.len() > room && !unserved.is_empty() {
-            // Over the limit: served pods take the place of pods kept only to be retired.
-            for id in &unserved {
-                changed |= self.retire(id);
-            }
-            room = max.saturating_sub(others);
-        }
-        let admitted = served.len().min(room);
-        for view in &served[admitted..] {
-            if self
-                .pods
-                .get(&view.id)
-                .is_some_and(|entry| entry.pod.source == source)
-            {
-                changed |= self.retire(&view.id);
-            }
-        }
+        let wanted: Vec<&str> = served.iter().map(|view| view.id.as_str()).collect();
+        let (admitted, cut) = self.cut_to_room(source, &wanted);
+        changed |= cut;
         for view in &served[..admitted] {
             let Some(address) = &view.address else {
                 continue;

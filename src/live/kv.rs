@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
-use hyper::body::Bytes;
 use tokio_stream::StreamExt;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket};
 
 use super::config::KvEndpoints;
-use super::kv_frames::relay;
+use super::kv_frames::{Relay, relay};
+use super::kv_replay::fetch_replay;
 use super::kv_wire::{KvWireError, WireBatch, decode_batch, decode_seq};
 use super::pod::{Pod, pause};
 use crate::telemetry::clock::wall_now_us;
@@ -124,6 +124,7 @@ pub async fn kv_loop(pod: Arc<Pod>, endpoints: KvEndpoints, rank: u32) {
             &pod,
             &mut socket,
             &mut monitor,
+            relay.as_ref(),
             replay.as_deref(),
             &mut cursor,
         )
@@ -209,6 +210,7 @@ async fn catch_up(pod: &Arc<Pod>, replay: Option<&str>, cursor: &mut Cursor) {
                 );
             }
             let mut pending_gap = missed;
+            let mut rejected = None;
             for batch in batches {
                 if cursor.expected.is_some_and(|expected| batch.seq < expected) {
                     continue;
@@ -217,9 +219,14 @@ async fn catch_up(pod: &Arc<Pod>, replay: Option<&str>, cursor: &mut Cursor) {
                     .kv_batches
                     .with_label_values(&[pod.id.as_str(), "replayed"])
                     .inc();
-                apply(pod, batch, cursor, std::mem::take(&mut pending_gap));
+                let seq = batch.seq;
+                if let Some(err) = apply(pod, batch, cursor, std::mem::take(&mut pending_gap)) {
+                    rejected = Some(rejection(seq, &err));
+                }
             }
-            if missed == 0 {
+            if let Some(reason) = rejected {
+                pod.set_health(|h| h.kv_events = Some(reason));
+            } else if missed == 0 {
                 clear_health(pod, cursor);
             }
         }
@@ -273,6 +280,7 @@ async fn receive(
     pod: &Arc<Pod>,
     socket: &mut SubSocket,
     monitor: &mut (impl tokio_stream::Stream<Item = SocketEvent> + Unpin),
+    relay: Option<&Relay>,
     replay: Option<&str>,
     cursor: &mut Cursor,
 ) -> Ended {
@@ -332,7 +340,14 @@ async fn receive(
         };
         let batch = match decoded {
             Ok(batch) => batch,
-            Err(err) => {
+            Err(mut err) => {
+                if frames.iter().any(|frame| frame.is_empty())
+                    && let Some(cut) = relay.and_then(Relay::take_cut)
+                {
+                    // The relay emptied a frame of this message, dropping it as it arrived
+                    // (over the limit): that is why it is malformed.
+                    err = KvWireError(cut);
+                }
                 pod.metrics
                     .kv_batches
                     .with_label_values(&[pod.id.as_str(), "malformed"])
@@ -403,7 +418,10 @@ async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: 
                         .kv_batches
                         .with_label_values(&[pod.id.as_str(), "replayed"])
                         .inc();
-                    apply(pod, missed_batch, cursor, 0);
+                    let seq = missed_batch.seq;
+                    if let Some(err) = apply(pod, missed_batch, cursor, 0) {
+                        reason.get_or_insert_with(|| rejection(seq, &err));
+                    }
                 }
             }
             Err(err) => {
@@ -424,7 +442,10 @@ async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: 
             }
         }
     }
-    apply(pod, batch, cursor, missed);
+    let seq = batch.seq;
+    if let Some(err) = apply(pod, batch, cursor, missed) {
+        reason.get_or_insert_with(|| rejection(seq, &err));
+    }
     if reason.is_none()
         && cursor
             .stale_until
@@ -436,15 +457,21 @@ async fn handle(pod: &Arc<Pod>, batch: WireBatch, replay: Option<&str>, cursor: 
     pod.set_health(|h| h.kv_events = reason);
 }
 
-/// Applies one of this rank's batches (`missed`: batches lost just before it).
-fn apply(pod: &Arc<Pod>, batch: WireBatch, cursor: &mut Cursor, missed: u64) {
+/// Applies one of this rank's batches (`missed`: batches lost just before it); why the
+/// store refused it, if it did (e.g. more events than `--max-kv-events-per-batch`).
+fn apply(pod: &Arc<Pod>, batch: WireBatch, cursor: &mut Cursor, missed: u64) -> Option<String> {
     if cursor.expected.is_some_and(|expected| batch.seq < expected) {
         // A replayed batch already applied.
-        return;
+        return None;
     }
     count_skipped(pod, &batch);
     cursor.expected = Some(batch.seq.saturating_add(1));
-    write_at(pod, batch.events, missed, Some(batch.ts_s));
+    write_at(pod, batch.events, missed, Some(batch.ts_s))
+}
+
+/// The stale reason of batch `seq` refused by the store (skipped: the stream goes on).
+fn rejection(seq: u64, err: &str) -> String {
+    format!("kv_events: batch {seq} rejected: {err} (skipped)")
 }
 
 /// Counts the events the decoder skipped by type.
@@ -476,7 +503,8 @@ fn count_skipped(pod: &Arc<Pod>, batch: &WireBatch) {
 /// Writes events ditto makes itself (a clear on a restart) to the pod's instance, stamped
 /// now.
 fn write(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64) {
-    write_at(pod, events, missed, None);
+    // A clear of ditto's own is never over a limit; a refusal is logged and counted.
+    let _ = write_at(pod, events, missed, None);
 }
 
 /// Writes events to the pod's instance, numbered for the store; `missed` unrecovered
@@ -485,7 +513,12 @@ fn write(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64) {
 /// never later than now nor earlier than the last batch's stamp, so the KV-events age
 /// (`kv_events_age_ms`) is the lag behind the publisher: stamped on arrival it read 57-108
 /// ms while the mirror applied batches 17 s late (issue 38 D11).
-fn write_at(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64, ts_s: Option<f64>) {
+fn write_at(
+    pod: &Arc<Pod>,
+    events: Vec<KvEvent>,
+    missed: u64,
+    ts_s: Option<f64>,
+) -> Option<String> {
     let mut sink = pod.kv_sink.lock().unwrap_or_else(PoisonError::into_inner);
     let now_us = wall_now_us();
     let emitted_us = ts_s
@@ -502,7 +535,7 @@ fn write_at(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64, ts_s: Option<f64>
         },
         Publish::Staged,
     );
-    let outcome = match result {
+    let (outcome, refused) = match result {
         Ok(applied) => {
             if applied.evicted > 0 {
                 pod.metrics
@@ -510,11 +543,11 @@ fn write_at(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64, ts_s: Option<f64>
                     .with_label_values(&[pod.id.as_str(), "cached_blocks"])
                     .inc_by(applied.evicted);
             }
-            "applied"
+            ("applied", None)
         }
         Err(err) => {
             tracing::warn!(pod = %pod.id, seq, %err, "live mirror: KV batch rejected");
-            "rejected"
+            ("rejected", Some(err.to_string()))
         }
     };
     pod.metrics
@@ -523,68 +556,5 @@ fn write_at(pod: &Arc<Pod>, events: Vec<KvEvent>, missed: u64, ts_s: Option<f64>
         .inc();
     sink.last_ts_us = ts_us;
     sink.next_seq = seq.saturating_add(1);
-}
-
-/// Asks the replay ROUTER for batches from `start`; keeps those before `end` (all, with
-/// `None`). With an `end`, every batch in `start..end` must come back.
-async fn fetch_replay(
-    endpoint: &str,
-    start: u64,
-    end: Option<u64>,
-    timeout: Duration,
-) -> Result<Vec<WireBatch>, String> {
-    let relay = tokio::time::timeout(timeout, relay(endpoint))
-        .await
-        .map_err(|_| format!("timed out after {} ms", timeout.as_millis()))?
-        .map_err(|err| err.to_string())?;
-    let work = async {
-        let mut socket = DealerSocket::new();
-        socket
-            .connect(&relay.endpoint)
-            .await
-            .map_err(|err| err.to_string())?;
-        let request = ZmqMessage::try_from(vec![
-            Bytes::new(),
-            Bytes::from(start.to_be_bytes().to_vec()),
-        ])
-        .map_err(|err| err.to_string())?;
-        socket.send(request).await.map_err(|err| err.to_string())?;
-        let mut batches = Vec::new();
-        loop {
-            let reply = socket
-                .recv()
-                .await
-                .map_err(|err| err.to_string())?
-                .into_vec();
-            // [empty delimiter, seq, payload] (the delimiter may be absent).
-            let frames: Vec<&Bytes> = reply.iter().skip_while(|f| f.is_empty()).collect();
-            let (Some(seq), payload) = (frames.first(), frames.get(1)) else {
-                return Err("empty replay message".to_owned());
-            };
-            match decode_seq(seq).map_err(|err| err.to_string())? {
-                None => break,
-                Some(seq) if seq >= start && end.is_none_or(|end| seq < end) => {
-                    let payload = payload.ok_or("replay message without payload")?;
-                    batches.push(decode_batch(seq, payload).map_err(|err| err.to_string())?);
-                }
-                Some(_) => {}
-            }
-        }
-        let _ = socket.close().await;
-        if let Some(end) = end
-            && batches.len() as u64 != end - start
-        {
-            return Err(format!(
-                "the publisher replayed {} of {} batches",
-                batches.len(),
-                end - start
-            ));
-        }
-        Ok(batches)
-    };
-    let outcome = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| format!("timed out after {} ms", timeout.as_millis()))
-        .and_then(|done| done);
-    outcome.map_err(|err| relay.tripped().unwrap_or(err))
+    refused
 }

@@ -70,13 +70,21 @@ pub fn decode_seq(frame: &[u8]) -> Result<Option<u64>, KvWireError> {
 /// The largest batch payload decoded, bytes: a step's events (its prompts' block hashes and
 /// token ids, bounded by the token budget) are kilobytes to a few megabytes.
 pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
-/// The most msgpack values a batch payload may hold (checked before it is decoded: a value
-/// costs ~40 bytes decoded, so this bounds a batch's decoding to ~80 MB; a step's events hold
-/// tens of thousands).
-pub const MAX_BATCH_VALUES: usize = 1 << 21;
+/// The most msgpack values a batch payload may hold (checked before it is decoded). A value
+/// costs ~80 bytes decoded (measured: 2.09 M values in one list took the server's peak
+/// resident memory from 61 to 226 MB), so this bounds a batch's decoding to ~85 MB; a
+/// step's events hold a value per token id and block hash, tens of thousands.
+pub const MAX_BATCH_VALUES: usize = 1 << 20;
+
+/// The most block hashes a batch's events may name together (stored and removed, every
+/// tier): a step stores at most its token budget's worth of blocks and evicts as many (2^17
+/// is a 1M-token step of 16-token blocks, twice). Checked before the events are decoded: one
+/// event of 1M blocks, under the value cap, peaked at 1.07 GB in the mirror's maps.
+pub const MAX_BATCH_BLOCKS: usize = 1 << 17;
 
 /// Decodes a msgpack `EventBatch` payload with sequence `seq`; a payload over
-/// [`MAX_BATCH_BYTES`] or [`MAX_BATCH_VALUES`] is refused before it is decoded.
+/// [`MAX_BATCH_BYTES`] or [`MAX_BATCH_VALUES`] is refused before it is decoded, and one
+/// naming more than [`MAX_BATCH_BLOCKS`] block hashes before its events are.
 pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> {
     if payload.len() > MAX_BATCH_BYTES {
         return Err(bad(format!(
@@ -125,6 +133,12 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
     let Value::Array(list) = events else {
         return Err(bad(format!("events is {}, not a list", kind(events))));
     };
+    let blocks: usize = list.iter().map(block_count).sum();
+    if blocks > MAX_BATCH_BLOCKS {
+        return Err(bad(format!(
+            "{blocks} blocks in one batch, over the limit of {MAX_BATCH_BLOCKS}"
+        )));
+    }
     let mut decoded = Vec::with_capacity(list.len());
     let mut unknown = Vec::new();
     let mut other_groups = 0;
@@ -143,6 +157,19 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
         unknown,
         other_groups,
     })
+}
+
+/// How many block hashes an event names (its `block_hashes` list, positional or by name).
+fn block_count(event: &Value) -> usize {
+    let hashes = match event {
+        Value::Array(items) => items.get(1),
+        Value::Map(_) => field(event, "block_hashes"),
+        _ => None,
+    };
+    match hashes {
+        Some(Value::Array(hashes)) => hashes.len(),
+        _ => 0,
+    }
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -330,7 +357,7 @@ mod tests {
         payload.extend_from_slice(&[0xdd, 0x00, 0x2d, 0xc6, 0xc0]);
         payload.extend_from_slice(&[0x90; 4096]);
         let err = decode_batch(1, &payload).expect_err("refused").to_string();
-        assert!(err.contains("more than 2097152 msgpack values"), "{err}");
+        assert!(err.contains("more than 1048576 msgpack values"), "{err}");
         let err = decode_batch(1, &vec![0x90; MAX_BATCH_BYTES + 1])
             .expect_err("refused")
             .to_string();
@@ -403,6 +430,39 @@ mod tests {
                 token_ids: vec![],
                 block_size: 0
             }
+        );
+    }
+
+    #[test]
+    fn a_batch_naming_too_many_blocks_is_refused() {
+        let stored = |count: usize| {
+            Value::Array(vec![
+                s("BlockStored"),
+                Value::Array((0..count as u64).map(Value::from).collect()),
+            ])
+        };
+        let removed = |count: usize| {
+            Value::Map(vec![
+                (s("type"), s("BlockRemoved")),
+                (
+                    s("block_hashes"),
+                    Value::Array((0..count as u64).map(Value::from).collect()),
+                ),
+            ])
+        };
+        let half = MAX_BATCH_BLOCKS / 2;
+        let batch = |events| Value::Array(vec![Value::F64(1.0), Value::Array(events)]);
+        let at_limit = decode_batch(0, &encode(&batch(vec![stored(half), removed(half)])));
+        assert_eq!(at_limit.map(|b| b.events.len()), Ok(2));
+        let err = decode_batch(0, &encode(&batch(vec![stored(half), removed(half + 1)])))
+            .expect_err("over the limit")
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "{} blocks in one batch, over the limit of 131072",
+                MAX_BATCH_BLOCKS + 1
+            )),
+            "{err}"
         );
     }
 

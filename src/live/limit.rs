@@ -113,40 +113,11 @@ impl Coordinator {
     }
 
     /// Mirrors what DNS source `source` resolved (`found`, sorted): up to `--max-instances`
-    /// in all, its addresses in order, the rest left out; an address that sorts before a
-    /// mirrored one of the same source takes its place (as Kubernetes pods do), and
-    /// addresses kept only to be retired give theirs up. Whether the pod set changed.
+    /// in all, its addresses in order, the rest left out (see [`Self::cut_to_room`]).
+    /// Whether the pod set changed.
     pub(super) fn admit_found(&mut self, source: usize, found: &[String]) -> bool {
-        let max = self.store.limits().max_instances;
-        let others = self
-            .pods
-            .values()
-            .filter(|entry| entry.pod.source != source)
-            .count();
-        let vanished: Vec<String> = self
-            .pods
-            .iter()
-            .filter(|(id, entry)| entry.pod.source == source && !found.contains(id))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut changed = false;
-        let mut room = max.saturating_sub(others + vanished.len());
-        if found.len() > room && !vanished.is_empty() {
-            for id in &vanished {
-                changed |= self.retire(id);
-            }
-            room = max.saturating_sub(others);
-        }
-        let admitted = found.len().min(room);
-        for id in &found[admitted..] {
-            if self
-                .pods
-                .get(id)
-                .is_some_and(|entry| entry.pod.source == source)
-            {
-                changed |= self.retire(id);
-            }
-        }
+        let wanted: Vec<&str> = found.iter().map(String::as_str).collect();
+        let (admitted, mut changed) = self.cut_to_room(source, &wanted);
         for id in &found[..admitted] {
             if !self.pods.contains_key(id) {
                 self.add(source, id.clone(), id.clone());
@@ -155,5 +126,47 @@ impl Coordinator {
         }
         self.note_left_out(source, found[admitted..].to_vec());
         changed
+    }
+
+    /// The `--max-instances` cut of one source (static, DNS or Kubernetes) whose pods to
+    /// serve are `wanted` (ids, in the source's order): how many of them, from the first,
+    /// fit beside the other sources' pods, and whether the pod set changed. Pods of the
+    /// source kept only to be retired (not wanted any more) give their room up when the
+    /// wanted ones need it; wanted pods past the room that were mirrored are retired, so a
+    /// pod that sorts first takes the place of the last one. The caller adds the first
+    /// `admitted` and notes the rest left out.
+    pub(super) fn cut_to_room(&mut self, source: usize, wanted: &[&str]) -> (usize, bool) {
+        let max = self.store.limits().max_instances;
+        let others = self
+            .pods
+            .values()
+            .filter(|entry| entry.pod.source != source)
+            .count();
+        let wanted_ids: BTreeSet<&str> = wanted.iter().copied().collect();
+        let unwanted: Vec<String> = self
+            .pods
+            .iter()
+            .filter(|(id, entry)| entry.pod.source == source && !wanted_ids.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut changed = false;
+        let mut room = max.saturating_sub(others + unwanted.len());
+        if wanted.len() > room && !unwanted.is_empty() {
+            for id in &unwanted {
+                changed |= self.retire(id);
+            }
+            room = max.saturating_sub(others);
+        }
+        let admitted = wanted.len().min(room);
+        for id in &wanted[admitted..] {
+            if self
+                .pods
+                .get(*id)
+                .is_some_and(|entry| entry.pod.source == source)
+            {
+                changed |= self.retire(id);
+            }
+        }
+        (admitted, changed)
     }
 }

@@ -19,6 +19,7 @@ mod kube;
 pub mod kv;
 pub mod kv_bench;
 pub mod kv_frames;
+mod kv_replay;
 pub mod kv_wire;
 mod limit;
 pub mod pod;

@@ -30,7 +30,9 @@
   pod watch send N bytes of one event
   with no newline; `hostile_watch("hang")` makes it send half an event and then nothing, held
   open past its `timeoutSeconds`; `leak_namespaces = True` lists and watches pods of every
-  namespace, as if the namespace in the path were ignored.
+  namespace, as if the namespace in the path were ignored. `hostile_pool_get(size, times)`
+  makes the next `times` GETs of a named InferencePool answer 200 with the object padded to
+  `size` bytes (a `Content-Length` body, sent in 1 MiB pieces while the client reads).
 """
 
 import json
@@ -118,6 +120,7 @@ class FakeKubeApi:
         self.expired_generation = 0
         self.hostile = []  # behaviours of the next pod watches
         self.hostile_pools = []  # behaviours of the next InferencePool watches
+        self.hostile_pool_gets = []  # sizes of the next InferencePool GETs' answers
         self.leak_namespaces = False
         self.closing = threading.Event()
         handler = make_handler(self)
@@ -230,6 +233,11 @@ class FakeKubeApi:
         with self.lock:
             self.hostile_pools.append((mode, size))
 
+    def hostile_pool_get(self, size, times=1):
+        """The next `times` GETs of a named InferencePool answer an object of `size` bytes."""
+        with self.lock:
+            self.hostile_pool_gets.extend([size] * times)
+
     def fail(self, kind, code, times):
         with self.lock:
             self.faults[kind] = [code, times]
@@ -321,7 +329,10 @@ def make_handler(api):
                 with api.lock:
                     obj = store.objects.get((namespace, name))
                     found = obj is not None and select(obj)
-                if not found:
+                    padded = api.hostile_pool_gets.pop(0) if found and kind == "inferencepools" and api.hostile_pool_gets else None
+                if padded is not None:
+                    self.send_padded(obj, padded)
+                elif not found:
                     self.send_json(404, status(404, "NotFound", f'{kind}.{parts[1]} "{name}" not found'))
                 else:
                     self.send_json(200, obj)
@@ -341,6 +352,26 @@ def make_handler(api):
                     items = items[offset:offset + limit]
                 body = {"kind": list_kind, "apiVersion": "v1", "metadata": metadata, "items": items}
             self.send_json(200, body)
+
+        def send_padded(self, obj, size):
+            """`obj` with a string field that brings the body to `size` bytes."""
+            head = json.dumps(obj).encode()[:-1] + b', "padding": "'
+            tail = b'"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            piece = b"x" * (1 << 20)
+            left = size - len(head) - len(tail)
+            try:
+                self.wfile.write(head)
+                while left > 0 and not api.closing.is_set():
+                    self.wfile.write(piece[:left])
+                    left -= len(piece)
+                self.wfile.write(tail)
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
 
         def get_node(self, name):
             with api.lock:

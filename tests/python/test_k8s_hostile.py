@@ -31,6 +31,7 @@ from ditto.v1 import twin_pb2 as pb
 from fake_kube_api import FakeKubeApi
 from test_live import BOUND_S, Fake, bounded_until, by_id, eventually, metric, snapshot
 from test_live_limits import over_limit_marks
+from test_hostile_bodies import PEAK_BOUND_BYTES
 
 LABELS = {"app": "vllm", "llm-d.ai/role": "decode"}
 SELECTOR = "app=vllm,llm-d.ai/role=decode"
@@ -204,6 +205,40 @@ def test_d5_an_inference_pool_watch_line_without_a_newline_is_cut_too(api, vllm,
             assert code == 0, server.output()
     finally:
         b.stop()
+
+
+def test_an_oversized_inference_pool_object_is_dropped_at_the_object_cap(api, vllm, tmp_path):
+    # Issue 38 D12/D13's residue: the InferencePool's one GET (at start, and before its watch
+    # opens) went through kube-rs uncapped, which reads an answer whole, however large. It is
+    # now read as every answer is: at most 2 MiB (etcd keeps no object over 1.5 MiB), dropped
+    # as it passes the cap, counted, logged, and retried.
+    k = api()
+    a = vllm()
+    k.pod("decode-0", a.host, LABELS)
+    k.pool("qwen-pool", LABELS, a.http_port)
+    # The start-up check's GET and discovery's first one answer a 200 MiB object.
+    k.hostile_pool_get(200 << 20, times=2)
+    env = dict(os.environ)
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    env["KUBECONFIG"] = k.kubeconfig(str(tmp_path / "kubeconfig"))
+    server = Server(["--scrape-interval-ms", "50", "--inference-pool", "qwen-pool", "--pods-namespace", "llm-d"],
+                    env=env)
+    try:
+        server.wait_serving()
+        bounded_until(lambda: (metric(server, "ditto_live_kube_failures_total", kind="too_large") or 0) >= 1,
+                      "the oversized object dropped")
+        # Retried: the pool is followed and its pod mirrored.
+        eventually(server, lambda i: sorted(i) == ["llm-d/decode-0"] and not i["llm-d/decode-0"].stale_reason,
+                   "the pool's pod")
+        assert not k.hostile_pool_gets, "both oversized answers were asked for"
+        dropped = warnings_with(server, "passed 2097152 bytes")
+        assert any("qwen-pool" in line for line in dropped), server.output()
+        peak = status_kb(server, "VmHWM") * 1024
+        print(f"peak RSS {peak / 2**20:.0f} MiB after two 200 MiB InferencePool answers")
+        assert peak < PEAK_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
+    finally:
+        code = server.terminate()
+        assert code == 0, server.output()
 
 
 def test_d8_a_watch_failing_after_every_good_list_backs_off(api, serve, vllm):

@@ -69,3 +69,72 @@ def test_oversized_payloads_are_refused_before_they_are_decoded(pods, serve):
     # The stream goes on.
     a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[6])]))
     eventually(server, lambda i: 6 in i[a.address].cached_block_hashes, "a later batch")
+
+
+def connections(server, address, result):
+    return metric(server, "ditto_live_kv_connections_total", instance=address, result=result) or 0.0
+
+
+def test_a_frame_just_under_128_mib_is_dropped_as_it_arrives(pods, serve):
+    # Issue 38 D12: the relay cut frames only past 128 MiB, so the library held a frame up to
+    # that whole before the 16 MiB payload check refused it. A message frame over 16 MiB is
+    # now passed on empty, its body dropped as it arrives: the batch is refused naming the
+    # limit, the stream stays connected, and peak memory stays far under the bound.
+    (a,), pub, rep = pods(1)
+    server = serve("--pods", a.address, *kv_args(pub, rep))
+    until_stored(a, server, dict(events=[dict(type="BlockStored", block_hashes=[1])]))
+    connected = connections(server, a.address, "connected")
+    before = peak_rss_bytes(server.process.pid)
+    a.control(kv=dict(raw_zeros=(128 << 20) - 1))
+    inst = eventually(server, lambda i: "over the limit" in i[a.address].stale_reason and i[a.address],
+                      "the big frame refused")
+    assert f"batch of {(128 << 20) - 1} bytes" in inst.stale_reason, inst.stale_reason
+    assert "16777216" in inst.stale_reason, inst.stale_reason
+    peak = peak_rss_bytes(server.process.pid)
+    print(f"peak RSS {before / 2**20:.0f} MiB before the frame, {peak / 2**20:.0f} MiB after")
+    assert peak < PEAK_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
+    # Never held: held whole, the frame alone took the peak up by 128 MiB.
+    assert peak < before + (32 << 20), f"peak RSS {before / 2**20:.0f} -> {peak / 2**20:.0f} MiB"
+    # The stream stayed up: the next batch applies on the same connection.
+    a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[6])]))
+    inst = eventually(server, lambda i: 6 in i[a.address].cached_block_hashes and i[a.address], "a later batch")
+    assert not inst.stale_reason, inst.stale_reason
+    assert connections(server, a.address, "connected") == connected
+    assert not connections(server, a.address, "disconnected")
+    assert metric(server, "ditto_live_kv_batches_total", instance=a.address, result="malformed") == 1
+
+
+def test_a_million_block_batch_stays_under_the_memory_bound(pods, serve):
+    # Issue 38 D12: one BlockStored event of 1M blocks (vLLM's 64-bit int hashes, 9 MB of
+    # msgpack: under the payload and value caps) peaked at 1.07 GB.
+    (a,), pub, rep = pods(1)
+    server = serve("--pods", a.address, *kv_args(pub, rep))
+    until_stored(a, server, dict(events=[dict(type="BlockStored", block_hashes=[1])]))
+    base = 1 << 63
+    a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=list(range(base, base + 1_000_000)),
+                                   token_ids=[], block_size=16)]))
+    inst = eventually(server, lambda i: "blocks" in i[a.address].stale_reason and i[a.address],
+                      "the million-block batch refused")
+    assert "1000000 blocks in one batch, over the limit of 131072" in inst.stale_reason, inst.stale_reason
+    peak = peak_rss_bytes(server.process.pid)
+    print(f"peak RSS {peak / 2**20:.0f} MiB after the million-block batch")
+    assert peak < PEAK_BOUND_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
+    # The stream goes on, and a batch at the limit applies.
+    a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[6])]))
+    eventually(server, lambda i: 6 in i[a.address].cached_block_hashes, "a later batch")
+
+
+def test_a_batch_over_the_event_limit_is_refused_with_a_reason(pods, serve):
+    # Issue 38 D12: a batch of more events than --max-kv-events-per-batch was rejected by
+    # the store with a log line only. The pod's KV stream now says why, and goes on.
+    (a,), pub, rep = pods(1)
+    server = serve("--pods", a.address, "--max-kv-events-per-batch", "1000", *kv_args(pub, rep))
+    until_stored(a, server, dict(events=[dict(type="BlockStored", block_hashes=[1])]))
+    a.control(kv=dict(events=[dict(type="AllBlocksCleared")] * 1001))
+    inst = eventually(server, lambda i: "rejected" in i[a.address].stale_reason and i[a.address],
+                      "the batch refused with a reason")
+    assert "1001 events in one batch exceed the limit of 1000" in inst.stale_reason, inst.stale_reason
+    assert 1 in inst.cached_block_hashes, "nothing of the refused batch applied"
+    a.control(kv=dict(events=[dict(type="BlockStored", block_hashes=[6])]))
+    inst = eventually(server, lambda i: 6 in i[a.address].cached_block_hashes and i[a.address], "a later batch")
+    assert not inst.stale_reason, inst.stale_reason

@@ -14,13 +14,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, ListParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::client::Body;
 use kube::core::ObjectList;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::endpoint::{PodView, pod_ip, view};
+use super::get::{GET_TIMEOUT, GetError, get_object};
 use super::lines::{Lines, ReadError, read_all};
 use super::selector::LabelSelector;
 use super::{KubeLimits, KubeNews, LIST_PAGE_LIMIT, MAX_LIST_PAGE_BYTES, MAX_WATCH_LINE_BYTES};
@@ -511,10 +512,30 @@ impl Follower {
         if let Some(known) = self.nodes.get(name) {
             return known.clone();
         }
-        let api: Api<Node> = Api::all(self.client.clone());
-        let read = tokio::time::timeout(self.limits.idle(), api.get(name)).await;
+        if name.is_empty()
+            || name.len() > MAX_NAME_LEN
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        {
+            // Not a node name (a DNS subdomain): never put in a path.
+            return NodeGpu::Unreadable(format!(
+                "node name {:?} is not a DNS name",
+                name.chars().take(64).collect::<String>()
+            ));
+        }
+        let path = format!("/api/v1/nodes/{name}");
+        let read = get_object(&self.client, &path, GET_TIMEOUT)
+            .await
+            .and_then(|body| {
+                body.map(|body| {
+                    serde_json::from_slice::<Node>(&body)
+                        .map_err(|err| GetError::Read(ReadError::Body(err.to_string())))
+                })
+                .transpose()
+            });
         match read {
-            Ok(Ok(node)) => {
+            Ok(Some(node)) => {
                 let found = node
                     .metadata
                     .labels
@@ -529,7 +550,7 @@ impl Follower {
                 self.nodes.insert(name.to_owned(), found.clone());
                 found
             }
-            Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+            Err(GetError::Status { code: 403, .. }) => {
                 let reason = "kubernetes API forbids get on nodes: GPU from --default-gpu or \
                               the pool (grant get on nodes, a ClusterRole, to read \
                               nvidia.com/gpu.product)"
@@ -538,17 +559,16 @@ impl Follower {
                 self.nodes_forbidden = Some(reason.clone());
                 NodeGpu::Unreadable(reason)
             }
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => {
+            Ok(None) => {
                 let found = NodeGpu::Unreadable(format!("node {name} not found"));
                 tracing::warn!(node = %name, "live mirror: node not found; its pods' GPU is --default-gpu or the pool's");
                 self.nodes.insert(name.to_owned(), found.clone());
                 found
             }
-            Ok(Err(err)) => {
+            Err(err) => {
                 tracing::debug!(node = %name, %err, "live mirror: cannot read node; retried with the next change");
                 NodeGpu::Unreadable(format!("node {name}: {err}"))
             }
-            Err(_) => NodeGpu::Unreadable(format!("node {name}: no answer")),
         }
     }
 }

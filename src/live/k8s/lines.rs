@@ -16,8 +16,8 @@ pub enum ReadError {
     /// A watch line grew past the cap without a newline.
     #[error("a watch line passed {0} bytes without a newline")]
     LineTooLong(usize),
-    /// A list page grew past the cap.
-    #[error("a list page passed {0} bytes")]
+    /// A list page, or an object, grew past the cap.
+    #[error("an answer (a list page or an object) passed {0} bytes")]
     BodyTooLarge(usize),
     /// No byte arrived for this long.
     #[error("no byte from the API server for {0:?}")]

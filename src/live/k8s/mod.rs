@@ -11,12 +11,14 @@
 //!   (bookmarks, relist on 410 Gone, backoff on errors not reset by a LIST alone).
 //! - `pool_watch`: the InferencePool's watch, its lines bounded as the pods' are.
 //! - `lines`: bounded reading of the API server's answers (line and page caps, idle time).
+//! - `get`: one object read through the same bounds (the InferencePool looked up, a node).
 //!
 //! Instance ids are `namespace/name`: stable for a pod that keeps its name (a StatefulSet
 //! pod rescheduled with a new IP keeps its id), unlike `ip:port`.
 
 pub mod endpoint;
 mod follow;
+pub mod get;
 pub mod lines;
 mod pool_watch;
 pub mod selector;

@@ -1,7 +1,8 @@
 //! Following one InferencePool's changes: a watch on it by name
 //! (`fieldSelector=metadata.name=NAME`), read through [`super::lines`] as the pods' watches
-//! are: each line at most [`MAX_WATCH_LINE_BYTES`], a silence or an answer past the watch
-//! timeout plus a margin given up, an error body read up to a cap. The watch is reopened
+//! are: each line at most [`MAX_OBJECT_BYTES`] (one object, parsed whole into a JSON tree:
+//! a 16 MiB line of small values would take hundreds of MB), a silence or an answer past the
+//! watch timeout plus a margin given up, an error body read up to a cap. The watch is reopened
 //! from the last version seen when it ends, after a backoff (0.5 s doubling to 30 s) when it
 //! failed or did not live [`KubeLimits::healthy_after`].
 
@@ -14,9 +15,10 @@ use kube::api::{ApiResource, WatchParams};
 use kube::client::Body;
 use tokio::time::Instant;
 
+use super::KubeLimits;
 use super::follow::{FIRST_BACKOFF, MAX_BACKOFF};
+use super::get::MAX_OBJECT_BYTES;
 use super::lines::{Lines, ReadError, read_all};
-use super::{KubeLimits, MAX_WATCH_LINE_BYTES};
 use crate::telemetry::live::LiveMetrics;
 
 /// The longest error body read from the API server (a `Status` is a few hundred bytes).
@@ -223,7 +225,7 @@ type Failure = (&'static str, String);
 /// A watch being opened.
 type Opening = Pin<Box<dyn Future<Output = Result<Lines<Body>, Failure>> + Send>>;
 
-/// Sends the watch request; its answer's lines bounded by [`MAX_WATCH_LINE_BYTES`] and its
+/// Sends the watch request; its answer's lines bounded by [`MAX_OBJECT_BYTES`] and its
 /// silence by [`KubeLimits::idle`], an error answer read up to a cap and named.
 async fn open(
     client: Client,
@@ -244,7 +246,7 @@ async fn open(
     if sent.status().is_success() {
         return Ok(Lines::new(
             sent.into_body(),
-            MAX_WATCH_LINE_BYTES,
+            MAX_OBJECT_BYTES,
             limits.idle(),
             deadline,
         ));

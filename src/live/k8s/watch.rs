@@ -7,12 +7,14 @@
 
 use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Client, Config};
 use tokio::sync::mpsc;
 
 use super::endpoint::{PoolTarget, PoolVersion, pool_target};
 use super::follow::Follower;
+use super::get::{self, GetError};
+use super::lines::ReadError;
 use super::pool_watch::{PoolEvent, PoolWatch};
 use super::{KubeLimits, KubeNews, KubeSource};
 use crate::telemetry::live::LiveMetrics;
@@ -40,18 +42,25 @@ fn pool_resource(version: PoolVersion) -> ApiResource {
 }
 
 /// Reads InferencePool `name`, trying v1 then v1alpha2: `Ok(None)` when neither serves it.
+/// Bounded as every read of the API server is (see [`get`]): an answer over
+/// [`get::MAX_OBJECT_BYTES`] is dropped as it passes the cap, the exchange given up after
+/// [`get::GET_TIMEOUT`]; the object must be JSON (it is read again by the pool's watch).
 pub async fn find_pool(
     client: &Client,
     namespace: &str,
     name: &str,
-) -> Result<Option<(PoolVersion, DynamicObject)>, kube::Error> {
+) -> Result<Option<PoolVersion>, GetError> {
     for version in PoolVersion::ALL {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, &pool_resource(version));
-        match api.get(name).await {
-            Ok(object) => return Ok(Some((version, object))),
-            Err(kube::Error::Api(status)) if status.code == 404 => continue,
-            Err(err) => return Err(err),
+        let resource = pool_resource(version);
+        let path = format!(
+            "/apis/{}/namespaces/{namespace}/{}/{name}",
+            resource.api_version, resource.plural
+        );
+        if let Some(body) = get::get_object(client, &path, get::GET_TIMEOUT).await? {
+            serde_json::from_slice::<serde::de::IgnoredAny>(&body).map_err(|err| {
+                GetError::Read(ReadError::Body(format!("undecodable InferencePool: {err}")))
+            })?;
+            return Ok(Some(version));
         }
     }
     Ok(None)
@@ -116,18 +125,19 @@ async fn follow_pool(
     let mut delay = Duration::from_millis(500);
     let version = loop {
         match find_pool(client, &namespace, name).await {
-            Ok(Some((version, _))) => break version,
+            Ok(Some(version)) => break version,
             Ok(None) => {
                 let reason = format!("no InferencePool {name:?} in namespace {namespace:?}");
                 follower.outage(reason).await;
             }
             Err(err) => {
+                metrics.kube_failures.with_label_values(&[err.kind()]).inc();
                 let reason = match &err {
-                    kube::Error::Api(status) if status.code == 403 => format!(
+                    GetError::Status { code: 403, .. } => format!(
                         "kubernetes API forbids get on inferencepools in namespace {namespace:?}: \
                          grant get, list and watch on inferencepools to ditto's service account"
                     ),
-                    err => format!("kubernetes API: {err}"),
+                    err => format!("InferencePool {name:?}: {err}"),
                 };
                 tracing::warn!(%reason, "live mirror: cannot read the InferencePool");
                 follower.outage(reason).await;
