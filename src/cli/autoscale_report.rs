@@ -211,7 +211,12 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
     // The load (the same for every policy: the first one's).
     if let Some(first) = outcomes.first() {
         let points = thin(first.timeline.iter().map(|s| (s.at_s, s.arrival_rate)));
-        polyline(&mut out, &points, &x, TOP, rate_max, "#444444");
+        let series = Series {
+            name: "load",
+            policy: None,
+            color: "#444444",
+        };
+        polyline(&mut out, &points, &x, TOP, rate_max, &series);
     }
     for (index, outcome) in outcomes.iter().enumerate() {
         let color = COLORS[(index + 1) % COLORS.len()];
@@ -221,13 +226,18 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
                 .iter()
                 .map(|s| (s.at_s, f64::from(s.billed))),
         );
+        let series = |name| Series {
+            name,
+            policy: Some(&outcome.policy),
+            color,
+        };
         polyline(
             &mut out,
             &replicas,
             &x,
             TOP + PANEL + GAP,
             replicas_max,
-            color,
+            &series("replicas"),
         );
         let ttft = thin(
             outcome
@@ -241,7 +251,7 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
             &x,
             TOP + 2.0 * (PANEL + GAP),
             ttft_max,
-            color,
+            &series("p90-ttft"),
         );
         let legend_y = TOP + 20.0 * index as f64;
         let _ = writeln!(
@@ -258,22 +268,35 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
     out
 }
 
+/// One line of the plot: what it shows (`data-series`), whose it is (`data-policy`), its colour.
+struct Series<'a> {
+    name: &'static str,
+    policy: Option<&'a str>,
+    color: &'a str,
+}
+
 fn polyline(
     out: &mut String,
     points: &[(f64, f64)],
     x: &dyn Fn(f64) -> f64,
     top: f64,
     max: f64,
-    color: &str,
+    series: &Series<'_>,
 ) {
     let mut path = String::new();
     for &(t, v) in points {
         let y = top + PANEL - PANEL * (v / max).clamp(0.0, 1.0);
         let _ = write!(path, "{:.1},{:.1} ", x(t), y);
     }
+    let policy = series
+        .policy
+        .map(|p| format!(r#" data-policy="{}""#, escape_attribute(p)))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        r#"<polyline fill="none" stroke="{color}" stroke-width="1.2" points="{}"/>"#,
+        r#"<polyline data-series="{}"{policy} fill="none" stroke="{}" stroke-width="1.2" points="{}"/>"#,
+        series.name,
+        series.color,
         path.trim_end()
     );
 }
@@ -288,6 +311,10 @@ fn thin(points: impl Iterator<Item = (f64, f64)>) -> Vec<(f64, f64)> {
             (chunk[0].0, max)
         })
         .collect()
+}
+
+fn escape_attribute(text: &str) -> String {
+    escape(text).replace('"', "&quot;")
 }
 
 fn escape(text: &str) -> String {

@@ -119,6 +119,28 @@ fn configured(name: &str, config: &AutoscaleConfig) -> Option<Policy> {
     }))
 }
 
+/// Refuses a `--plot` path that cannot be written before any policy runs: one naming a
+/// directory, or one in a directory that does not exist.
+fn check_plot_path(path: &Path) -> Result<(), CliError> {
+    if path.is_dir() {
+        return Err(CliError::flag(
+            "plot",
+            format!("{} is a directory, not a file", path.display()),
+        ));
+    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        return Err(CliError::flag(
+            "plot",
+            format!("directory {} does not exist", parent.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs every policy of `config` on the requests `make` yields (the same each call).
 pub fn execute(
     args: &RunArgs,
@@ -133,6 +155,9 @@ pub fn execute(
             "per-request",
             "not available with an autoscaler (the comparison reports per policy)",
         ));
+    }
+    if let Some(path) = &args.plot {
+        check_plot_path(path)?;
     }
     let first = &base.instances[0];
     if base

@@ -296,12 +296,68 @@ impl Cluster {
 
     /// Processes every event strictly before `time_us`.
     pub fn run_before(&mut self, time_us: u64) {
-        driver::run_before(self, time_us);
+        self.run_while(|t| t < time_us);
     }
 
     /// Processes every event at or before `time_us`, then sets the clock to `time_us`.
     pub fn run_until(&mut self, time_us: u64) {
-        driver::run_until(self, time_us);
+        self.run_while(|t| t <= time_us);
+        self.now_us = self.now_us.max(time_us);
+    }
+
+    /// Processes events while the next one's time passes `go`, in the order
+    /// [`Cluster::process_next_event`] takes them (`driver::run_until`'s loop), reading each
+    /// instance's next event time once per change instead of scanning every instance twice
+    /// per event: an instance event changes only its own instance (and, disaggregated, may
+    /// start pulls elsewhere), a cluster event may dispatch anywhere, so both rescan then.
+    fn run_while(&mut self, go: impl Fn(u64) -> bool) {
+        let mut times: Vec<Option<u64>> = self.engines.iter().map(Engine::next_event_us).collect();
+        loop {
+            let cluster = self.next_cluster_event();
+            // Lowest index on ties, as `next_instance_event`.
+            let instance = times
+                .iter()
+                .enumerate()
+                .filter_map(|(index, time)| time.map(|t| (t, index)))
+                .min();
+            let next = match (cluster, instance) {
+                (None, None) => return,
+                (Some(c), Some((i, _))) => c.min(i),
+                (Some(c), None) => c,
+                (None, Some((i, _))) => i,
+            };
+            if !go(next) {
+                return;
+            }
+            match (cluster, instance) {
+                (Some(c), Some((i, _))) if c <= i => {
+                    self.process_cluster_event(c);
+                    Self::rescan(&mut times, &self.engines);
+                }
+                (Some(c), None) => {
+                    self.process_cluster_event(c);
+                    Self::rescan(&mut times, &self.engines);
+                }
+                (_, Some((time, index))) => {
+                    self.now_us = time;
+                    self.engines[index].process_next_event();
+                    self.collect_finished(index);
+                    if self.pd.is_some() {
+                        Self::rescan(&mut times, &self.engines);
+                    } else {
+                        times[index] = self.engines[index].next_event_us();
+                    }
+                }
+                (None, None) => return,
+            }
+            self.events_processed += 1;
+        }
+    }
+
+    fn rescan(times: &mut [Option<u64>], engines: &[Engine]) {
+        for (time, engine) in times.iter_mut().zip(engines) {
+            *time = engine.next_event_us();
+        }
     }
 
     /// Feeds `requests` (arrival order) and runs until nothing is pending, failing after

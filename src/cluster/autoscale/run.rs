@@ -38,7 +38,6 @@ struct Loop<'a> {
     cluster: Cluster,
     config: &'a AutoscaleConfig,
     states: Vec<SlotState>,
-    cursors: Vec<usize>,
     rejected_seen: usize,
     warm_rng: SimRng,
     /// (end µs, ttft µs, tpot µs or NaN) of requests finished within the quantile window.
@@ -126,7 +125,6 @@ where
         cluster,
         config,
         states,
-        cursors: vec![0; slots],
         rejected_seen: 0,
         warm_rng: RngStreams::new(seed).stream("autoscale-warmup"),
         window: VecDeque::new(),
@@ -207,19 +205,18 @@ impl Loop<'_> {
     fn collect(&mut self, observer: &mut Observer<'_>) {
         let objectives = self.config.objectives;
         for slot in 0..self.states.len() {
-            let records = &self.cluster.engines()[slot].metrics().records;
-            for record in &records[self.cursors[slot]..] {
+            let Self {
+                cluster,
+                outcome,
+                window,
+                ttft_ms,
+                tpot_ms,
+                ..
+            } = self;
+            cluster.drain_records(slot, |record| {
                 observer(slot, record);
-                tally(
-                    &mut self.outcome,
-                    &mut self.window,
-                    &mut self.ttft_ms,
-                    &mut self.tpot_ms,
-                    record,
-                    objectives,
-                );
-            }
-            self.cursors[slot] = records.len();
+                tally(outcome, window, ttft_ms, tpot_ms, record, objectives);
+            });
         }
         let rejected = self.cluster.rejected_records();
         for record in &rejected[self.rejected_seen..] {
@@ -343,7 +340,6 @@ impl Loop<'_> {
             if !self.cluster.replace_engine(slot, engine) {
                 continue;
             }
-            self.cursors[slot] = 0;
             let span = warm.max_us.saturating_sub(warm.min_us);
             let draw = if span == 0 {
                 0

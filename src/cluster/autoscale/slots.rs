@@ -10,6 +10,7 @@ use crate::cluster::signals::{self, CapturedSignals, SignalView};
 use crate::cluster::sim::Cluster;
 use crate::sim::Engine;
 use crate::sim::metrics::Counts;
+use crate::sim::metrics::RequestRecord;
 use crate::sim::request::RequestSpec;
 
 /// The autoscaled cluster's slot state.
@@ -85,6 +86,15 @@ impl Cluster {
             }
         }
         true
+    }
+
+    /// Hands instance `index`'s finished requests since the last call to `visit` and drops
+    /// them (`Engine::drain_records`), after the cluster has counted them out of flight: an
+    /// autoscaled run folds each record into its outcome once, so the engines keep none.
+    pub fn drain_records(&mut self, index: usize, visit: impl FnMut(&RequestRecord)) {
+        self.collect_finished(index);
+        self.engines[index].drain_records(visit);
+        self.records_seen[index] = 0;
     }
 
     /// Admission, routing over the routable instances only, and dispatch of one arrival.
