@@ -21,7 +21,7 @@ pub enum Command {
     /// Simulate one vLLM instance offline and print a JSON summary on stdout.
     Run(Box<RunArgs>),
     /// Serve the twin's gRPC API (and /metrics, /healthz, /readyz) until SIGTERM/SIGINT.
-    Serve(Box<crate::cli::serve::ServeArgs>),
+    Serve(Box<crate::cli::serve_args::ServeArgs>),
     /// Ask a running `ditto serve` where to route a request and print a table.
     Predict(Box<crate::cli::predict::PredictArgs>),
     /// Measure every performance case (offline runs, what-if latency, memory) and print them.

@@ -11,7 +11,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::error::ServeCommandError;
-use super::serve::{ServeArgs, options};
+use super::serve_args::ServeArgs;
+use super::serve_options::options;
 use crate::twin::store::MirrorStore;
 
 /// Exit code of a config that would not serve (the CLI's bad-input code).

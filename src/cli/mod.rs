@@ -24,9 +24,14 @@ pub mod predictor_args;
 pub mod progress;
 pub mod report;
 pub mod run;
+pub mod run_config;
+pub mod run_output;
+pub mod run_source;
 pub mod security;
 pub mod serve;
+pub mod serve_args;
 pub mod serve_live;
+pub mod serve_options;
 pub mod validate;
 
 pub use args::{Cli, Command, RunArgs};
