@@ -366,7 +366,7 @@ fn whatif_cases(
         let replications = (defaults.forks_per_call / entries)
             .clamp(2, defaults.replications as usize)
             .min(defaults.replications as usize);
-        let mut http = crate::server::predictor::loadgen::http_bulk_latencies(entries, calls)
+        let mut http = crate::server::loadgen::predictor::http_bulk_latencies(entries, calls)
             .map_err(|err| CliError::flag("bench", err.to_string()))?;
         let _ = writeln!(
             out,

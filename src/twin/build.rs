@@ -17,8 +17,7 @@ use super::snapshot::{InstanceState, ObservedRequest};
 /// [`QUESTION_REQUEST_ID`].
 pub const MIRRORED_ID_BASE: u64 = 1 << 40;
 
-/// The engine id of the request a routing question is about.
-pub const QUESTION_REQUEST_ID: u64 = 0;
+pub use super::question::QUESTION_REQUEST_ID;
 
 /// Bits of a mirrored request's id that number it within its instance: each instance has
 /// `1 << MIRRORED_ID_BITS` ids.

@@ -120,7 +120,7 @@ impl Baseline {
     ) -> (f64, u64) {
         let (mut sum, mut count) = (0i128, 0u64);
         for (id, end_us) in ends {
-            if id.0 == super::build::QUESTION_REQUEST_ID {
+            if id.0 == super::question::QUESTION_REQUEST_ID {
                 continue;
             }
             if let Some(end) = self.end_by(id.0, to_us) {

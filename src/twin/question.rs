@@ -7,6 +7,9 @@ use std::sync::Arc;
 use crate::sim::SloClass;
 use crate::workload::LengthDist;
 
+/// The engine id of the request a routing question is about, in every fork that asks it.
+pub const QUESTION_REQUEST_ID: u64 = 0;
+
 /// Expected output length of a request whose length is not known.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OutputLength {

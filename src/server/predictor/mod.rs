@@ -29,7 +29,6 @@ pub mod calibration_file;
 pub mod compat;
 pub mod grpc;
 pub mod handlers;
-pub mod loadgen;
 pub mod schema;
 pub mod training;
 

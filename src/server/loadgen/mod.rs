@@ -1,18 +1,21 @@
 //! Measuring the twin through its real gRPC server on loopback, for `ditto bench`: start a
 //! server on free local ports, sync a snapshot's config and state, then time routing
-//! questions one after another from a tonic client.
+//! questions one after another from a tonic client. `predictor.rs` does the same for the
+//! latency predictor's HTTP API.
 
 use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::convert::config::cluster_to_proto;
-use super::convert::question::routing_to_proto;
-use super::convert::state::request_to_proto;
-use super::error::ServeError;
-use super::proto;
-use super::proto::twin_client::TwinClient;
-use super::run::{ServerOptions, start};
+pub mod predictor;
+
+use crate::server::convert::config::cluster_to_proto;
+use crate::server::convert::question::routing_to_proto;
+use crate::server::convert::state::request_to_proto;
+use crate::server::error::ServeError;
+use crate::server::proto;
+use crate::server::proto::twin_client::TwinClient;
+use crate::server::run::{ServerOptions, start};
 use crate::twin::question::RoutingQuestion;
 use crate::twin::snapshot::MirrorSnapshot;
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::LoadgenError;
 use crate::cluster::spec::default_cluster;
-use crate::server::loadgen::LoadgenError;
 use crate::server::run::{InitialConfig, ServerOptions, start};
 use crate::twin::snapshot::TwinSettings;
 
