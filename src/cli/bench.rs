@@ -310,43 +310,66 @@ fn whatif_cases(
         {
             continue;
         }
-        let mut question = whatif_question(replications);
-        let mut latencies = Vec::with_capacity(calls as usize);
-        let mut current = snapshot.clone();
-        if asking == Asking::AfterPush {
-            // Warm the memo first, as the questions before the push did.
-            predict_routing(&current, &question, &Limits::DEFAULT)
-                .map_err(|err| CliError::flag("bench", err.to_string()))?;
-        }
-        for call in 0..calls {
-            let fresh;
-            let target: &MirrorSnapshot = match asking {
-                Asking::Repeated => {
-                    question.now_us = whatif_now_us(call);
-                    snapshot
-                }
-                Asking::AfterPush => {
-                    question.now_us = whatif_now_us(call);
-                    let mut next = current.clone();
-                    let pushed = call as usize % next.instances.len();
-                    next.instances[pushed] = Arc::new((*current.instances[pushed]).clone());
-                    next.generation += 1;
-                    next.inherit_memo(&current);
-                    current = next;
-                    &current
-                }
-                Asking::First => {
-                    fresh = snapshot.clone();
-                    &fresh
-                }
-            };
-            let started = Instant::now();
-            predict_routing(target, &question, &Limits::DEFAULT)
-                .map_err(|err| CliError::flag("bench", err.to_string()))?;
-            latencies.push(started.elapsed());
-        }
+        let mut latencies = asked_latencies(snapshot, replications, asking, calls)?;
         let _ = writeln!(out, "{}", latency_row(label, &mut latencies));
     }
+    loopback_cases(out, args, calls, known)
+}
+
+/// The latencies of `calls` routing questions of `replications` on `snapshot`, asked as
+/// `asking` says.
+fn asked_latencies(
+    snapshot: &MirrorSnapshot,
+    replications: u32,
+    asking: Asking,
+    calls: u32,
+) -> Result<Vec<Duration>, CliError> {
+    let mut question = whatif_question(replications);
+    let mut latencies = Vec::with_capacity(calls as usize);
+    let mut current = snapshot.clone();
+    if asking == Asking::AfterPush {
+        // Warm the memo first, as the questions before the push did.
+        predict_routing(&current, &question, &Limits::DEFAULT)
+            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+    }
+    for call in 0..calls {
+        let fresh;
+        let target: &MirrorSnapshot = match asking {
+            Asking::Repeated => {
+                question.now_us = whatif_now_us(call);
+                snapshot
+            }
+            Asking::AfterPush => {
+                question.now_us = whatif_now_us(call);
+                let mut next = current.clone();
+                let pushed = call as usize % next.instances.len();
+                next.instances[pushed] = Arc::new((*current.instances[pushed]).clone());
+                next.generation += 1;
+                next.inherit_memo(&current);
+                current = next;
+                &current
+            }
+            Asking::First => {
+                fresh = snapshot.clone();
+                &fresh
+            }
+        };
+        let started = Instant::now();
+        predict_routing(target, &question, &Limits::DEFAULT)
+            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        latencies.push(started.elapsed());
+    }
+    Ok(latencies)
+}
+
+/// The what-if cases through the real servers on loopback: the Twin service over gRPC and
+/// the latency predictor's HTTP API.
+fn loopback_cases(
+    out: &mut String,
+    args: &BenchArgs,
+    calls: u32,
+    known: &MirrorSnapshot,
+) -> Result<(), CliError> {
     if args.runs("grpc") {
         let mut grpc = grpc_whatif_latencies(known, &whatif_question(1), calls, whatif_now_us)
             .map_err(|err| CliError::flag("bench", err.to_string()))?;

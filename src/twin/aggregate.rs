@@ -228,53 +228,8 @@ pub fn instance_from_aggregates(
         .min(engine.max_num_seqs.max(1));
     let kv = aggregates.kv_cache_percentage.clamp(0.0, 1.0);
     let resident_blocks = ((kv * total_blocks as f64).round() as u64).min(total_blocks);
-    let mut running = Vec::with_capacity(running_count as usize);
-    if running_count > 0 {
-        let per_request_tokens = if resident_blocks > 0 {
-            resident_blocks * block / u64::from(running_count)
-        } else {
-            aggregates.decode_tokens_in_flight / u64::from(running_count)
-        };
-        // Leave room to decode: a context at most half the model length.
-        let context = per_request_tokens.clamp(1, max_len / 2) as u32;
-        for index in 0..running_count {
-            let id = format!("running-{index}");
-            running.push(if prefill_pod {
-                // A prefill pod's running requests are prompts half computed (chunked
-                // prefill), each ending at its first token.
-                let mut request = synthetic_request(id, context, context.div_ceil(2), 0, max_len);
-                request.max_tokens = 1;
-                request
-            } else {
-                synthetic_request(id, context, context, 1, max_len)
-            });
-        }
-    }
-    let waiting_prompt =
-        if aggregates.num_request_waiting > 0 && aggregates.prefill_tokens_in_flight > 0 {
-            aggregates.prefill_tokens_in_flight / u64::from(aggregates.num_request_waiting)
-        } else {
-            u64::from(aggregates.input_token_length)
-        }
-        .clamp(1, max_len / 2) as u32;
-    let decode_pod = aggregates.pod_type == PodType::Decode;
-    let waiting: Vec<ObservedRequest> = (0..aggregates.num_request_waiting)
-        .map(|index| {
-            let mut request =
-                synthetic_request(format!("waiting-{index}"), waiting_prompt, 0, 0, max_len);
-            if prefill_pod {
-                request.max_tokens = 1;
-            }
-            if decode_pod {
-                // Its KV is pulled from a prefill pod too: keyed blocks, cached below.
-                let base = WAITING_KEY_BASE + (u64::from(index) << 32);
-                request.block_hashes = (0..u64::from(waiting_prompt) / block)
-                    .map(|i| base + i)
-                    .collect();
-            }
-            request
-        })
-        .collect();
+    let running = synthetic_running(aggregates, running_count, resident_blocks * block, max_len);
+    let waiting = synthetic_waiting(aggregates, block, max_len);
     let prompt_tokens = aggregates.input_token_length.max(1);
     // A prompt longer than the pod holds is refused before simulation: no more keys.
     let full_blocks = u64::from(prompt_tokens).min(max_len) / block;
@@ -333,6 +288,72 @@ pub fn instance_from_aggregates(
         slo: SloTargets::default(),
     };
     (state, request)
+}
+
+/// A pod's running requests from its aggregates: each a share of the resident KV (or of
+/// the decode tokens in flight), at most half the model length; a prefill pod's are prompts
+/// half computed, each ending at its first token.
+fn synthetic_running(
+    aggregates: &PodAggregates,
+    running_count: u32,
+    resident_tokens: u64,
+    max_len: u64,
+) -> Vec<ObservedRequest> {
+    let prefill_pod = aggregates.pod_type == PodType::Prefill;
+    let mut running = Vec::with_capacity(running_count as usize);
+    if running_count > 0 {
+        let per_request_tokens = if resident_tokens > 0 {
+            resident_tokens / u64::from(running_count)
+        } else {
+            aggregates.decode_tokens_in_flight / u64::from(running_count)
+        };
+        // Leave room to decode: a context at most half the model length.
+        let context = per_request_tokens.clamp(1, max_len / 2) as u32;
+        for index in 0..running_count {
+            let id = format!("running-{index}");
+            running.push(if prefill_pod {
+                // A prefill pod's running requests are prompts half computed (chunked
+                // prefill), each ending at its first token.
+                let mut request = synthetic_request(id, context, context.div_ceil(2), 0, max_len);
+                request.max_tokens = 1;
+                request
+            } else {
+                synthetic_request(id, context, context, 1, max_len)
+            });
+        }
+    }
+    running
+}
+
+/// A pod's waiting requests from its aggregates: an equal share of the prefill tokens in
+/// flight each (or the new prompt's length); a decode pod's with pulled, keyed blocks.
+fn synthetic_waiting(aggregates: &PodAggregates, block: u64, max_len: u64) -> Vec<ObservedRequest> {
+    let prefill_pod = aggregates.pod_type == PodType::Prefill;
+    let waiting_prompt =
+        if aggregates.num_request_waiting > 0 && aggregates.prefill_tokens_in_flight > 0 {
+            aggregates.prefill_tokens_in_flight / u64::from(aggregates.num_request_waiting)
+        } else {
+            u64::from(aggregates.input_token_length)
+        }
+        .clamp(1, max_len / 2) as u32;
+    let decode_pod = aggregates.pod_type == PodType::Decode;
+    (0..aggregates.num_request_waiting)
+        .map(|index| {
+            let mut request =
+                synthetic_request(format!("waiting-{index}"), waiting_prompt, 0, 0, max_len);
+            if prefill_pod {
+                request.max_tokens = 1;
+            }
+            if decode_pod {
+                // Its KV is pulled from a prefill pod too: keyed blocks, cached below.
+                let base = WAITING_KEY_BASE + (u64::from(index) << 32);
+                request.block_hashes = (0..u64::from(waiting_prompt) / block)
+                    .map(|i| base + i)
+                    .collect();
+            }
+            request
+        })
+        .collect()
 }
 
 fn synthetic_request(
@@ -409,21 +430,7 @@ pub fn predict_on_mirrored(
         .get(index)
         .ok_or_else(|| TwinError::invalid("instance", format!("no instance at {index}")))?;
     let state = &snapshot.instances[index];
-    if state.observed_at_us > now_us {
-        return Err(TwinError::invalid(
-            "now_us",
-            format!(
-                "{now_us} precedes the observation at {}",
-                state.observed_at_us
-            ),
-        ));
-    }
-    if options.replications == 0 || options.replications > limits.max_replications {
-        return Err(TwinError::invalid(
-            "replications",
-            format!("must be in 1..={}", limits.max_replications),
-        ));
-    }
+    check_asked(state, now_us, options, limits)?;
     let output = match request.output {
         OutputLength::Point(tokens) => tokens.max(1),
         OutputLength::Histogram(_) => options.output_tokens.max(1),
@@ -472,20 +479,13 @@ pub fn predict_on_mirrored(
             .map_err(|err| TwinError::invalid("request", err.to_string()))?;
         let run = run_fork(&mut engine, spec.id, horizon_end, &budget)?;
         events += run.events;
-        let ms = |us: u64| us as f64 / 1000.0;
         let record = engine.watched_record().or(run.question.as_ref());
         match record {
-            Some(record) if record.outcome == Outcome::Completed => {
-                ttft.push(record.ttft_us().map_or(0.0, ms));
-                tpot.push(record.tpot_us().unwrap_or(0.0) / 1000.0);
-            }
             Some(record) if record.outcome == Outcome::Dropped => dropped += 1,
             _ => {
-                // Not finished within the horizon: censored there.
-                let censored = ms(super::fork::elapsed_us(now_us, horizon_end));
-                let first = engine.watched_first_token_us();
-                ttft.push(first.map_or(censored, |t| ms(super::fork::elapsed_us(now_us, t))));
-                tpot.push(censored);
+                let (first, per_token) = latencies_ms(&engine, record, now_us, horizon_end);
+                ttft.push(first);
+                tpot.push(per_token);
             }
         }
     }
@@ -499,6 +499,58 @@ pub fn predict_on_mirrored(
         valid: dropped == 0,
         events,
     })
+}
+
+/// Checks a question on a pod's state: asked at or after its observation, within the
+/// replication limit.
+fn check_asked(
+    state: &InstanceState,
+    now_us: u64,
+    options: &AggregateOptions,
+    limits: &Limits,
+) -> Result<(), TwinError> {
+    if state.observed_at_us > now_us {
+        return Err(TwinError::invalid(
+            "now_us",
+            format!(
+                "{now_us} precedes the observation at {}",
+                state.observed_at_us
+            ),
+        ));
+    }
+    if options.replications == 0 || options.replications > limits.max_replications {
+        return Err(TwinError::invalid(
+            "replications",
+            format!("must be in 1..={}", limits.max_replications),
+        ));
+    }
+    Ok(())
+}
+
+/// The question's TTFT and TPOT (ms) in one replication: measured when it completed,
+/// censored at the horizon when it had not finished by then.
+fn latencies_ms(
+    engine: &crate::sim::Engine,
+    record: Option<&crate::sim::RequestRecord>,
+    now_us: u64,
+    horizon_end: u64,
+) -> (f64, f64) {
+    let ms = |us: u64| us as f64 / 1000.0;
+    match record {
+        Some(record) if record.outcome == Outcome::Completed => (
+            record.ttft_us().map_or(0.0, ms),
+            record.tpot_us().unwrap_or(0.0) / 1000.0,
+        ),
+        _ => {
+            // Not finished within the horizon: censored there.
+            let censored = ms(super::fork::elapsed_us(now_us, horizon_end));
+            let first = engine.watched_first_token_us();
+            (
+                first.map_or(censored, |t| ms(super::fork::elapsed_us(now_us, t))),
+                censored,
+            )
+        }
+    }
 }
 
 fn estimate(distribution: &super::question::Distribution, objective: Objective) -> Estimate {

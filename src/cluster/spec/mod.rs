@@ -28,7 +28,7 @@ pub use policies::{
 
 use super::config::{AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy};
 use crate::catalog;
-use crate::sim::latency::{BlackboxCoefficients, LatencyKind, LatencyModel};
+use crate::sim::latency::{BlackboxCoefficients, GpuSpec, LatencyKind, LatencyModel, ModelArch};
 use crate::sim::{EngineConfig, SchedulingPolicy, capacity};
 
 /// The embedded default cluster's YAML.
@@ -407,7 +407,33 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
             "must be a non-negative number",
         ));
     }
-    let arch = match &pool.model_config_json {
+    let arch = pool_arch(pool, path)?;
+    let gpu =
+        catalog::gpu(&pool.gpu).map_err(|err| invalid(format!("{path}.gpu"), err.to_string()))?;
+    let latency = pool_latency(pool, path, &arch, &gpu)?;
+    let engine = resolve_engine(
+        &pool.engine,
+        &arch,
+        &gpu,
+        pool.tp,
+        &format!("{path}.engine"),
+    )?;
+    Ok(InstanceConfig {
+        id: pool.name.clone(),
+        model: arch.name.clone(),
+        model_config_json: pool.model_config_json.as_deref().map(std::sync::Arc::from),
+        gpu: gpu.name.clone(),
+        tp: pool.tp,
+        role: InstanceRole::Both,
+        engine,
+        latency,
+        cost_per_hour: pool.cost_per_hour,
+    })
+}
+
+/// The model of `pool`: its own config.json, else the catalog's.
+fn pool_arch(pool: &PoolSpec, path: &str) -> Result<ModelArch, ClusterSpecError> {
+    Ok(match &pool.model_config_json {
         Some(json) => catalog::parse_model_config(&pool.model, json).map_err(|err| {
             let field = if pool.model_config.is_some() {
                 "model_config"
@@ -421,9 +447,17 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
         })?,
         None => catalog::model(&pool.model)
             .map_err(|err| invalid(format!("{path}.model"), err.to_string()))?,
-    };
-    let gpu =
-        catalog::gpu(&pool.gpu).map_err(|err| invalid(format!("{path}.gpu"), err.to_string()))?;
+    })
+}
+
+/// The latency model of `pool`: its `latency_model` with the catalog's coefficients, or its
+/// own (`coefficients` for blackbox, `calibrated_coefficients` for calibrated).
+fn pool_latency(
+    pool: &PoolSpec,
+    path: &str,
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+) -> Result<LatencyModel, ClusterSpecError> {
     let kind = LatencyKind::parse(&pool.latency_model).ok_or_else(|| {
         invalid(
             format!("{path}.latency_model"),
@@ -433,7 +467,7 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
             ),
         )
     })?;
-    let latency = match (&pool.coefficients, &pool.calibrated_coefficients) {
+    Ok(match (&pool.coefficients, &pool.calibrated_coefficients) {
         (Some(_), Some(_)) => {
             return Err(invalid(
                 format!("{path}.calibrated_coefficients"),
@@ -453,7 +487,7 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
                 }
                 other => invalid(format!("{path}.calibrated_coefficients"), other.to_string()),
             })?;
-            catalog::calibrated_model(&arch, &gpu, pool.tp, coefficients).map_err(|err| {
+            catalog::calibrated_model(arch, gpu, pool.tp, coefficients).map_err(|err| {
                 invalid(format!("{path}.calibrated_coefficients"), err.to_string())
             })?
         }
@@ -469,26 +503,8 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
                     .map_err(|err| invalid(format!("{path}.coefficients"), err.to_string()))?,
             )
         }
-        (None, None) => catalog::latency_model(kind, &arch, &gpu, pool.tp)
+        (None, None) => catalog::latency_model(kind, arch, gpu, pool.tp)
             .map_err(|err| invalid(format!("{path}.latency_model"), err.to_string()))?,
-    };
-    let engine = resolve_engine(
-        &pool.engine,
-        &arch,
-        &gpu,
-        pool.tp,
-        &format!("{path}.engine"),
-    )?;
-    Ok(InstanceConfig {
-        id: pool.name.clone(),
-        model: arch.name.clone(),
-        model_config_json: pool.model_config_json.as_deref().map(std::sync::Arc::from),
-        gpu: gpu.name.clone(),
-        tp: pool.tp,
-        role: InstanceRole::Both,
-        engine,
-        latency,
-        cost_per_hour: pool.cost_per_hour,
     })
 }
 

@@ -189,6 +189,27 @@ pub fn parse(
             "the forecast needs an objective: set ttftMs or tpotMs above 0",
         ));
     }
+    let horizon_s = horizon(metadata)?;
+    let target_attainment = number(metadata, "targetAttainment", Some(0.95))?.unwrap_or(0.95);
+    if !(target_attainment > 0.0 && target_attainment <= 1.0) {
+        return Err(invalid("targetAttainment", "must be in (0, 1]"));
+    }
+    let replications = replications(metadata, max_replications)?;
+    let metric = metric(metadata)?;
+    Ok(ScalerQuery {
+        pool: pool.to_owned(),
+        namespace,
+        slo,
+        horizon_s,
+        target_attainment,
+        replications,
+        metric,
+    })
+}
+
+/// `horizonSeconds`, checked against `warmUpSeconds` (a replica asked for now serves only
+/// after its warm-up).
+fn horizon(metadata: &HashMap<String, String>) -> Result<f64, TwinError> {
     let warm_up =
         number(metadata, "warmUpSeconds", Some(DEFAULT_WARM_UP_S))?.unwrap_or(DEFAULT_WARM_UP_S);
     if !(0.0..=HORIZON_MAX_S).contains(&warm_up) {
@@ -218,11 +239,15 @@ pub fn parse(
             ),
         ));
     }
-    let target_attainment = number(metadata, "targetAttainment", Some(0.95))?.unwrap_or(0.95);
-    if !(target_attainment > 0.0 && target_attainment <= 1.0) {
-        return Err(invalid("targetAttainment", "must be in (0, 1]"));
-    }
-    let replications = match metadata.get("replications") {
+    Ok(horizon_s)
+}
+
+/// `replications`: 2 (within the server's limit) when absent.
+fn replications(
+    metadata: &HashMap<String, String>,
+    max_replications: u32,
+) -> Result<u32, TwinError> {
+    Ok(match metadata.get("replications") {
         None => 2.min(max_replications.max(1)),
         Some(text) => match text.trim().parse::<u32>() {
             Ok(n) if (1..=max_replications).contains(&n) => n,
@@ -233,8 +258,12 @@ pub fn parse(
                 ));
             }
         },
-    };
-    let metric = match metadata.get("metric").map(|m| m.trim()) {
+    })
+}
+
+/// `metric`: the desired replicas (default) or an arrival rate per replica.
+fn metric(metadata: &HashMap<String, String>) -> Result<MetricKind, TwinError> {
+    Ok(match metadata.get("metric").map(|m| m.trim()) {
         None | Some("") | Some("desiredReplicas") => MetricKind::DesiredReplicas,
         Some("arrivalRate") => {
             let per_replica = number(metadata, "arrivalRatePerReplica", None)?.ok_or_else(|| {
@@ -254,15 +283,6 @@ pub fn parse(
                 format!("{other:?}: expected desiredReplicas or arrivalRate"),
             ));
         }
-    };
-    Ok(ScalerQuery {
-        pool: pool.to_owned(),
-        namespace,
-        slo,
-        horizon_s,
-        target_attainment,
-        replications,
-        metric,
     })
 }
 

@@ -117,6 +117,39 @@ fn validate(
     question: &ForecastQuestion,
     limits: &Limits,
 ) -> Result<Vec<usize>, TwinError> {
+    validate_stages(question, limits)?;
+    question
+        .input_tokens
+        .compile("input_tokens")
+        .map_err(|err| TwinError::invalid("input_tokens", err.to_string()))?;
+    question
+        .output_tokens
+        .compile("output_tokens")
+        .map_err(|err| TwinError::invalid("output_tokens", err.to_string()))?;
+    if question.replications == 0 {
+        return Err(TwinError::invalid("replications", "must be at least 1"));
+    }
+    if question.replications > limits.max_replications {
+        return Err(TwinError::OverLimit(format!(
+            "{} replications exceed the limit of {}",
+            question.replications, limits.max_replications
+        )));
+    }
+    if !(question.target_attainment > 0.0 && question.target_attainment <= 1.0) {
+        return Err(TwinError::invalid("target_attainment", "must be in (0, 1]"));
+    }
+    if !(question.max_cost_per_hour.is_finite() && question.max_cost_per_hour >= 0.0) {
+        return Err(TwinError::invalid(
+            "max_cost_per_hour",
+            "must be a non-negative number",
+        ));
+    }
+    validate_quantiles(&question.quantiles, "quantiles")?;
+    variant_templates(snapshot, question)
+}
+
+/// Checks the stages (rates, durations) and that the work they ask for is within `limits`.
+fn validate_stages(question: &ForecastQuestion, limits: &Limits) -> Result<(), TwinError> {
     if question.stages.is_empty() {
         return Err(TwinError::invalid("stages", "needs at least one stage"));
     }
@@ -152,33 +185,15 @@ fn validate(
             "about {expected_arrivals:.0} arrivals per replication is too much work for one call"
         )));
     }
-    question
-        .input_tokens
-        .compile("input_tokens")
-        .map_err(|err| TwinError::invalid("input_tokens", err.to_string()))?;
-    question
-        .output_tokens
-        .compile("output_tokens")
-        .map_err(|err| TwinError::invalid("output_tokens", err.to_string()))?;
-    if question.replications == 0 {
-        return Err(TwinError::invalid("replications", "must be at least 1"));
-    }
-    if question.replications > limits.max_replications {
-        return Err(TwinError::OverLimit(format!(
-            "{} replications exceed the limit of {}",
-            question.replications, limits.max_replications
-        )));
-    }
-    if !(question.target_attainment > 0.0 && question.target_attainment <= 1.0) {
-        return Err(TwinError::invalid("target_attainment", "must be in (0, 1]"));
-    }
-    if !(question.max_cost_per_hour.is_finite() && question.max_cost_per_hour >= 0.0) {
-        return Err(TwinError::invalid(
-            "max_cost_per_hour",
-            "must be a non-negative number",
-        ));
-    }
-    validate_quantiles(&question.quantiles, "quantiles")?;
+    Ok(())
+}
+
+/// The template instance index of each variant: known, distinct, configured differently,
+/// with replica counts in range.
+fn variant_templates(
+    snapshot: &MirrorSnapshot,
+    question: &ForecastQuestion,
+) -> Result<Vec<usize>, TwinError> {
     if question.variants.is_empty() {
         return Err(TwinError::invalid("variants", "needs at least one variant"));
     }

@@ -7,7 +7,7 @@ use crate::sim::driver::{self, Supervisor};
 use crate::sim::engine::RestoreState;
 use crate::sim::metrics::{LatencyStats, Outcome, RequestRecord, percentile_of_counts};
 use crate::sim::{Engine, RequestSpec};
-use crate::workload::{ArrivalProcess, Stage, WorkloadSpec};
+use crate::workload::{ArrivalProcess, LengthDraw, Stage, WorkloadSpec};
 
 use crate::twin::build::{MIRRORED_ID_BASE, restore_instance};
 use crate::twin::error::TwinError;
@@ -100,18 +100,13 @@ fn run_replication(
             config.engine.kv_sample_interval_us = 0;
             let engine = match existing.get(k) {
                 Some(&index) => {
-                    let mut rng = stream(
-                        question.seed,
-                        replication,
-                        &format!("twin/forecast/outputs/{index}"),
-                    );
-                    let mut engine = restore_instance(
+                    let mut engine = restored(
+                        snapshot,
                         &config,
-                        &snapshot.instances[index],
                         index,
                         &outputs,
-                        &mut rng,
-                        &format!("instances[{index}]"),
+                        question.seed,
+                        replication,
                     )?;
                     // Roll forward to `now` within the call's budget and deadline.
                     run_until_done(&mut engine, now, budget)?;
@@ -134,18 +129,13 @@ fn run_replication(
             engines.push(engine);
         }
         for &index in existing.iter().skip(count as usize) {
-            let mut rng = stream(
-                question.seed,
-                replication,
-                &format!("twin/forecast/outputs/{index}"),
-            );
-            let engine = restore_instance(
+            let engine = restored(
+                snapshot,
                 template_config,
-                &snapshot.instances[index],
                 index,
                 &outputs,
-                &mut rng,
-                &format!("instances[{index}]"),
+                question.seed,
+                replication,
             )?;
             let observed = engine.observe();
             for request in observed.running.into_iter().chain(observed.waiting) {
@@ -171,6 +161,27 @@ fn run_replication(
     }));
     run_cluster(&mut cluster, arrivals, budget)?;
     Ok(measure(&cluster, &question.slo, now))
+}
+
+/// Mirrored instance `index` restored as `config` says, its unknown output lengths drawn
+/// from the replication's stream for that instance.
+fn restored(
+    snapshot: &MirrorSnapshot,
+    config: &InstanceConfig,
+    index: usize,
+    outputs: &LengthDraw,
+    seed: u64,
+    replication: u32,
+) -> Result<Engine, TwinError> {
+    let mut rng = stream(seed, replication, &format!("twin/forecast/outputs/{index}"));
+    restore_instance(
+        config,
+        &snapshot.instances[index],
+        index,
+        outputs,
+        &mut rng,
+        &format!("instances[{index}]"),
+    )
 }
 
 fn forecast_workload(

@@ -281,7 +281,8 @@ fn normalize_request(
     check_request(request, config, path, waiting)
 }
 
-/// Checks one (normalised) request against the instance's limits.
+/// Checks one (normalised) request against the instance's limits; errors name the field
+/// under `path`.
 fn check_request(
     request: &ObservedRequest,
     config: &InstanceConfig,
@@ -289,12 +290,26 @@ fn check_request(
     waiting: bool,
 ) -> Result<(), TwinError> {
     let engine = &config.engine;
-    let bad = |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
+    check_token_counts(request, engine.effective_max_model_len(), waiting)
+        .and_then(|()| check_prompt_keys(request, engine.block_size))
+        .map_err(|(field, reason)| TwinError::invalid(format!("{path}.{field}"), reason))
+}
+
+/// A field of a request and why its value is refused.
+type FieldError = (&'static str, String);
+
+/// The request's token counts: within `usable` (the usable max_model_len), consistent with
+/// one another, none computed while waiting.
+fn check_token_counts(
+    request: &ObservedRequest,
+    usable: u32,
+    waiting: bool,
+) -> Result<(), FieldError> {
     let prompt = u64::from(request.prompt_tokens);
     let output = u64::from(request.output_tokens);
-    let usable = u64::from(engine.effective_max_model_len());
+    let usable = u64::from(usable);
     if request.max_tokens == 0 || prompt + u64::from(request.max_tokens) > usable {
-        return Err(bad(
+        return Err((
             "max_tokens",
             format!(
                 "prompt_tokens {prompt} + max_tokens {} must be at most the instance's usable \
@@ -304,7 +319,7 @@ fn check_request(
         ));
     }
     if request.output_tokens >= request.max_tokens {
-        return Err(bad(
+        return Err((
             "output_tokens",
             format!(
                 "{output} must be below max_tokens {} (a request reaching it has finished)",
@@ -315,7 +330,7 @@ fn check_request(
     let computed = u64::from(request.computed_tokens);
     let scheduled = u64::from(request.scheduled_tokens);
     if computed >= prompt + output {
-        return Err(bad(
+        return Err((
             "computed_tokens",
             format!(
                 "{computed} must be below prompt_tokens + output_tokens = {}",
@@ -324,7 +339,7 @@ fn check_request(
         ));
     }
     if computed + scheduled > prompt + output {
-        return Err(bad(
+        return Err((
             "scheduled_tokens",
             format!(
                 "computed {computed} + scheduled {scheduled} exceed prompt_tokens + \
@@ -334,7 +349,7 @@ fn check_request(
         ));
     }
     if waiting && (computed > 0 || scheduled > 0) {
-        return Err(bad(
+        return Err((
             if computed > 0 {
                 "computed_tokens"
             } else {
@@ -344,7 +359,7 @@ fn check_request(
         ));
     }
     if u64::from(request.cached_tokens) > prompt {
-        return Err(bad(
+        return Err((
             "cached_tokens",
             format!("{} exceeds prompt_tokens {prompt}", request.cached_tokens),
         ));
@@ -352,7 +367,7 @@ fn check_request(
     if let Some(known) = request.known_output_tokens
         && (known <= request.output_tokens || known > request.max_tokens)
     {
-        return Err(bad(
+        return Err((
             "known_output_tokens",
             format!(
                 "{known} must be in {}..={} (above the tokens already generated, at most \
@@ -362,15 +377,22 @@ fn check_request(
             ),
         ));
     }
-    let full_blocks = request.prompt_tokens / engine.block_size;
+    Ok(())
+}
+
+/// The prompt's block keys (distinct, no more than its full blocks of `block_size`) and
+/// token ids (one per prompt token).
+fn check_prompt_keys(request: &ObservedRequest, block_size: u32) -> Result<(), FieldError> {
+    let prompt = u64::from(request.prompt_tokens);
+    let full_blocks = request.prompt_tokens / block_size;
     if let Some(duplicate) = first_duplicate(&request.block_hashes) {
-        return Err(bad(
+        return Err((
             "block_hashes",
             format!("hash {duplicate} appears twice (a prompt's block keys are a hash chain)"),
         ));
     }
     if request.block_hashes.len() > full_blocks as usize {
-        return Err(bad(
+        return Err((
             "block_hashes",
             format!(
                 "{} hashes for a prompt of {full_blocks} full blocks",
@@ -381,7 +403,7 @@ fn check_request(
     if let Some(ids) = &request.token_ids
         && ids.len() as u64 != prompt
     {
-        return Err(bad(
+        return Err((
             "token_ids",
             format!("{} token ids for prompt_tokens {prompt}", ids.len()),
         ));
