@@ -15,21 +15,17 @@
 //! a write from any other address gets PERMISSION_DENIED (gRPC) or 403 (HTTP) naming the
 //! ways out, unless `--allow-remote-writes` opts in to today's open behaviour.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::HeaderMap;
 use prometheus::IntCounterVec;
 use thiserror::Error;
 use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
-use tower_service::Service;
+
+use super::gate::Gate;
 
 /// Environment variable holding the path of the token file.
 pub const TOKEN_FILE_ENV: &str = "DITTO_AUTH_TOKEN_FILE";
@@ -88,19 +84,19 @@ impl BearerToken {
     /// bytes.
     pub fn new(text: &str, source_name: &'static str) -> Result<Self, AuthError> {
         let token = text.trim();
-        let bad = |reason: String| AuthError::Bad {
+        let token_error = |reason: String| AuthError::Bad {
             source_name,
             reason,
         };
         if !(TOKEN_BYTES_MIN..=TOKEN_BYTES_MAX).contains(&token.len()) {
-            return Err(bad(format!(
+            return Err(token_error(format!(
                 "the token has {} bytes; it needs {TOKEN_BYTES_MIN} to {TOKEN_BYTES_MAX}",
                 token.len()
             )));
         }
         if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(bad(
-                "the token must be printable ASCII without spaces".to_owned()
+            return Err(token_error(
+                "the token must be printable ASCII without spaces".to_owned(),
             ));
         }
         Ok(Self(Arc::from(token.as_bytes())))
@@ -257,49 +253,27 @@ pub fn is_write_path(path: &str) -> bool {
         .is_some_and(|method| WRITE_METHODS.contains(&method))
 }
 
-/// The authentication gate around the Twin service: refuses calls the policy does not allow
-/// with UNAUTHENTICATED (counted in `rejections` by method) before they reach it. On the way
-/// out it also gives an oversized request message RESOURCE_EXHAUSTED (see `codec`).
+/// The authentication gate in front of the gRPC services (`server::gate`): refuses calls
+/// the policy does not allow with UNAUTHENTICATED (counted in `rejections` by method) before
+/// they reach the service. On the way out it also gives an oversized request message
+/// RESOURCE_EXHAUSTED (see `codec`).
 #[derive(Clone, Debug)]
-pub struct AuthGate<S> {
-    inner: S,
+pub struct AuthGate {
     policy: Arc<AuthPolicy>,
     rejections: IntCounterVec,
 }
 
-impl<S> AuthGate<S> {
-    /// Gates `inner` by `policy`; refusals are counted in `rejections` (label: method).
-    pub fn new(inner: S, policy: Arc<AuthPolicy>, rejections: IntCounterVec) -> Self {
-        Self {
-            inner,
-            policy,
-            rejections,
-        }
+impl AuthGate {
+    /// Gates by `policy`; refusals are counted in `rejections` (label: method).
+    pub fn new(policy: Arc<AuthPolicy>, rejections: IntCounterVec) -> Self {
+        Self { policy, rejections }
     }
 }
 
-impl<S: NamedService> NamedService for AuthGate<S> {
-    const NAME: &'static str = S::NAME;
-}
+impl Gate for AuthGate {
+    type Pass = ();
 
-impl<S, B> Service<http::Request<B>> for AuthGate<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn admit<B>(&self, request: &http::Request<B>) -> Result<(), Box<Status>> {
         let path = request.uri().path();
         let peer = request
             .extensions()
@@ -309,25 +283,24 @@ where
         let verdict = self
             .policy
             .verdict(is_write_path(path), request.headers(), peer);
-        if verdict != Verdict::Allow {
-            let method = path.rsplit('/').next().unwrap_or("");
-            let method = if method.len() <= 64 { method } else { "other" };
-            self.rejections.with_label_values(&[method]).inc();
-            let status = match verdict {
-                Verdict::RemoteWrite => Status::permission_denied(REMOTE_WRITE_REFUSED),
-                _ => Status::unauthenticated(
-                    "missing or wrong bearer token (send `authorization: Bearer <token>`)",
-                ),
-            };
-            return Box::pin(std::future::ready(Ok(status.into_http())));
+        if verdict == Verdict::Allow {
+            return Ok(());
         }
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let mut response = inner.call(request).await?;
-            super::codec::message_too_large_is_resource_exhausted(&mut response);
-            Ok(response)
-        })
+        let method = path.rsplit('/').next().unwrap_or("");
+        let method = if method.len() <= 64 { method } else { "other" };
+        self.rejections.with_label_values(&[method]).inc();
+        let status = match verdict {
+            Verdict::RemoteWrite => Status::permission_denied(REMOTE_WRITE_REFUSED),
+            _ => Status::unauthenticated(
+                "missing or wrong bearer token (send `authorization: Bearer <token>`)",
+            ),
+        };
+        Err(Box::new(status))
+    }
+
+    fn respond((): (), mut response: http::Response<Body>) -> http::Response<Body> {
+        super::codec::message_too_large_is_resource_exhausted(&mut response);
+        response
     }
 }
 

@@ -21,13 +21,13 @@ use prometheus::IntCounterVec;
 use super::auth::{AuthPolicy, REMOTE_WRITE_REFUSED, Verdict};
 use super::deadline::wall_now_us;
 use super::observe::{HttpObserver, observe_http};
-use super::service::Shared;
+use super::service::ServerState;
 
 /// The probe and Prometheus routes: `/metrics` (guarded by `auth` as a read, refusals counted
 /// in `rejections`), `/healthz`, `/readyz`. Alone they are the `--metrics-addr` listener;
 /// [`router`] serves them beside the predictor API.
 pub fn probe_router(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     predictor: Arc<super::predictor::Predictor>,
     auth: Arc<AuthPolicy>,
     rejections: IntCounterVec,
@@ -54,7 +54,7 @@ pub fn probe_router(
 
 /// The observation of every HTTP request (`ditto_http_requests_total`, the predictor's
 /// RPC series) over `routes`.
-pub fn observed(routes: Router, shared: &Shared) -> Router {
+pub fn observed(routes: Router, shared: &ServerState) -> Router {
     routes.layer(axum::middleware::from_fn_with_state(
         HttpObserver {
             metrics: Arc::clone(&shared.metrics),
@@ -69,7 +69,7 @@ pub fn observed(routes: Router, shared: &Shared) -> Router {
 /// guards `/metrics` (a read) and the predictor's calls (writes from a peer other than
 /// loopback need a token or `--allow-remote-writes`), its refusals counted in `rejections`.
 pub fn router(
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     predictor: Arc<super::predictor::Predictor>,
     auth: Arc<AuthPolicy>,
     rejections: IntCounterVec,
@@ -145,7 +145,7 @@ fn unauthorized() -> Response {
         .into_response()
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+async fn metrics(State(shared): State<Arc<ServerState>>) -> Response {
     if let Some(stored) = shared.store.latest() {
         shared
             .metrics

@@ -9,8 +9,6 @@
 //! `Watch` stream must never hold the drain open. Background loops subscribe to
 //! [`Lifecycle::draining`] and stop when it turns true.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,8 +18,8 @@ use prometheus::IntGauge;
 use tokio::sync::{Notify, watch};
 use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
-use tower_service::Service;
+
+use super::gate::Gate;
 
 /// Name of the gauge of Twin calls in flight.
 pub const IN_FLIGHT_METRIC: &str = "ditto_grpc_requests_in_flight";
@@ -110,7 +108,7 @@ impl Lifecycle {
 
 /// One admitted call; dropping it ends the call's count.
 #[derive(Debug)]
-struct InFlight {
+pub struct InFlight {
     lifecycle: Arc<Lifecycle>,
 }
 
@@ -149,56 +147,33 @@ impl http_body::Body for Guarded {
     }
 }
 
-/// The drain gate around a gRPC service (the Twin): counts its calls, refuses new ones with
-/// UNAVAILABLE once draining.
+/// The drain gate in front of the gRPC services (`server::gate`): counts their calls,
+/// refuses new ones with UNAVAILABLE once draining.
 #[derive(Clone, Debug)]
-pub struct DrainGate<S> {
-    inner: S,
+pub struct DrainGate {
     lifecycle: Arc<Lifecycle>,
 }
 
-impl<S> DrainGate<S> {
-    /// Gates `inner` by `lifecycle`.
-    pub fn new(inner: S, lifecycle: Arc<Lifecycle>) -> Self {
-        Self { inner, lifecycle }
+impl DrainGate {
+    /// Gates by `lifecycle`.
+    pub fn new(lifecycle: Arc<Lifecycle>) -> Self {
+        Self { lifecycle }
     }
 }
 
-impl<S: NamedService> NamedService for DrainGate<S> {
-    const NAME: &'static str = S::NAME;
-}
+impl Gate for DrainGate {
+    type Pass = InFlight;
 
-impl<S, B> Service<http::Request<B>> for DrainGate<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let Some(call) = self.lifecycle.enter() else {
-            let status = Status::unavailable(
+    fn admit<B>(&self, _request: &http::Request<B>) -> Result<InFlight, Box<Status>> {
+        self.lifecycle.enter().ok_or_else(|| {
+            Box::new(Status::unavailable(
                 "ditto is shutting down (draining); send this call to another replica",
-            );
-            return Box::pin(std::future::ready(Ok(status.into_http())));
-        };
-        // The ready inner service serves this call; the clone is the next call's.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
-            let response = inner.call(request).await?;
-            Ok(response.map(|body| Body::new(Guarded { body, _call: call })))
+            ))
         })
+    }
+
+    fn respond(call: InFlight, response: http::Response<Body>) -> http::Response<Body> {
+        response.map(|body| Body::new(Guarded { body, _call: call }))
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::error::ServeError;
-use super::service::Shared;
+use super::service::ServerState;
 use super::tls::{self, TlsAcceptors};
 
 pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -71,7 +71,7 @@ pub(super) fn serve_main(
     routes: tonic::transport::server::Router,
     router: axum::Router,
     (grpc_limits, http_limits): (super::grpc_conn::GrpcLimits, super::http_conn::HttpLimits),
-    (shared, connections): (&Shared, super::http_conn::ConnectionMetrics),
+    (shared, connections): (&ServerState, super::http_conn::ConnectionMetrics),
     tls: Option<&TlsAcceptors>,
     stop: &watch::Receiver<bool>,
 ) -> Result<ServeTasks, ServeError> {
@@ -126,7 +126,7 @@ pub(super) fn serve_probes(
     listener: TcpListener,
     probes: axum::Router,
     (http, max_connections): (super::http_conn::HttpLimits, usize),
-    shared: &Shared,
+    shared: &ServerState,
     tls: Option<&TlsAcceptors>,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), ServeError> {

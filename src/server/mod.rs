@@ -14,6 +14,7 @@ pub mod convert;
 pub mod deadline;
 pub mod error;
 pub mod forecast_loop;
+pub mod gate;
 pub mod grpc_conn;
 pub mod http;
 pub mod http_conn;

@@ -12,8 +12,6 @@
 //! as RPCs, `http:<route>`, with the gRPC code name of their HTTP status, so a 200 is `Ok`
 //! and never an error.
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,9 +19,8 @@ use std::time::Instant;
 
 use axum::extract::MatchedPath;
 use tonic::body::Body;
-use tonic::server::NamedService;
-use tower_service::Service;
 
+use super::gate::Gate;
 use super::spans;
 use crate::telemetry::Metrics;
 
@@ -141,68 +138,68 @@ impl http_body::Body for Observed {
     }
 }
 
-/// The observation layer around the Twin service: a span per call (continuing the caller's
-/// W3C trace), its count and duration by the code its client saw, the wall time header.
+/// The observation layer in front of the gRPC services (`server::gate`): a span per call
+/// (continuing the caller's W3C trace), its count and duration by the code its client saw,
+/// the wall time header.
 #[derive(Clone, Debug)]
-pub struct ObserveGrpc<S> {
-    inner: S,
+pub struct ObserveGrpc {
     metrics: Arc<Metrics>,
 }
 
-impl<S> ObserveGrpc<S> {
-    /// Observes `inner`'s calls into `metrics`.
-    pub fn new(inner: S, metrics: Arc<Metrics>) -> Self {
-        Self { inner, metrics }
+impl ObserveGrpc {
+    /// Observes calls into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
     }
 }
 
-impl<S: NamedService> NamedService for ObserveGrpc<S> {
-    const NAME: &'static str = S::NAME;
+/// A call being observed: its span and what records its end.
+pub struct Observing {
+    span: tracing::Span,
+    finish: Finish,
 }
 
-impl<S, B> Service<http::Request<B>> for ObserveGrpc<S>
-where
-    S: Service<http::Request<B>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+impl std::fmt::Debug for Observing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observing")
+            .field("rpc", &self.finish.rpc)
+            .finish_non_exhaustive()
     }
+}
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+impl Gate for ObserveGrpc {
+    type Pass = Observing;
+
+    fn admit<B>(&self, request: &http::Request<B>) -> Result<Observing, Box<tonic::Status>> {
         let rpc = twin_method(request.uri().path());
         let span = spans::grpc_request(rpc, request.headers());
-        let mut finish = Finish {
-            metrics: Arc::clone(&self.metrics),
-            rpc,
-            started: Instant::now(),
-            done: false,
-        };
-        // The ready inner service serves this call; the clone is the next call's.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let call = tracing::Instrument::instrument(inner.call(request), span);
-        Box::pin(async move {
-            let mut response = call.await?;
-            if let Some(code) = grpc_status(response.headers()) {
-                // Trailers-only: the call ended before any message.
-                finish.record(code);
-                return Ok(response);
-            }
-            let wall_us = u64::try_from(finish.started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            response
-                .headers_mut()
-                .insert(WALL_TIME_HEADER, http::HeaderValue::from(wall_us));
-            Ok(response.map(|body| Body::new(Observed { body, finish })))
+        Ok(Observing {
+            span,
+            finish: Finish {
+                metrics: Arc::clone(&self.metrics),
+                rpc,
+                started: Instant::now(),
+                done: false,
+            },
         })
+    }
+
+    fn span(pass: &Observing) -> tracing::Span {
+        pass.span.clone()
+    }
+
+    fn respond(pass: Observing, mut response: http::Response<Body>) -> http::Response<Body> {
+        let mut finish = pass.finish;
+        if let Some(code) = grpc_status(response.headers()) {
+            // Trailers-only: the call ended before any message.
+            finish.record(code);
+            return response;
+        }
+        let wall_us = u64::try_from(finish.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        response
+            .headers_mut()
+            .insert(WALL_TIME_HEADER, http::HeaderValue::from(wall_us));
+        response.map(|body| Body::new(Observed { body, finish }))
     }
 }
 

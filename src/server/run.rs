@@ -22,6 +22,7 @@ use super::FILE_DESCRIPTOR_SET;
 use super::auth::{AuthGate, AuthPolicy};
 use super::error::ServeError;
 use super::forecast_loop::{self, ForecastLoopOptions};
+use super::gate::Gated;
 use super::http;
 use super::keda::KedaService;
 use super::keda::load::LoadTracker;
@@ -30,7 +31,7 @@ use super::lifecycle::{DrainGate, Lifecycle};
 use super::listeners::{bind_all, serve_main, serve_probes, stopped};
 use super::observe::ObserveGrpc;
 use super::proto::twin_server::TwinServer;
-use super::service::{ServiceLimits, Shared, TwinService};
+use super::service::{ServerState, ServiceLimits, TwinService};
 use super::tls::{TlsAcceptors, TlsFiles};
 use crate::cluster::config::ClusterConfig;
 use crate::telemetry::Metrics;
@@ -145,7 +146,7 @@ impl ServerOptions {
 pub struct RunningServer {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     stop: watch::Sender<bool>,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<std::io::Result<()>>,
@@ -176,7 +177,7 @@ pub async fn start(options: ServerOptions) -> Result<RunningServer, ServeError> 
         &metrics,
         &lifecycle,
     )?;
-    let shared = Arc::new(Shared::new(store, metrics, health, options.service));
+    let shared = Arc::new(ServerState::new(store, metrics, health, options.service));
     shared
         .set_health(tonic_health::ServingStatus::NotServing)
         .await;
@@ -299,7 +300,7 @@ fn mirror_store(
 /// The gRPC listener's services: health, reflection (v1 and v1alpha), and the Twin and
 /// KEDA services, each behind the gates and observed (`server::observe`).
 fn grpc_routes(
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
     predictor: &Arc<super::predictor::Predictor>,
     load: Arc<LoadTracker>,
     gates: &Gates,
@@ -318,18 +319,19 @@ fn grpc_routes(
         .build_v1alpha()?;
     let twin = TwinServer::new(TwinService::new(Arc::clone(shared), Arc::clone(predictor)))
         .max_decoding_message_size(max_message_bytes);
-    let twin = AuthGate::new(twin, Arc::clone(&gates.auth), gates.rejections.clone());
-    let twin = DrainGate::new(twin, Arc::clone(&gates.lifecycle));
-    let twin = ObserveGrpc::new(twin, Arc::clone(&shared.metrics));
+    let auth = AuthGate::new(Arc::clone(&gates.auth), gates.rejections.clone());
+    let drain = DrainGate::new(Arc::clone(&gates.lifecycle));
+    let observe = ObserveGrpc::new(Arc::clone(&shared.metrics));
+    let twin = Gated::new(twin, auth.clone());
+    let twin = Gated::new(twin, drain.clone());
+    let twin = Gated::new(twin, observe.clone());
     let keda = ExternalScalerServer::new(KedaService::new(
         Arc::clone(shared),
         load,
         gates.lifecycle.draining(),
     )?)
     .max_decoding_message_size(max_message_bytes);
-    let keda = AuthGate::new(keda, Arc::clone(&gates.auth), gates.rejections.clone());
-    let keda = DrainGate::new(keda, Arc::clone(&gates.lifecycle));
-    let keda = ObserveGrpc::new(keda, Arc::clone(&shared.metrics));
+    let keda = Gated::new(Gated::new(Gated::new(keda, auth), drain), observe);
     Ok(Server::builder()
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -400,7 +402,7 @@ fn spawn_background(
 /// Starts the live mirror and reports SERVING after each instance set it syncs.
 fn start_live(
     config: crate::live::LiveConfig,
-    shared: &Arc<Shared>,
+    shared: &Arc<ServerState>,
 ) -> Result<crate::live::LiveHandle, ServeError> {
     let live =
         crate::live::start(config, Arc::clone(&shared.store), &shared.metrics).map_err(|err| {

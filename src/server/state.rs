@@ -36,7 +36,7 @@ pub struct ServiceLimits {
 
 /// State shared by the gRPC service and the HTTP endpoints.
 #[derive(Debug)]
-pub struct Shared {
+pub struct ServerState {
     /// The mirror.
     pub store: Arc<MirrorStore>,
     /// The metrics.
@@ -49,8 +49,8 @@ pub struct Shared {
     shutting_down: AtomicBool,
 }
 
-impl Shared {
-    /// Shared state over `store`.
+impl ServerState {
+    /// The server's state over `store`.
     pub fn new(
         store: Arc<MirrorStore>,
         metrics: Arc<Metrics>,
@@ -98,7 +98,7 @@ impl Shared {
     }
 }
 
-impl Shared {
+impl ServerState {
     /// Runs `work` on the simulation pool (see `server::slots`) within `deadline`, counting
     /// event-budget exhaustions.
     pub(crate) async fn simulate<T, F>(&self, deadline: Instant, work: F) -> Result<T, CallError>

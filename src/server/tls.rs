@@ -140,16 +140,16 @@ impl TlsAcceptors {
 }
 
 fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bad = |reason: String| TlsError::File {
+    let file_error = |reason: String| TlsError::File {
         path: path.to_owned(),
         reason,
     };
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|err| bad(err.to_string()))?
+        .map_err(|err| file_error(err.to_string()))?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|err| bad(format!("bad PEM: {err}")))?;
+        .map_err(|err| file_error(format!("file_error PEM: {err}")))?;
     if certs.is_empty() {
-        return Err(bad("no CERTIFICATE block".to_owned()));
+        return Err(file_error("no CERTIFICATE block".to_owned()));
     }
     Ok(certs)
 }

@@ -31,7 +31,7 @@ use self::load::{LoadTracker, PoolLoad};
 use self::metadata::{MetricKind, ScalerQuery};
 use super::deadline::wall_now_us;
 use super::error::CallError;
-use super::service::Shared;
+use super::service::ServerState;
 use crate::twin::TwinError;
 use crate::twin::desired::{DesiredSettings, desired, question_for};
 use crate::twin::forecast::forecast_capacity;
@@ -59,7 +59,7 @@ const STAGES: usize = 4;
 /// The scaler's state: the load sampler, the forecast cache, the stream bound.
 #[derive(Debug)]
 pub struct KedaScaler {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     load: Arc<LoadTracker>,
     cache: ForecastCache,
     streams: Arc<Semaphore>,
@@ -75,7 +75,7 @@ pub struct KedaService(Arc<KedaScaler>);
 impl KedaService {
     /// The scaler over `shared`, reading loads from `load`; streams end when `draining`.
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<ServerState>,
         load: Arc<LoadTracker>,
         draining: watch::Receiver<bool>,
     ) -> Result<Self, prometheus::Error> {

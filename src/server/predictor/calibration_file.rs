@@ -110,17 +110,21 @@ pub fn load(path: &Path) -> Result<Option<CalibrationState>, CalibrationFileErro
             });
         }
     };
-    let bad = |reason: String| CalibrationFileError::Format {
+    let format_error = |reason: String| CalibrationFileError::Format {
         path: path.to_owned(),
         reason,
     };
-    let file: CalibrationFile = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let file: CalibrationFile =
+        serde_json::from_str(&text).map_err(|e| format_error(e.to_string()))?;
     if file.version != 1 {
-        return Err(bad(format!("version {} (expected 1)", file.version)));
+        return Err(format_error(format!(
+            "version {} (expected 1)",
+            file.version
+        )));
     }
     Ok(Some(CalibrationState {
-        ttft: checked_phase(Phase::Ttft, &file.ttft).map_err(bad)?,
-        tpot: checked_phase(Phase::Tpot, &file.tpot).map_err(bad)?,
+        ttft: checked_phase(Phase::Ttft, &file.ttft).map_err(format_error)?,
+        tpot: checked_phase(Phase::Tpot, &file.tpot).map_err(format_error)?,
         ttft_is_e2e: file.ttft_is_e2e,
     }))
 }

@@ -47,7 +47,7 @@ use crate::twin::snapshot::MirrorSnapshot;
 use crate::twin::{Limits, TwinError};
 
 use super::error::CallError;
-use super::state::Shared;
+use super::state::ServerState;
 use calibration::{Absorbed, Calibrator};
 use schema::TrainingEntry;
 
@@ -106,7 +106,7 @@ pub type Simulated = Vec<Result<(AggregatePrediction, Source), TwinError>>;
 /// `AddTrainingSamples` reach through it too) and the pool templates of the synced config.
 #[derive(Debug)]
 pub struct Predictor {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     options: PredictorOptions,
     calibrator: Calibrator,
     started_at_us: u64,
@@ -116,7 +116,7 @@ pub struct Predictor {
 impl Predictor {
     /// The predictor over `shared`, registering its metrics.
     pub fn new(
-        shared: Arc<Shared>,
+        shared: Arc<ServerState>,
         mut options: PredictorOptions,
     ) -> Result<Self, prometheus::Error> {
         let calibrator = Calibrator::new(
@@ -150,7 +150,7 @@ impl Predictor {
     }
 
     /// The server's shared state (the mirror, metrics, limits).
-    pub fn shared(&self) -> &Shared {
+    pub fn shared(&self) -> &ServerState {
         &self.shared
     }
 

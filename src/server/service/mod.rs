@@ -34,20 +34,20 @@ use crate::twin::MirrorSnapshot;
 use crate::twin::limits::Limits;
 use crate::twin::store::StoredSnapshot;
 
-pub use super::state::{ServiceLimits, Shared};
+pub use super::state::{ServerState, ServiceLimits};
 use crate::twin::{TwinError, forecast, predict};
 
 /// The service implementation: the shared state, and the latency predictor whose online
 /// calibration maps routing answers and which `AddTrainingSamples` trains.
 #[derive(Clone, Debug)]
 pub struct TwinService {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     predictor: Arc<Predictor>,
 }
 
 impl TwinService {
     /// A service over `shared`, calibrated and trained through `predictor`.
-    pub fn new(shared: Arc<Shared>, predictor: Arc<Predictor>) -> Self {
+    pub fn new(shared: Arc<ServerState>, predictor: Arc<Predictor>) -> Self {
         Self { shared, predictor }
     }
 }

@@ -9,7 +9,7 @@ use tonic::{Status, Streaming};
 
 use crate::server::convert::state::{kv_batch_from_proto, update_from_proto};
 use crate::server::error::CallError;
-use crate::server::state::Shared;
+use crate::server::state::ServerState;
 use crate::server::{proto, spans};
 use crate::twin::TwinError;
 use crate::twin::store::{KvEvent, MirrorStore};
@@ -17,7 +17,7 @@ use crate::twin::store::{KvEvent, MirrorStore};
 /// Most gaps listed in one `PushAck` (the count in the metrics is exact).
 pub const ACK_GAPS_MAX: usize = 1024;
 
-impl Shared {
+impl ServerState {
     /// Reads the next message of a client stream within the client's deadline, if any.
     pub(super) async fn next_message<T>(
         stream: &mut Streaming<T>,
