@@ -7,8 +7,11 @@
 //! - [`catalog`]: embedded data (model configs, GPU specs, coefficients) and their parsing;
 //! - [`fidelity`]: replaying measured vLLM runs, scoring predictions, fitting coefficients;
 //! - [`cli`]: the `ditto` command line, a thin driver over the layers above;
-//! - [`twin`]: the live mirror and the what-if questions answered by forking it;
-//! - [`live`]: the live mirror: pulls pod /metrics and KV events into the twin;
+//! - [`twin`]: the mirror itself, pure: a validated store of what each instance was observed
+//!   doing, immutable snapshots of it, and the what-if questions answered by forking engines
+//!   restored from a snapshot;
+//! - [`live`]: the pull edge that keeps the mirror current without a gateway: scrapes pods'
+//!   /metrics and reads their KV events (tokio, HTTP, ZMQ), writing into `twin`'s store;
 //! - [`prom_text`]: the Prometheus text format of model servers (pure parsing, histogram draws);
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
 //! - [`telemetry`]: Prometheus metrics;

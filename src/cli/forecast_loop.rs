@@ -36,7 +36,7 @@ pub struct ForecastLoopArgs {
     pub forecast_namespace: String,
 }
 
-fn bad(flag: &'static str, reason: &str) -> ServeCommandError {
+fn flag_error(flag: &'static str, reason: &str) -> ServeCommandError {
     ServeCommandError::BadFlag {
         flag,
         reason: reason.to_owned(),
@@ -45,7 +45,10 @@ fn bad(flag: &'static str, reason: &str) -> ServeCommandError {
 
 fn objective(value: f64, flag: &'static str) -> Result<Option<f64>, ServeCommandError> {
     if !(value.is_finite() && value >= 0.0) {
-        return Err(bad(flag, "must be a finite number of ms, at least 0"));
+        return Err(flag_error(
+            flag,
+            "must be a finite number of ms, at least 0",
+        ));
     }
     Ok((value > 0.0).then_some(value))
 }
@@ -55,20 +58,26 @@ impl ForecastLoopArgs {
     pub fn options(&self) -> Result<Option<ForecastLoopOptions>, ServeCommandError> {
         let interval = self.forecast_interval;
         if !(interval.is_finite() && (0.0..=86_400.0).contains(&interval)) {
-            return Err(bad("forecast-interval", "must be in [0, 86400] seconds"));
+            return Err(flag_error(
+                "forecast-interval",
+                "must be in [0, 86400] seconds",
+            ));
         }
         if interval == 0.0 {
             return Ok(None);
         }
         if self.forecast_horizon_s == 0 {
-            return Err(bad("forecast-horizon-s", "must be at least 1"));
+            return Err(flag_error("forecast-horizon-s", "must be at least 1"));
         }
         if self.forecast_replications == 0 {
-            return Err(bad("forecast-replications", "must be at least 1"));
+            return Err(flag_error("forecast-replications", "must be at least 1"));
         }
         let target = self.forecast_target_attainment;
         if !(target > 0.0 && target <= 1.0) {
-            return Err(bad("forecast-target-attainment", "must be in (0, 1]"));
+            return Err(flag_error(
+                "forecast-target-attainment",
+                "must be in (0, 1]",
+            ));
         }
         let slo = SloTargets {
             ttft_ms: objective(self.forecast_slo_ttft_ms, "forecast-slo-ttft-ms")?,
@@ -76,7 +85,7 @@ impl ForecastLoopArgs {
             e2e_ms: None,
         };
         if slo.ttft_ms.is_none() && slo.tpot_ms.is_none() {
-            return Err(bad(
+            return Err(flag_error(
                 "forecast-slo-ttft-ms",
                 "the forecast needs an objective: set it or --forecast-slo-tpot-ms above 0",
             ));

@@ -48,7 +48,7 @@ pub struct HttpArgs {
     pub grpc_first_byte_timeout_ms: u64,
 }
 
-fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
+fn flag_error(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
     ServeCommandError::BadFlag {
         flag,
         reason: reason.into(),
@@ -59,13 +59,16 @@ impl HttpArgs {
     /// The plaintext gRPC listener's bounds, or the flag that is out of range.
     pub fn grpc_limits(&self) -> Result<GrpcLimits, ServeCommandError> {
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.grpc_max_connections) {
-            return Err(bad(
+            return Err(flag_error(
                 "grpc-max-connections",
                 format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
             ));
         }
         if self.grpc_first_byte_timeout_ms == 0 {
-            return Err(bad("grpc-first-byte-timeout-ms", "must be at least 1"));
+            return Err(flag_error(
+                "grpc-first-byte-timeout-ms",
+                "must be at least 1",
+            ));
         }
         Ok(GrpcLimits {
             max_connections: self.grpc_max_connections,
@@ -76,7 +79,7 @@ impl HttpArgs {
     /// The metrics listener's connection cap, or the flag that is out of range.
     pub fn metrics_max_connections(&self) -> Result<usize, ServeCommandError> {
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.metrics_max_connections) {
-            return Err(bad(
+            return Err(flag_error(
                 "metrics-max-connections",
                 format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
             ));
@@ -87,16 +90,22 @@ impl HttpArgs {
     /// The listener's bounds, or the flag that is out of range.
     pub fn limits(&self) -> Result<HttpLimits, ServeCommandError> {
         if self.http_header_read_timeout_ms == 0 {
-            return Err(bad("http-header-read-timeout-ms", "must be at least 1"));
+            return Err(flag_error(
+                "http-header-read-timeout-ms",
+                "must be at least 1",
+            ));
         }
         if self.http_body_read_timeout_ms == 0 {
-            return Err(bad("http-body-read-timeout-ms", "must be at least 1"));
+            return Err(flag_error(
+                "http-body-read-timeout-ms",
+                "must be at least 1",
+            ));
         }
         if self.http_max_body_bytes == 0 {
-            return Err(bad("http-max-body-bytes", "must be at least 1"));
+            return Err(flag_error("http-max-body-bytes", "must be at least 1"));
         }
         if self.http_max_body_bytes_in_flight < self.http_max_body_bytes {
-            return Err(bad(
+            return Err(flag_error(
                 "http-max-body-bytes-in-flight",
                 format!(
                     "{} is under --http-max-body-bytes {}: a body of the largest size could never be read",
@@ -105,7 +114,7 @@ impl HttpArgs {
             ));
         }
         if !(1..=MAX_CONNECTIONS_LIMIT).contains(&self.http_max_connections) {
-            return Err(bad(
+            return Err(flag_error(
                 "http-max-connections",
                 format!("must be in [1, {MAX_CONNECTIONS_LIMIT}]"),
             ));

@@ -89,14 +89,14 @@ pub struct PredictArgs {
     pub timeout_ms: u64,
 }
 
-fn bad(flag: &str, reason: impl std::fmt::Display) -> String {
+fn flag_error(flag: &str, reason: impl std::fmt::Display) -> String {
     format!("--{flag}: {reason}")
 }
 
 /// Builds the question the flags describe.
 pub fn question(args: &PredictArgs) -> Result<RoutingQuestion, String> {
     let slo_class = SloClass::parse(&args.slo_class).ok_or_else(|| {
-        bad(
+        flag_error(
             "slo-class",
             "expected critical, standard, batch, sheddable or background",
         )
@@ -108,7 +108,7 @@ pub fn question(args: &PredictArgs) -> Result<RoutingQuestion, String> {
         Some("treat-saturated") => Some(StalePolicy::TreatSaturated),
         Some("roll-forward") => Some(StalePolicy::RollForward),
         Some(other) => {
-            return Err(bad(
+            return Err(flag_error(
                 "stale-policy",
                 format!(
                     "unknown {other:?}; expected use-last, exclude, treat-saturated or roll-forward"
@@ -120,14 +120,14 @@ pub fn question(args: &PredictArgs) -> Result<RoutingQuestion, String> {
         "none" => Background::None,
         "observed-poisson" => Background::ObservedPoisson,
         other => {
-            return Err(bad(
+            return Err(flag_error(
                 "background",
                 format!("unknown {other:?}; expected none or observed-poisson"),
             ));
         }
     };
     if !(args.horizon_ms.is_finite() && args.horizon_ms >= 0.0) {
-        return Err(bad("horizon-ms", "must be a finite number >= 0"));
+        return Err(flag_error("horizon-ms", "must be a finite number >= 0"));
     }
     Ok(RoutingQuestion {
         request: CandidateRequest {

@@ -39,7 +39,7 @@ pub struct PredictorArgs {
     pub calibration_file: Option<PathBuf>,
 }
 
-fn bad(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
+fn flag_error(flag: &'static str, reason: impl Into<String>) -> ServeCommandError {
     ServeCommandError::BadFlag {
         flag,
         reason: reason.into(),
@@ -51,7 +51,7 @@ impl PredictorArgs {
     pub fn options(&self) -> Result<PredictorOptions, ServeCommandError> {
         let alpha = self.latency_quantile_alpha;
         if !(alpha > 0.0 && alpha < 1.0) {
-            return Err(bad(
+            return Err(flag_error(
                 "latency-quantile-alpha",
                 format!("must be in (0, 1), got {alpha}"),
             ));
@@ -60,26 +60,28 @@ impl PredictorArgs {
             "mean" => Objective::Mean,
             "quantile" => Objective::Quantile(alpha),
             other => {
-                return Err(bad(
+                return Err(flag_error(
                     "latency-objective-type",
                     format!("{other:?}: expected mean or quantile"),
                 ));
             }
         };
         if self.predictor_replications == 0 {
-            return Err(bad("predictor-replications", "must be at least 1"));
+            return Err(flag_error("predictor-replications", "must be at least 1"));
         }
         if self.predictor_forks_per_call == 0 {
-            return Err(bad("predictor-forks-per-call", "must be at least 1"));
+            return Err(flag_error("predictor-forks-per-call", "must be at least 1"));
         }
         if self.predictor_output_tokens == 0 {
-            return Err(bad("predictor-output-tokens", "must be at least 1"));
+            return Err(flag_error("predictor-output-tokens", "must be at least 1"));
         }
         if self.predictor_max_bulk == 0 {
-            return Err(bad("predictor-max-bulk", "must be at least 1"));
+            return Err(flag_error("predictor-max-bulk", "must be at least 1"));
         }
         let initial_calibration = match &self.calibration_file {
-            Some(path) => load(path).map_err(|err| bad("calibration-file", err.to_string()))?,
+            Some(path) => {
+                load(path).map_err(|err| flag_error("calibration-file", err.to_string()))?
+            }
             None => None,
         };
         Ok(PredictorOptions {

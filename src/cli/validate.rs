@@ -130,14 +130,14 @@ pub fn validate_run(
     gpu: Option<&str>,
     options: ReplayOptions,
 ) -> Result<Validated, CliError> {
-    let bad = |err: crate::fidelity::FidelityError| CliError::BadFile {
+    let file_error = |err: crate::fidelity::FidelityError| CliError::BadFile {
         path: dir.to_path_buf(),
         reason: err.to_string(),
     };
-    let gpu = replay::resolve_gpu(run, gpu).map_err(bad)?;
+    let gpu = replay::resolve_gpu(run, gpu).map_err(file_error)?;
     let latency = resolve_latency(latency_model, &run.arch, &gpu, run.tp)?;
-    let config = replay::engine_config(run, &gpu).map_err(bad)?;
-    let replayed = replay::replay(run, &config, latency, options).map_err(bad)?;
+    let config = replay::engine_config(run, &gpu).map_err(file_error)?;
+    let replayed = replay::replay(run, &config, latency, options).map_err(file_error)?;
     Ok(Validated {
         score: score::score(run, &replayed),
         gpu: gpu.name.clone(),

@@ -220,7 +220,7 @@ fn pick_weighted(scores: &[f64], rng: &mut SimRng) -> usize {
     if total <= 0.0 {
         return below(rng, scores.len());
     }
-    let unit = (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let unit = crate::sim::rng::unit(rng);
     let mut target = unit * total;
     for (index, &score) in scores.iter().enumerate() {
         if target < score {

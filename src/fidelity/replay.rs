@@ -46,6 +46,7 @@ use crate::cluster::{Cluster, ClusterConfig};
 use crate::sim::latency::{GpuSpec, LatencyModel};
 use crate::sim::metrics::Outcome;
 use crate::sim::rng::RngStreams;
+use crate::sim::rng::unit;
 use crate::sim::{Engine, EngineConfig, RequestSpec};
 
 use super::FidelityError;
@@ -486,9 +487,4 @@ fn draw_lengths(histogram: &Histogram, n: usize, rng: &mut impl Rng) -> Vec<u32>
             length.round().clamp(1.0, f64::from(u32::MAX / 4)) as u32
         })
         .collect()
-}
-
-/// A uniform draw in [0, 1).
-fn unit(rng: &mut impl Rng) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -11,10 +11,11 @@
 //! rate. Pure: no I/O, no clock.
 
 use rand_chacha::ChaCha8Rng;
-use rand_core::{Rng, SeedableRng};
+use rand_core::SeedableRng;
 
 use crate::sim::EngineConfig;
 use crate::sim::SloClass;
+use crate::sim::rng::unit;
 use crate::twin::snapshot::ObservedRequest;
 use crate::twin::store::RequestLists;
 
@@ -147,10 +148,6 @@ fn seed(instance_id: &str, waiting: u32, running: u32) -> u64 {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
-}
-
-fn unit(rng: &mut ChaCha8Rng) -> f64 {
-    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

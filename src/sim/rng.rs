@@ -9,7 +9,7 @@
 //! Knows nothing about what the numbers are used for.
 
 use rand_chacha::ChaCha8Rng;
-use rand_core::SeedableRng;
+use rand_core::{Rng, SeedableRng};
 
 /// The generator type used for every stream in ditto.
 pub type SimRng = ChaCha8Rng;
@@ -39,6 +39,18 @@ impl RngStreams {
     }
 }
 
+/// A uniform draw in [0, 1) from `rng`: see [`unit_from_bits`].
+pub fn unit(rng: &mut impl Rng) -> f64 {
+    unit_from_bits(rng.next_u64())
+}
+
+/// A uniform value in [0, 1) from 64 random bits: the top 53 (an f64's precision) over
+/// 2^53, so every value is a multiple of 2^-53 and equally likely. The one formula every
+/// draw of ditto uses (changing it changes every seeded output).
+pub fn unit_from_bits(bits: u64) -> f64 {
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// 64-bit FNV-1a over bytes: a stable, platform-independent name hash.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -65,6 +77,17 @@ mod tests {
         let xb: Vec<u64> = (0..4).map(|_| b.next_u64()).collect();
         assert_eq!(xa1, xa2);
         assert_ne!(xa1, xb);
+    }
+
+    #[test]
+    fn units_span_the_half_open_interval() {
+        assert_eq!(unit_from_bits(0), 0.0);
+        assert_eq!(unit_from_bits(1 << 11), 1.0 / (1u64 << 53) as f64);
+        let top = unit_from_bits(u64::MAX);
+        assert!(top < 1.0 && top > 1.0 - 1e-15, "{top}");
+        let mut rng = RngStreams::new(7).stream("unit");
+        let again = unit_from_bits(RngStreams::new(7).stream("unit").next_u64());
+        assert_eq!(unit(&mut rng), again);
     }
 
     #[test]

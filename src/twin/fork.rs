@@ -53,7 +53,7 @@ pub(super) fn question_request(
         OutputLength::Histogram(bins) => {
             let mut rng = stream(question.options.seed, replication, "twin/question-output");
             let total: f64 = bins.iter().map(|&(_, w)| w).sum();
-            let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+            let unit = crate::sim::rng::unit(&mut rng);
             let mut target = unit * total;
             let mut chosen = bins[bins.len() - 1].0;
             for &(value, weight) in bins {
@@ -491,7 +491,7 @@ fn background_arrivals(
     let mut time = question.now_us as f64;
     let end = (question.now_us + question.options.horizon_us) as f64;
     loop {
-        let unit = (rand_core::Rng::next_u64(&mut rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let unit = crate::sim::rng::unit(&mut rng);
         time += -(1.0 - unit).ln() / rate_per_us;
         if time > end {
             break;

@@ -281,7 +281,7 @@ mod tests {
             self.0 ^= self.0 << 13;
             self.0 ^= self.0 >> 7;
             self.0 ^= self.0 << 17;
-            (self.0 >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            crate::sim::rng::unit_from_bits(self.0) * 2.0 - 1.0
         }
     }
 

@@ -73,7 +73,7 @@ pub fn conditioned_length(
     }
     let length = found.unwrap_or_else(|| {
         let mean = f64::from((generated / 4).max(16));
-        let unit = (rand_core::Rng::next_u64(rng) >> 11) as f64 / (1u64 << 53) as f64;
+        let unit = crate::sim::rng::unit(rng);
         let extra = (-(1.0 - unit).ln() * mean).min(f64::from(u32::MAX / 2)) as u32;
         generated.saturating_add(1).saturating_add(extra)
     });

@@ -254,12 +254,13 @@ fn normalize_request(
     path: &dyn std::fmt::Display,
     waiting: bool,
 ) -> Result<(), TwinError> {
-    let bad = |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
+    let field_error =
+        |field: &str, reason: String| TwinError::invalid(format!("{path}.{field}"), reason);
     if request.request_id.is_empty() {
-        return Err(bad("request_id", "must not be empty".to_owned()));
+        return Err(field_error("request_id", "must not be empty".to_owned()));
     }
     if request.arrival_us > at_us {
-        return Err(bad(
+        return Err(field_error(
             "arrival_us",
             format!(
                 "{} is after the observation time {at_us}",
@@ -270,7 +271,7 @@ fn normalize_request(
     let usable = config.engine.effective_max_model_len();
     let prompt = request.prompt_tokens;
     if prompt == 0 || prompt >= usable {
-        return Err(bad(
+        return Err(field_error(
             "prompt_tokens",
             format!("{prompt} must be in 1..{usable} (below the instance's usable max_model_len)"),
         ));
