@@ -17,11 +17,6 @@ use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 /// Cycles left, as (folder under `src/`, its children in the cycle, why).
 const KNOWN: &[(&str, &[&str], &str)] = &[
     (
-        "",
-        &["cluster", "twin"],
-        "cluster/autoscale/policy.rs reads twin::load_forecast while the twin forks clusters",
-    ),
-    (
         "cluster",
         &["autoscale", "pd_run", "sim"],
         "Cluster holds the P/D and autoscaling runtimes that extend it (pd_run <-> sim, \

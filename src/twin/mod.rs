@@ -13,7 +13,6 @@ pub mod error;
 pub mod forecast;
 mod fork;
 pub mod limits;
-pub mod load_forecast;
 pub mod matching;
 pub mod memo;
 mod outcome;

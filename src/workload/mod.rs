@@ -8,6 +8,9 @@
 //! - a recorded [`Trace`] (CSV, JSONL or the ground-truth `replay_requests.json`), parsed
 //!   from text by [`TraceFormat::parse`].
 //!
+//! [`load_forecast`] forecasts the arrival rate a pool will see from the rates observed (the
+//! KEDA scaler's and the predictive autoscaling policy's forecaster).
+//!
 //! All randomness comes from named streams of [`RngStreams`](crate::sim::rng::RngStreams),
 //! one per client and purpose, so a spec and seed always yield the same requests.
 //! docs/workload.md documents the YAML fields and trace formats.
@@ -19,6 +22,7 @@ mod dist;
 mod diurnal;
 mod error;
 mod generator;
+pub mod load_forecast;
 mod spec;
 mod trace;
 

@@ -75,7 +75,7 @@ pub enum Policy {
         queue_spare: f64,
     },
     /// ditto's forecast: the arrival rate forecast over `horizon_us` (≥ the warm-up) by
-    /// `twin::load_forecast`, over a replica's calibrated capacity.
+    /// `workload::load_forecast`, over a replica's calibrated capacity.
     Predictive {
         /// How far ahead the forecast looks.
         horizon_us: u64,

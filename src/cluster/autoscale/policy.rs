@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use super::config::{Objectives, Policy};
 use super::hpa::Hpa;
-use crate::twin::load_forecast::{LoadForecastSettings, LoadForecaster};
+use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 
 /// One ready replica as a metrics scrape sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

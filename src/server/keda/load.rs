@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
 use crate::twin::desired::{Variant, in_flight, variants};
-use crate::twin::load_forecast::{LoadForecastSettings, LoadForecaster};
+use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 use crate::twin::store::MirrorStore;
 
 /// A pool: (namespace, name); the namespace is empty for ids without one.

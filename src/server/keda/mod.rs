@@ -2,7 +2,7 @@
 //! trigger of `type: external` (or `external-push`) pointed at ditto gets, for the pool its
 //! metadata names, the replicas ditto's capacity forecast needs over a horizon at least as
 //! long as a pod's warm-up, under the load forecast from what the mirror observed
-//! (`load`, `twin::load_forecast`). docs/autoscaling.md has the metadata and the HPA math.
+//! (`load`, `workload::load_forecast`). docs/autoscaling.md has the metadata and the HPA math.
 //!
 //! - GetMetricSpec: one metric, `ditto-desired-replicas-<pool>` with target 1 (KEDA's
 //!   default AverageValue: the HPA's desired count is the value itself), or with
