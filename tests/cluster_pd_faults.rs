@@ -110,14 +110,16 @@ fn a_prefill_failing_every_attempt_ends_with_the_error_after_the_last_retry() {
 #[test]
 fn retries_go_to_the_same_prefill_pod_and_delay_the_request_by_their_backoffs() {
     let backoff_us = 80_000;
+    // A short hold (2 s, every pull takes ms) keeps the run short.
+    let hold = "  abort_request_timeout_s: 2\n";
     let faulty_section = format!(
-        "  prefill_failure_rate: 0.5\n  prefill_max_retries: 2\n  prefill_retry_backoff_ms: {}\n",
+        "{hold}  prefill_failure_rate: 0.5\n  prefill_max_retries: 2\n  prefill_retry_backoff_ms: {}\n",
         backoff_us / 1_000
     );
-    let requests = sparse(120, 1_000);
-    let mut clean = cluster(&yaml(2, 1, ""), 3);
+    let requests = sparse(60, 1_000);
+    let mut clean = cluster(&yaml(2, 1, hold), 3);
     let mut faulty = cluster(&yaml(2, 1, &faulty_section), 3);
-    run_checked(&mut clean, requests.clone()).unwrap();
+    clean.run(requests.clone(), u64::MAX).unwrap();
     run_checked(&mut faulty, requests).unwrap();
     let disagg = faulty.summary().disaggregation.unwrap();
     assert!(
@@ -136,7 +138,7 @@ fn retries_go_to_the_same_prefill_pod_and_delay_the_request_by_their_backoffs() 
             .collect()
     };
     let (clean_ttft, faulty_ttft) = (first_token(&clean), first_token(&faulty));
-    assert_eq!(faulty_ttft.len(), 120, "every request ends once");
+    assert_eq!(faulty_ttft.len(), 60, "every request ends once");
     // Each completed request is its clean twin shifted by whole backoffs (nothing else
     // waits: the requests are 1 s apart), and the shifts add up to the retries of the
     // requests that completed.
@@ -165,10 +167,10 @@ fn retries_go_to_the_same_prefill_pod_and_delay_the_request_by_their_backoffs() 
     }
     // The same seed draws the same failures; another draws others.
     let mut again = cluster(&yaml(2, 1, &faulty_section), 3);
-    run_checked(&mut again, sparse(120, 1_000)).unwrap();
+    again.run(sparse(60, 1_000), u64::MAX).unwrap();
     assert_eq!(again.summary(), faulty.summary());
     let mut other = cluster(&yaml(2, 1, &faulty_section), 4);
-    run_checked(&mut other, sparse(120, 1_000)).unwrap();
+    other.run(sparse(60, 1_000), u64::MAX).unwrap();
     assert_ne!(first_token(&other), faulty_ttft);
 }
 
@@ -205,12 +207,19 @@ fn prefill_first_sends_even_short_prompts_to_a_prefill_pod() {
         .map(|i| RequestSpec::synthetic(i, i * 10_000, 8, 4))
         .collect();
     // Decode-first: llm-d's decider (16 uncached tokens) keeps 8-token prompts decode-only.
-    let mut decode_first = cluster(&yaml(2, 2, ""), 5);
+    let mut decode_first = cluster(&yaml(2, 2, "  abort_request_timeout_s: 1\n"), 5);
     run_checked(&mut decode_first, short.clone()).unwrap();
     let disagg = decode_first.summary().disaggregation.unwrap();
     assert_eq!((disagg.disaggregated, disagg.decode_only), (0, 20));
     // Prefill-first has no decider: every request gets a prefill pod.
-    let mut prefill_first = cluster(&yaml(2, 2, "  stage_order: prefill-first\n"), 5);
+    let mut prefill_first = cluster(
+        &yaml(
+            2,
+            2,
+            "  stage_order: prefill-first\n  abort_request_timeout_s: 1\n",
+        ),
+        5,
+    );
     assert_eq!(
         prefill_first.disaggregation().unwrap().stage_order.as_str(),
         "prefill-first"
@@ -289,7 +298,7 @@ proptest! {
         prefill_max_retries in 0u32..4,
         backoff_ms in 1u32..300,
         transfer_failure_rate in 0.0f64..1.0,
-        hold_s in prop::sample::select(vec![0.02f64, 1.0, 480.0]),
+        hold_s in prop::sample::select(vec![0.02f64, 0.5, 5.0]),
     ) {
         let mut section = format!(
             "  prefill_failure_rate: {prefill_failure_rate}\n  prefill_max_retries: {prefill_max_retries}\n  prefill_retry_backoff_ms: {backoff_ms}\n  transfer_failure_rate: {transfer_failure_rate}\n  abort_request_timeout_s: {hold_s}\n  bandwidth_gb_s: 5\n"
