@@ -252,8 +252,29 @@ fn the_yaml_names_bad_roles_links_and_orders() {
             "disaggregation.connector",
         ),
         (
-            yaml(1, 1, "  stage_order: prefill-first\n"),
+            yaml(1, 1, "  stage_order: sideways-first\n"),
             "disaggregation.stage_order",
+        ),
+        (
+            // llm-d refuses a prefill decider in the prefill-first order.
+            yaml(1, 1, "  stage_order: prefill-first\n"),
+            "disaggregation.decider",
+        ),
+        (
+            yaml(1, 1, "  prefill_failure_rate: 1.5\n"),
+            "disaggregation.prefill_failure_rate",
+        ),
+        (
+            yaml(1, 1, "  transfer_failure_rate: -0.1\n"),
+            "disaggregation.transfer_failure_rate",
+        ),
+        (
+            yaml(1, 1, "  prefill_max_retries: 1000\n"),
+            "disaggregation.prefill_max_retries",
+        ),
+        (
+            yaml(1, 1, "  prefill_retry_backoff_ms: 0\n"),
+            "disaggregation.prefill_retry_backoff_ms",
         ),
         (
             yaml(1, 1, "  bandwidth_gb_s: 0\n"),

@@ -7,7 +7,8 @@ use ditto::cluster::config::{
     RoutingPolicy, Scorer, Signal, StalenessConfig, WeightedScorer,
 };
 use ditto::cluster::disagg::{
-    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, TransferModel,
+    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, PdFaults, StageOrder,
+    TransferModel,
 };
 use ditto::cluster::{Cluster, spec};
 use ditto::sim::latency::{BlackboxCoefficients, LatencyModel};
@@ -646,6 +647,8 @@ prop_compose! {
             transfer: TransferModel { bandwidth_gb_s, descriptor_us, setup_us },
             kv: vec![kv; config.instances.len()],
             hold_timeout_us: DEFAULT_HOLD_TIMEOUT_US,
+            stage_order: StageOrder::DecodeFirst,
+            faults: PdFaults::NONE,
         };
         (config, disagg, requests, seed)
     }

@@ -126,8 +126,19 @@ pub struct DisaggJson {
     pub decode_only_requests: u64,
     /// Disaggregated requests that ended on their prefill pod.
     pub failed_on_prefill: u64,
-    /// Pulls that failed (the prefill's hold expired first; the decode pod recomputed).
+    /// Pulls that failed (the prefill's hold expired first, or the transport failed; the
+    /// decode pod recomputed).
     pub failed_pulls: u64,
+    /// Of those, pulls failed in transport (`transfer_failure_rate`).
+    pub transfer_failures: u64,
+    /// Prefill attempts that failed with a retryable error (`prefill_failure_rate`).
+    pub prefill_attempt_failures: u64,
+    /// Retries the routing sidecars sent (`prefill_max_retries`).
+    pub prefill_retries: u64,
+    /// Requests whose last prefill attempt failed: the error went to the client (dropped).
+    pub prefill_errors: u64,
+    /// The order the handler ran its profiles in (`decode-first`, `prefill-first`).
+    pub stage_order: &'static str,
     /// Arrival to admission on the prefill pod.
     pub prefill_queue_ms: StatsJson,
     /// Arrival to the prefill pod's first token.
@@ -168,6 +179,11 @@ impl DisaggJson {
             decode_only_requests: pd.decode_only,
             failed_on_prefill: pd.failed_on_prefill,
             failed_pulls: pd.failed_pulls,
+            transfer_failures: pd.transfer_failures,
+            prefill_attempt_failures: pd.prefill_attempt_failures,
+            prefill_retries: pd.prefill_retries,
+            prefill_errors: pd.prefill_errors,
+            stage_order: config.map_or("decode-first", |c| c.stage_order.as_str()),
             prefill_queue_ms: StatsJson::from(&pd.prefill_queue),
             prefill_ttft_ms: StatsJson::from(&pd.prefill_ttft),
             decode_wait_ms: StatsJson::from(&pd.decode_wait),

@@ -95,11 +95,76 @@ impl TransferModel {
     }
 }
 
+/// The order llm-d's `disagg-profile-handler` runs its profiles in (`stageOrder`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StageOrder {
+    /// `decode-first` (llm-d's default): the decode profile picks a decode pod, the decider
+    /// looks at the prompt's uncached tokens there, and only then the prefill profile runs.
+    #[default]
+    DecodeFirst,
+    /// `prefill-first`: the prefill profile runs first, for every request (llm-d refuses a
+    /// prefill decider in this order), then the decode profile (where llm-d's topology
+    /// affinity scorers may compare against the prefill pick; not modelled).
+    PrefillFirst,
+}
+
+impl StageOrder {
+    /// llm-d's name for the order.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageOrder::DecodeFirst => "decode-first",
+            StageOrder::PrefillFirst => "prefill-first",
+        }
+    }
+}
+
+/// Failures on the P/D path and what llm-d and vLLM do about them (docs/disaggregation.md,
+/// "Failures and retries"). The default fails nothing.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PdFaults {
+    /// Probability that one prefill request from the decode pod's routing sidecar to the
+    /// prefill pod fails with a retryable 5xx (502, 503, 504: a reset connection, a full
+    /// accept queue) before the prefill pod admits it.
+    pub prefill_failure_rate: f64,
+    /// The sidecar's `--prefill-max-retries`: further attempts on the same prefill pod after
+    /// a retryable failure (llm-d's default 0); after the last, the error goes to the client.
+    pub prefill_max_retries: u32,
+    /// The sidecar's `--prefill-retry-backoff`: the wait before each retry, µs (200 ms).
+    pub prefill_retry_backoff_us: u64,
+    /// Probability that one KV pull fails in transport (a NIXL transfer error): the decode
+    /// pod recomputes the prompt (vLLM's `kv_load_failure_policy: recompute`), and the
+    /// prefill pod, never notified, holds the KV until its hold expires.
+    pub transfer_failure_rate: f64,
+}
+
+impl PdFaults {
+    /// No failures; llm-d's retry defaults (0 retries, 200 ms backoff).
+    pub const NONE: PdFaults = PdFaults {
+        prefill_failure_rate: 0.0,
+        prefill_max_retries: 0,
+        prefill_retry_backoff_us: DEFAULT_PREFILL_RETRY_BACKOFF_US,
+        transfer_failure_rate: 0.0,
+    };
+}
+
+impl Default for PdFaults {
+    fn default() -> Self {
+        PdFaults::NONE
+    }
+}
+
+/// The routing sidecar's `--prefill-retry-backoff` default: 200 ms.
+pub const DEFAULT_PREFILL_RETRY_BACKOFF_US: u64 = 200_000;
+
 /// Disaggregated serving: the decider, the prefill profile, the transfer model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DisaggConfig {
-    /// The decider.
+    /// The decider (decode-first only: prefill-first has none).
     pub decider: PdDecider,
+    /// The order the handler runs its profiles in.
+    pub stage_order: StageOrder,
+    /// Failures and the sidecar's retries.
+    pub faults: PdFaults,
     /// The prefill profile's policy (the decode profile is the cluster's `routing`).
     pub prefill_routing: RoutingPolicy,
     /// The KV transfer time model.
@@ -110,6 +175,19 @@ pub struct DisaggConfig {
     /// (vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s); a pull that ends after that
     /// fails and the decode pod recomputes the prompt.
     pub hold_timeout_us: u64,
+}
+
+impl DisaggConfig {
+    /// True if a request of `input_tokens`, `hit_tokens` of them believed cached on its
+    /// decode pod, prefills on a separate pod (given one is picked): the decider's answer
+    /// decode-first, always prefill-first (llm-d runs the prefill profile for every request
+    /// in that order).
+    pub fn remote_prefill(&self, input_tokens: u32, hit_tokens: u32) -> bool {
+        match self.stage_order {
+            StageOrder::DecodeFirst => self.decider.disaggregate(input_tokens, hit_tokens),
+            StageOrder::PrefillFirst => true,
+        }
+    }
 }
 
 /// vLLM's `VLLM_NIXL_ABORT_REQUEST_TIMEOUT` default: 480 s.
@@ -156,9 +234,19 @@ pub struct PdSummary {
     pub decode_only: u64,
     /// Disaggregated requests that ended on their prefill pod (dropped or timed out there).
     pub failed_on_prefill: u64,
-    /// Pulls that failed because the prefill pod's hold expired first (the decode pod
-    /// recomputed the prompt).
+    /// Pulls that failed (the prefill pod's hold expired first, or a transport failure):
+    /// the decode pod recomputed the prompt.
     pub failed_pulls: u64,
+    /// Of those, pulls failed in transport (`transfer_failure_rate`).
+    pub transfer_failures: u64,
+    /// Prefill attempts that failed with a retryable error (`prefill_failure_rate`).
+    pub prefill_attempt_failures: u64,
+    /// Retries the sidecars sent (`prefill_max_retries`).
+    pub prefill_retries: u64,
+    /// Requests whose last prefill attempt failed: the error went to the client, the
+    /// request ended on its decode pod's sidecar without reaching either engine (counted
+    /// dropped).
+    pub prefill_errors: u64,
     /// Arrival to admission on the prefill pod (ms).
     pub prefill_queue: LatencyStats,
     /// Arrival to the prefill pod's first token (ms).

@@ -4,7 +4,7 @@
 
 use super::super::ClusterConfig;
 use super::super::disagg::{DisaggConfig, serves_decode, serves_prefill};
-use super::super::sim::{Cluster, Half};
+use super::super::sim::Cluster;
 use super::{PdRequest, PdRuntime, Stage};
 use crate::sim::engine::validate_request;
 use crate::sim::{Engine, RequestId, RequestSpec, SimError};
@@ -86,10 +86,10 @@ impl Cluster {
         let Some(pd) = self.pd.as_mut() else {
             return Err(bad("the cluster is not disaggregated".to_owned()));
         };
-        let half = PdRequest::prefill_half(&spec);
+        let id = spec.id;
         pd.requests
             .insert(spec.id, PdRequest::new(spec, prefill, decode));
-        self.dispatch_as(prefill, half, Half::Prefill);
+        self.send_prefill(id);
         Ok(())
     }
 

@@ -13,17 +13,21 @@
 use std::collections::BTreeMap;
 
 use super::config::{ClusterConfig, PrefixMode};
-use super::disagg::{DisaggConfig, PdSummary, serves_decode, serves_prefill};
+use super::disagg::{DisaggConfig, StageOrder, serves_decode, serves_prefill};
 use super::router::{Router, RoutingContext};
 use super::signals;
 use super::sim::{Cluster, Dispatch, Half};
 
+#[path = "pd_audit.rs"]
+mod audit;
+#[path = "pd_faults.rs"]
+mod faults;
 #[path = "pd_pair.rs"]
 mod pair;
 use crate::sim::kv::hash::prompt_block_keys;
-use crate::sim::metrics::{Counts, LatencyStats, Outcome, RequestRecord};
+use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::rng::RngStreams;
-use crate::sim::{Engine, RequestId, RequestSpec, SimError};
+use crate::sim::{RequestId, RequestSpec, SimError};
 pub use pair::PdProgress;
 
 /// Where a disaggregated request is.
@@ -31,6 +35,11 @@ pub use pair::PdProgress;
 enum Stage {
     /// Its prefill half is on the prefill pod.
     Prefill,
+    /// The prefill attempt failed; the sidecar waits its backoff to retry.
+    RetryWait,
+    /// The last prefill attempt failed: the error went to the client, the request ended at
+    /// the decode pod's sidecar without reaching either engine.
+    PrefillError,
     /// The prefill finished; the response is on its way to the decode pod.
     Handoff,
     /// Its decode half is on the decode pod.
@@ -57,6 +66,11 @@ struct PdRequest {
     released: bool,
     /// They were freed by the hold's timeout, before the pull completed: the pull fails.
     expired: bool,
+    /// The pull fails in transport (the prefill pod, not notified, holds the KV until its
+    /// hold expires).
+    transfer_failed: bool,
+    /// Prefill attempts that failed so far.
+    failed_attempts: u32,
 }
 
 impl PdRequest {
@@ -74,6 +88,8 @@ impl PdRequest {
             transfer_end_us: None,
             released: false,
             expired: false,
+            transfer_failed: false,
+            failed_attempts: 0,
         }
     }
 
@@ -89,6 +105,7 @@ impl PdRequest {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PdEvent {
+    PrefillRetry(RequestId),
     Handoff(RequestId),
     TransferDone(RequestId),
     HoldExpired(RequestId),
@@ -109,6 +126,7 @@ pub(crate) struct PdRuntime {
     decode_only: u64,
     decode_candidates: Vec<usize>,
     prefill_candidates: Vec<usize>,
+    faults: faults::FaultState,
 }
 
 impl Cluster {
@@ -144,9 +162,10 @@ impl Cluster {
         out
     }
 
-    /// Routing of one admitted arrival, disaggregated: the decode profile picks a decode
-    /// pod; the decider says from its believed prefix hit whether to prefill remotely; if
-    /// so the prefill profile picks a prefill pod. `keys_by_size` holds the prompt's block
+    /// Routing of one admitted arrival, disaggregated. Decode-first: the decode profile picks
+    /// a decode pod; the decider says from its believed prefix hit whether to prefill
+    /// remotely; if so the prefill profile picks a prefill pod. Prefill-first: the prefill
+    /// profile picks a prefill pod for every request, then the decode profile a decode pod. `keys_by_size` holds the prompt's block
     /// keys per block size when the decode profile scores prefixes; the scratch views and
     /// fractions are filled for every instance.
     pub(super) fn arrive_disaggregated(
@@ -157,41 +176,54 @@ impl Cluster {
         let Some(mut pd) = self.pd.take() else {
             return Dispatch::Rejected;
         };
-        let decode = self.pick_among(&pd.decode_candidates, None);
-        let block_size = self.config.instances[decode].engine.block_size;
-        let keys_len = keys_by_size
-            .iter()
-            .find(|(size, _)| *size == block_size)
-            .map_or(0, |(_, keys)| keys.len());
-        let matched = (self.scratch_fraction[decode] * keys_len as f64).round() as u32;
-        let hit_tokens = matched * block_size;
-        if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == block_size) {
-            self.router.record_dispatch(decode, keys);
-        }
-        let mut prefill = None;
-        if pd
-            .config
-            .decider
-            .disaggregate(spec.input_tokens, hit_tokens)
-            && !pd.prefill_candidates.is_empty()
-        {
-            let chosen = self.pick_prefill(&mut pd, &spec);
-            if chosen != decode {
-                prefill = Some(chosen);
+        let (decode, prefill) = match pd.config.stage_order {
+            StageOrder::DecodeFirst => {
+                let decode = self.pick_decode(&pd, keys_by_size);
+                let block_size = self.config.instances[decode].engine.block_size;
+                let keys_len = keys_by_size
+                    .iter()
+                    .find(|(size, _)| *size == block_size)
+                    .map_or(0, |(_, keys)| keys.len());
+                let matched = (self.scratch_fraction[decode] * keys_len as f64).round() as u32;
+                let hit_tokens = matched * block_size;
+                let remote = pd.config.remote_prefill(spec.input_tokens, hit_tokens)
+                    && !pd.prefill_candidates.is_empty();
+                let prefill = remote.then(|| self.pick_prefill(&mut pd, &spec));
+                (decode, prefill)
             }
-        }
+            StageOrder::PrefillFirst => {
+                // No decider: the prefill profile runs for every request, then the decode
+                // profile.
+                let prefill =
+                    (!pd.prefill_candidates.is_empty()).then(|| self.pick_prefill(&mut pd, &spec));
+                (self.pick_decode(&pd, keys_by_size), prefill)
+            }
+        };
+        // The prefill profile picking the decode pod itself (a `both` pod): decode-only.
+        let prefill = prefill.filter(|&chosen| chosen != decode);
         let Some(prefill) = prefill else {
             pd.decode_only += 1;
             self.pd = Some(pd);
             self.dispatch_as(decode, spec, Half::Whole);
             return Dispatch::Routed(decode);
         };
-        let half = PdRequest::prefill_half(&spec);
+        let id = spec.id;
         pd.requests
             .insert(spec.id, PdRequest::new(spec, prefill, decode));
         self.pd = Some(pd);
-        self.dispatch_as(prefill, half, Half::Prefill);
+        self.send_prefill(id);
         Dispatch::Routed(decode)
+    }
+
+    /// The decode profile's pick among the decode-serving pods (the prompt's keys recorded in
+    /// its approximate index for the chosen pod).
+    fn pick_decode(&mut self, pd: &PdRuntime, keys_by_size: &[(u32, Vec<u64>)]) -> usize {
+        let decode = self.pick_among(&pd.decode_candidates, None);
+        let block_size = self.config.instances[decode].engine.block_size;
+        if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == block_size) {
+            self.router.record_dispatch(decode, keys);
+        }
+        decode
     }
 
     /// The decode profile's pick among `candidates` (instance indices), from the scratch
@@ -297,6 +329,9 @@ impl Cluster {
                     continue;
                 };
                 request.transfer_start_us = Some(start.at_us);
+                request.transfer_failed = pd
+                    .faults
+                    .transfer_fails(pd.config.faults.transfer_failure_rate);
                 let transfer = pd.config.transfer.transfer_us(
                     &pd.config.kv[request.prefill],
                     &pd.config.kv[index],
@@ -326,6 +361,7 @@ impl Cluster {
         };
         let now = self.now_us;
         match event {
+            PdEvent::PrefillRetry(id) => self.retry_prefill(id),
             PdEvent::Handoff(id) => {
                 pd.handoffs_pending -= 1;
                 let Some(request) = pd.requests.get_mut(&id) else {
@@ -359,9 +395,11 @@ impl Cluster {
                 };
                 request.transfer_end_us = Some(now);
                 let (prefill, decode) = (request.prefill, request.decode);
-                let release = !request.released;
-                let failed = request.expired;
-                request.released = true;
+                // A pull failed in transport sends the prefill pod no notification: it
+                // holds the KV until its hold expires.
+                let release = !request.released && !request.transfer_failed;
+                let failed = request.expired || request.transfer_failed;
+                request.released |= release;
                 self.engines[decode].run_before(now);
                 if failed {
                     self.engines[decode].fail_transfer(id, now);
@@ -421,6 +459,7 @@ impl PdRuntime {
             decode_only: 0,
             decode_candidates,
             prefill_candidates,
+            faults: faults::FaultState::new(seed),
         })
     }
 
@@ -432,173 +471,6 @@ impl PdRuntime {
     /// Time of the next hand-over or pull completion.
     pub(super) fn next_event_us(&self) -> Option<u64> {
         self.events.first_key_value().map(|(&(at, _), _)| at)
-    }
-
-    /// Makes engine-summed counts count client requests: a finished prefill half is no
-    /// request end, a hand-over on its way is a queued request.
-    pub(super) fn correct_counts(&self, counts: &mut Counts) {
-        // Saturating: the counts are the whole run's, each finished prefill half counted
-        // once injected and once completed; a partial count must not wrap.
-        counts.injected = counts
-            .injected
-            .saturating_sub(self.prefill_done)
-            .saturating_add(self.handoffs_pending);
-        counts.completed = counts.completed.saturating_sub(self.prefill_done);
-        counts.queued += self.handoffs_pending;
-    }
-
-    /// Instance `index`'s records as the client saw them: finished prefill halves left out,
-    /// decode halves stamped with the request's arrival and its prefill's enqueue and
-    /// admission.
-    pub(super) fn client_records(
-        &self,
-        index: usize,
-        records: &[RequestRecord],
-        out: &mut Vec<RequestRecord>,
-    ) {
-        for record in records {
-            match self.requests.get(&record.id) {
-                Some(request)
-                    if request.prefill == index && request.stage != Stage::FailedOnPrefill => {}
-                Some(request) if request.decode == index => {
-                    let mut client = record.clone();
-                    client.arrival_us = request.arrival_us;
-                    if let Some(prefill) = &request.prefill_record {
-                        client.enqueue_us = prefill.enqueue_us;
-                        client.schedule_us = prefill.schedule_us;
-                    }
-                    out.push(client);
-                }
-                _ => out.push(record.clone()),
-            }
-        }
-    }
-
-    /// Per-role metrics so far.
-    pub(super) fn summary(&self, engines: &[Engine]) -> PdSummary {
-        let mut decode_first: BTreeMap<RequestId, u64> = BTreeMap::new();
-        for (index, engine) in engines.iter().enumerate() {
-            for record in &engine.metrics().records {
-                if let (Some(request), Some(first)) =
-                    (self.requests.get(&record.id), record.first_token_us)
-                    && request.stage == Stage::Decode
-                    && request.decode == index
-                {
-                    decode_first.insert(record.id, first);
-                }
-            }
-        }
-        let mut prefill_queue = Vec::new();
-        let mut prefill_ttft = Vec::new();
-        let mut decode_wait = Vec::new();
-        let mut transfer = Vec::new();
-        let mut handover = Vec::new();
-        let mut failed = 0;
-        for request in self.requests.values() {
-            if request.stage == Stage::FailedOnPrefill {
-                failed += 1;
-            }
-            if let Some(record) = &request.prefill_record {
-                if let Some(schedule) = record.schedule_us {
-                    prefill_queue.push((schedule - request.arrival_us) as f64);
-                }
-                if let Some(first) = record.first_token_us {
-                    prefill_ttft.push((first - request.arrival_us) as f64);
-                    if let Some(&decode_first) = decode_first.get(&request.spec.id) {
-                        handover.push(decode_first.saturating_sub(first) as f64);
-                    }
-                }
-            }
-            if let (Some(arrival), Some(start)) =
-                (request.decode_arrival_us, request.transfer_start_us)
-            {
-                decode_wait.push((start - arrival) as f64);
-            }
-            if let (Some(start), Some(end)) = (request.transfer_start_us, request.transfer_end_us) {
-                transfer.push((end - start) as f64);
-            }
-        }
-        PdSummary {
-            disaggregated: self.requests.len() as u64,
-            decode_only: self.decode_only,
-            failed_on_prefill: failed,
-            failed_pulls: self
-                .requests
-                .values()
-                .filter(|r| r.expired && r.transfer_end_us.is_some())
-                .count() as u64,
-            prefill_queue: LatencyStats::from_whole_us(&mut prefill_queue),
-            prefill_ttft: LatencyStats::from_whole_us(&mut prefill_ttft),
-            decode_wait: LatencyStats::from_whole_us(&mut decode_wait),
-            transfer: LatencyStats::from_whole_us(&mut transfer),
-            handover: LatencyStats::from_whole_us(&mut handover),
-        }
-    }
-
-    /// The disaggregation invariants: every handed-over request ends on exactly one decode
-    /// pod (its own), no prefill frees a request's blocks before its pull completed (they
-    /// are held exactly while the pull is owed), and no decode pod holds more than its pool.
-    pub(super) fn check(&self, engines: &[Engine], config: &ClusterConfig) -> Result<(), String> {
-        let mut ends: BTreeMap<RequestId, u32> = BTreeMap::new();
-        for (index, engine) in engines.iter().enumerate() {
-            if engine.kv().used_blocks() > engine.kv().total_blocks() {
-                return Err(format!("instance {index} holds more blocks than its pool"));
-            }
-            for record in &engine.metrics().records {
-                let Some(request) = self.requests.get(&record.id) else {
-                    continue;
-                };
-                if index == request.prefill && request.stage != Stage::Decode {
-                    continue; // its prefill half (or the request's end there)
-                }
-                if index == request.prefill && record.outcome == Outcome::Completed {
-                    continue; // the prefill half of a request now decoding
-                }
-                if index != request.decode {
-                    return Err(format!(
-                        "request {:?} ended on instance {index}, not its decode pod {}",
-                        record.id, request.decode
-                    ));
-                }
-                *ends.entry(record.id).or_insert(0) += 1;
-            }
-            for (id, _) in engine.held_kv() {
-                let owed = self.requests.get(&id).is_some_and(|request| {
-                    request.prefill == index
-                        && matches!(request.stage, Stage::Handoff | Stage::Decode)
-                        && !request.released
-                });
-                if !owed {
-                    return Err(format!(
-                        "instance {index} holds KV of {id:?}, which no pull is owed"
-                    ));
-                }
-            }
-        }
-        for (id, request) in &self.requests {
-            if let Some(&count) = ends.get(id)
-                && count != 1
-            {
-                return Err(format!("request {id:?} ended {count} times on decode pods"));
-            }
-            let owed = matches!(request.stage, Stage::Handoff | Stage::Decode) && !request.released;
-            if owed
-                && !engines[request.prefill]
-                    .held_kv()
-                    .any(|(held, _)| held == *id)
-            {
-                return Err(format!(
-                    "instance {} freed {id:?}'s KV before its pull completed",
-                    request.prefill
-                ));
-            }
-            if !serves_prefill(config.instances[request.prefill].role)
-                || !serves_decode(config.instances[request.decode].role)
-            {
-                return Err(format!("request {id:?} split over pods of the wrong roles"));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use crate::catalog;
 use crate::cluster::config::{AdmissionPolicy, ClusterConfig, InstanceRole, RoutingPolicy};
 use crate::cluster::config::{InstanceConfig, StalenessConfig};
-use crate::cluster::disagg::{DisaggConfig, InstanceKv, serves_decode, serves_prefill};
+use crate::cluster::disagg::{DisaggConfig, InstanceKv, PdFaults, serves_decode, serves_prefill};
 use crate::cluster::{Cluster, PdProgress};
 use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::{Engine, Outcome, RequestId};
@@ -87,7 +87,7 @@ pub(super) fn plan(
             0
         };
         let hit_tokens = hits.saturating_mul(block_size).min(prompt);
-        let remote = settings.decider.disaggregate(prompt, hit_tokens);
+        let remote = settings.remote_prefill(prompt, hit_tokens);
         choices.push(DeciderChoice {
             decode_instance_id: instance.id.clone(),
             uncached_tokens: prompt - hit_tokens,
@@ -345,9 +345,12 @@ impl PairFork<'_> {
             admission: AdmissionPolicy::Always,
             staleness: StalenessConfig::uniform(0),
         };
+        // A pair's answer is its prediction when nothing fails: failure rates would make it
+        // one random draw of the question's own request.
         // The pull priced as the decode pod measured its own (the catalog's until it has).
         let disagg = DisaggConfig {
             prefill_routing: RoutingPolicy::RoundRobin,
+            faults: PdFaults::NONE,
             kv: self.kv.to_vec(),
             transfer: super::transfer::for_decode(snapshot, &self.settings.transfer, self.decode),
             ..self.settings.clone()

@@ -171,11 +171,30 @@ def test_a_bad_disaggregation_section_is_refused_naming_the_field(server):
         (dict(link="carrier-pigeon"), "disaggregation.link"),
         (dict(connector="telegraph"), "disaggregation.connector"),
         (dict(non_cached_tokens=-1), "disaggregation.non_cached_tokens"),
-        (dict(stage_order="prefill-first"), "disaggregation.stage_order"),
+        (dict(stage_order="sideways-first"), "disaggregation.stage_order"),
+        # llm-d refuses a prefill decider in the prefill-first order.
+        (dict(stage_order="prefill-first", non_cached_tokens=16), "disaggregation.decider"),
         (dict(bandwidth_gb_s=0), "disaggregation.bandwidth_gb_s"),
     ]:
         expect_invalid(lambda: server.twin.SyncClusterConfig(pd_config(**section), timeout=10), field)
     assert server.twin.GetSnapshot(pb.GetSnapshotRequest(now_us=NOW_US), timeout=10) == before
+
+
+def test_prefill_first_sends_even_a_short_prompt_to_a_prefill_pod(server):
+    assert server.twin.SyncClusterConfig(pd_config(stage_order="prefill-first"), timeout=10).changed
+    snap = server.twin.GetSnapshot(pb.GetSnapshotRequest(now_us=NOW_US), timeout=10)
+    section = snap.config.disaggregation
+    assert section.stage_order == "prefill-first"
+    assert not section.HasField("non_cached_tokens"), "no decider in this order"
+    assert not server.twin.SyncClusterConfig(snap.config, timeout=10).changed
+    server.twin.PushInstanceState(iter([update(i) for i in (P0, P1, D0, D1)]), timeout=10)
+    # 20 tokens: decode-first's decider keeps it decode only; prefill-first has no decider.
+    short = ask(server, 20)
+    assert [c.remote_prefill for c in short.decider] == [True, True]
+    assert {(p.prefill_instance_id, p.decode_instance_id) for p in short.pairs} == {
+        (p, d) for p in (P0, P1) for d in (D0, D1)
+    }
+    assert short.recommended_prefill_instance_id in (P0, P1)
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ use crate::catalog;
 use crate::catalog::kv_connectors::{kv_connector, kv_link};
 use crate::cluster::config::InstanceRole;
 use crate::cluster::disagg::{
-    DEFAULT_HOLD_TIMEOUT_US, DisaggConfig, InstanceKv, PdDecider, TransferModel, llm_d_pd_profile,
+    DEFAULT_HOLD_TIMEOUT_US, DEFAULT_PREFILL_RETRY_BACKOFF_US, DisaggConfig, InstanceKv, PdDecider,
+    PdFaults, StageOrder, TransferModel, llm_d_pd_profile,
 };
 
 /// The connector used when the section names none (llm-d's default).
@@ -23,7 +24,7 @@ pub struct DisaggSpec {
     /// `disagg-profile-handler` (default) or its alias `pd-profile-handler`.
     #[serde(default)]
     pub handler: Option<String>,
-    /// `decode-first` (llm-d's default, the only order modelled).
+    /// `decode-first` (llm-d's default) or `prefill-first`.
     #[serde(default)]
     pub stage_order: Option<String>,
     /// The `prefix-based-pd-decider`'s parameters.
@@ -51,7 +52,22 @@ pub struct DisaggSpec {
     /// `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, default 480).
     #[serde(default)]
     pub abort_request_timeout_s: Option<f64>,
+    /// Probability that one prefill attempt fails with a retryable 5xx (default 0).
+    #[serde(default)]
+    pub prefill_failure_rate: Option<f64>,
+    /// The routing sidecar's `--prefill-max-retries` (default 0).
+    #[serde(default)]
+    pub prefill_max_retries: Option<u32>,
+    /// The routing sidecar's `--prefill-retry-backoff`, ms (default 200).
+    #[serde(default)]
+    pub prefill_retry_backoff_ms: Option<f64>,
+    /// Probability that one KV pull fails in transport (default 0).
+    #[serde(default)]
+    pub transfer_failure_rate: Option<f64>,
 }
+
+/// The most retries a sidecar may be configured with here (a bound on simulated events).
+pub const MAX_PREFILL_RETRIES: u32 = 100;
 
 /// `prefix-based-pd-decider` parameters (llm-d's names in snake case).
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -115,22 +131,18 @@ pub fn resolve_disaggregation(
             ));
         }
     }
-    match spec.stage_order.as_deref().map(str::trim) {
-        None | Some("decode-first") => {}
-        Some("prefill-first") => {
-            return Err(invalid(
-                field("stage_order"),
-                "prefill-first is not modelled yet (llm-d uses it for topology affinity, \
-                 without a decider)",
-            ));
-        }
-        Some(other) => {
-            return Err(invalid(
-                field("stage_order"),
-                format!("unknown order {other:?}; expected decode-first"),
-            ));
-        }
+    let stage_order = resolve_stage_order(spec.stage_order.as_deref())?;
+    let decider_set = spec
+        .decider
+        .is_some_and(|d| d.non_cached_tokens.is_some() || d.prompt_tokens.is_some());
+    if stage_order == StageOrder::PrefillFirst && decider_set {
+        return Err(invalid(
+            field("decider"),
+            "a prefill decider is not supported in the prefill-first stage order (llm-d \
+             refuses it: the prefill profile runs for every request)",
+        ));
     }
+    let faults = resolve_faults(spec)?;
     let decider_spec = spec.decider.unwrap_or_default();
     let decider = PdDecider {
         non_cached_tokens: decider_spec
@@ -181,6 +193,8 @@ pub fn resolve_disaggregation(
     Ok(DisaggConfig {
         hold_timeout_us,
         decider,
+        stage_order,
+        faults,
         prefill_routing,
         transfer: TransferModel {
             bandwidth_gb_s,
@@ -188,6 +202,64 @@ pub fn resolve_disaggregation(
             setup_us: spec.setup_us.unwrap_or(connector.setup_us),
         },
         kv,
+    })
+}
+
+/// llm-d's `ParseStageOrder`: case, `-` and `_` ignored; `decode-first` (or `decode`, or
+/// nothing) and `prefill-first` (or `prefill`).
+fn resolve_stage_order(order: Option<&str>) -> Result<StageOrder, ClusterSpecError> {
+    let Some(order) = order else {
+        return Ok(StageOrder::DecodeFirst);
+    };
+    let squashed: String = order
+        .trim()
+        .chars()
+        .filter(|c| *c != '-' && *c != '_')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    match squashed.as_str() {
+        "" | "decodefirst" | "decode" => Ok(StageOrder::DecodeFirst),
+        "prefillfirst" | "prefill" => Ok(StageOrder::PrefillFirst),
+        _ => Err(invalid(
+            "disaggregation.stage_order",
+            format!("unknown order {order:?}; expected decode-first or prefill-first"),
+        )),
+    }
+}
+
+/// The failure rates and the sidecar's retry settings; errors name their field.
+fn resolve_faults(spec: &DisaggSpec) -> Result<PdFaults, ClusterSpecError> {
+    let rate = |value: Option<f64>, name: &str| match value {
+        None => Ok(0.0),
+        Some(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        Some(_) => Err(invalid(
+            format!("disaggregation.{name}"),
+            "must be a probability between 0 and 1",
+        )),
+    };
+    let prefill_max_retries = spec.prefill_max_retries.unwrap_or(0);
+    if prefill_max_retries > MAX_PREFILL_RETRIES {
+        return Err(invalid(
+            "disaggregation.prefill_max_retries",
+            format!("at most {MAX_PREFILL_RETRIES}"),
+        ));
+    }
+    let prefill_retry_backoff_us = match spec.prefill_retry_backoff_ms {
+        None => DEFAULT_PREFILL_RETRY_BACKOFF_US,
+        // llm-d: the backoff must be positive when retries are on.
+        Some(ms) if ms.is_finite() && ms > 0.0 && ms <= 3.6e6 => (ms * 1e3).round() as u64,
+        Some(_) => {
+            return Err(invalid(
+                "disaggregation.prefill_retry_backoff_ms",
+                "must be a positive number of ms, at most one hour",
+            ));
+        }
+    };
+    Ok(PdFaults {
+        prefill_failure_rate: rate(spec.prefill_failure_rate, "prefill_failure_rate")?,
+        prefill_max_retries,
+        prefill_retry_backoff_us,
+        transfer_failure_rate: rate(spec.transfer_failure_rate, "transfer_failure_rate")?,
     })
 }
 

@@ -48,6 +48,9 @@ pub fn disaggregation_from_proto(
         descriptor_us: message.descriptor_us,
         setup_us,
         abort_request_timeout_s: message.abort_request_timeout_s,
+        // Failure rates and retries have no proto field: none (a twin's pair answers assume
+        // no failures).
+        ..DisaggSpec::default()
     };
     PdSettings::resolve(&spec)
         .map(Some)
@@ -62,11 +65,14 @@ pub fn disaggregation_from_proto(
 /// Encodes the settings in force with every value resolved.
 pub fn disaggregation_to_proto(settings: &PdSettings) -> proto::Disaggregation {
     let config = &settings.config;
+    // Prefill-first has no decider (a value set is refused): none echoed.
+    let decider = (config.stage_order == crate::cluster::disagg::StageOrder::DecodeFirst)
+        .then_some(config.decider);
     proto::Disaggregation {
         handler: "disagg-profile-handler".to_owned(),
-        stage_order: "decode-first".to_owned(),
-        non_cached_tokens: Some(i64::from(config.decider.non_cached_tokens)),
-        prompt_tokens: Some(i64::from(config.decider.prompt_tokens)),
+        stage_order: config.stage_order.as_str().to_owned(),
+        non_cached_tokens: decider.map(|d| i64::from(d.non_cached_tokens)),
+        prompt_tokens: decider.map(|d| i64::from(d.prompt_tokens)),
         connector: settings.connector.clone(),
         link: settings.link.clone(),
         bandwidth_gb_s: Some(config.transfer.bandwidth_gb_s),

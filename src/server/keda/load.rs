@@ -25,8 +25,8 @@ use tokio::task::JoinHandle;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
 use crate::twin::desired::{Variant, in_flight, variants};
-use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 use crate::twin::store::MirrorStore;
+use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 
 /// A pool: (namespace, name); the namespace is empty for ids without one.
 pub type PoolKey = (String, String);
