@@ -489,7 +489,7 @@ fn the_overloaded_tp_runs_reach_their_knee_once_the_step_is_priced() {
 #[test]
 fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
     // Goal: pin docs/fidelity.md "The measured all-reduce": with each all-reduce priced from
-    // vLLM's measured H100 TP 4 times (data/allreduce_latency.json, PR #24532: the custom
+    // vLLM's measured H100 TP 4 times (data/allreduce_latency.tsv, PR #24532: the custom
     // kernel vLLM runs, 26 µs at the 2 MiB of a 128-sequence decode step, where the formula
     // prices 17), the 70B × 4 reasoning run's E2E error falls from over 30% to under 15% and
     // it starts to time out, while 70B × 4 codegen's TTFT turns over 12% too slow (its

@@ -1,5 +1,5 @@
 //! The measured tensor-parallel all-reduce: one all-reduce's time by message size, per GPU
-//! and TP degree, from published kernel benchmarks (`data/allreduce_latency.json`, embedded
+//! and TP degree, from published kernel benchmarks (`data/allreduce_latency.tsv`, embedded
 //! at build time; sources in data/PROVENANCE.md). The calibrated model prices each all-reduce
 //! from a curve here when its `allreduce_measured` coefficient is on and the GPU and TP degree
 //! have one (docs/fidelity.md, "The measured all-reduce").
@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use super::LatencyError;
 
 /// The embedded table.
-static TABLE_JSON: &str = include_str!("../../../data/allreduce_latency.json");
+static TABLE_JSON: &str = include_str!("../../../data/allreduce_latency.tsv");
 
 /// One GPU's and TP degree's measured all-reduce: (message bytes, µs) points, bytes strictly
 /// increasing, every value finite and non-negative.
@@ -60,34 +60,40 @@ impl AllreduceCurve {
 /// The table: lower-cased GPU name -> TP degree -> curve.
 type Table = BTreeMap<String, BTreeMap<u32, AllreduceCurve>>;
 
-/// Parses a table file: `{gpu: {"tp": [[bytes, µs], ...]}}`, keys starting with `_` ignored.
-fn parse(json: &str) -> Result<Table, String> {
-    let raw: BTreeMap<String, serde_json::Value> =
-        serde_json::from_str(json).map_err(|e| e.to_string())?;
-    let mut table = Table::new();
-    for (gpu, entry) in raw.iter().filter(|(name, _)| !name.starts_with('_')) {
-        let degrees = entry
-            .as_object()
-            .ok_or_else(|| format!("{gpu}: must map TP degrees to points"))?;
-        let mut curves = BTreeMap::new();
-        for (tp, rows) in degrees.iter().filter(|(key, _)| !key.starts_with('_')) {
-            let tp_u: u32 = tp
-                .parse()
-                .map_err(|_| format!("{gpu}: TP degree `{tp}` is not a number"))?;
-            let points = rows
-                .as_array()
-                .ok_or_else(|| format!("{gpu} TP {tp}: points must be a list"))?
-                .iter()
-                .map(|row| match row.as_array().map(Vec::as_slice) {
-                    Some([b, t]) => b.as_f64().zip(t.as_f64()),
-                    _ => None,
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| format!("{gpu} TP {tp}: each point must be [bytes, us]"))?;
-            let curve = AllreduceCurve::new(points).map_err(|e| format!("{gpu} TP {tp}: {e}"))?;
-            curves.insert(tp_u, curve);
+/// A curve's points as the file spells its GPU: (name, (bytes, µs) points).
+type Points = (String, Vec<(f64, f64)>);
+
+/// Parses a table file: one point a line, `GPU TP BYTES US` separated by white space; `#`
+/// starts a comment. A curve's points are its GPU's and TP degree's lines, in file order.
+fn parse(text: &str) -> Result<Table, String> {
+    let mut points: BTreeMap<(String, u32), Points> = BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
         }
-        table.insert(gpu.to_ascii_lowercase(), curves);
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [gpu, tp, bytes, us] = fields.as_slice() else {
+            return Err(format!("line {}: need `GPU TP BYTES US`", n + 1));
+        };
+        let number = |what: &str, text: &str| {
+            text.parse::<f64>()
+                .map_err(|_| format!("line {}: {what} `{text}` is not a number", n + 1))
+        };
+        let tp_u: u32 = tp
+            .parse()
+            .map_err(|_| format!("line {}: TP degree `{tp}` is not a number", n + 1))?;
+        let point = (number("bytes", bytes)?, number("us", us)?);
+        points
+            .entry((gpu.to_ascii_lowercase(), tp_u))
+            .or_insert_with(|| ((*gpu).to_string(), Vec::new()))
+            .1
+            .push(point);
+    }
+    let mut table = Table::new();
+    for ((key, tp), (gpu, curve_points)) in points {
+        let curve = AllreduceCurve::new(curve_points).map_err(|e| format!("{gpu} TP {tp}: {e}"))?;
+        table.entry(key).or_default().insert(tp, curve);
     }
     Ok(table)
 }
@@ -137,15 +143,19 @@ mod tests {
 
     #[test]
     fn malformed_tables_are_errors_that_say_where() {
-        let err = parse(r#"{"H100": {"4": [[2, 1], [1, 2]]}}"#).unwrap_err();
+        let err = parse("H100 4 2 1\nH100 4 1 2\n").unwrap_err();
         assert!(
             err.contains("H100 TP 4") && err.contains("increase"),
             "{err}"
         );
-        let err = parse(r#"{"H100": {"four": [[1, 1]]}}"#).unwrap_err();
-        assert!(err.contains("four"), "{err}");
-        let err = parse(r#"{"H100": {"4": [[1]]}}"#).unwrap_err();
-        assert!(err.contains("[bytes, us]"), "{err}");
+        let err = parse("# a comment\nH100 four 1 1\n").unwrap_err();
+        assert!(err.contains("line 2") && err.contains("four"), "{err}");
+        let err = parse("H100 4 1\n").unwrap_err();
+        assert!(err.contains("GPU TP BYTES US"), "{err}");
+        let err = parse("H100 4 1 fast\n").unwrap_err();
+        assert!(err.contains("us `fast`"), "{err}");
+        let table = parse("H100 4 1 2 # trailing comment\n\nh100 2 1 3\n").unwrap();
+        assert_eq!(table["h100"].len(), 2);
         assert!(AllreduceCurve::new(vec![]).is_err());
         assert!(AllreduceCurve::new(vec![(1.0, f64::NAN)]).is_err());
     }

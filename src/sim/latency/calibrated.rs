@@ -44,7 +44,7 @@
 //! `allreduce_peer_cap` peers beyond the base pay the per-peer latency (vLLM's one-shot
 //! custom all-reduce reads every peer's buffer at once over NVSwitch, so its latency stops
 //! growing with the peers; 0 = no cap). With `allreduce_measured` > 0, on a GPU and TP
-//! degree the measured table has (`data/allreduce_latency.json`, [`super::allreduce`]), each
+//! degree the measured table has (`data/allreduce_latency.tsv`, [`super::allreduce`]), each
 //! of the `n_ar` all-reduces costs `allreduce_measured` × the measured time of its message
 //! (T · hidden · activation bytes) instead, in place of `c_allreduce`, `c_peer` and `c_link`
 //! (0 in the shipped coefficients: docs/fidelity.md, "The measured all-reduce"). The coefficients

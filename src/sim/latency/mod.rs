@@ -35,8 +35,8 @@ pub use roofline::RooflineModel;
 /// Why a latency model could not be built from the given inputs.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum LatencyError {
-    /// The embedded measured all-reduce table (`data/allreduce_latency.json`) is malformed.
-    #[error("data/allreduce_latency.json: {problem}")]
+    /// The embedded measured all-reduce table (`data/allreduce_latency.tsv`) is malformed.
+    #[error("data/allreduce_latency.tsv: {problem}")]
     AllreduceTable {
         /// What is wrong, and where.
         problem: String,

@@ -514,7 +514,7 @@ fn fp8_weights_and_the_peer_cap_price_only_what_they_name() {
 #[test]
 fn the_measured_allreduce_replaces_the_formula_where_the_table_has_a_row() {
     // Goal: with `allreduce_measured` on, an H100 TP 4 step pays 2L all-reduces at the
-    // measured time of its message (data/allreduce_latency.json) and none of the formula's
+    // measured time of its message (data/allreduce_latency.tsv) and none of the formula's
     // all-reduce terms; without a row (TP 2, another GPU) or with it off, nothing changes.
     // Method: llama-3.1-8b (hidden 4096, 32 layers), 128 decodes: 128·4096·2 B = 1 MiB, 18 µs
     // in the table (PR #24532, custom two-stage kernel); 20 decodes: 160 KiB, below the
