@@ -43,7 +43,11 @@
 //! efficiency relative to the 16-bit ones; 1 for 16-bit weights), and at most
 //! `allreduce_peer_cap` peers beyond the base pay the per-peer latency (vLLM's one-shot
 //! custom all-reduce reads every peer's buffer at once over NVSwitch, so its latency stops
-//! growing with the peers; 0 = no cap). The coefficients
+//! growing with the peers; 0 = no cap). With `allreduce_measured` > 0, on a GPU and TP
+//! degree the measured table has (`data/allreduce_latency.tsv`, [`super::allreduce`]), each
+//! of the `n_ar` all-reduces costs `allreduce_measured` × the measured time of its message
+//! (T · hidden · activation bytes) instead, in place of `c_allreduce`, `c_peer` and `c_link`
+//! (0 in the shipped coefficients: docs/fidelity.md, "The measured all-reduce"). The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
 //!
@@ -70,6 +74,7 @@
 //! "batch + n decodes with total context c" ([`CalibratedModel::step_with_decodes_us`]) give
 //! the same microsecond.
 
+use super::allreduce::{AllreduceCurve, measured_curve};
 use super::roofline::activated_expert_fraction;
 use super::validate::{check_arch, check_gpu_peaks, check_tp};
 use super::{
@@ -129,6 +134,29 @@ pub struct CalibratedModel {
     /// The weights' time multiplier for their precision: `fp8_weights` for 1-byte weights,
     /// 1 otherwise.
     weight_precision: f64,
+    /// The measured all-reduce, when `allreduce_measured` is on and the GPU and TP degree
+    /// have a curve: it then prices every all-reduce in place of `allreduce_us`, the peer
+    /// latency and the link term.
+    measured_allreduce: Option<MeasuredAllreduce>,
+}
+
+/// Each all-reduce priced from a measured curve: `scale · curve(T · hidden · activation
+/// bytes)` µs, `n_ar` of them a step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MeasuredAllreduce {
+    /// `allreduce_measured`.
+    scale: f64,
+    /// The GPU's curve at the model's TP degree.
+    curve: &'static AllreduceCurve,
+    /// One token's activations (bytes): `hidden · activation bytes`.
+    bytes_per_token: f64,
+}
+
+impl MeasuredAllreduce {
+    /// One all-reduce of a step of `tokens` tokens (µs).
+    fn one_us(&self, tokens: f64) -> f64 {
+        self.scale * self.curve.us(tokens.max(1.0) * self.bytes_per_token)
+    }
 }
 
 /// What makes up the TTFT of one request on an idle server, as the calibrated model prices
@@ -245,7 +273,18 @@ impl CalibratedModel {
         check_tp(tp)?;
         check_arch(arch)?;
         check_gpu_peaks(gpu)?;
-        Ok(Self::build(arch, gpu, tp, coefficients))
+        let scale = coefficients.values[idx::ALLREDUCE_MEASURED];
+        let curve = if tp > 1 && scale > 0.0 {
+            measured_curve(&gpu.name, tp)?
+        } else {
+            None
+        };
+        let measured = curve.map(|curve| MeasuredAllreduce {
+            scale,
+            curve,
+            bytes_per_token: f64::from(arch.hidden_size) * arch.bytes_per_param,
+        });
+        Ok(Self::build(arch, gpu, tp, coefficients, measured))
     }
 
     fn build(
@@ -253,6 +292,7 @@ impl CalibratedModel {
         gpu: &GpuSpec,
         tp_u: u32,
         coefficients: &CalibratedCoefficients,
+        measured_allreduce: Option<MeasuredAllreduce>,
     ) -> Self {
         let tp = f64::from(tp_u);
         let layers = f64::from(arch.num_layers);
@@ -329,6 +369,7 @@ impl CalibratedModel {
             head_flop_us_per_seq: 2.0 * head_params / flops_per_us,
             logits_us_per_seq: f64::from(arch.vocab_size) * LOGIT_BYTES / bytes_per_us,
             weight_precision: if wb < 1.5 { c[idx::FP8_WEIGHTS] } else { 1.0 },
+            measured_allreduce,
         }
     }
 
@@ -423,15 +464,30 @@ impl CalibratedModel {
         let flops_us = tokens
             * (c[FLOPS] * self.flop_us_per_token + c[MOE_FLOPS] * self.expert_flop_us_per_token)
             + c[FLOPS] * seqs * self.head_flop_us_per_seq;
+        let allreduce_us = match &self.measured_allreduce {
+            Some(measured) => self.allreduces * measured.one_us(tokens),
+            None => {
+                c[ALLREDUCE_US] * self.allreduces
+                    + peer_us
+                    + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
+            }
+        };
         c[STEP_US]
             + c[SEQ_US] * seqs
             + c[TOKEN_US] * tokens
             + c[SAMPLER_PASSES] * seqs * self.logits_us_per_seq
             + c[LAYER_US] * self.layers
-            + c[ALLREDUCE_US] * self.allreduces
-            + peer_us
-            + c[ALLREDUCE_LINK] * tokens * self.allreduce_us_per_token
+            + allreduce_us
             + (c[WEIGHTS] * weights_us).max(flops_us)
+    }
+
+    /// The all-reduces' fixed latency a step pays whatever its size: `allreduce_us·2L` plus
+    /// the peer latency, or with the measured curve its time at one token's message.
+    fn fixed_allreduce_us(&self) -> f64 {
+        match &self.measured_allreduce {
+            Some(measured) => self.allreduces * measured.one_us(1.0),
+            None => self.c[idx::ALLREDUCE_US] * self.allreduces + self.step_peer_us,
+        }
     }
 
     /// The coefficients of the formula's context terms.
@@ -464,7 +520,7 @@ impl CalibratedModel {
         let c = &self.c;
         let chunk_tokens = chunk_tokens.max(1);
         let fixed = c[STEP_US] + c[SEQ_US] + c[LAYER_US] * self.layers;
-        let fixed = fixed + c[ALLREDUCE_US] * self.allreduces + self.step_peer_us;
+        let fixed = fixed + self.fixed_allreduce_us();
         let (mut scheduler_us, mut steps_us, mut done) = (0u64, 0u64, 0u32);
         while done < prompt_tokens.max(1) {
             let new = chunk_tokens.min(prompt_tokens.max(1) - done);

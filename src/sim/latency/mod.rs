@@ -15,6 +15,7 @@
 //! its float-to-integer conversion: a model's microseconds are truncated toward zero
 //! ([`us_trunc_from_f64`], Go's `int64(x)`), not rounded.
 
+pub mod allreduce;
 pub mod arch;
 pub mod blackbox;
 pub mod calibrated;
@@ -34,6 +35,12 @@ pub use roofline::RooflineModel;
 /// Why a latency model could not be built from the given inputs.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum LatencyError {
+    /// The embedded measured all-reduce table (`data/allreduce_latency.tsv`) is malformed.
+    #[error("data/allreduce_latency.tsv: {problem}")]
+    AllreduceTable {
+        /// What is wrong, and where.
+        problem: String,
+    },
     /// Tensor parallelism must be at least 1.
     #[error("tensor parallelism must be >= 1, got {tp}")]
     InvalidTp {

@@ -2,7 +2,7 @@
 //! ones a file may omit, their indices, and the pure-roofline values.
 
 /// Number of coefficients.
-pub const COEFFICIENTS: usize = 26;
+pub const COEFFICIENTS: usize = 27;
 
 /// The coefficients' names, in [`CalibratedCoefficients::values`] order (the coefficients
 /// file uses them as keys).
@@ -33,11 +33,12 @@ pub const COEFFICIENT_NAMES: [&str; COEFFICIENTS] = [
     "allreduce_peer_cap",
     "moe_weights",
     "fp8_weights",
+    "allreduce_measured",
 ];
 
 /// Coefficients a file may omit (added after files were written), with the value that keeps
 /// such a file's predictions what they were.
-pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 12] = [
+pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 13] = [
     ("allreduce_link", 0.0),
     ("first_token_steps", 0.0),
     ("waiting_us", 0.0),
@@ -50,6 +51,7 @@ pub const OPTIONAL_COEFFICIENTS: [(&str, f64); 12] = [
     ("allreduce_peer_cap", 0.0),
     ("moe_weights", 1.0),
     ("fp8_weights", 1.0),
+    ("allreduce_measured", 0.0),
 ];
 
 /// Index of each coefficient in [`CalibratedCoefficients::values`].
@@ -81,6 +83,7 @@ pub mod idx {
     pub const ALLREDUCE_PEER_CAP: usize = 23;
     pub const MOE_WEIGHTS: usize = 24;
     pub const FP8_WEIGHTS: usize = 25;
+    pub const ALLREDUCE_MEASURED: usize = 26;
 }
 
 /// The calibrated model's coefficients (all finite and ≥ 0).
@@ -95,7 +98,7 @@ impl CalibratedCoefficients {
     pub const ROOFLINE: CalibratedCoefficients = CalibratedCoefficients {
         values: [
             0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0,
-            0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0,
+            0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0,
         ],
     };
 

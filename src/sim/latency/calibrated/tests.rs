@@ -510,3 +510,45 @@ fn fp8_weights_and_the_peer_cap_price_only_what_they_name() {
     assert!(uncapped.abs_diff(64 * 5 * 6) <= 1, "{uncapped}");
     assert!(capped.abs_diff(64 * 5 * 2) <= 1, "{capped}");
 }
+
+#[test]
+fn the_measured_allreduce_replaces_the_formula_where_the_table_has_a_row() {
+    // Goal: with `allreduce_measured` on, an H100 TP 4 step pays 2L all-reduces at the
+    // measured time of its message (data/allreduce_latency.tsv) and none of the formula's
+    // all-reduce terms; without a row (TP 2, another GPU) or with it off, nothing changes.
+    // Method: llama-3.1-8b (hidden 4096, 32 layers), 128 decodes: 128·4096·2 B = 1 MiB, 18 µs
+    // in the table (PR #24532, custom two-stage kernel); 20 decodes: 160 KiB, below the
+    // first point, its 10 µs.
+    let mut off = CalibratedCoefficients::ROOFLINE;
+    off.values[idx::ALLREDUCE_LINK] = 0.0;
+    let mut on = off.clone();
+    on.values[idx::ALLREDUCE_MEASURED] = 1.0;
+    let mut on_with_formula = on.clone();
+    on_with_formula.values[idx::ALLREDUCE_US] = 5.0;
+    on_with_formula.values[idx::ALLREDUCE_PEER_US] = 3.0;
+    on_with_formula.values[idx::ALLREDUCE_LINK] = 1.0;
+    let step = |gpu: &GpuSpec, tp: u32, c: &CalibratedCoefficients, decodes: u64| {
+        CalibratedModel::new(&llama_8b(), gpu, tp, c)
+            .unwrap()
+            .step_with_decodes_us(&[], decodes, decodes * 500)
+    };
+    let h100 = h100();
+    let added = step(&h100, 4, &on, 128) - step(&h100, 4, &off, 128);
+    assert!(added.abs_diff(2 * 32 * 18) <= 1, "added {added} µs");
+    let added = step(&h100, 4, &on, 20) - step(&h100, 4, &off, 20);
+    assert!(added.abs_diff(2 * 32 * 10) <= 1, "added {added} µs");
+    assert_eq!(
+        step(&h100, 4, &on_with_formula, 128),
+        step(&h100, 4, &on, 128)
+    );
+    assert_eq!(step(&h100, 2, &on, 128), step(&h100, 2, &off, 128));
+    let a100 = GpuSpec {
+        name: "A100-80".to_string(),
+        ..h100.clone()
+    };
+    assert_eq!(step(&a100, 4, &on, 128), step(&a100, 4, &off, 128));
+    // The unloaded TTFT's fixed part carries the measured latency too.
+    let model = CalibratedModel::new(&llama_8b(), &h100, 4, &on).unwrap();
+    let ttft = model.unloaded_ttft(100, 2048);
+    assert!(ttft.scheduler_us >= 2 * 32 * 10, "{ttft:?}");
+}
