@@ -27,11 +27,6 @@ const KNOWN: &[(&str, &[&str], &str)] = &[
         &["deployment", "measured", "s2r", "scraped"],
         "measured <-> deployment / s2r / scraped share a measured run's types",
     ),
-    (
-        "sim/engine",
-        &["disagg", "lifecycle"],
-        "the P/D halves' release and the wait queue's key",
-    ),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
