@@ -4,7 +4,7 @@
 //! prompt's blocks the decode pod holds, whether a separate prefill is worth it. Where it
 //! says no, the candidate's ordinary answer (the monolithic fork, `fork.rs`) is its
 //! "decode only" answer. Where it says yes, each (prefill, decode) pair among the candidates
-//! is answered on a fork of the two pods as a disaggregated [`Cluster`] (`cluster::pd_run`:
+//! is answered on a fork of the two pods as a disaggregated [`Cluster`] (`cluster::sim::pd`:
 //! the same model as `ditto run`): the two engines restored as their monolithic forks are,
 //! rolled forward to `now`, the request sent to the pinned pair, run to the horizon. A
 //! baseline per pod (its fork without the request) measures the impact on each pod's other
