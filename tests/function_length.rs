@@ -25,19 +25,6 @@ const KNOWN: &[(&str, &str, &str)] = &[
         "lazy_finish_in",
         "hot path: kept whole until a split is measured",
     ),
-    ("telemetry/metrics.rs", "new", "to split (telemetry)"),
-    ("telemetry/live.rs", "register", "to split (telemetry)"),
-    (
-        "cli/autoscale_report.rs",
-        "svg",
-        "to split (autoscaling report)",
-    ),
-    (
-        "cluster/autoscale/run.rs",
-        "run_policy",
-        "to split (autoscaling)",
-    ),
-    ("twin/pd.rs", "answer_pairs", "to split (the twin's P/D)"),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -15,24 +15,7 @@ use std::str::FromStr;
 use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 
 /// Cycles left, as (folder under `src/`, its children in the cycle, why).
-const KNOWN: &[(&str, &[&str], &str)] = &[
-    (
-        "cluster",
-        &["autoscale", "pd_run", "sim"],
-        "Cluster holds the P/D and autoscaling runtimes that extend it (pd_run <-> sim, \
-         autoscale <-> sim)",
-    ),
-    (
-        "fidelity",
-        &["deployment", "measured", "s2r", "scraped"],
-        "measured <-> deployment / s2r / scraped share a measured run's types",
-    ),
-    (
-        "sim/engine",
-        &["disagg", "lifecycle"],
-        "the P/D halves' release and the wait queue's key",
-    ),
-];
+const KNOWN: &[(&str, &[&str], &str)] = &[];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -134,12 +134,20 @@ const POINTS_MAX: usize = 1_200;
 /// An SVG of three panels sharing the time axis: arrivals per second, replicas held, and
 /// the window P90 TTFT (log-free, clipped at 4 × the objective), one line per policy.
 pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
-    let end_s = outcomes
-        .iter()
-        .flat_map(|o| o.timeline.last().map(|s| s.at_s))
-        .fold(1.0, f64::max);
+    let axes = Axes {
+        end_s: outcomes
+            .iter()
+            .flat_map(|o| o.timeline.last().map(|s| s.at_s))
+            .fold(1.0, f64::max),
+        plot_w: WIDTH - LEFT - 160.0,
+        rate_max: outcomes
+            .iter()
+            .flat_map(|o| o.timeline.iter().map(|s| s.arrival_rate))
+            .fold(1e-9, f64::max),
+        replicas_max: f64::from(json.max_replicas.max(1)) * 1.1,
+        ttft_max: json.ttft_slo_ms * 4.0,
+    };
     let height = TOP + 3.0 * PANEL + 2.0 * GAP + 60.0;
-    let plot_w = WIDTH - LEFT - 160.0;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -153,18 +161,57 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
             json.pool, json.workload, json.ttft_slo_ms, json.tpot_slo_ms
         ))
     );
-    let x = |t: f64| LEFT + plot_w * t / end_s;
+    panels(&mut out, &axes, json.ttft_slo_ms);
+    time_axis(&mut out, &axes);
+    // The load (the same for every policy: the first one's).
+    if let Some(first) = outcomes.first() {
+        let points = thin(first.timeline.iter().map(|s| (s.at_s, s.arrival_rate)));
+        let series = Series {
+            name: "load",
+            policy: None,
+            color: "#444444",
+        };
+        polyline(
+            &mut out,
+            &points,
+            &|t| axes.x(t),
+            TOP,
+            axes.rate_max,
+            &series,
+        );
+    }
+    for (index, outcome) in outcomes.iter().enumerate() {
+        policy_lines(&mut out, &axes, index, outcome);
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Where the chart puts a time and each panel's values: the run's end, the plot's width and
+/// each panel's top value.
+struct Axes {
+    end_s: f64,
+    plot_w: f64,
+    rate_max: f64,
+    replicas_max: f64,
+    ttft_max: f64,
+}
+
+impl Axes {
+    /// The horizontal position of time `t`, seconds.
+    fn x(&self, t: f64) -> f64 {
+        LEFT + self.plot_w * t / self.end_s
+    }
+}
+
+/// The three panels' frames, titles and value ticks, and the TTFT panel's SLO line.
+fn panels(out: &mut String, axes: &Axes, ttft_slo_ms: f64) {
+    let plot_w = axes.plot_w;
     let panels: [(&str, f64); 3] = [
         ("arrivals (req/s)", 0.0),
         ("replicas held", 1.0),
         ("P90 TTFT (ms, clipped)", 2.0),
     ];
-    let rate_max = outcomes
-        .iter()
-        .flat_map(|o| o.timeline.iter().map(|s| s.arrival_rate))
-        .fold(1e-9, f64::max);
-    let replicas_max = f64::from(json.max_replicas.max(1)) * 1.1;
-    let ttft_max = json.ttft_slo_ms * 4.0;
     for (title, index) in panels {
         let top = TOP + index * (PANEL + GAP);
         let _ = writeln!(
@@ -172,7 +219,7 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
             r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL}" fill="none" stroke="#999"/>"##
         );
         let _ = writeln!(out, r#"<text x="{LEFT}" y="{}">{title}</text>"#, top - 6.0);
-        let max = [rate_max, replicas_max, ttft_max][index as usize];
+        let max = [axes.rate_max, axes.replicas_max, axes.ttft_max][index as usize];
         for tick in 0..=4 {
             let value = max * f64::from(tick) / 4.0;
             let y = top + PANEL - PANEL * f64::from(tick) / 4.0;
@@ -184,7 +231,7 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
             );
         }
         if index == 2.0 {
-            let y = top + PANEL - PANEL * json.ttft_slo_ms / ttft_max;
+            let y = top + PANEL - PANEL * ttft_slo_ms / axes.ttft_max;
             let _ = writeln!(
                 out,
                 r##"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}" stroke="#999" stroke-dasharray="4 4"/>"##,
@@ -192,11 +239,14 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
             );
         }
     }
-    // Time axis labels (hours when the run is long).
+}
+
+/// The time axis's labels (hours when the run is long).
+fn time_axis(out: &mut String, axes: &Axes) {
     let bottom = TOP + 3.0 * PANEL + 2.0 * GAP;
     for tick in 0..=6 {
-        let t = end_s * f64::from(tick) / 6.0;
-        let label = if end_s > 7200.0 {
+        let t = axes.end_s * f64::from(tick) / 6.0;
+        let label = if axes.end_s > 7200.0 {
             format!("{:.1} h", t / 3600.0)
         } else {
             format!("{t:.0} s")
@@ -204,68 +254,59 @@ pub fn svg(json: &AutoscaleJson, outcomes: &[PolicyOutcome]) -> String {
         let _ = writeln!(
             out,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{label}</text>"#,
-            x(t),
+            axes.x(t),
             bottom + 18.0
         );
     }
-    // The load (the same for every policy: the first one's).
-    if let Some(first) = outcomes.first() {
-        let points = thin(first.timeline.iter().map(|s| (s.at_s, s.arrival_rate)));
-        let series = Series {
-            name: "load",
-            policy: None,
-            color: "#444444",
-        };
-        polyline(&mut out, &points, &x, TOP, rate_max, &series);
-    }
-    for (index, outcome) in outcomes.iter().enumerate() {
-        let color = COLORS[(index + 1) % COLORS.len()];
-        let replicas = thin(
-            outcome
-                .timeline
-                .iter()
-                .map(|s| (s.at_s, f64::from(s.billed))),
-        );
-        let series = |name| Series {
-            name,
-            policy: Some(&outcome.policy),
-            color,
-        };
-        polyline(
-            &mut out,
-            &replicas,
-            &x,
-            TOP + PANEL + GAP,
-            replicas_max,
-            &series("replicas"),
-        );
-        let ttft = thin(
-            outcome
-                .timeline
-                .iter()
-                .map(|s| (s.at_s, s.p90_ttft_ms.unwrap_or(0.0).min(ttft_max))),
-        );
-        polyline(
-            &mut out,
-            &ttft,
-            &x,
-            TOP + 2.0 * (PANEL + GAP),
-            ttft_max,
-            &series("p90-ttft"),
-        );
-        let legend_y = TOP + 20.0 * index as f64;
-        let _ = writeln!(
-            out,
-            r#"<rect x="{}" y="{}" width="14" height="4" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
-            LEFT + plot_w + 16.0,
-            legend_y,
-            LEFT + plot_w + 36.0,
-            legend_y + 6.0,
-            escape(&outcome.policy)
-        );
-    }
-    out.push_str("</svg>\n");
-    out
+}
+
+/// One policy's lines (replicas held, clipped P90 TTFT) in its colour, and its legend entry.
+fn policy_lines(out: &mut String, axes: &Axes, index: usize, outcome: &PolicyOutcome) {
+    let x = |t| axes.x(t);
+    let color = COLORS[(index + 1) % COLORS.len()];
+    let replicas = thin(
+        outcome
+            .timeline
+            .iter()
+            .map(|s| (s.at_s, f64::from(s.billed))),
+    );
+    let series = |name| Series {
+        name,
+        policy: Some(&outcome.policy),
+        color,
+    };
+    polyline(
+        out,
+        &replicas,
+        &x,
+        TOP + PANEL + GAP,
+        axes.replicas_max,
+        &series("replicas"),
+    );
+    let ttft = thin(
+        outcome
+            .timeline
+            .iter()
+            .map(|s| (s.at_s, s.p90_ttft_ms.unwrap_or(0.0).min(axes.ttft_max))),
+    );
+    polyline(
+        out,
+        &ttft,
+        &x,
+        TOP + 2.0 * (PANEL + GAP),
+        axes.ttft_max,
+        &series("p90-ttft"),
+    );
+    let legend_y = TOP + 20.0 * index as f64;
+    let _ = writeln!(
+        out,
+        r#"<rect x="{}" y="{}" width="14" height="4" fill="{color}"/><text x="{}" y="{}">{}</text>"#,
+        LEFT + axes.plot_w + 16.0,
+        legend_y,
+        LEFT + axes.plot_w + 36.0,
+        legend_y + 6.0,
+        escape(&outcome.policy)
+    );
 }
 
 /// One line of the plot: what it shows (`data-series`), whose it is (`data-policy`), its colour.

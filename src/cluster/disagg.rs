@@ -2,7 +2,7 @@
 //! `prefix-based-pd-decider`, and the KV transfer time model (docs/disaggregation.md).
 //!
 //! Plain data and pure functions: the decider's rule, the transfer time of a pull, the
-//! per-instance KV geometry the model reads. `pd_run.rs` runs it inside a `Cluster`.
+//! per-instance KV geometry the model reads. `sim/pd/` runs it inside a `Cluster`.
 
 use super::config::{InstanceRole, RoutingPolicy};
 use crate::sim::metrics::LatencyStats;

@@ -38,8 +38,8 @@ use crate::sim::latency::fit::{NelderMeadOptions, nelder_mead};
 use crate::sim::latency::{CalibratedCoefficients, CalibratedModel, GpuSpec, LatencyModel};
 
 use super::FidelityError;
-use super::measured::MeasuredRun;
 use super::replay::{self, ReplayOptions};
+use super::run::MeasuredRun;
 use super::score::{self, Metrics, RunScore};
 
 /// One run to fit on, with its GPU and engine configuration resolved.

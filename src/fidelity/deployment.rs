@@ -5,7 +5,7 @@
 //! shares. Text in, no I/O.
 
 use super::FidelityError;
-use super::measured::bad;
+use super::bad;
 use crate::sim::latency::ModelArch;
 
 /// The most data-parallel replicas a run may declare (a bound on what one replay builds).

@@ -9,8 +9,9 @@
 //!   servers sized theirs;
 //! - [`deployment`]: how the measured server was deployed (data-parallel degree, weight
 //!   precision) and the published run names;
-//! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`]: engine limits, model,
-//!   GPU, requests with their measured TTFT and E2E, rate stages, summary actuals;
+//! - [`run`]: a measured run as data, [`MeasuredRun`]: engine limits, model, GPU, requests
+//!   with their measured TTFT and E2E, rate stages, summary actuals;
+//! - [`measured`]: the run's files (text in, no I/O) → a [`MeasuredRun`];
 //! - [`replay`](mod@replay): a run plus a latency model → simulated per-request TTFT and E2E;
 //! - [`score`]: predicted vs. measured → the field's metrics (E2E/TTFT mean and p90, TPOT
 //!   mean), per stage and overall, absolute % errors, KS distances, medians across runs;
@@ -26,12 +27,14 @@ pub mod calibrate;
 pub mod deployment;
 pub mod measured;
 pub mod replay;
+pub mod run;
 mod s2r;
 pub mod score;
 pub mod scraped;
 
-pub use measured::{FailedRequest, MeasuredRun, RunFiles, Stage};
+pub use measured::RunFiles;
 pub use replay::{Replayed, replay};
+pub use run::{FailedRequest, MeasuredRun, Stage};
 pub use score::{RunScore, StageScore};
 
 /// Why a measured run could not be used.
@@ -65,4 +68,12 @@ pub enum FidelityError {
     /// The latency model cannot be built.
     #[error("latency model: {0}")]
     Latency(#[from] crate::sim::latency::LatencyError),
+}
+
+/// A malformed `file` of a run, and what is wrong with it.
+fn bad(file: &str, reason: impl Into<String>) -> FidelityError {
+    FidelityError::BadFile {
+        file: file.into(),
+        reason: reason.into(),
+    }
 }

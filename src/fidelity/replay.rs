@@ -50,7 +50,7 @@ use crate::sim::rng::unit;
 use crate::sim::{Engine, EngineConfig, RequestSpec};
 
 use super::FidelityError;
-use super::measured::MeasuredRun;
+use super::run::MeasuredRun;
 use crate::prom_text::{self, Histogram};
 
 /// Prompt tokens the chat template and BOS add to system prompt + question (measured on the

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use super::FidelityError;
+use super::bad;
 use super::deployment::MAX_DATA_PARALLEL;
-use super::measured::{Published, bad};
+use super::run::Published;
 
 /// What `s2r_error_records.csv` says about the run.
 #[derive(Debug, Default)]

@@ -15,8 +15,8 @@
 
 use crate::sim::metrics::interpolate_sorted;
 
-use super::measured::MeasuredRun;
 use super::replay::Replayed;
+use super::run::MeasuredRun;
 
 /// The five summary metrics (ms).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

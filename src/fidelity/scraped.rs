@@ -22,7 +22,7 @@
 //! Text in, no I/O. Errors name the file and the series.
 
 use super::FidelityError;
-use super::measured::{MeasuredRun, Stage};
+use super::run::{MeasuredRun, Stage};
 use crate::prom_text::{self, Histogram, Sample};
 
 /// The scrapes' file names inside a run directory, and the interval file.

@@ -56,108 +56,27 @@ pub struct LiveMetrics {
 impl LiveMetrics {
     /// Registers the families in `registry`.
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
-        let lag_buckets = (0.0005, 2.0, 14);
+        let scrape = ScrapeFamilies::register(registry)?;
+        let kv = KvFamilies::register(registry)?;
+        let pod = PodFamilies::register(registry)?;
         Ok(Self {
-            scrapes: counter_vec(
-                registry,
-                "ditto_live_scrapes_total",
-                "Pod /metrics scrapes by result.",
-                &["instance", "result"],
-            )?,
-            scrape_duration: histogram(
-                registry,
-                "ditto_live_scrape_duration_seconds",
-                "Pod /metrics scrape duration.",
-                lag_buckets,
-            )?,
-            publish_lag: histogram(
-                registry,
-                "ditto_live_publish_lag_seconds",
-                "From a scrape's start to its state being in the mirror.",
-                lag_buckets,
-            )?,
-            kv_batches: counter_vec(
-                registry,
-                "ditto_live_kv_batches_total",
-                "KV-event batches received, by result.",
-                &["instance", "result"],
-            )?,
-            kv_replays: counter_vec(
-                registry,
-                "ditto_live_kv_replays_total",
-                "KV-event replays after a gap, by result.",
-                &["instance", "result"],
-            )?,
-            stale: gauge_vec(
-                registry,
-                "ditto_live_stale",
-                "1 while the signal holds the instance stale.",
-                &["instance", "signal"],
-            )?,
-            config_mismatch: gauge_vec(
-                registry,
-                "ditto_live_config_mismatch",
-                "1 when a pod publishes a setting that differs from the configured one.",
-                &["instance", "field"],
-            )?,
-            deprecated_names: gauge_vec(
-                registry,
-                "ditto_live_deprecated_metric_names",
-                "Deprecated metric names a pod uses.",
-                &["instance", "name"],
-            )?,
-            pods: gauge(
-                registry,
-                "ditto_live_pods",
-                "Pods mirrored by the live mirror.",
-            )?,
-            restarts: counter_vec(
-                registry,
-                "ditto_live_pod_restarts_total",
-                "Pod process restarts seen on /metrics (new start time or a counter reset).",
-                &["instance"],
-            )?,
-            state_capped: counter_vec(
-                registry,
-                "ditto_live_state_capped_total",
-                "Observations capped to the instance's limits, by field.",
-                &["instance", "field"],
-            )?,
-            kv_unknown_events: counter_vec(
-                registry,
-                "ditto_live_kv_unknown_events_total",
-                "KV events of an unknown type, skipped one by one.",
-                &["instance", "type"],
-            )?,
-            kv_gaps: counter_vec(
-                registry,
-                "ditto_live_kv_gaps_total",
-                "KV-event batches missed and not recovered by a replay.",
-                &["instance"],
-            )?,
-            kv_connections: counter_vec(
-                registry,
-                "ditto_live_kv_connections_total",
-                "KV-event stream connections by result.",
-                &["instance", "result"],
-            )?,
-            kube_failures: counter_vec(
-                registry,
-                "ditto_live_kube_failures_total",
-                "Kubernetes discovery failures (list, watch) by kind.",
-                &["kind"],
-            )?,
-            kube_skipped: counter_vec(
-                registry,
-                "ditto_live_kube_pods_skipped_total",
-                "Pod objects from the Kubernetes API skipped or not served, by reason.",
-                &["reason"],
-            )?,
-            pods_over_limit: gauge(
-                registry,
-                "ditto_live_pods_over_limit",
-                "Served pods left out of the mirror because it holds --max-instances.",
-            )?,
+            scrapes: scrape.scrapes,
+            scrape_duration: scrape.scrape_duration,
+            publish_lag: scrape.publish_lag,
+            kv_batches: kv.kv_batches,
+            kv_replays: kv.kv_replays,
+            stale: pod.stale,
+            config_mismatch: scrape.config_mismatch,
+            deprecated_names: scrape.deprecated_names,
+            pods: pod.pods,
+            restarts: scrape.restarts,
+            state_capped: scrape.state_capped,
+            kv_unknown_events: kv.kv_unknown_events,
+            kv_gaps: kv.kv_gaps,
+            kv_connections: kv.kv_connections,
+            kube_failures: pod.kube_failures,
+            kube_skipped: pod.kube_skipped,
+            pods_over_limit: pod.pods_over_limit,
         })
     }
 
@@ -203,5 +122,156 @@ impl LiveMetrics {
             let _ = self.deprecated_names.remove_label_values(&[instance, name]);
         }
         let _ = self.restarts.remove_label_values(&[instance]);
+    }
+}
+
+/// What each pod's scrape saw: results, timings, mismatches, restarts, caps.
+struct ScrapeFamilies {
+    scrapes: IntCounterVec,
+    scrape_duration: Histogram,
+    publish_lag: Histogram,
+    config_mismatch: IntGaugeVec,
+    deprecated_names: IntGaugeVec,
+    restarts: IntCounterVec,
+    state_capped: IntCounterVec,
+}
+
+impl ScrapeFamilies {
+    fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let lag_buckets = (0.0005, 2.0, 14);
+        Ok(Self {
+            scrapes: counter_vec(
+                registry,
+                "ditto_live_scrapes_total",
+                "Pod /metrics scrapes by result.",
+                &["instance", "result"],
+            )?,
+            scrape_duration: histogram(
+                registry,
+                "ditto_live_scrape_duration_seconds",
+                "Pod /metrics scrape duration.",
+                lag_buckets,
+            )?,
+            publish_lag: histogram(
+                registry,
+                "ditto_live_publish_lag_seconds",
+                "From a scrape's start to its state being in the mirror.",
+                lag_buckets,
+            )?,
+            config_mismatch: gauge_vec(
+                registry,
+                "ditto_live_config_mismatch",
+                "1 when a pod publishes a setting that differs from the configured one.",
+                &["instance", "field"],
+            )?,
+            deprecated_names: gauge_vec(
+                registry,
+                "ditto_live_deprecated_metric_names",
+                "Deprecated metric names a pod uses.",
+                &["instance", "name"],
+            )?,
+            restarts: counter_vec(
+                registry,
+                "ditto_live_pod_restarts_total",
+                "Pod process restarts seen on /metrics (new start time or a counter reset).",
+                &["instance"],
+            )?,
+            state_capped: counter_vec(
+                registry,
+                "ditto_live_state_capped_total",
+                "Observations capped to the instance's limits, by field.",
+                &["instance", "field"],
+            )?,
+        })
+    }
+}
+
+/// What each pod's KV-event streams saw: batches, replays, gaps, connections.
+struct KvFamilies {
+    kv_batches: IntCounterVec,
+    kv_replays: IntCounterVec,
+    kv_unknown_events: IntCounterVec,
+    kv_gaps: IntCounterVec,
+    kv_connections: IntCounterVec,
+}
+
+impl KvFamilies {
+    fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            kv_batches: counter_vec(
+                registry,
+                "ditto_live_kv_batches_total",
+                "KV-event batches received, by result.",
+                &["instance", "result"],
+            )?,
+            kv_replays: counter_vec(
+                registry,
+                "ditto_live_kv_replays_total",
+                "KV-event replays after a gap, by result.",
+                &["instance", "result"],
+            )?,
+            kv_unknown_events: counter_vec(
+                registry,
+                "ditto_live_kv_unknown_events_total",
+                "KV events of an unknown type, skipped one by one.",
+                &["instance", "type"],
+            )?,
+            kv_gaps: counter_vec(
+                registry,
+                "ditto_live_kv_gaps_total",
+                "KV-event batches missed and not recovered by a replay.",
+                &["instance"],
+            )?,
+            kv_connections: counter_vec(
+                registry,
+                "ditto_live_kv_connections_total",
+                "KV-event stream connections by result.",
+                &["instance", "result"],
+            )?,
+        })
+    }
+}
+
+/// Which pods are mirrored: their staleness, Kubernetes discovery, the instance cap.
+struct PodFamilies {
+    stale: IntGaugeVec,
+    pods: IntGauge,
+    kube_failures: IntCounterVec,
+    kube_skipped: IntCounterVec,
+    pods_over_limit: IntGauge,
+}
+
+impl PodFamilies {
+    fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            stale: gauge_vec(
+                registry,
+                "ditto_live_stale",
+                "1 while the signal holds the instance stale.",
+                &["instance", "signal"],
+            )?,
+            pods: gauge(
+                registry,
+                "ditto_live_pods",
+                "Pods mirrored by the live mirror.",
+            )?,
+            kube_failures: counter_vec(
+                registry,
+                "ditto_live_kube_failures_total",
+                "Kubernetes discovery failures (list, watch) by kind.",
+                &["kind"],
+            )?,
+            kube_skipped: counter_vec(
+                registry,
+                "ditto_live_kube_pods_skipped_total",
+                "Pod objects from the Kubernetes API skipped or not served, by reason.",
+                &["reason"],
+            )?,
+            pods_over_limit: gauge(
+                registry,
+                "ditto_live_pods_over_limit",
+                "Served pods left out of the mirror because it holds --max-instances.",
+            )?,
+        })
     }
 }

@@ -95,87 +95,15 @@ impl Metrics {
                 &["rpc", "code"],
             )?,
         )?;
-        let pushed_messages = counter_vec(
-            r,
-            "ditto_pushed_messages_total",
-            "Push-stream messages accepted.",
-            &["rpc"],
-        )?;
-        let kv_events = counter_vec(
-            r,
-            "ditto_kv_events_total",
-            "KV events applied, by type.",
-            &["type"],
-        )?;
-        let kv_event_seq_gaps = counter(
-            r,
-            "ditto_kv_event_seq_gaps_total",
-            "KV event batches missed (sequence gaps).",
-        )?;
-        let simulation_events = counter(
-            r,
-            "ditto_simulation_events_total",
-            "Simulation events processed for predictions and forecasts.",
-        )?;
-        let snapshot_generation = gauge(
-            r,
-            "ditto_snapshot_generation",
-            "Latest snapshot generation.",
-        )?;
-        let config_generation = gauge(
-            r,
-            "ditto_config_generation",
-            "Generation of the config in force.",
-        )?;
-        let instances = gauge(r, "ditto_instances", "Instances in the synced config.")?;
-        let signal_age = registered(
-            r,
-            GaugeVec::new(
-                Opts::new(
-                    "ditto_signal_age_seconds",
-                    "Age of each mirrored signal at scrape time (-1: never observed).",
-                ),
-                &["signal", "instance"],
-            )?,
-        )?;
-        let kv_transfer_fit = registered(
-            r,
-            GaugeVec::new(
-                Opts::new(
-                    "ditto_kv_transfer_fit",
-                    "KV transfer model fitted to each decode pod's NIXL metrics: pulls observed \
-                     (transfers), measured over configured time (scale), failure_ratio.",
-                ),
-                &["instance", "quantity"],
-            )?,
-        )?;
-        let stale_instances = gauge(
-            r,
-            "ditto_stale_instances",
-            "Instances whose request state is stale or was never observed.",
-        )?;
-        let mirrored_requests = gauge_vec(
-            r,
-            "ditto_mirrored_requests",
-            "Requests in the mirror per instance.",
-            &["instance", "state"],
-        )?;
         let info = gauge_vec(
             r,
             "ditto_build_info",
             "Build information (always 1).",
             &["version", "git_sha"],
         )?;
-        let simulations_running = gauge(
-            r,
-            "ditto_simulations_running",
-            "Simulations running now (each holds one of the simulation slots).",
-        )?;
-        let simulations_waiting = gauge(
-            r,
-            "ditto_simulations_waiting",
-            "Calls waiting for a simulation slot now (bounded; beyond, RESOURCE_EXHAUSTED).",
-        )?;
+        let writes = Writes::new(r)?;
+        let simulations = Simulations::new(r)?;
+        let mirror = MirrorGauges::new(r)?;
         info.with_label_values(&[env!("CARGO_PKG_VERSION"), env!("DITTO_GIT_SHA")])
             .set(1);
         let more = More::new()?;
@@ -188,20 +116,20 @@ impl Metrics {
             registry,
             rpc_requests,
             rpc_duration,
-            pushed_messages,
-            kv_events,
-            kv_event_seq_gaps,
-            simulation_events,
-            snapshot_generation,
-            config_generation,
-            instances,
-            signal_age,
-            kv_transfer_fit,
-            stale_instances,
-            mirrored_requests,
+            pushed_messages: writes.pushed_messages,
+            kv_events: writes.kv_events,
+            kv_event_seq_gaps: writes.kv_event_seq_gaps,
+            simulation_events: simulations.events,
+            snapshot_generation: mirror.snapshot_generation,
+            config_generation: mirror.config_generation,
+            instances: mirror.instances,
+            signal_age: mirror.signal_age,
+            kv_transfer_fit: mirror.kv_transfer_fit,
+            stale_instances: mirror.stale_instances,
+            mirrored_requests: mirror.mirrored_requests,
             info,
-            simulations_running,
-            simulations_waiting,
+            simulations_running: simulations.running,
+            simulations_waiting: simulations.waiting,
             rpc_errors: more.rpc_errors,
             predictions: more.predictions,
             forecasts: more.forecasts,
@@ -345,6 +273,140 @@ impl Metrics {
         let mut buffer = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut buffer)?;
         String::from_utf8(buffer).map_err(|err| prometheus::Error::Msg(err.to_string()))
+    }
+}
+
+/// What was written into the mirror: push-stream messages and KV events.
+struct Writes {
+    pushed_messages: IntCounterVec,
+    kv_events: IntCounterVec,
+    kv_event_seq_gaps: IntCounter,
+}
+
+impl Writes {
+    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+        let pushed_messages = counter_vec(
+            r,
+            "ditto_pushed_messages_total",
+            "Push-stream messages accepted.",
+            &["rpc"],
+        )?;
+        let kv_events = counter_vec(
+            r,
+            "ditto_kv_events_total",
+            "KV events applied, by type.",
+            &["type"],
+        )?;
+        let kv_event_seq_gaps = counter(
+            r,
+            "ditto_kv_event_seq_gaps_total",
+            "KV event batches missed (sequence gaps).",
+        )?;
+        Ok(Self {
+            pushed_messages,
+            kv_events,
+            kv_event_seq_gaps,
+        })
+    }
+}
+
+/// The simulations run for answers: events processed, slots held and waited for.
+struct Simulations {
+    events: IntCounter,
+    running: IntGauge,
+    waiting: IntGauge,
+}
+
+impl Simulations {
+    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+        let simulation_events = counter(
+            r,
+            "ditto_simulation_events_total",
+            "Simulation events processed for predictions and forecasts.",
+        )?;
+        let simulations_running = gauge(
+            r,
+            "ditto_simulations_running",
+            "Simulations running now (each holds one of the simulation slots).",
+        )?;
+        let simulations_waiting = gauge(
+            r,
+            "ditto_simulations_waiting",
+            "Calls waiting for a simulation slot now (bounded; beyond, RESOURCE_EXHAUSTED).",
+        )?;
+        Ok(Self {
+            events: simulation_events,
+            running: simulations_running,
+            waiting: simulations_waiting,
+        })
+    }
+}
+
+/// The mirror's state at scrape time: generations, instances, signal ages, fits.
+struct MirrorGauges {
+    snapshot_generation: IntGauge,
+    config_generation: IntGauge,
+    instances: IntGauge,
+    signal_age: GaugeVec,
+    kv_transfer_fit: GaugeVec,
+    stale_instances: IntGauge,
+    mirrored_requests: IntGaugeVec,
+}
+
+impl MirrorGauges {
+    fn new(r: &Registry) -> Result<Self, prometheus::Error> {
+        let snapshot_generation = gauge(
+            r,
+            "ditto_snapshot_generation",
+            "Latest snapshot generation.",
+        )?;
+        let config_generation = gauge(
+            r,
+            "ditto_config_generation",
+            "Generation of the config in force.",
+        )?;
+        let instances = gauge(r, "ditto_instances", "Instances in the synced config.")?;
+        let signal_age = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "ditto_signal_age_seconds",
+                    "Age of each mirrored signal at scrape time (-1: never observed).",
+                ),
+                &["signal", "instance"],
+            )?,
+        )?;
+        let kv_transfer_fit = registered(
+            r,
+            GaugeVec::new(
+                Opts::new(
+                    "ditto_kv_transfer_fit",
+                    "KV transfer model fitted to each decode pod's NIXL metrics: pulls observed \
+                         (transfers), measured over configured time (scale), failure_ratio.",
+                ),
+                &["instance", "quantity"],
+            )?,
+        )?;
+        let stale_instances = gauge(
+            r,
+            "ditto_stale_instances",
+            "Instances whose request state is stale or was never observed.",
+        )?;
+        let mirrored_requests = gauge_vec(
+            r,
+            "ditto_mirrored_requests",
+            "Requests in the mirror per instance.",
+            &["instance", "state"],
+        )?;
+        Ok(Self {
+            snapshot_generation,
+            config_generation,
+            instances,
+            signal_age,
+            kv_transfer_fit,
+            stale_instances,
+            mirrored_requests,
+        })
     }
 }
 

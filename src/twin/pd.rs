@@ -4,7 +4,7 @@
 //! prompt's blocks the decode pod holds, whether a separate prefill is worth it. Where it
 //! says no, the candidate's ordinary answer (the monolithic fork, `fork.rs`) is its
 //! "decode only" answer. Where it says yes, each (prefill, decode) pair among the candidates
-//! is answered on a fork of the two pods as a disaggregated [`Cluster`] (`cluster::pd_run`:
+//! is answered on a fork of the two pods as a disaggregated [`Cluster`] (`cluster::sim::pd`:
 //! the same model as `ditto run`): the two engines restored as their monolithic forks are,
 //! rolled forward to `now`, the request sent to the pinned pair, run to the horizon. A
 //! baseline per pod (its fork without the request) measures the impact on each pod's other
@@ -126,6 +126,9 @@ struct PairOutcome {
 /// A pod's fork without the request (see `fork::quiet_baseline`).
 type BaselineEnds = std::sync::Arc<super::memo::Baseline>;
 
+/// Each pod's baseline by (pod, replication).
+type PodBaselines = BTreeMap<(usize, u32), BaselineEnds>;
+
 /// Answers the plan's pairs (in plan order) and returns the events they took.
 pub(super) fn answer_pairs(
     call: &Call<'_>,
@@ -135,53 +138,12 @@ pub(super) fn answer_pairs(
     if plan.pairs.is_empty() {
         return Ok((Vec::new(), 0));
     }
-    let snapshot = call.snapshot;
     let replications = call.question.options.replications;
     let mut pods: Vec<usize> = plan.pairs.iter().flat_map(|&(p, d)| [p, d]).collect();
     pods.sort_unstable();
     pods.dedup();
-    // One model config parse per distinct (model, TP, block size): pods of a pool share it.
-    let mut kv = BTreeMap::new();
-    let mut geometry: Vec<(&InstanceConfig, InstanceKv)> = Vec::new();
-    for &pod in &pods {
-        let instance = &snapshot.config.instances[pod];
-        let known = geometry.iter().find(|(other, _)| {
-            other.model == instance.model
-                && other.model_config_json == instance.model_config_json
-                && other.tp == instance.tp
-                && other.engine.block_size == instance.engine.block_size
-        });
-        let pod_kv = match known {
-            Some(&(_, pod_kv)) => pod_kv,
-            None => {
-                let pod_kv = instance_kv(instance, pod)?;
-                geometry.push((instance, pod_kv));
-                pod_kv
-            }
-        };
-        kv.insert(pod, pod_kv);
-    }
-    // Each pod's baseline per replication, shared by every pair it is in.
-    let jobs: Vec<(usize, u32)> = pods
-        .iter()
-        .flat_map(|&pod| (0..replications).map(move |r| (pod, r)))
-        .collect();
-    let baselines = super::parallel::map(&jobs, |&(pod, replication)| {
-        quiet_baseline(call, pod, replication, treatment_of(pod))
-    });
-    let horizon_end = call
-        .question
-        .now_us
-        .saturating_add(call.question.options.horizon_us);
-    let mut base_of: BTreeMap<(usize, u32), BaselineEnds> = BTreeMap::new();
-    let mut events = 0;
-    for (&job, result) in jobs.iter().zip(baselines) {
-        let baseline = result?;
-        // Counted whether recorded now or remembered: an answer's events do not depend on
-        // what the memo held.
-        events += baseline.events_until(horizon_end);
-        base_of.insert(job, baseline);
-    }
+    let kv = pods_kv(call.snapshot, &pods)?;
+    let (base_of, mut events) = pod_baselines(call, &pods, treatment_of)?;
     let jobs: Vec<(usize, u32)> = (0..plan.pairs.len())
         .flat_map(|position| (0..replications).map(move |r| (position, r)))
         .collect();
@@ -207,36 +169,109 @@ pub(super) fn answer_pairs(
         let reps =
             &results[position * replications as usize..(position + 1) * replications as usize];
         events += reps.iter().map(|(_, e)| e).sum::<u64>();
-        let clients: Vec<ReplicationOutcome> = reps.iter().map(|(o, _)| o.client.clone()).collect();
-        let mut prediction = summarize(
-            snapshot,
-            call.question,
-            decode,
-            treatment_of(decode),
-            &clients,
-        );
-        // The older of the two pods' observations.
-        let prefill_age = super::fork::elapsed_us(
-            snapshot.instances[prefill].observed_at_us,
-            call.question.now_us,
-        ) as f64
-            / 1000.0;
-        prediction.input_age_ms = prediction.input_age_ms.max(prefill_age);
-        let mean = |f: fn(&PairOutcome) -> f64| {
-            reps.iter().map(|(o, _)| f(o)).sum::<f64>() / reps.len().max(1) as f64
-        };
-        answers.push(PairPrediction {
-            prefill_instance_id: snapshot.config.instances[prefill].id.clone(),
-            decode_instance_id: snapshot.config.instances[decode].id.clone(),
-            prediction,
-            prefill_ttft_ms: mean(|o| o.prefill_ttft_ms),
-            transfer_ms: mean(|o| o.transfer_ms),
-            handover_ms: mean(|o| o.handover_ms),
-            prefill_others_delta_e2e_ms: mean(|o| o.prefill_delta_ms),
-            decode_others_delta_e2e_ms: mean(|o| o.decode_delta_ms),
-        });
+        answers.push(pair_prediction(call, prefill, decode, reps, treatment_of));
     }
     Ok((answers, events))
+}
+
+/// Each of `pods`' KV geometry, with one model config parse per distinct (model, TP, block
+/// size): pods of a pool share it.
+fn pods_kv(
+    snapshot: &MirrorSnapshot,
+    pods: &[usize],
+) -> Result<BTreeMap<usize, InstanceKv>, TwinError> {
+    let mut kv = BTreeMap::new();
+    let mut geometry: Vec<(&InstanceConfig, InstanceKv)> = Vec::new();
+    for &pod in pods {
+        let instance = &snapshot.config.instances[pod];
+        let known = geometry.iter().find(|(other, _)| {
+            other.model == instance.model
+                && other.model_config_json == instance.model_config_json
+                && other.tp == instance.tp
+                && other.engine.block_size == instance.engine.block_size
+        });
+        let pod_kv = match known {
+            Some(&(_, pod_kv)) => pod_kv,
+            None => {
+                let pod_kv = instance_kv(instance, pod)?;
+                geometry.push((instance, pod_kv));
+                pod_kv
+            }
+        };
+        kv.insert(pod, pod_kv);
+    }
+    Ok(kv)
+}
+
+/// Each pod's baseline per replication, shared by every pair it is in, and the events they
+/// take up to the horizon.
+fn pod_baselines(
+    call: &Call<'_>,
+    pods: &[usize],
+    treatment_of: &(dyn Fn(usize) -> Treatment + Sync),
+) -> Result<(PodBaselines, u64), TwinError> {
+    let replications = call.question.options.replications;
+    let jobs: Vec<(usize, u32)> = pods
+        .iter()
+        .flat_map(|&pod| (0..replications).map(move |r| (pod, r)))
+        .collect();
+    let baselines = super::parallel::map(&jobs, |&(pod, replication)| {
+        quiet_baseline(call, pod, replication, treatment_of(pod))
+    });
+    let horizon_end = call
+        .question
+        .now_us
+        .saturating_add(call.question.options.horizon_us);
+    let mut base_of = PodBaselines::new();
+    let mut events = 0;
+    for (&job, result) in jobs.iter().zip(baselines) {
+        let baseline = result?;
+        // Counted whether recorded now or remembered: an answer's events do not depend on
+        // what the memo held.
+        events += baseline.events_until(horizon_end);
+        base_of.insert(job, baseline);
+    }
+    Ok((base_of, events))
+}
+
+/// One pair's prediction from its replications: the client's distributions on the decode
+/// pod, aged by the older pod's observation, and the means of the pair's own measures.
+fn pair_prediction(
+    call: &Call<'_>,
+    prefill: usize,
+    decode: usize,
+    reps: &[(PairOutcome, u64)],
+    treatment_of: &(dyn Fn(usize) -> Treatment + Sync),
+) -> PairPrediction {
+    let snapshot = call.snapshot;
+    let clients: Vec<ReplicationOutcome> = reps.iter().map(|(o, _)| o.client.clone()).collect();
+    let mut prediction = summarize(
+        snapshot,
+        call.question,
+        decode,
+        treatment_of(decode),
+        &clients,
+    );
+    // The older of the two pods' observations.
+    let prefill_age = super::fork::elapsed_us(
+        snapshot.instances[prefill].observed_at_us,
+        call.question.now_us,
+    ) as f64
+        / 1000.0;
+    prediction.input_age_ms = prediction.input_age_ms.max(prefill_age);
+    let mean = |f: fn(&PairOutcome) -> f64| {
+        reps.iter().map(|(o, _)| f(o)).sum::<f64>() / reps.len().max(1) as f64
+    };
+    PairPrediction {
+        prefill_instance_id: snapshot.config.instances[prefill].id.clone(),
+        decode_instance_id: snapshot.config.instances[decode].id.clone(),
+        prediction,
+        prefill_ttft_ms: mean(|o| o.prefill_ttft_ms),
+        transfer_ms: mean(|o| o.transfer_ms),
+        handover_ms: mean(|o| o.handover_ms),
+        prefill_others_delta_e2e_ms: mean(|o| o.prefill_delta_ms),
+        decode_others_delta_e2e_ms: mean(|o| o.decode_delta_ms),
+    }
 }
 
 /// The best answer the decider allows: on each decode pod, its pairs where it sends the

@@ -5,9 +5,9 @@
 //! `config` holds the resolved settings and the policies, `hpa` the HPA's stabilization
 //! windows, rate policies and bounds, `policy` each policy's signal (llm-d's SLO-aware KEDA
 //! rule, queue depth, WVA's saturation rule, ditto's forecast), `capacity` the predictive
-//! policy's per-replica capacity from a calibration simulation, `slots` what the
-//! [`crate::cluster::Cluster`] needs (a routable mask, fresh engines in stopped slots),
-//! `run` the loop and `outcome` its result. Pure and deterministic: the warm-ups are drawn
+//! policy's per-replica capacity from a calibration simulation (what the
+//! [`crate::cluster::Cluster`] needs, a routable mask and fresh engines in stopped slots, is
+//! the cluster's own: `cluster/sim/slots.rs`), `run` the loop and `outcome` its result. Pure and deterministic: the warm-ups are drawn
 //! from the "autoscale-warmup" stream.
 
 pub mod capacity;
@@ -16,10 +16,8 @@ pub mod hpa;
 pub mod outcome;
 pub mod policy;
 pub mod run;
-mod slots;
 
 pub use config::{AutoscaleConfig, Objectives, Policy, WarmUp};
 pub use hpa::{Hpa, HpaConfig, RatePolicy, ScalingRules, SelectPolicy};
 pub use outcome::{PolicyOutcome, Sample, SlotChange, SlotState};
 pub use run::{AutoscaleError, PolicyRun, run_policy};
-pub use slots::Slots;

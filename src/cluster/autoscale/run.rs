@@ -93,53 +93,8 @@ where
         Policy::Static { replicas } => replicas.unwrap_or(max).clamp(min, max),
         _ => config.initial_replicas.clamp(min, max),
     };
-    // Room for draining replicas beside a full pool.
-    let slots = (2 * max as usize).max(1);
-    let template = base.instances[0].clone();
-    let mut cluster_config = base.clone();
-    cluster_config.instances = (0..slots)
-        .map(|index| {
-            let mut instance = template.clone();
-            instance.id = format!("replica-{index}");
-            instance.engine = EngineConfig {
-                keep_request_records: true,
-                kv_sample_interval_us: 0,
-                ..template.engine.clone()
-            };
-            instance
-        })
-        .collect();
-    let mut cluster = Cluster::new(cluster_config, seed)?;
-    cluster.enable_scaling((0..slots).map(|i| i < initial as usize).collect());
-    let mut outcome = PolicyOutcome::new(policy.name());
-    let mut states = vec![SlotState::Off; slots];
-    for (index, state) in states.iter_mut().enumerate().take(initial as usize) {
-        *state = SlotState::Ready;
-        outcome.changes.push(SlotChange {
-            at_us: 0,
-            slot: index,
-            state: SlotState::Ready,
-        });
-    }
-    let mut state = Loop {
-        cluster,
-        config,
-        states,
-        rejected_seen: 0,
-        warm_rng: RngStreams::new(seed).stream("autoscale-warmup"),
-        window: VecDeque::new(),
-        window_us: match policy {
-            Policy::SloAware {
-                quantile_window_us, ..
-            } => *quantile_window_us,
-            _ => 60_000_000,
-        },
-        ttft_ms: Vec::new(),
-        tpot_ms: Vec::new(),
-        outcome,
-        billed_since_us: 0,
-        scratch: Vec::new(),
-    };
+    let cluster = slot_cluster(base, max, initial, seed)?;
+    let mut state = Loop::start(cluster, run, initial);
     let mut hpa = Hpa::new(hpa_config);
     let period = config.sync_period_us.max(1);
     let mut policy_state = PolicyState::new(
@@ -186,6 +141,70 @@ where
         }
     }
     Ok(state.finish())
+}
+
+/// The pool as a cluster of replica slots: `base`'s first instance copied into twice
+/// `max` slots (room for draining replicas beside a full pool), keeping request records, the
+/// first `initial` routable.
+fn slot_cluster(
+    base: &ClusterConfig,
+    max: u32,
+    initial: u32,
+    seed: u64,
+) -> Result<Cluster, AutoscaleError> {
+    let slots = (2 * max as usize).max(1);
+    let template = base.instances[0].clone();
+    let mut cluster_config = base.clone();
+    cluster_config.instances = (0..slots)
+        .map(|index| {
+            let mut instance = template.clone();
+            instance.id = format!("replica-{index}");
+            instance.engine = EngineConfig {
+                keep_request_records: true,
+                kv_sample_interval_us: 0,
+                ..template.engine.clone()
+            };
+            instance
+        })
+        .collect();
+    let mut cluster = Cluster::new(cluster_config, seed)?;
+    cluster.enable_scaling((0..slots).map(|i| i < initial as usize).collect());
+    Ok(cluster)
+}
+
+impl<'a> Loop<'a> {
+    /// The loop at time 0 over `cluster`'s slots, the first `initial` ready.
+    fn start(cluster: Cluster, run: &PolicyRun<'a>, initial: u32) -> Self {
+        let mut outcome = PolicyOutcome::new(run.policy.name());
+        let mut states = vec![SlotState::Off; cluster.config().instances.len()];
+        for (index, state) in states.iter_mut().enumerate().take(initial as usize) {
+            *state = SlotState::Ready;
+            outcome.changes.push(SlotChange {
+                at_us: 0,
+                slot: index,
+                state: SlotState::Ready,
+            });
+        }
+        Loop {
+            cluster,
+            config: run.config,
+            states,
+            rejected_seen: 0,
+            warm_rng: RngStreams::new(run.seed).stream("autoscale-warmup"),
+            window: VecDeque::new(),
+            window_us: match run.policy {
+                Policy::SloAware {
+                    quantile_window_us, ..
+                } => *quantile_window_us,
+                _ => 60_000_000,
+            },
+            ttft_ms: Vec::new(),
+            tpot_ms: Vec::new(),
+            outcome,
+            billed_since_us: 0,
+            scratch: Vec::new(),
+        }
+    }
 }
 
 impl Loop<'_> {

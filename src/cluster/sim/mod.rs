@@ -21,6 +21,11 @@ use crate::sim::rng::RngStreams;
 use crate::sim::{Engine, EngineConfig, RequestSpec, SimError};
 
 mod arrivals;
+mod pd;
+mod slots;
+
+pub use pd::PdProgress;
+pub use slots::Slots;
 
 /// A simulated cluster.
 #[derive(Clone, Debug)]
@@ -44,11 +49,11 @@ pub struct Cluster {
     pub(super) events_processed: u64,
     pub(super) scratch_views: Vec<SignalView>,
     pub(super) scratch_fraction: Vec<f64>,
-    /// Prefill/decode disaggregation, when configured (`pd_run.rs`).
-    pub(super) pd: Option<Box<super::pd_run::PdRuntime>>,
+    /// Prefill/decode disaggregation, when configured (`pd/`).
+    pub(super) pd: Option<Box<pd::PdRuntime>>,
     /// Autoscaled replicas: which instances the router may pick, and the accounting of
-    /// replaced ones (`autoscale/slots.rs`).
-    pub(super) scale: Option<Box<super::autoscale::Slots>>,
+    /// replaced ones (`slots.rs`).
+    pub(super) scale: Option<Box<Slots>>,
 }
 
 /// What an instance is sent: a whole request, or one half of a disaggregated one.

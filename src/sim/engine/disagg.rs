@@ -128,7 +128,7 @@ impl Engine {
         }
         state.phase = Phase::Waiting;
         state.pd = PdMode::RemoteKv { pulled: true };
-        let key = super::lifecycle::queue_key(policy, state);
+        let key = super::queue_key::queue_key(policy, state);
         self.waiting.push_preempted(key, slot);
         self.ensure_step_scheduled();
         self.debug_check_counters();

@@ -10,7 +10,7 @@
 
 use super::Engine;
 use super::drain::Drain;
-use super::lifecycle::queue_key;
+use super::queue_key::queue_key;
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::error::SimError;
 use crate::sim::queue::QueueKey;

@@ -1,12 +1,11 @@
 //! Request lifecycle transitions: arrival, enqueue, step completion, preemption, timeout,
 //! and the record each request leaves behind.
 
+use super::queue_key::{local_queue_key, queue_key};
 use super::{Engine, EventKind, disagg};
-use crate::sim::config::SchedulingPolicy;
 use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Outcome, RequestRecord};
-use crate::sim::queue::QueueKey;
-use crate::sim::state::{PdMode, Phase, RequestState};
+use crate::sim::state::{Phase, RequestState};
 
 impl Engine {
     pub(super) fn on_arrival(&mut self, slot: u32, serial: u64) {
@@ -352,55 +351,6 @@ pub(super) fn record_of(state: &mut RequestState, outcome: Outcome, end_us: u64)
         preemptions: timeline.preemptions,
         token_gap_sum_us: timeline.token_gap_sum_us,
         token_gaps_us: std::mem::take(&mut timeline.token_gaps_us),
-    }
-}
-
-/// The wait-queue sort key of a request under `policy`.
-pub(super) fn queue_key(policy: SchedulingPolicy, state: &RequestState) -> QueueKey {
-    // A disaggregated decode half waiting with its reserved blocks after its pull goes
-    // first under every policy (under fcfs it is put at the front): otherwise a more urgent
-    // request that cannot reserve blocks, which such halves hold, could stall the pool with
-    // nothing running (vLLM keeps its priority order here).
-    let primary = if state.pd == (PdMode::RemoteKv { pulled: true })
-        && state.phase == Phase::Waiting
-        && !state.blocks.is_empty()
-    {
-        i64::MIN
-    } else {
-        policy_primary(policy, state)
-    };
-    (
-        primary,
-        state.spec.arrival_us,
-        state.spec.id.0,
-        state.serial,
-    )
-}
-
-/// [`queue_key`] of a request that cannot be a pulled decode half holding its blocks: one
-/// entering the queue from arrival, or admitted as a local request. The key is the same;
-/// the plain path skips the test.
-#[inline(always)]
-pub(super) fn local_queue_key(policy: SchedulingPolicy, state: &RequestState) -> QueueKey {
-    debug_assert!(
-        state.pd != (PdMode::RemoteKv { pulled: true }) || state.blocks.is_empty(),
-        "a pulled half holding blocks keyed as local"
-    );
-    (
-        policy_primary(policy, state),
-        state.spec.arrival_us,
-        state.spec.id.0,
-        state.serial,
-    )
-}
-
-/// The policy's part of a queue key.
-#[inline(always)]
-fn policy_primary(policy: SchedulingPolicy, state: &RequestState) -> i64 {
-    match policy {
-        SchedulingPolicy::Fcfs => 0,
-        SchedulingPolicy::Priority => i64::from(state.spec.priority),
-        SchedulingPolicy::Sjf => i64::from(state.spec.input_tokens),
     }
 }
 

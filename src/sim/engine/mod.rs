@@ -16,6 +16,7 @@ mod events;
 mod invariants;
 mod late_entry;
 mod lifecycle;
+mod queue_key;
 mod records;
 mod restore;
 mod schedule;

@@ -326,7 +326,7 @@ impl Engine {
         }
         state.phase = Phase::Waiting;
         let policy = self.config.scheduling_policy;
-        let key = super::lifecycle::queue_key(policy, &state);
+        let key = super::queue_key::queue_key(policy, &state);
         let slot = self.insert_state(state);
         self.waiting.push_arrival(key, slot);
         self.counts.queued += 1;

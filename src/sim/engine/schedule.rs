@@ -8,7 +8,7 @@
 //! preempted, admits waiting requests while seats, budget and blocks last, taking prefix-cache
 //! hits first. The result is the step's duration from the latency model.
 
-use super::lifecycle::{local_queue_key, queue_key};
+use super::queue_key::{local_queue_key, queue_key};
 use super::{AdmissionReach, Engine, InFlight};
 use crate::sim::config::SchedulingPolicy;
 use crate::sim::kv::PrefixHit;

@@ -12,17 +12,14 @@
 
 use std::collections::BTreeMap;
 
-use super::config::{ClusterConfig, PrefixMode};
-use super::disagg::{DisaggConfig, StageOrder, serves_decode, serves_prefill};
-use super::router::{Router, RoutingContext};
-use super::signals;
-use super::sim::{Cluster, Dispatch, Half};
+use super::{Cluster, Dispatch, Half};
+use crate::cluster::config::{ClusterConfig, PrefixMode};
+use crate::cluster::disagg::{DisaggConfig, StageOrder, serves_decode, serves_prefill};
+use crate::cluster::router::{Router, RoutingContext};
+use crate::cluster::signals;
 
-#[path = "pd_audit.rs"]
 mod audit;
-#[path = "pd_faults.rs"]
 mod faults;
-#[path = "pd_pair.rs"]
 mod pair;
 use crate::sim::kv::hash::prompt_block_keys;
 use crate::sim::metrics::{Outcome, RequestRecord};

@@ -3,11 +3,10 @@
 //! a stopped replica's slot reused by a fresh engine (a new pod: empty cache), its counts
 //! kept so the cluster's conservation still covers every request it served.
 
-use crate::cluster::Dispatch;
+use super::{Cluster, Dispatch};
 use crate::cluster::config::{PrefixMode, Signal};
 use crate::cluster::router::RoutingContext;
 use crate::cluster::signals::{self, CapturedSignals, SignalView};
-use crate::cluster::sim::Cluster;
 use crate::sim::Engine;
 use crate::sim::metrics::Counts;
 use crate::sim::metrics::RequestRecord;

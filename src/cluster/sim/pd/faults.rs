@@ -13,7 +13,7 @@
 //! Each draw comes from its own named stream of the run's seed (`pd-prefill-failure`,
 //! `pd-transfer-failure`); with both rates 0 nothing is drawn and nothing changes.
 
-use super::super::sim::{Cluster, Half};
+use super::super::{Cluster, Half};
 use super::{PdEvent, PdRequest, Stage};
 use crate::sim::RequestId;
 use crate::sim::metrics::{Outcome, RequestRecord};

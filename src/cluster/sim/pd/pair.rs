@@ -2,10 +2,10 @@
 //! pinned (prefill, decode) pair, and where its two halves got to (what the twin's pair
 //! answers read; `twin::pd`).
 
-use super::super::ClusterConfig;
-use super::super::disagg::{DisaggConfig, serves_decode, serves_prefill};
-use super::super::sim::Cluster;
+use super::super::Cluster;
 use super::{PdRequest, PdRuntime, Stage};
+use crate::cluster::ClusterConfig;
+use crate::cluster::disagg::{DisaggConfig, serves_decode, serves_prefill};
 use crate::sim::engine::validate_request;
 use crate::sim::{Engine, RequestId, RequestSpec, SimError};
 

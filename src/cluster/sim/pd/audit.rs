@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::super::config::ClusterConfig;
-use super::super::disagg::{PdSummary, serves_decode, serves_prefill};
 use super::{PdRuntime, Stage};
+use crate::cluster::config::ClusterConfig;
+use crate::cluster::disagg::{PdSummary, serves_decode, serves_prefill};
 use crate::sim::Engine;
 use crate::sim::RequestId;
 use crate::sim::metrics::{Counts, LatencyStats, Outcome, RequestRecord};
