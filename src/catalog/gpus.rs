@@ -120,13 +120,13 @@ fn per_gpu_numbers(
         .iter()
         .map(|gpu| {
             let Some(entry) = entries.get(&gpu.name.to_ascii_lowercase()) else {
-                return Err(bad(gpu, field, format!("missing from {file}")));
+                return Err(invalid_spec(gpu, field, format!("missing from {file}")));
             };
             let Some(value) = entry.get(field).and_then(serde_json::Value::as_f64) else {
-                return Err(bad(gpu, field, format!("not a number in {file}")));
+                return Err(invalid_spec(gpu, field, format!("not a number in {file}")));
             };
             if !(value.is_finite() && value > 0.0) {
-                return Err(bad(
+                return Err(invalid_spec(
                     gpu,
                     field,
                     format!("must be finite and > 0, got {value}"),
@@ -189,7 +189,7 @@ fn check(gpu: &GpuSpec) -> Result<(), CatalogError> {
     ];
     for (field, value) in positive {
         if !(value.is_finite() && value > 0.0) {
-            return Err(bad(
+            return Err(invalid_spec(
                 gpu,
                 field,
                 format!("must be finite and > 0, got {value}"),
@@ -201,18 +201,22 @@ fn check(gpu: &GpuSpec) -> Result<(), CatalogError> {
         ("mfuDecode", gpu.mfu_decode),
     ] {
         if !(value > 0.0 && value <= 1.0) {
-            return Err(bad(gpu, field, format!("must be in (0, 1], got {value}")));
+            return Err(invalid_spec(
+                gpu,
+                field,
+                format!("must be in (0, 1], got {value}"),
+            ));
         }
     }
     if !(gpu.tflops_fp8.is_finite() && gpu.tflops_fp8 >= 0.0) {
         let problem = format!("must be finite and >= 0, got {}", gpu.tflops_fp8);
-        return Err(bad(gpu, "TFlopsFP8", problem));
+        return Err(invalid_spec(gpu, "TFlopsFP8", problem));
     }
     Ok(())
 }
 
 /// Builds an `InvalidGpuSpec` error.
-fn bad(gpu: &GpuSpec, field: &'static str, problem: String) -> CatalogError {
+fn invalid_spec(gpu: &GpuSpec, field: &'static str, problem: String) -> CatalogError {
     CatalogError::InvalidGpuSpec {
         gpu: gpu.name.clone(),
         field,

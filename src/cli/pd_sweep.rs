@@ -215,9 +215,9 @@ type Range = (u32, u32);
 
 /// Parses `P1-P2:D1-D2` (a single number is a one-value range).
 fn parse_ranges(text: &str) -> Result<(Range, Range), CliError> {
-    let bad = |reason: String| CliError::flag("pd-sweep", reason);
+    let flag_error = |reason: String| CliError::flag("pd-sweep", reason);
     let (prefill, decode) = text.split_once(':').ok_or_else(|| {
-        bad(format!(
+        flag_error(format!(
             "expected PREFILL:DECODE ranges like 4-12:1-3, got {text:?}"
         ))
     })?;
@@ -231,7 +231,7 @@ fn parse_ranges(text: &str) -> Result<(Range, Range), CliError> {
         };
         match (number(low), number(high)) {
             (Some(low), Some(high)) if low <= high => Ok((low, high)),
-            _ => Err(bad(format!(
+            _ => Err(flag_error(format!(
                 "{role} range {part:?}: expected N or LOW-HIGH with 1 <= LOW <= HIGH <= {}",
                 spec::INSTANCES_MAX
             ))),
@@ -241,7 +241,7 @@ fn parse_ranges(text: &str) -> Result<(Range, Range), CliError> {
     let decode = range(decode, "decode")?;
     let splits = (prefill.1 - prefill.0 + 1) as usize * (decode.1 - decode.0 + 1) as usize;
     if splits > SPLITS_MAX {
-        return Err(bad(format!(
+        return Err(flag_error(format!(
             "{splits} splits; at most {SPLITS_MAX} per sweep"
         )));
     }
@@ -250,7 +250,7 @@ fn parse_ranges(text: &str) -> Result<(Range, Range), CliError> {
 
 /// Parses `ttft_ms=N,tpot_ms=N,attainment=F`.
 fn parse_objectives(text: &str) -> Result<Objectives, CliError> {
-    let bad = |reason: String| CliError::flag("pd-sweep-slo", reason);
+    let flag_error = |reason: String| CliError::flag("pd-sweep-slo", reason);
     let mut objectives = Objectives {
         ttft_ms: None,
         tpot_ms: None,
@@ -259,20 +259,26 @@ fn parse_objectives(text: &str) -> Result<Objectives, CliError> {
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = part
             .split_once('=')
-            .ok_or_else(|| bad(format!("expected KEY=VALUE, got {part:?}")))?;
+            .ok_or_else(|| flag_error(format!("expected KEY=VALUE, got {part:?}")))?;
         let value: f64 = value
             .trim()
             .parse()
             .ok()
             .filter(|v: &f64| v.is_finite() && *v > 0.0)
-            .ok_or_else(|| bad(format!("{key}: expected a positive number, got {value:?}")))?;
+            .ok_or_else(|| {
+                flag_error(format!("{key}: expected a positive number, got {value:?}"))
+            })?;
         match key.trim() {
             "ttft_ms" => objectives.ttft_ms = Some(value),
             "tpot_ms" => objectives.tpot_ms = Some(value),
             "attainment" if value <= 1.0 => objectives.attainment = value,
-            "attainment" => return Err(bad(format!("attainment must be in (0, 1], got {value}"))),
+            "attainment" => {
+                return Err(flag_error(format!(
+                    "attainment must be in (0, 1], got {value}"
+                )));
+            }
             other => {
-                return Err(bad(format!(
+                return Err(flag_error(format!(
                     "unknown objective {other:?}; expected ttft_ms, tpot_ms or attainment"
                 )));
             }

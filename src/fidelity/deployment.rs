@@ -5,7 +5,7 @@
 //! shares. Text in, no I/O.
 
 use super::FidelityError;
-use super::bad;
+use super::bad_file;
 use crate::sim::latency::ModelArch;
 
 /// The most data-parallel replicas a run may declare (a bound on what one replay builds).
@@ -74,7 +74,7 @@ pub fn apply_precision(arch: &mut ModelArch, precision: &str) -> Result<(), Fide
             }
             Ok(())
         }
-        _ => Err(bad(
+        _ => Err(bad_file(
             "s2r_error_records.csv",
             format!("precision `{precision}`: expected FP16, BF16 or FP8"),
         )),

@@ -31,7 +31,7 @@ use super::run::{
     FailedRequest, INFERENCE_PERF_TIMEOUT_S, MeasuredRequest, MeasuredRun, SharedPrefix, Stage,
 };
 use super::s2r::{S2r, parse_s2r};
-use super::{FidelityError, bad, deployment};
+use super::{FidelityError, bad_file, deployment};
 
 /// The text of a run directory's files (the caller reads them).
 #[derive(Clone, Debug, Default)]
@@ -166,11 +166,11 @@ fn missing_file(file: &str, reason: &str) -> FidelityError {
 }
 
 fn yaml_value(file: &str, text: &str) -> Result<Value, FidelityError> {
-    serde_saphyr::from_str::<Value>(text).map_err(|err| bad(file, err.to_string()))
+    serde_saphyr::from_str::<Value>(text).map_err(|err| bad_file(file, err.to_string()))
 }
 
 fn json_value(file: &str, text: &str) -> Result<Value, FidelityError> {
-    serde_json::from_str::<Value>(text).map_err(|err| bad(file, err.to_string()))
+    serde_json::from_str::<Value>(text).map_err(|err| bad_file(file, err.to_string()))
 }
 
 fn u32_at(value: &Value, key: &str) -> Option<u32> {
@@ -230,13 +230,13 @@ fn apply_profile(run: &mut MeasuredRun, file: &str, profile: &Value) -> Result<(
             let rate = stage.get("rate").and_then(Value::as_f64);
             let duration = stage.get("duration").and_then(Value::as_f64);
             let (Some(rate), Some(duration)) = (rate, duration) else {
-                return Err(bad(
+                return Err(bad_file(
                     file,
                     format!("stages[{i}]: needs `rate` and `duration`"),
                 ));
             };
             if !(rate > 0.0 && rate.is_finite() && duration > 0.0 && duration < 1e7) {
-                return Err(bad(
+                return Err(bad_file(
                     file,
                     format!("stages[{i}]: rate and duration must be > 0"),
                 ));
@@ -267,7 +267,7 @@ fn apply_replay(
 ) -> Result<(), FidelityError> {
     let trace = TraceFormat::ReplayJson
         .parse(text)
-        .map_err(|err| bad("replay_requests.json", err.to_string()))?;
+        .map_err(|err| bad_file("replay_requests.json", err.to_string()))?;
     if let Some(config) = trace.replay_config {
         run.tp = config.tensor_parallelism.max(1);
         run.max_num_seqs = config.max_num_seqs;
@@ -320,7 +320,7 @@ fn apply_replay(
         });
     }
     if run.requests.is_empty() {
-        return Err(bad(
+        return Err(bad_file(
             "replay_ground_truth.json",
             "no request has a usable measurement",
         ));
@@ -341,13 +341,13 @@ fn parse_ground_truth(text: &str) -> Result<Truth, FidelityError> {
     let rows = value
         .as_array()
         .or_else(|| value.get("requests").and_then(Value::as_array))
-        .ok_or_else(|| bad(FILE, "expected an array of {index, ttft_s, e2e_s}"))?;
+        .ok_or_else(|| bad_file(FILE, "expected an array of {index, ttft_s, e2e_s}"))?;
     let mut truth = BTreeMap::new();
     for (i, row) in rows.iter().enumerate() {
         let index = row
             .get("index")
             .and_then(Value::as_u64)
-            .ok_or_else(|| bad(FILE, format!("[{i}].index: missing or not an integer")))?;
+            .ok_or_else(|| bad_file(FILE, format!("[{i}].index: missing or not an integer")))?;
         let has_error = row
             .get("has_error")
             .and_then(Value::as_bool)
@@ -363,7 +363,7 @@ fn parse_ground_truth(text: &str) -> Result<Truth, FidelityError> {
                 truth.insert(index, (None, e2e, true));
             }
             _ => {
-                return Err(bad(
+                return Err(bad_file(
                     FILE,
                     format!("[{i}]: ttft_s and e2e_s must be numbers with 0 <= ttft_s <= e2e_s"),
                 ));

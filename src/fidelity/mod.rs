@@ -71,7 +71,7 @@ pub enum FidelityError {
 }
 
 /// A malformed `file` of a run, and what is wrong with it.
-fn bad(file: &str, reason: impl Into<String>) -> FidelityError {
+fn bad_file(file: &str, reason: impl Into<String>) -> FidelityError {
     FidelityError::BadFile {
         file: file.into(),
         reason: reason.into(),

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::FidelityError;
-use super::bad;
+use super::bad_file;
 use super::deployment::MAX_DATA_PARALLEL;
 use super::run::Published;
 
@@ -42,7 +42,7 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
     let mut lines = text.lines().filter(|line| !line.trim().is_empty());
     let header: Vec<&str> = lines
         .next()
-        .ok_or_else(|| bad(FILE, "empty"))?
+        .ok_or_else(|| bad_file(FILE, "empty"))?
         .split(',')
         .map(str::trim)
         .collect();
@@ -54,7 +54,7 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
         column("predicted"),
         column("actual"),
     ) else {
-        return Err(bad(
+        return Err(bad_file(
             FILE,
             "header needs simulator, stage_index, metric_name, predicted, actual",
         ));
@@ -67,7 +67,7 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
         let number = |i: usize| cell(i).parse::<f64>().ok().filter(|v| v.is_finite());
         let (Ok(stage_index), Some(actual_value)) = (cell(stage).parse::<i32>(), number(actual))
         else {
-            return Err(bad(
+            return Err(bad_file(
                 FILE,
                 format!("line {}: bad stage_index or actual", n + 2),
             ));
@@ -107,7 +107,7 @@ pub(super) fn parse_s2r(text: &str) -> Result<S2r, FidelityError> {
                 Ok(v) if v >= 1.0 && v.fract() == 0.0 && v <= f64::from(MAX_DATA_PARALLEL) => {
                     Ok(Some(v as u32))
                 }
-                _ => Err(bad(
+                _ => Err(bad_file(
                     FILE,
                     format!(
                         "line {}: dp `{d}`: expected a whole number from 1 to {MAX_DATA_PARALLEL}",

@@ -47,7 +47,7 @@ const CACHE_INFO: &str = "vllm:cache_config_info";
 fn minus(after: &Histogram, before: &Histogram, name: &str) -> Result<Histogram, FidelityError> {
     let (sum_after, sum_before) = (after.sum.unwrap_or(0.0), before.sum.unwrap_or(0.0));
     if before.count() > after.count() || sum_before > sum_after + 1e-9 {
-        return Err(bad(format!(
+        return Err(bad_after_file(format!(
             "{name}: the after scrape counts less than the before one (server restarted?)"
         )));
     }
@@ -116,7 +116,7 @@ struct ScrapeSpec {
     gpu: Option<String>,
 }
 
-fn bad(reason: String) -> FidelityError {
+fn bad_after_file(reason: String) -> FidelityError {
     FidelityError::BadFile {
         file: AFTER_FILE.into(),
         reason,
@@ -150,7 +150,7 @@ pub(super) fn apply_scrapes(
     let delta = |names: &[&'static str]| -> Result<Histogram, FidelityError> {
         let (name, later) = after
             .histogram(names)
-            .ok_or_else(|| bad(format!("no {} histogram", names[0])))?;
+            .ok_or_else(|| bad_after_file(format!("no {} histogram", names[0])))?;
         let earlier = before
             .as_ref()
             .and_then(|page| page.histogram(&[name]))
@@ -159,7 +159,9 @@ pub(super) fn apply_scrapes(
         let delta = minus(&later, &earlier, name)?;
         let sum = delta.sum.unwrap_or(f64::NAN);
         if !(delta.count() >= 1.0 && sum.is_finite() && sum >= 0.0) {
-            return Err(bad(format!("{name}: no observations between the scrapes")));
+            return Err(bad_after_file(format!(
+                "{name}: no observations between the scrapes"
+            )));
         }
         Ok(delta)
     };

@@ -27,7 +27,7 @@ use crate::twin::store::KvEvent;
 #[error("KV event message: {0}")]
 pub struct KvWireError(pub String);
 
-fn bad(reason: impl Into<String>) -> KvWireError {
+fn wire_error(reason: impl Into<String>) -> KvWireError {
     KvWireError(reason.into())
 }
 
@@ -62,7 +62,7 @@ enum Decoded {
 pub fn decode_seq(frame: &[u8]) -> Result<Option<u64>, KvWireError> {
     let bytes: [u8; 8] = frame
         .try_into()
-        .map_err(|_| bad(format!("sequence frame has {} bytes, not 8", frame.len())))?;
+        .map_err(|_| wire_error(format!("sequence frame has {} bytes, not 8", frame.len())))?;
     let seq = i64::from_be_bytes(bytes);
     Ok(u64::try_from(seq).ok())
 }
@@ -87,7 +87,7 @@ pub const MAX_BATCH_BLOCKS: usize = 1 << 17;
 /// naming more than [`MAX_BATCH_BLOCKS`] block hashes before its events are.
 pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> {
     if payload.len() > MAX_BATCH_BYTES {
-        return Err(bad(format!(
+        return Err(wire_error(format!(
             "batch of {} bytes, over the limit of {MAX_BATCH_BYTES}",
             payload.len()
         )));
@@ -95,17 +95,19 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
     match count_values(payload, MAX_BATCH_VALUES) {
         Ok(_) => {}
         Err(CountError::TooMany { limit }) => {
-            return Err(bad(format!("batch holds more than {limit} msgpack values")));
+            return Err(wire_error(format!(
+                "batch holds more than {limit} msgpack values"
+            )));
         }
         Err(CountError::Malformed) => {
-            return Err(bad("msgpack: truncated, or a reserved marker"));
+            return Err(wire_error("msgpack: truncated, or a reserved marker"));
         }
     }
     let mut reader = payload;
-    let value =
-        rmpv::decode::read_value(&mut reader).map_err(|err| bad(format!("msgpack: {err}")))?;
+    let value = rmpv::decode::read_value(&mut reader)
+        .map_err(|err| wire_error(format!("msgpack: {err}")))?;
     if !reader.is_empty() {
-        return Err(bad(format!(
+        return Err(wire_error(format!(
             "msgpack: {} trailing bytes after the batch",
             reader.len()
         )));
@@ -113,12 +115,12 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
     let (ts, events, rank) = match &value {
         Value::Array(items) if items.len() >= 2 => (&items[0], &items[1], items.get(2)),
         Value::Map(_) => (
-            field(&value, "ts").ok_or_else(|| bad("batch map has no ts"))?,
-            field(&value, "events").ok_or_else(|| bad("batch map has no events"))?,
+            field(&value, "ts").ok_or_else(|| wire_error("batch map has no ts"))?,
+            field(&value, "events").ok_or_else(|| wire_error("batch map has no events"))?,
             field(&value, "data_parallel_rank"),
         ),
         other => {
-            return Err(bad(format!(
+            return Err(wire_error(format!(
                 "batch is {}, not [ts, events, rank]",
                 kind(other)
             )));
@@ -129,13 +131,16 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
         .or_else(|| ts.as_i64().map(|v| v as f64))
         .or_else(|| ts.as_u64().map(|v| v as f64))
         .filter(|ts| ts.is_finite() && *ts >= 0.0)
-        .ok_or_else(|| bad(format!("ts is {}, not a time", kind(ts))))?;
+        .ok_or_else(|| wire_error(format!("ts is {}, not a time", kind(ts))))?;
     let Value::Array(list) = events else {
-        return Err(bad(format!("events is {}, not a list", kind(events))));
+        return Err(wire_error(format!(
+            "events is {}, not a list",
+            kind(events)
+        )));
     };
     let blocks: usize = list.iter().map(block_count).sum();
     if blocks > MAX_BATCH_BLOCKS {
-        return Err(bad(format!(
+        return Err(wire_error(format!(
             "{blocks} blocks in one batch, over the limit of {MAX_BATCH_BLOCKS}"
         )));
     }
@@ -143,7 +148,9 @@ pub fn decode_batch(seq: u64, payload: &[u8]) -> Result<WireBatch, KvWireError> 
     let mut unknown = Vec::new();
     let mut other_groups = 0;
     for (index, event) in list.iter().enumerate() {
-        match decode_event(event).map_err(|err| bad(format!("events[{index}]: {}", err.0)))? {
+        match decode_event(event)
+            .map_err(|err| wire_error(format!("events[{index}]: {}", err.0)))?
+        {
             Decoded::Event(event) => decoded.push(event),
             Decoded::OtherTierOrGroup { group } => other_groups += u64::from(group),
             Decoded::Unknown(kind) => unknown.push(kind),
@@ -219,7 +226,7 @@ fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
             let tag = items
                 .first()
                 .and_then(Value::as_str)
-                .ok_or_else(|| bad("event list has no tag"))?;
+                .ok_or_else(|| wire_error("event list has no tag"))?;
             (
                 tag,
                 Fields {
@@ -231,7 +238,7 @@ fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
         Value::Map(_) => {
             let tag = field(event, "type")
                 .and_then(Value::as_str)
-                .ok_or_else(|| bad("event map has no type"))?;
+                .ok_or_else(|| wire_error("event map has no type"))?;
             (
                 tag,
                 Fields {
@@ -240,7 +247,7 @@ fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
                 },
             )
         }
-        other => return Err(bad(format!("event is {}", kind(other)))),
+        other => return Err(wire_error(format!("event is {}", kind(other)))),
     };
     let on_gpu = |position: usize| {
         fields
@@ -255,14 +262,14 @@ fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
             None => Ok(0),
             Some(value) => value
                 .as_u64()
-                .ok_or_else(|| bad(format!("group_idx is {}", kind(value)))),
+                .ok_or_else(|| wire_error(format!("group_idx is {}", kind(value)))),
         }
     };
     match tag {
         "BlockStored" => {
             let block_hashes = hashes(fields.get(0, "block_hashes"), "block_hashes")?;
             if block_hashes.is_empty() {
-                return Err(bad("block_hashes: empty"));
+                return Err(wire_error("block_hashes: empty"));
             }
             let parent_block_hash = fields.get(1, "parent_block_hash").map(hash).transpose()?;
             let token_ids = token_ids(fields.get(2, "token_ids"))?;
@@ -271,7 +278,7 @@ fn decode_event(event: &Value) -> Result<Decoded, KvWireError> {
                 Some(value) => value
                     .as_u64()
                     .and_then(|size| u32::try_from(size).ok())
-                    .ok_or_else(|| bad(format!("block_size is {}", kind(value))))?,
+                    .ok_or_else(|| wire_error(format!("block_size is {}", kind(value))))?,
             };
             if !on_gpu(5) {
                 return Ok(Decoded::OtherTierOrGroup { group: false });
@@ -313,18 +320,21 @@ fn token_ids(value: Option<&Value>) -> Result<Vec<u32>, KvWireError> {
             .map(|item| {
                 item.as_u64()
                     .and_then(|token| u32::try_from(token).ok())
-                    .ok_or_else(|| bad(format!("a token id is {}", kind(item))))
+                    .ok_or_else(|| wire_error(format!("a token id is {}", kind(item))))
             })
             .collect(),
-        Some(other) => Err(bad(format!("token_ids is {}, not a list", kind(other)))),
+        Some(other) => Err(wire_error(format!(
+            "token_ids is {}, not a list",
+            kind(other)
+        ))),
     }
 }
 
 fn hashes(value: Option<&Value>, name: &str) -> Result<Vec<u64>, KvWireError> {
     match value {
         Some(Value::Array(items)) => items.iter().map(hash).collect(),
-        Some(other) => Err(bad(format!("{name} is {}, not a list", kind(other)))),
-        None => Err(bad(format!("{name} missing"))),
+        Some(other) => Err(wire_error(format!("{name} is {}, not a list", kind(other)))),
+        None => Err(wire_error(format!("{name} missing"))),
     }
 }
 
@@ -333,14 +343,14 @@ fn hash(value: &Value) -> Result<u64, KvWireError> {
         Value::Integer(int) => int
             .as_u64()
             .or_else(|| int.as_i64().map(|v| v as u64))
-            .ok_or_else(|| bad("hash out of range")),
+            .ok_or_else(|| wire_error("hash out of range")),
         // vLLM's `maybe_convert_block_hash`: `int.from_bytes(hash, "big") & (2**64 - 1)`,
         // the last 8 bytes read big-endian (shorter hashes are zero-extended).
         Value::Binary(bytes) => Ok(bytes
             .iter()
             .skip(bytes.len().saturating_sub(8))
             .fold(0u64, |acc, &byte| (acc << 8) | u64::from(byte))),
-        other => Err(bad(format!("a block hash is {}", kind(other)))),
+        other => Err(wire_error(format!("a block hash is {}", kind(other)))),
     }
 }
 
