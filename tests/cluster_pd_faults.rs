@@ -18,22 +18,10 @@ mod common;
 /// `prefill` prefill pods, `decode` decode pods, a `disaggregation:` section of `section`.
 fn yaml(prefill: u32, decode: u32, section: &str) -> String {
     format!(
-        "pools:
-  - name: p
-    role: prefill
-    replicas: {prefill}
-    latency_model: blackbox
-    coefficients: {{alpha: [0, 0, 0], beta: [1000, 1, 10]}}
-    engine: {{num_gpu_blocks: 2000, max_model_len: 16384}}
-  - name: d
-    role: decode
-    replicas: {decode}
-    latency_model: blackbox
-    coefficients: {{alpha: [0, 0, 0], beta: [1000, 1, 10]}}
-    engine: {{num_gpu_blocks: 3000, max_model_len: 16384}}
-disaggregation:
+        "{}disaggregation:
   prefill_routing: {{policy: round-robin}}
-{section}"
+{section}",
+        common::pd::pools_yaml(prefill, decode)
     )
 }
 

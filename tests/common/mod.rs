@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod cli;
+pub mod pd;
 pub mod server;
 pub mod wire;
 
