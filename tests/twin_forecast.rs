@@ -10,7 +10,7 @@ use ditto::twin::forecast::forecast_capacity;
 use ditto::twin::question::{ForecastQuestion, ForecastStart, SloTargets, VariantCandidates};
 use ditto::twin::snapshot::{InstanceState, MirrorSnapshot, TrafficStats, TwinSettings};
 use ditto::twin::{Limits, TwinError};
-use ditto::workload::LengthDist;
+use ditto::workload::{LengthDist, Stage};
 
 fn snapshot() -> MirrorSnapshot {
     let config = spec::default_cluster();
@@ -39,7 +39,16 @@ fn snapshot() -> MirrorSnapshot {
 fn question(counts: Vec<u32>) -> ForecastQuestion {
     ForecastQuestion {
         start: ForecastStart::Empty,
-        stages: vec![(25.0, 20.0), (60.0, 10.0)],
+        stages: vec![
+            Stage {
+                rate: 25.0,
+                duration_s: 20.0,
+            },
+            Stage {
+                rate: 60.0,
+                duration_s: 10.0,
+            },
+        ],
         input_tokens: LengthDist::gaussian(1024.0, 400.0, 16, 4000),
         output_tokens: LengthDist::gaussian(256.0, 100.0, 8, 1000),
         variants: vec![VariantCandidates {
