@@ -141,7 +141,10 @@ fn bad_forecast_questions_name_the_field() {
     q.variants[0].replica_counts = vec![0];
     cases.push((q, "variants[0].replica_counts[0]"));
     let mut q = question(vec![1]);
-    q.stages = vec![(-1.0, 10.0)];
+    q.stages = vec![Stage {
+        rate: -1.0,
+        duration_s: 10.0,
+    }];
     cases.push((q, "stages[0].rate"));
     let mut q = question(vec![1]);
     q.target_attainment = 1.5;
@@ -162,7 +165,10 @@ fn bad_forecast_questions_name_the_field() {
         Err(TwinError::OverLimit(_))
     ));
     let mut q = question(vec![1]);
-    q.stages = vec![(10.0, 1e7)];
+    q.stages = vec![Stage {
+        rate: 10.0,
+        duration_s: 1e7,
+    }];
     assert!(matches!(
         forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
         Err(TwinError::OverLimit(_))
