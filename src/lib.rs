@@ -15,7 +15,8 @@
 //! - [`prom_text`]: the Prometheus text format of model servers (pure parsing, histogram draws);
 //! - [`server`]: the gRPC service (tonic), health, reflection and HTTP `/metrics`;
 //! - [`telemetry`]: Prometheus metrics;
-//! - [`bench`]: benchmark cases shared by `ditto bench` and the criterion benches.
+//! - [`bench`]: the benchmark and load cases of `ditto bench` (an edge like `server`: tokio,
+//!   loopback servers) and the fixtures the criterion benches share with it.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, rust_2018_idioms)]

@@ -3,198 +3,46 @@
 //! folder's parts in one order. An import is any `use` tree (expanded, `crate`/`self`/
 //! `super` resolved) or `crate::`/`self::`/`super::` path expression of non-test code that
 //! names a sibling module; a child importing its folder's `mod.rs` is not a sibling edge.
+//! The sources are read by `tests/common/rust_source.rs`, shared with `tests/sim_purity.rs`.
 //!
 //! The cycles still known are listed in `KNOWN`, each with why it is there; the test fails
 //! on any other cycle, and on a known one that is gone (so the list only shrinks).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::Path;
 
-use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
+use proc_macro2::TokenTree;
+
+#[path = "common/rust_source.rs"]
+mod rust_source;
+
+use rust_source::{Named, file_tokens, module_path, non_test_files, resolve, source_tokens};
 
 /// Cycles left, as (folder under `src/`, its children in the cycle, why).
 const KNOWN: &[(&str, &[&str], &str)] = &[];
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
-}
-
-/// A file's module path below the crate (`src/sim/engine/mod.rs` is `["sim", "engine"]`).
-fn module_of(src: &Path, file: &Path) -> Vec<String> {
-    file.strip_prefix(src)
-        .unwrap()
+/// The module paths `tokens` import from this crate: every `use` path and every path
+/// expression starting at `crate`, `self` or `super`, resolved in `module`.
+fn imports(tokens: &[TokenTree], module: &[String]) -> Vec<Vec<String>> {
+    let named = Named::of(tokens);
+    named
+        .uses
         .iter()
-        .map(|part| {
-            let part = part.to_str().unwrap();
-            part.strip_suffix(".rs").unwrap_or(part).to_owned()
-        })
-        .filter(|part| part != "mod" && part != "lib" && part != "main")
+        .map(|used| &used.path)
+        .chain(&named.paths)
+        .filter_map(|path| resolve(path, module))
         .collect()
-}
-
-/// Whether `tokens[index..]` starts with `::`.
-fn path_sep(tokens: &[TokenTree], index: usize) -> bool {
-    matches!((tokens.get(index), tokens.get(index + 1)),
-        (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
-            if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':')
-}
-
-/// `tokens` without `#[cfg(test)]` items (the attribute through the item's body or `;`).
-fn strip_tests(tokens: Vec<TokenTree>) -> Vec<TokenTree> {
-    let mut kept = Vec::with_capacity(tokens.len());
-    let mut index = 0;
-    while index < tokens.len() {
-        let is_cfg_test = matches!((&tokens[index], tokens.get(index + 1)),
-            (TokenTree::Punct(hash), Some(TokenTree::Group(group)))
-                if hash.as_char() == '#'
-                    && group.delimiter() == Delimiter::Bracket
-                    && group.stream().to_string().replace(' ', "") == "cfg(test)");
-        if is_cfg_test {
-            index += 2;
-            while index < tokens.len() {
-                let end = match &tokens[index] {
-                    TokenTree::Group(g) => g.delimiter() == Delimiter::Brace,
-                    TokenTree::Punct(p) => p.as_char() == ';',
-                    TokenTree::Ident(_) | TokenTree::Literal(_) => false,
-                };
-                index += 1;
-                if end {
-                    break;
-                }
-            }
-            continue;
-        }
-        kept.push(tokens[index].clone());
-        index += 1;
-    }
-    kept
-}
-
-/// The paths of the use tree `tokens` (after `use`, before `;`) under `prefix`.
-fn use_paths(tokens: &[TokenTree], prefix: &[String], out: &mut Vec<Vec<String>>) {
-    let mut path = prefix.to_vec();
-    let mut index = usize::from(path_sep(tokens, 0)) * 2;
-    while let Some(token) = tokens.get(index) {
-        match token {
-            TokenTree::Ident(ident) if ident == "as" => break,
-            TokenTree::Ident(ident) => {
-                path.push(ident.to_string());
-                index += 1;
-                if !path_sep(tokens, index) {
-                    break;
-                }
-                index += 2;
-            }
-            TokenTree::Group(group) if group.delimiter() == Delimiter::Brace => {
-                let inner: Vec<TokenTree> = group.stream().into_iter().collect();
-                for part in inner.split(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ','))
-                {
-                    use_paths(part, &path, out);
-                }
-                return;
-            }
-            _ => break,
-        }
-    }
-    if path.last().is_some_and(|last| last == "self") {
-        path.pop();
-    }
-    out.push(path);
-}
-
-/// Every `use` path and `crate`/`self`/`super` path expression in `tokens`, recursively.
-fn paths_in(tokens: &[TokenTree], out: &mut Vec<Vec<String>>) {
-    let mut index = 0;
-    while index < tokens.len() {
-        match &tokens[index] {
-            TokenTree::Ident(ident) if ident == "use" => {
-                let end = tokens[index..]
-                    .iter()
-                    .position(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ';'))
-                    .map_or(tokens.len(), |offset| index + offset);
-                use_paths(&tokens[index + 1..end], &[], out);
-                index = end + 1;
-            }
-            TokenTree::Ident(ident)
-                if matches!(ident.to_string().as_str(), "crate" | "self" | "super")
-                    && path_sep(tokens, index + 1)
-                    && !(index >= 2 && path_sep(tokens, index - 2)) =>
-            {
-                let mut path = vec![ident.to_string()];
-                let mut next = index + 1;
-                while path_sep(tokens, next) {
-                    let Some(TokenTree::Ident(segment)) = tokens.get(next + 2) else {
-                        break;
-                    };
-                    path.push(segment.to_string());
-                    next += 3;
-                }
-                out.push(path);
-                index = next;
-            }
-            TokenTree::Group(group) => {
-                let inner: Vec<TokenTree> = group.stream().into_iter().collect();
-                paths_in(&inner, out);
-                index += 1;
-            }
-            _ => index += 1,
-        }
-    }
-}
-
-/// `path` as a module path below the crate, if it starts at `crate`, `self` or `super`.
-fn resolve(path: &[String], module: &[String]) -> Option<Vec<String>> {
-    let (first, rest) = path.split_first()?;
-    match first.as_str() {
-        "crate" => Some(rest.to_vec()),
-        "self" => Some(module.iter().chain(rest).cloned().collect()),
-        "super" => {
-            let mut base = module.to_vec();
-            base.pop()?;
-            let mut rest = rest;
-            while rest.first().is_some_and(|s| s == "super") {
-                base.pop()?;
-                rest = &rest[1..];
-            }
-            Some(base.into_iter().chain(rest.iter().cloned()).collect())
-        }
-        _ => None,
-    }
 }
 
 /// Per folder (module path), the sibling edges (child -> child) of its non-test code.
 fn edges(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<(String, String)>> {
-    let mut files = Vec::new();
-    rust_files(src, &mut files);
-    files.retain(|file| {
-        !file
-            .strip_prefix(src)
-            .unwrap()
-            .iter()
-            .any(|part| part == "tests" || part == "tests.rs")
-    });
-    files.sort();
-    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(src, f)).collect();
+    let files = non_test_files(src);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(src, f)).collect();
     let mut found: BTreeMap<Vec<String>, BTreeSet<(String, String)>> = BTreeMap::new();
     for file in &files {
-        let module = module_of(src, file);
-        let text = std::fs::read_to_string(file).unwrap();
-        let tokens = TokenStream::from_str(&text)
-            .unwrap_or_else(|err| panic!("{}: {err:?}", file.display()))
-            .into_iter()
-            .collect();
-        let mut paths = Vec::new();
-        paths_in(&strip_tests(tokens), &mut paths);
-        for target in paths.iter().filter_map(|path| resolve(path, &module)) {
+        let module = module_path(src, file);
+        for target in imports(&file_tokens(file), &module) {
             // The deepest folder holding both: the first segment where they part.
             let common = module
                 .iter()
@@ -322,19 +170,14 @@ fn the_checker_sees_uses_paths_and_cycles() {
                 use crate::top::c as d;\n\
                 fn f() { super::super::top::e::g(); let _ = ::other::x; }\n\
                 #[cfg(test)] mod tests { use super::super::f::Z; }";
-    let tokens = strip_tests(TokenStream::from_str(text).unwrap().into_iter().collect());
-    let mut paths = Vec::new();
-    paths_in(&tokens, &mut paths);
     let module: Vec<String> = ["top", "here"].map(str::to_owned).to_vec();
-    let resolved: Vec<String> = paths
+    let resolved: Vec<String> = imports(&source_tokens(text).unwrap(), &module)
         .iter()
-        .filter_map(|p| resolve(p, &module))
         .map(|p| p.join("::"))
         .collect();
     assert_eq!(
         resolved,
-        ["top::a::X", "top::b", "top::b::Y", "top::c", "top::e::g"],
-        "{paths:?}"
+        ["top::a::X", "top::b", "top::b::Y", "top::c", "top::e::g"]
     );
     let arrows: BTreeSet<(String, String)> = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
         .map(|(a, b)| (a.to_owned(), b.to_owned()))

@@ -15,13 +15,19 @@
 //!
 //! Crates are recognised by name from Cargo.toml's dependencies, so a new dependency is
 //! forbidden in these layers until it is allowed here.
+//!
+//! The sources are read by `tests/common/rust_source.rs`, shared with `tests/no_cycles.rs`.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::str::FromStr;
+use std::path::Path;
 
-use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
+use proc_macro2::TokenTree;
+
+#[path = "common/rust_source.rs"]
+mod rust_source;
+
+use rust_source::{Named, file_tokens, module_path, non_test_files, resolve, source_tokens};
 
 /// What one layer may know.
 struct Rules {
@@ -144,17 +150,6 @@ const WORKLOAD: Rules = Rules {
     forbidden_macros: &["println", "eprintln", "print", "eprint", "dbg"],
 };
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// The crate names of Cargo.toml's dependency tables (`-` read as `_`).
 fn dependency_crates() -> Vec<String> {
     let manifest =
@@ -186,226 +181,23 @@ fn dependency_crates() -> Vec<String> {
     names
 }
 
-/// A module's absolute path (`crate::sim::engine::lazy`) from its file.
-fn module_path(src: &Path, file: &Path) -> Vec<String> {
-    let relative = file.strip_prefix(src).unwrap();
-    let mut segments: Vec<String> = vec!["crate".to_owned()];
-    for part in relative.iter() {
-        let part = part.to_str().unwrap();
-        let stem = part.strip_suffix(".rs").unwrap_or(part);
-        if stem != "mod" {
-            segments.push(stem.to_owned());
-        }
-    }
-    segments
-}
-
-/// One path found in a file, absolute.
-struct Found {
-    segments: Vec<String>,
-}
-
-/// Tokens of a file minus `#[cfg(test)]` items.
-fn without_tests(tokens: Vec<TokenTree>) -> Vec<TokenTree> {
-    let mut out = Vec::with_capacity(tokens.len());
-    let mut index = 0;
-    while index < tokens.len() {
-        if let (TokenTree::Punct(hash), Some(TokenTree::Group(group))) =
-            (&tokens[index], tokens.get(index + 1))
-            && hash.as_char() == '#'
-            && group.delimiter() == Delimiter::Bracket
-            && group.stream().to_string().replace(' ', "") == "cfg(test)"
-        {
-            // Skip the attribute and its item: to its body (a brace group) or its `;`.
-            index += 2;
-            while index < tokens.len() {
-                match &tokens[index] {
-                    TokenTree::Group(g) if g.delimiter() == Delimiter::Brace => break,
-                    TokenTree::Punct(p) if p.as_char() == ';' => break,
-                    _ => index += 1,
-                }
-            }
-            index += 1;
-            continue;
-        }
-        out.push(tokens[index].clone());
-        index += 1;
-    }
-    out
-}
-
-fn is_path_sep(tokens: &[TokenTree], index: usize) -> bool {
-    matches!((tokens.get(index), tokens.get(index + 1)),
-        (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
-            if a.as_char() == ':' && a.spacing() == Spacing::Joint && b.as_char() == ':')
-}
-
-/// Expands the use tree starting at `tokens[index]` (after `use`) under `prefix`.
-fn use_tree(tokens: &[TokenTree], prefix: &[String], found: &mut Vec<(Vec<String>, String)>) {
-    let mut path = prefix.to_vec();
-    let mut index = 0;
-    if is_path_sep(tokens, 0) {
-        path.push(String::new());
-        index = 2;
-    }
-    while index < tokens.len() {
-        match &tokens[index] {
-            TokenTree::Ident(ident) => {
-                let name = ident.to_string();
-                if name == "as" {
-                    if path.last().is_some_and(|s| s == "self") {
-                        path.pop();
-                    }
-                    if let Some(TokenTree::Ident(alias)) = tokens.get(index + 1) {
-                        found.push((path.clone(), alias.to_string()));
-                    }
-                    return;
-                }
-                path.push(name);
-                index += 1;
-                if is_path_sep(tokens, index) {
-                    index += 2;
-                } else {
-                    break;
-                }
-            }
-            TokenTree::Group(group) if group.delimiter() == Delimiter::Brace => {
-                let inner: Vec<TokenTree> = group.stream().into_iter().collect();
-                for part in inner.split(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ','))
-                {
-                    if !part.is_empty() {
-                        use_tree(part, &path, found);
-                    }
-                }
-                return;
-            }
-            TokenTree::Punct(p) if p.as_char() == '*' => {
-                path.push("*".to_owned());
-                break;
-            }
-            _ => break,
-        }
-    }
-    // A trailing `as` alias after a plain path.
-    if let (Some(TokenTree::Ident(kw)), Some(TokenTree::Ident(alias))) =
-        (tokens.get(index), tokens.get(index + 1))
-        && kw == "as"
-    {
-        if path.last().is_some_and(|s| s == "self") {
-            path.pop();
-        }
-        found.push((path, alias.to_string()));
-        return;
-    }
-    let name = match path.last().map(String::as_str) {
-        Some("self") => {
-            path.pop();
-            path.last().cloned().unwrap_or_default()
-        }
-        Some(last) => last.to_owned(),
-        None => return,
-    };
-    found.push((path, name));
-}
-
-/// Every use path (with the name it binds) and path expression in `tokens`, recursively;
-/// macro names called (`name!`) go to `macros`.
-fn walk(
-    tokens: &[TokenTree],
-    uses: &mut Vec<(Vec<String>, String)>,
-    paths: &mut Vec<Vec<String>>,
-    macros: &mut Vec<String>,
-) {
-    let mut index = 0;
-    while index < tokens.len() {
-        match &tokens[index] {
-            TokenTree::Ident(ident) if ident == "use" => {
-                let end = tokens[index..]
-                    .iter()
-                    .position(|t| matches!(t, TokenTree::Punct(p) if p.as_char() == ';'))
-                    .map_or(tokens.len(), |offset| index + offset);
-                use_tree(&tokens[index + 1..end], &[], uses);
-                index = end + 1;
-            }
-            TokenTree::Ident(ident) if ident == "extern" => {
-                if let (Some(TokenTree::Ident(kw)), Some(TokenTree::Ident(name))) =
-                    (tokens.get(index + 1), tokens.get(index + 2))
-                    && kw == "crate"
-                {
-                    uses.push((vec![name.to_string()], name.to_string()));
-                    index += 3;
-                } else {
-                    index += 1;
-                }
-            }
-            TokenTree::Ident(ident) => {
-                let after_sep = index >= 2 && is_path_sep(tokens, index - 2);
-                // `::name` with nothing path-like before it is a global path (`::hyper::x`).
-                let global = after_sep
-                    && !matches!(
-                        index.checked_sub(3).map(|i| &tokens[i]),
-                        Some(TokenTree::Ident(_))
-                    );
-                let global = global
-                    && !matches!(index.checked_sub(3).map(|i| &tokens[i]),
-                        Some(TokenTree::Punct(p)) if p.as_char() == '>');
-                let preceded = after_sep && !global;
-                if matches!(tokens.get(index + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!')
-                {
-                    macros.push(ident.to_string());
-                }
-                let mut path = vec![ident.to_string()];
-                let mut next = index + 1;
-                while is_path_sep(tokens, next) {
-                    match tokens.get(next + 2) {
-                        Some(TokenTree::Ident(segment)) => {
-                            path.push(segment.to_string());
-                            next += 3;
-                        }
-                        _ => break,
-                    }
-                }
-                // A lone name is a local (a variable, a type in scope): what it refers to
-                // was imported by a `use`, which is checked.
-                if !preceded && path.len() > 1 {
-                    paths.push(path);
-                } else if global {
-                    paths.push(std::iter::once(String::new()).chain(path).collect());
-                }
-                index = next.max(index + 1);
-            }
-            TokenTree::Group(group) => {
-                let inner: Vec<TokenTree> = group.stream().into_iter().collect();
-                walk(&inner, uses, paths, macros);
-                index += 1;
-            }
-            _ => index += 1,
-        }
-    }
-}
-
-/// Resolves `crate`/`self`/`super` against `module` and a leading alias against `aliases`.
+/// Resolves a path read in `module` (a path below the crate) to an absolute one: this
+/// crate's items as `crate::...`, other crates' by their name, a leading alias followed
+/// through `aliases`; a global path (`::hyper::x`) without its empty first segment.
 fn absolute(
     segments: &[String],
     module: &[String],
     aliases: &BTreeMap<String, Vec<String>>,
 ) -> Vec<String> {
+    let in_crate = |below: Vec<String>| -> Vec<String> {
+        std::iter::once("crate".to_owned()).chain(below).collect()
+    };
     let Some(first) = segments.first() else {
         return Vec::new();
     };
     match first.as_str() {
         "" => segments[1..].to_vec(),
-        "crate" => segments.to_vec(),
-        "self" => module.iter().chain(&segments[1..]).cloned().collect(),
-        "super" => {
-            let mut base = module.to_vec();
-            let mut rest = segments;
-            while rest.first().is_some_and(|s| s == "super") {
-                base.pop();
-                rest = &rest[1..];
-            }
-            base.into_iter().chain(rest.iter().cloned()).collect()
-        }
+        "crate" | "self" | "super" => resolve(segments, module).map_or_else(Vec::new, in_crate),
         name => match aliases.get(name) {
             Some(target) if target.first().is_some_and(|s| s != name) => {
                 target.iter().chain(&segments[1..]).cloned().collect()
@@ -413,7 +205,7 @@ fn absolute(
             // A crate (std or a dependency) or, as Rust resolves a path's first name, an
             // item of this module (a child module, a type).
             _ if is_crate(name) => segments.to_vec(),
-            _ => module.iter().chain(segments).cloned().collect(),
+            _ => in_crate(module.iter().chain(segments).cloned().collect()),
         },
     }
 }
@@ -427,29 +219,20 @@ thread_local! {
     static DEPENDENCIES: Vec<String> = dependency_crates();
 }
 
-fn found_in(src: &Path, file: &Path) -> (Vec<Found>, Vec<String>) {
-    let text = std::fs::read_to_string(file).unwrap();
-    let tokens: Vec<TokenTree> = TokenStream::from_str(&text)
-        .unwrap_or_else(|err| panic!("{}: {err:?}", file.display()))
-        .into_iter()
-        .collect();
-    let tokens = without_tests(tokens);
-    let (mut uses, mut paths, mut macros) = (Vec::new(), Vec::new(), Vec::new());
-    walk(&tokens, &mut uses, &mut paths, &mut macros);
-    let module = module_path(src, file);
+/// Every path `named` names, absolute: its `use` paths (each alias then known), then its
+/// path expressions.
+fn absolute_paths(named: &Named, module: &[String]) -> Vec<Vec<String>> {
     let mut aliases = BTreeMap::new();
     let mut found = Vec::new();
-    for (path, name) in &uses {
-        let resolved = absolute(path, &module, &BTreeMap::new());
-        aliases.insert(name.clone(), resolved.clone());
-        found.push(Found { segments: resolved });
+    for used in &named.uses {
+        let resolved = absolute(&used.path, module, &BTreeMap::new());
+        aliases.insert(used.name.clone(), resolved.clone());
+        found.push(resolved);
     }
-    for path in &paths {
-        found.push(Found {
-            segments: absolute(path, &module, &aliases),
-        });
+    for path in &named.paths {
+        found.push(absolute(path, module, &aliases));
     }
-    (found, macros)
+    found
 }
 
 /// Every path or macro of `rules.dir`'s non-test code its rules forbid, as
@@ -457,17 +240,7 @@ fn found_in(src: &Path, file: &Path) -> (Vec<Found>, Vec<String>) {
 fn violations(rules: &Rules) -> Vec<String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let dir = src.join(rules.dir);
-    let mut files = Vec::new();
-    rust_files(&dir, &mut files);
-    // Test modules kept in their own files (`#[cfg(test)] mod tests;`) are test code.
-    files.retain(|file| {
-        !file
-            .strip_prefix(&dir)
-            .unwrap()
-            .iter()
-            .any(|part| part == "tests" || part == "tests.rs")
-    });
-    files.sort();
+    let files = non_test_files(&dir);
     assert!(files.len() > 3, "expected {}'s sources", rules.dir);
     let crates = dependency_crates();
     let mut out = Vec::new();
@@ -477,9 +250,9 @@ fn violations(rules: &Rules) -> Vec<String> {
             .unwrap()
             .to_string_lossy()
             .into_owned();
-        let (found, macros) = found_in(&src, file);
-        for path in found {
-            let segments = &path.segments;
+        let tokens = file_tokens(file);
+        let named = Named::of(&tokens);
+        for segments in absolute_paths(&named, &module_path(&src, file)) {
             let Some(first) = segments.first() else {
                 continue;
             };
@@ -510,7 +283,7 @@ fn violations(rules: &Rules) -> Vec<String> {
                 out.push(format!("{}: {joined} ({why})", file.display()));
             }
         }
-        for name in macros {
+        for name in &named.macros {
             if rules.forbidden_macros.contains(&name.as_str()) {
                 out.push(format!(
                     "{}: {name}! (printing or thread-locals)",
@@ -518,9 +291,6 @@ fn violations(rules: &Rules) -> Vec<String> {
                 ));
             }
         }
-        let text = std::fs::read_to_string(file).unwrap();
-        let tokens: Vec<TokenTree> =
-            without_tests(TokenStream::from_str(&text).unwrap().into_iter().collect());
         if rules.dir == "sim" && has_static_mut(&tokens) {
             out.push(format!("{}: static mut (global state)", file.display()));
         }
@@ -574,26 +344,18 @@ fn workload_is_fed_and_never_fetches() {
 fn the_guard_sees_uses_paths_aliases_and_macros() {
     let src = Path::new("/src");
     let module = module_path(src, Path::new("/src/sim/engine/lazy.rs"));
-    assert_eq!(module, ["crate", "sim", "engine", "lazy"]);
+    assert_eq!(module, ["sim", "engine", "lazy"]);
     let text = "use tokio::{self as rt, sync::{mpsc, Mutex as M}};\n\
                 use super::super::super::server::x;\n\
                 use std::time;\n\
                 fn f() { let t = time::Instant::now(); ::hyper::x(); rt::spawn(async {}); \
                 println!(\"{}\", crate::live::y); }\n\
                 #[cfg(test)] mod tests { use kube::Api; }";
-    let tokens = without_tests(TokenStream::from_str(text).unwrap().into_iter().collect());
-    let (mut uses, mut paths, mut macros) = (Vec::new(), Vec::new(), Vec::new());
-    walk(&tokens, &mut uses, &mut paths, &mut macros);
-    let mut aliases = BTreeMap::new();
-    let mut all: Vec<String> = Vec::new();
-    for (path, name) in &uses {
-        let resolved = absolute(path, &module, &BTreeMap::new());
-        aliases.insert(name.clone(), resolved.clone());
-        all.push(resolved.join("::"));
-    }
-    for path in &paths {
-        all.push(absolute(path, &module, &aliases).join("::"));
-    }
+    let named = Named::of(&source_tokens(text).unwrap());
+    let all: Vec<String> = absolute_paths(&named, &module)
+        .iter()
+        .map(|path| path.join("::"))
+        .collect();
     for expected in [
         "tokio",
         "tokio::sync::mpsc",
@@ -611,12 +373,12 @@ fn the_guard_sees_uses_paths_aliases_and_macros() {
         );
     }
     assert!(!all.iter().any(|p| p.starts_with("kube")), "{all:?}");
-    assert!(macros.iter().any(|m| m == "println"));
+    assert!(named.macros.iter().any(|m| m == "println"));
 }
 
-/// Only `server`, `live` and `telemetry` know the async runtime and the RPC and HTTP stacks:
-/// the CLI, the benchmark cases, the catalog, fidelity and the metrics text reader reach
-/// them only through those layers' functions.
+/// Only the edge (`server`, `live`, `telemetry` and the benchmark and load cases in `bench`)
+/// knows the async runtime and the RPC and HTTP stacks: the CLI, the catalog, fidelity and
+/// the metrics text reader reach them only through those modules' functions.
 #[test]
 fn only_the_edge_knows_tokio_and_the_wire() {
     const EDGE_CRATES: &[&str] = &[
@@ -639,24 +401,22 @@ fn only_the_edge_knows_tokio_and_the_wire() {
     let mut found = Vec::new();
     for dir in [
         "cli",
-        "bench",
         "catalog",
         "fidelity",
         "prom_text",
         "workload",
         "cluster",
     ] {
-        let mut files = Vec::new();
-        rust_files(&src.join(dir), &mut files);
+        let files = non_test_files(&src.join(dir));
         assert!(!files.is_empty(), "src/{dir}");
         for file in files {
-            for path in found_in(&src, &file).0 {
+            let named = Named::of(&file_tokens(&file));
+            for path in absolute_paths(&named, &module_path(&src, &file)) {
                 if path
-                    .segments
                     .first()
                     .is_some_and(|first| EDGE_CRATES.contains(&first.as_str()))
                 {
-                    found.push(format!("{}: {}", file.display(), path.segments.join("::")));
+                    found.push(format!("{}: {}", file.display(), path.join("::")));
                 }
             }
         }

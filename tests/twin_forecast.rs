@@ -10,7 +10,7 @@ use ditto::twin::forecast::forecast_capacity;
 use ditto::twin::question::{ForecastQuestion, ForecastStart, SloTargets, VariantCandidates};
 use ditto::twin::snapshot::{InstanceState, MirrorSnapshot, TrafficStats, TwinSettings};
 use ditto::twin::{Limits, TwinError};
-use ditto::workload::LengthDist;
+use ditto::workload::{LengthDist, Stage};
 
 fn snapshot() -> MirrorSnapshot {
     let config = spec::default_cluster();
@@ -39,7 +39,16 @@ fn snapshot() -> MirrorSnapshot {
 fn question(counts: Vec<u32>) -> ForecastQuestion {
     ForecastQuestion {
         start: ForecastStart::Empty,
-        stages: vec![(25.0, 20.0), (60.0, 10.0)],
+        stages: vec![
+            Stage {
+                rate: 25.0,
+                duration_s: 20.0,
+            },
+            Stage {
+                rate: 60.0,
+                duration_s: 10.0,
+            },
+        ],
         input_tokens: LengthDist::gaussian(1024.0, 400.0, 16, 4000),
         output_tokens: LengthDist::gaussian(256.0, 100.0, 8, 1000),
         variants: vec![VariantCandidates {
@@ -132,7 +141,10 @@ fn bad_forecast_questions_name_the_field() {
     q.variants[0].replica_counts = vec![0];
     cases.push((q, "variants[0].replica_counts[0]"));
     let mut q = question(vec![1]);
-    q.stages = vec![(-1.0, 10.0)];
+    q.stages = vec![Stage {
+        rate: -1.0,
+        duration_s: 10.0,
+    }];
     cases.push((q, "stages[0].rate"));
     let mut q = question(vec![1]);
     q.target_attainment = 1.5;
@@ -153,7 +165,10 @@ fn bad_forecast_questions_name_the_field() {
         Err(TwinError::OverLimit(_))
     ));
     let mut q = question(vec![1]);
-    q.stages = vec![(10.0, 1e7)];
+    q.stages = vec![Stage {
+        rate: 10.0,
+        duration_s: 1e7,
+    }];
     assert!(matches!(
         forecast_capacity(&snapshot, &q, &Limits::DEFAULT),
         Err(TwinError::OverLimit(_))

@@ -13,7 +13,7 @@ use ditto::twin::question::{
 };
 use ditto::twin::snapshot::{InstanceState, MirrorSnapshot, TrafficStats, TwinSettings};
 use ditto::twin::{Limits, TwinError};
-use ditto::workload::LengthDist;
+use ditto::workload::{LengthDist, Stage};
 
 /// Two pools of one blackbox-priced model, one per role: a step costs 5 ms + 20 µs a
 /// prefill token + 100 µs a decode token.
@@ -73,7 +73,10 @@ fn question(
     let [prefill_counts, decode_counts] = counts;
     ForecastQuestion {
         start: ForecastStart::Empty,
-        stages: vec![(40.0, 5.0)],
+        stages: vec![Stage {
+            rate: 40.0,
+            duration_s: 5.0,
+        }],
         input_tokens: input,
         output_tokens: output,
         variants: vec![

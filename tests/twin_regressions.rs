@@ -17,7 +17,7 @@ use ditto::twin::snapshot::{
     InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
 };
 use ditto::twin::{Limits, TwinError};
-use ditto::workload::LengthDist;
+use ditto::workload::{LengthDist, Stage};
 
 fn snapshot_with(instances: Vec<InstanceState>, priority_policy: bool) -> MirrorSnapshot {
     let mut config = spec::default_cluster();
@@ -148,7 +148,10 @@ fn forecast_rerouting_under_priority_scheduling_loses_nothing() {
     let snapshot = snapshot_with((0..4).map(busy).collect(), true);
     let question = ForecastQuestion {
         start: ForecastStart::Snapshot,
-        stages: vec![(1.0, 2.0)],
+        stages: vec![Stage {
+            rate: 1.0,
+            duration_s: 2.0,
+        }],
         input_tokens: LengthDist::constant(300),
         output_tokens: LengthDist::constant(20),
         variants: vec![VariantCandidates {
@@ -238,7 +241,10 @@ fn forecast_variants_configured_alike_are_refused() {
     };
     let question = ForecastQuestion {
         start: ForecastStart::Snapshot,
-        stages: vec![(1.0, 2.0)],
+        stages: vec![Stage {
+            rate: 1.0,
+            duration_s: 2.0,
+        }],
         input_tokens: LengthDist::constant(300),
         output_tokens: LengthDist::constant(20),
         variants: vec![variant("vllm-0"), variant("vllm-1")],

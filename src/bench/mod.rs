@@ -1,259 +1,194 @@
-//! Benchmark cases shared by `ditto bench` and the criterion benches under `benches/`, so
-//! both measure exactly the same work.
+//! Benchmark and load cases, in one place: the work `ditto bench` times and the criterion
+//! benches under `benches/` share (so both measure exactly the same work), and the case
+//! runners that time it and write `ditto bench`'s report. The CLI only parses the flags into
+//! a [`BenchPlan`] and calls [`run`].
 //!
-//! - The BLIS reference run: llama-3.1-8b-instruct on one H100, TP1, roofline, Poisson
-//!   20 req/s, prompts and outputs gaussian 512 ± 256 in [2, 7000], 26,312 GPU blocks.
-//! - The what-if case: a mirrored 4-instance cluster, each instance with 128 running
-//!   requests (mixed prefill and decode) and 64 waiting, asked where a 2,000-token prompt with
-//!   256 output tokens should go.
+//! An edge module like `server` and `live`: the loopback cases serve, scrape and publish on
+//! tokio runtimes built here (`runtime.rs`); no layer below the CLI imports it. One file (or
+//! folder) per case family:
 //!
-//! Knows nothing about timing or printing: callers measure.
+//! 1. `reference.rs`, offline: the BLIS reference run (llama-3.1-8b-instruct on one H100,
+//!    TP1, roofline, Poisson 20 req/s, prompts and outputs gaussian 512 ± 256 in [2, 7000],
+//!    26,312 GPU blocks) at 10,000, 100,000 and 1,000,000 requests: wall time, simulated
+//!    requests, steps and events per wall-second, per-request cost, peak memory.
+//! 2. `whatif/`: a mirrored 4-instance snapshot (128 running + 64 waiting each), one
+//!    PredictRouting for a 2,000-token prompt with 256 output tokens over all 4 candidates:
+//!    latency p50/p99 with 1 replication (known lengths) and 16 replications (sampled
+//!    lengths), in-process (asked repeatedly on one snapshot, once after each push of one
+//!    instance, and once on a fresh snapshot); the P/D snapshot's first question; the memory
+//!    of one mirrored instance with 256 requests and 30,000 blocks.
+//! 3. `loadgen/`: the same question through the gRPC server on loopback; the latency
+//!    predictor API's strict bulk call over loopback HTTP with 4 and 100 candidate pods; many
+//!    concurrent clients on loopback mixing PredictRouting, state pushes and `/metrics`
+//!    scrapes for a fixed time (`server::load`): operations/s, p50/p99, errors, RSS.
+//! 4. `scrape.rs`: the live mirror scraping 100 fake vLLM pods on loopback every 50 ms, and
+//!    `kv.rs`: 100 fake KV-event publishers at 200 blocks/s each: CPU per pod per second,
+//!    freshness lag, memory.
+//! 5. `autoscale.rs`: a simulated day through an autoscaled pool, timed whole.
+//!
+//! No assertions: speed is reported, never tested.
 
-use std::sync::Arc;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::sim::SimError;
+use crate::workload::WorkloadError;
 
 mod autoscale;
+mod kv;
+mod loadgen;
+mod process;
+mod reference;
+mod runtime;
+mod scrape;
+mod whatif;
 
 pub use autoscale::{DAY_CAPACITY_PER_REPLICA, autoscale_day, autoscale_day_requests};
-
-use crate::catalog;
-use crate::cluster::spec;
-use crate::sim::latency::LatencyKind;
-use crate::sim::{Engine, EngineConfig, SimError, SloClass};
-use crate::twin::question::{
-    Background, CandidateRequest, OutputLength, PredictOptions, RoutingQuestion, SloTargets,
+pub use kv::memory_probe as kv_memory_probe;
+pub use reference::{
+    REFERENCE_BLOCKS, offline_reference_engine, reference_engine, reference_requests,
 };
-use crate::twin::snapshot::{
-    InstanceState, MirrorSnapshot, ObservedRequest, TrafficStats, TwinSettings,
+pub use scrape::serve_fake_pods;
+pub use whatif::{
+    WHATIF_NOW_US, pd_snapshot, whatif_instance, whatif_now_us, whatif_question, whatif_snapshot,
 };
-use crate::workload::{ArrivalProcess, LengthDist, WorkloadGenerator, WorkloadSpec};
 
-/// GPU blocks of llama-3.1-8b-instruct on one H100 at 0.9 utilisation.
-pub const REFERENCE_BLOCKS: u32 = 26_312;
+/// Why a bench case could not run.
+#[derive(Debug, Error)]
+pub enum BenchError {
+    /// A simulation refused its input or ran out of budget.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A case's workload is invalid.
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// The autoscaled day ran out of its event budget.
+    #[error("{0}")]
+    EventBudget(String),
+    /// A case failed: a server, runtime, fixture, child process or answer.
+    #[error("{0}")]
+    Failed(String),
+}
 
-/// The observation time of the what-if snapshot (µs).
-pub const WHATIF_NOW_US: u64 = 10_000_000;
+impl BenchError {
+    /// A case's failure, from anything printable.
+    fn failed(err: impl std::fmt::Display) -> Self {
+        BenchError::Failed(err.to_string())
+    }
+}
 
-/// The reference run's requests (seed 42).
-pub fn reference_requests(num_requests: u64) -> WorkloadGenerator {
-    let spec = WorkloadSpec::single_client(
-        42,
-        num_requests,
-        20.0,
-        ArrivalProcess::Poisson,
-        LengthDist::gaussian(512.0, 256.0, 2, 7000),
-        LengthDist::gaussian(512.0, 256.0, 2, 7000),
+/// The case names a plan may ask for.
+pub const CASES: [&str; 13] = [
+    "offline",
+    "whatif",
+    "whatif-repeated",
+    "whatif-push",
+    "whatif-first",
+    "grpc",
+    "predictor",
+    "memory",
+    "live",
+    "kv",
+    "load",
+    "pd-first",
+    "autoscale",
+];
+
+/// What a bench run measures (the flags of `ditto bench`, resolved).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchPlan {
+    /// A quick pass: a smoke run, not a measurement (smaller live-mirror caches, the
+    /// autoscale case's first half hour).
+    pub quick: bool,
+    /// What-if calls per case.
+    pub calls: u32,
+    /// Offline run sizes, each at least 1.
+    pub offline_sizes: Vec<u64>,
+    /// Seconds the live-mirror cases run (at least 1).
+    pub live_seconds: u64,
+    /// Seconds of the loopback load case (0 skips it).
+    pub load_seconds: u64,
+    /// Concurrent clients of the load case.
+    pub load_clients: usize,
+    /// Cases to run, names from [`CASES`] (empty: every case).
+    pub cases: Vec<String>,
+    /// The in-process what-if rows to run by replications (empty: every row).
+    pub replications: Vec<u32>,
+}
+
+impl BenchPlan {
+    /// True if case `name` was asked for (every case when none was named; `whatif` asks for
+    /// each of its askings).
+    pub fn runs(&self, name: &str) -> bool {
+        self.cases.is_empty()
+            || self
+                .cases
+                .iter()
+                .any(|case| case == name || (name.starts_with("whatif-") && case == "whatif"))
+    }
+}
+
+/// Runs the cases `plan` asks for, in a fixed order, and returns the report.
+pub fn run(plan: &BenchPlan) -> Result<String, BenchError> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "ditto bench ({} cores available, load average {})",
+        process::cores(),
+        process::load_average()
     );
-    spec.generator()
-        .expect("the reference workload is valid (tested in sim_blis_crosscheck)")
-}
-
-/// The reference run's engine: llama-3.1-8b-instruct, H100, TP1, roofline, vLLM defaults,
-/// keeping a record per request.
-pub fn reference_engine() -> Result<Engine, SimError> {
-    reference_engine_keeping(true)
-}
-
-/// [`reference_engine`] as `ditto run` runs it without per-request output: keeping only the
-/// summary's samples (what the offline bench measures).
-pub fn offline_reference_engine() -> Result<Engine, SimError> {
-    reference_engine_keeping(false)
-}
-
-fn reference_engine_keeping(records: bool) -> Result<Engine, SimError> {
-    let arch = catalog::model("llama-3.1-8b-instruct").map_err(config_error)?;
-    let gpu = catalog::gpu("H100").map_err(config_error)?;
-    let latency =
-        catalog::latency_model(LatencyKind::Roofline, &arch, &gpu, 1).map_err(config_error)?;
-    let mut config = EngineConfig::vllm_defaults(REFERENCE_BLOCKS, arch.max_position_embeddings);
-    config.kv_sample_interval_us = 0;
-    config.keep_request_records = records;
-    Engine::new(config, latency)
-}
-
-fn config_error(err: impl std::fmt::Display) -> SimError {
-    SimError::InvalidState {
-        field: "catalog",
-        reason: err.to_string(),
+    if plan.runs("offline") {
+        reference::offline_case(&mut out, &plan.offline_sizes)?;
     }
+    let known = whatif_snapshot(true);
+    if [
+        "whatif-repeated",
+        "whatif-push",
+        "whatif-first",
+        "grpc",
+        "predictor",
+    ]
+    .iter()
+    .any(|case| plan.runs(case))
+    {
+        whatif::whatif_cases(&mut out, plan, &known)?;
+        loadgen::loopback_cases(&mut out, plan, &known)?;
+    }
+    if plan.runs("pd-first") {
+        whatif::pd_case(&mut out, plan.calls)?;
+    }
+    if plan.runs("memory") {
+        whatif::memory_case(&mut out, &known)?;
+    }
+    if plan.runs("live") {
+        scrape::live_case(&mut out, plan.live_seconds)?;
+    }
+    if plan.runs("kv") {
+        kv::kv_case(&mut out, plan.live_seconds, plan.quick)?;
+    }
+    if plan.runs("autoscale") {
+        autoscale::autoscale_case(&mut out, plan.quick)?;
+    }
+    if plan.load_seconds > 0 && plan.runs("load") {
+        loadgen::load_case(&mut out, plan.load_clients, plan.load_seconds)?;
+    }
+    Ok(out)
 }
 
-/// A deterministic pseudo-random sequence for building fixtures (no RNG stream needed).
-fn scramble(index: u64, salt: u64) -> u64 {
-    let mut x = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ salt;
-    x ^= x >> 31;
-    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x ^ (x >> 29)
-}
-
-/// One mirrored instance with `running` running requests (every eighth mid-prefill, the rest
-/// decoding) and `waiting` waiting ones; final lengths known if `known_lengths`.
-pub fn whatif_instance(
-    id: &str,
-    running: u32,
-    waiting: u32,
-    known_lengths: bool,
-    salt: u64,
-) -> InstanceState {
-    let request = |index: u64, is_running: bool| -> ObservedRequest {
-        let prompt = 200 + (scramble(index, salt) % 1800) as u32;
-        let output_total = 16 + (scramble(index, salt ^ 7) % 480) as u32;
-        let prefilling = is_running && index.is_multiple_of(8);
-        let generated = if !is_running || prefilling {
-            0
-        } else {
-            1 + (scramble(index, salt ^ 13) % u64::from(output_total - 1)) as u32
-        };
-        let computed = match (is_running, prefilling) {
-            (false, _) => 0,
-            (true, true) => prompt / 2,
-            (true, false) => prompt + generated - 1,
-        };
-        ObservedRequest {
-            request_id: format!("{id}/r{index}"),
-            arrival_us: WHATIF_NOW_US - 1 - index * 1000,
-            prompt_tokens: prompt,
-            computed_tokens: computed,
-            cached_tokens: 0,
-            output_tokens: generated,
-            max_tokens: 4096,
-            known_output_tokens: known_lengths.then_some(output_total.max(generated + 1)),
-            priority: 1,
-            slo_class: SloClass::Standard,
-            scheduled_tokens: 0,
-            block_hashes: Vec::new(),
-            token_ids: None,
-        }
+/// One table row: the label and the latencies' p50, p99 and max (ms).
+fn latency_row(label: &str, latencies: &mut [Duration]) -> String {
+    latencies.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let at = |p: f64| {
+        let index = ((latencies.len() - 1) as f64 * p).round() as usize;
+        ms(latencies[index])
     };
-    InstanceState {
-        instance_id: id.to_owned(),
-        observed_at_us: WHATIF_NOW_US,
-        running: (0..u64::from(running)).map(|i| request(i, true)).collect(),
-        waiting: (0..u64::from(waiting))
-            .map(|i| request(u64::from(running) + i, false))
-            .collect(),
-        ..InstanceState::default()
-    }
-}
-
-/// The what-if snapshot: the default cluster, each instance with 128 running and 64 waiting.
-pub fn whatif_snapshot(known_lengths: bool) -> MirrorSnapshot {
-    let config = spec::default_cluster();
-    let instances = config
-        .instances
-        .iter()
-        .enumerate()
-        .map(|(index, instance)| {
-            Arc::new(whatif_instance(
-                &instance.id,
-                128,
-                64,
-                known_lengths,
-                index as u64,
-            ))
-        })
-        .collect();
-    MirrorSnapshot {
-        generation: 1,
-        config_generation: 1,
-        config: Arc::new(config),
-        settings: Arc::new(TwinSettings::defaults()),
-        instances,
-        traffic: Arc::new(TrafficStats::default()),
-        memo: Default::default(),
-    }
-}
-
-/// "Now" of the `call`-th of repeated what-if questions on one snapshot: a new millisecond
-/// each time, up to 100 ms after the observation, as a gateway asks between state pushes
-/// (within the default signal age, so instances roll forward).
-pub fn whatif_now_us(call: u32) -> u64 {
-    WHATIF_NOW_US + u64::from(call % 100) * 1_000
-}
-
-/// The what-if question: 2,000 prompt tokens, 256 output tokens, every instance a candidate.
-pub fn whatif_question(replications: u32) -> RoutingQuestion {
-    RoutingQuestion {
-        request: CandidateRequest {
-            prompt_tokens: 2_000,
-            token_ids: None,
-            block_hashes: Vec::new(),
-            output: OutputLength::Point(256),
-            max_tokens: 256,
-            priority: 1,
-            slo_class: SloClass::Standard,
-            slo: SloTargets {
-                ttft_ms: Some(500.0),
-                tpot_ms: Some(50.0),
-                e2e_ms: None,
-            },
-        },
-        candidates: Vec::new(),
-        options: PredictOptions {
-            replications,
-            quantiles: vec![0.5, 0.9, 0.99],
-            horizon_us: 60_000_000,
-            background: Background::None,
-            stale_policy: None,
-            max_signal_age_us: Some(200_000),
-            seed: 42,
-        },
-        now_us: WHATIF_NOW_US,
-    }
-}
-
-/// The P/D what-if snapshot: `prefill` pods with role prefill and `decode` pods with role
-/// decode (the default cluster's instance as their template), llm-d's P/D defaults (decider
-/// 16 uncached tokens, NIXL over 400 Gb/s RDMA). Prefill pods hold 4 running and 4 waiting
-/// requests, decode pods 64 running and 16 waiting: the shape of llm-d's P/D guide (8
-/// prefill, 2 decode).
-pub fn pd_snapshot(prefill: usize, decode: usize) -> MirrorSnapshot {
-    use crate::cluster::config::InstanceRole;
-    let mut config = spec::default_cluster();
-    let template = config.instances[0].clone();
-    config.instances = (0..prefill + decode)
-        .map(|index| {
-            let mut instance = template.clone();
-            let (role, name, n) = if index < prefill {
-                (InstanceRole::Prefill, "prefill", index)
-            } else {
-                (InstanceRole::Decode, "decode", index - prefill)
-            };
-            instance.role = role;
-            instance.id = format!("{name}-{n}");
-            instance
-        })
-        .collect();
-    let instances = config
-        .instances
-        .iter()
-        .enumerate()
-        .map(|(index, instance)| {
-            let (running, waiting) = if instance.role == InstanceRole::Prefill {
-                (4, 4)
-            } else {
-                (64, 16)
-            };
-            Arc::new(whatif_instance(
-                &instance.id,
-                running,
-                waiting,
-                true,
-                index as u64,
-            ))
-        })
-        .collect();
-    let settings = TwinSettings {
-        disaggregation: crate::twin::snapshot::PdSettings::resolve(&spec::DisaggSpec::default())
-            .ok(),
-        ..TwinSettings::defaults()
-    };
-    MirrorSnapshot {
-        generation: 1,
-        config_generation: 1,
-        config: Arc::new(config),
-        settings: Arc::new(settings),
-        instances,
-        traffic: Arc::new(TrafficStats::default()),
-        memo: Default::default(),
-    }
+    format!(
+        "{label:<52} {:>9.3} {:>9.3} {:>9.3}",
+        at(0.5),
+        at(0.99),
+        latencies.last().map_or(0.0, |d| ms(*d))
+    )
 }

@@ -6,7 +6,6 @@
 //! and `main` turns it into exit code 2.
 
 pub mod args;
-pub mod autoscale_bench;
 pub mod autoscale_report;
 pub mod autoscale_run;
 pub mod bench;

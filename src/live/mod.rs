@@ -17,7 +17,6 @@ mod inferred;
 pub mod k8s;
 mod kube;
 pub mod kv;
-pub mod kv_bench;
 pub mod kv_frames;
 mod kv_replay;
 pub mod kv_wire;

@@ -26,7 +26,6 @@ pub mod loadgen;
 pub mod observe;
 pub mod predictor;
 pub mod run;
-pub mod runtime;
 pub mod service;
 pub mod slots;
 pub mod spans;

@@ -16,7 +16,7 @@ use super::question::{
     ForecastAnswer, ForecastQuestion, ForecastStart, SloTargets, VariantCandidates,
 };
 use crate::cluster::config::InstanceRole;
-use crate::workload::LengthDist;
+use crate::workload::{LengthDist, Stage};
 
 /// What the forecast loop asks, apart from the traffic it observes.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,7 +156,10 @@ pub fn split_question(
         snapshot,
         prefill,
         settings,
-        vec![(rate, settings.horizon_s)],
+        vec![Stage {
+            rate,
+            duration_s: settings.horizon_s,
+        }],
         now_us,
     )?;
     asked.variants.push(VariantCandidates {
@@ -270,19 +273,18 @@ pub fn in_flight(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) 
         .sum()
 }
 
-/// The capacity question for `variant` under a piecewise arrival rate `stages` ((requests
-/// per second, seconds) each): a search over its replica count from idle instances, with
+/// The capacity question for `variant` under a piecewise arrival rate `stages`: a search over its replica count from idle instances, with
 /// the observed length mix. None when no stage has arrivals (then 1 replica suffices).
 pub fn question_for(
     snapshot: &MirrorSnapshot,
     variant: &Variant,
     settings: &DesiredSettings,
-    stages: Vec<(f64, f64)>,
+    stages: Vec<Stage>,
     now_us: u64,
 ) -> Option<ForecastQuestion> {
     if !stages
         .iter()
-        .any(|&(rate, seconds)| rate.is_finite() && rate > 0.0 && seconds > 0.0)
+        .any(|stage| stage.rate.is_finite() && stage.rate > 0.0 && stage.duration_s > 0.0)
     {
         return None;
     }
@@ -319,7 +321,10 @@ pub fn question(
         snapshot,
         variant,
         settings,
-        vec![(rate, settings.horizon_s)],
+        vec![Stage {
+            rate,
+            duration_s: settings.horizon_s,
+        }],
         now_us,
     )
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::sim::SloClass;
-use crate::workload::LengthDist;
+use crate::workload::{LengthDist, Stage};
 
 /// The engine id of the request a routing question is about, in every fork that asks it.
 pub const QUESTION_REQUEST_ID: u64 = 0;
@@ -228,8 +228,9 @@ pub struct VariantCandidates {
 pub struct ForecastQuestion {
     /// Start state.
     pub start: ForecastStart,
-    /// Piecewise arrival rate: (requests per second, duration in seconds).
-    pub stages: Vec<(f64, f64)>,
+    /// Piecewise arrival rate: each stage's rate (requests per second) for its duration
+    /// (seconds), in order.
+    pub stages: Vec<Stage>,
     /// Prompt lengths.
     pub input_tokens: LengthDist,
     /// Output lengths.

@@ -54,11 +54,23 @@ impl ScrapeFailure {
     }
 }
 
+/// A pod's cache settings as its page reports them (`vllm:cache_config_info`), compared
+/// with the last ones reported to the coordinator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CacheSettings {
+    /// Tokens per KV block, if the page says.
+    block_size: Option<u32>,
+    /// GPU KV blocks, if the page says.
+    num_gpu_blocks: Option<u32>,
+    /// Data-parallel engines the page's series come from.
+    engines: u32,
+}
+
 /// What a pod's scrape loop remembers from earlier pages.
 #[derive(Debug, Default)]
 struct Seen {
     /// The cache settings (and engines) last reported to the coordinator.
-    cache: Option<(Option<u32>, Option<u32>, u32)>,
+    cache: Option<CacheSettings>,
     /// The served model last reported to the coordinator.
     model: Option<String>,
     /// The last page's process-run marks.
@@ -244,7 +256,11 @@ async fn report_cache(
     metrics: &PodMetrics,
     news: &mpsc::Sender<PodNews>,
 ) {
-    let cache = (metrics.block_size, metrics.num_gpu_blocks, metrics.engines);
+    let cache = CacheSettings {
+        block_size: metrics.block_size,
+        num_gpu_blocks: metrics.num_gpu_blocks,
+        engines: metrics.engines,
+    };
     if seen.cache == Some(cache) && seen.model == metrics.model_name {
         return;
     }
@@ -253,9 +269,9 @@ async fn report_cache(
     let _ = news
         .send(PodNews::CacheInfo {
             id: pod.id.clone(),
-            block_size: cache.0,
-            num_gpu_blocks: cache.1,
-            engines: cache.2,
+            block_size: cache.block_size,
+            num_gpu_blocks: cache.num_gpu_blocks,
+            engines: cache.engines,
             model: metrics.model_name.clone(),
         })
         .await;

@@ -9,6 +9,7 @@ use crate::twin::question::{
     ForecastAnswer, ForecastCandidate, ForecastQuestion, ForecastStart, VariantCandidates,
 };
 use crate::twin::store::StoredSnapshot;
+use crate::workload::Stage;
 
 use super::prediction::distribution_to;
 use super::question::{
@@ -29,7 +30,7 @@ pub struct DecodedForecast {
     pub now_us: Option<u64>,
 }
 
-fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64, f64)>, TwinError> {
+fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<Stage>, TwinError> {
     if stages.is_empty() {
         return Err(TwinError::invalid("stages", "needs at least one stage"));
     }
@@ -51,7 +52,10 @@ fn stages_from(stages: &[proto::RateStage], limits: &Limits) -> Result<Vec<(f64,
         }
         let duration = positive(stage.duration_s, &join(&path, "duration_s"))?;
         total_s += duration;
-        out.push((rate, duration));
+        out.push(Stage {
+            rate,
+            duration_s: duration,
+        });
     }
     let limit_s = limits.max_horizon_us as f64 / 1e6;
     if total_s > limit_s {

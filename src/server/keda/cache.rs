@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::OnceCell;
 
 use super::metadata::ForecastKey;
+use crate::workload::Stage;
 
 /// Longest an entry is reused while the load stays within tolerance.
 pub const MAX_AGE: Duration = Duration::from_secs(60);
@@ -40,7 +41,7 @@ pub struct Inputs {
     /// The mirror's config generation.
     pub config_generation: u64,
     /// The stages asked.
-    pub stages: Vec<(f64, f64)>,
+    pub stages: Vec<Stage>,
 }
 
 /// One cached forecast (or the computation of one in progress).
@@ -68,8 +69,9 @@ impl Entry {
                 .stages
                 .iter()
                 .zip(&inputs.stages)
-                .all(|(&(a, da), &(b, db))| {
-                    da == db
+                .all(|(kept, asked)| {
+                    let (a, b) = (kept.rate, asked.rate);
+                    kept.duration_s == asked.duration_s
                         && ((a - b).abs() <= 0.05 || (a - b).abs() <= RATE_TOLERANCE * a.max(b))
                 })
     }
@@ -138,7 +140,10 @@ mod tests {
         Inputs {
             sample,
             config_generation: 1,
-            stages: vec![(rate, 10.0)],
+            stages: vec![Stage {
+                rate,
+                duration_s: 10.0,
+            }],
         }
     }
 

@@ -35,6 +35,7 @@ use super::service::ServerState;
 use crate::twin::TwinError;
 use crate::twin::desired::{DesiredSettings, desired, question_for};
 use crate::twin::forecast::forecast_capacity;
+use crate::workload::Stage;
 
 /// Messages and the service of KEDA's `externalscaler` package, generated at build time
 /// from `proto/externalscaler/externalscaler.proto`.
@@ -167,10 +168,15 @@ impl KedaScaler {
 
     /// The stages of the capacity question: the rate observed now for the first piece (the
     /// forecast's start may lag a step change), the forecast's after.
-    fn stages(query: &ScalerQuery, load: &PoolLoad) -> Vec<(f64, f64)> {
-        let mut stages = load.forecaster.stages(query.horizon_s, STAGES);
+    fn stages(query: &ScalerQuery, load: &PoolLoad) -> Vec<Stage> {
+        let mut stages: Vec<Stage> = load
+            .forecaster
+            .stages(query.horizon_s, STAGES)
+            .into_iter()
+            .map(|(rate, duration_s)| Stage { rate, duration_s })
+            .collect();
         if let Some(first) = stages.first_mut() {
-            first.0 = first.0.max(load.forecaster.last_observed());
+            first.rate = first.rate.max(load.forecaster.last_observed());
         }
         stages
     }
@@ -220,7 +226,7 @@ impl KedaScaler {
         &self,
         query: &ScalerQuery,
         load: PoolLoad,
-        stages: Vec<(f64, f64)>,
+        stages: Vec<Stage>,
     ) -> Result<Computed, Status> {
         let stored = self
             .shared

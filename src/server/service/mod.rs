@@ -97,7 +97,12 @@ impl TwinService {
         let limits = self.shared.limits.twin.clone();
         let decoded = forecast_from_proto(&message, &limits)?;
         let replications = u64::from(decoded.question.replications);
-        let horizon_s: f64 = decoded.question.stages.iter().map(|stage| stage.1).sum();
+        let horizon_s: f64 = decoded
+            .question
+            .stages
+            .iter()
+            .map(|stage| stage.duration_s)
+            .sum();
         let shape = (decoded.question.replications, (horizon_s * 1e6) as u64);
         let (answer, simulate_span) = self
             .answer_on_snapshot(

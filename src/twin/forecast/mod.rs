@@ -24,6 +24,7 @@ use crate::twin::question::{ForecastAnswer, ForecastCandidate, ForecastQuestion,
 use crate::twin::run::EventBudget;
 use crate::twin::snapshot::MirrorSnapshot;
 use crate::twin::stats::validate_quantiles;
+use crate::workload::Stage;
 
 /// Answers `question` on `snapshot` within `limits`.
 pub fn forecast_capacity(
@@ -155,7 +156,7 @@ fn validate_stages(question: &ForecastQuestion, limits: &Limits) -> Result<(), T
     }
     let mut horizon_us: u64 = 0;
     let mut expected_arrivals = 0.0;
-    for (index, &(rate, duration_s)) in question.stages.iter().enumerate() {
+    for (index, &Stage { rate, duration_s }) in question.stages.iter().enumerate() {
         if !(rate.is_finite() && rate > 0.0 && rate <= STAGE_RATE_MAX_RPS) {
             return Err(TwinError::invalid(
                 format!("stages[{index}].rate"),

@@ -7,7 +7,7 @@ use crate::sim::driver::{self, Supervisor};
 use crate::sim::engine::RestoreState;
 use crate::sim::metrics::{LatencyStats, Outcome, RequestRecord, percentile_of_counts};
 use crate::sim::{Engine, RequestSpec};
-use crate::workload::{ArrivalProcess, LengthDraw, Stage, WorkloadSpec};
+use crate::workload::{ArrivalProcess, LengthDraw, WorkloadSpec};
 
 use crate::twin::build::{MIRRORED_ID_BASE, restore_instance};
 use crate::twin::error::TwinError;
@@ -198,13 +198,7 @@ fn forecast_workload(
     );
     spec.num_requests = None;
     spec.rate = None;
-    spec.stages = Some(
-        question
-            .stages
-            .iter()
-            .map(|&(rate, duration_s)| Stage { rate, duration_s })
-            .collect(),
-    );
+    spec.stages = Some(question.stages.clone());
     spec.generator()
         .map_err(|err| TwinError::invalid("stages", err.to_string()))
 }

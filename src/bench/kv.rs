@@ -1,4 +1,4 @@
-//! `ditto bench`'s KV-event lines: how many KV events per pod the live mirror sustains, at
+//! The live mirror's KV-event case (`ditto bench`, case `kv`): how many KV events per pod the live mirror sustains, at
 //! what CPU, and the mirror's memory per cached block.
 //!
 //! - **Sustained**: `pods` publishers (the `zeromq` crate's PUB, one loopback address each,
@@ -14,20 +14,51 @@
 //!   process (`ditto bench --kv-memory-probe N`) so that memory freed by the other cases
 //!   cannot hide it.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmpv::Value;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
-use super::bench::{process_cpu_s, rss_mb};
-use super::config::{Discovery, KvEndpoints, LiveConfig, LiveSource};
-use super::kv_wire::decode_batch;
+use super::BenchError;
+use super::process::{process_cpu_s, rss_mb};
+use super::runtime::on_runtime;
 use crate::cluster::spec::default_cluster;
+use crate::live::config::{Discovery, KvEndpoints, LiveConfig, LiveSource};
+use crate::live::kv_wire::decode_batch;
 use crate::telemetry::Metrics;
 use crate::telemetry::clock::wall_now_us;
 use crate::twin::snapshot::TwinSettings;
 use crate::twin::store::{KvEventBatch, MirrorStore, Publish, StoreLimits};
+
+/// The KV case: 100 publishers at 200 blocks/s each for `seconds`, on full caches (smaller
+/// with `quick`).
+pub(super) fn kv_case(out: &mut String, seconds: u64, quick: bool) -> Result<(), BenchError> {
+    let _ = writeln!(
+        out,
+        "\n== live mirror KV events: 100 fake vLLM publishers on loopback (ZMQ), 200 blocks/s each with token ids, {seconds} s"
+    );
+    // A busy pod's cache is full: llama-3.1-8b on an H100 holds 26,312 blocks.
+    let (cached, memory_blocks) = if quick {
+        (2_000, 20_000)
+    } else {
+        (26_312, 200_000)
+    };
+    let kv = on_runtime(async {
+        kv_bench(
+            100,
+            200,
+            cached,
+            memory_blocks,
+            Duration::from_secs(seconds),
+        )
+        .await
+        .map_err(BenchError::Failed)
+    })?;
+    let _ = writeln!(out, "{}", kv.rows());
+    Ok(())
+}
 
 /// Batches per second each fake pod publishes.
 const BATCHES_PER_S: u64 = 10;
@@ -36,30 +67,30 @@ const BLOCK_SIZE: u64 = 16;
 
 /// What the KV-event bench measured.
 #[derive(Clone, Debug, PartialEq)]
-pub struct KvBench {
+struct KvBench {
     /// Fake pods.
-    pub pods: usize,
+    pods: usize,
     /// Blocks each stored per second (target).
-    pub blocks_per_s: u64,
+    blocks_per_s: u64,
     /// Blocks each pod keeps cached.
-    pub cached: u64,
+    cached: u64,
     /// Measured wall time.
-    pub wall: Duration,
+    wall: Duration,
     /// Blocks mirrored per second per pod (stored blocks of applied batches).
-    pub mirrored_per_pod_s: f64,
+    mirrored_per_pod_s: f64,
     /// Process CPU, cores (publishers included).
-    pub process_cores: f64,
+    process_cores: f64,
     /// The mirror's decode + apply CPU for the same load, cores.
-    pub mirror_cores: f64,
+    mirror_cores: f64,
     /// Resident memory per cached block, bytes.
-    pub bytes_per_block: f64,
+    bytes_per_block: f64,
     /// Cached blocks the memory was measured with.
-    pub measured_blocks: u64,
+    measured_blocks: u64,
 }
 
 impl KvBench {
     /// The bench's report lines.
-    pub fn rows(&self) -> String {
+    fn rows(&self) -> String {
         format!(
             "{} pods x {} blocks/s on full caches of {} blocks, for {:.1} s: {:.0} blocks mirrored per pod per s; CPU {:.2} cores (publishers included), mirror decode+apply {:.3} cores\nmirror memory: {:.0} bytes per cached block ({} blocks on one instance, history included)",
             self.pods,
@@ -138,7 +169,7 @@ impl Stream {
 
 /// Runs the sustained-load and memory measurements: `pods` publishers, each with `cached`
 /// blocks cached, storing `blocks_per_s`; memory with `memory_blocks` on one instance.
-pub async fn kv_bench(
+async fn kv_bench(
     pods: usize,
     blocks_per_s: u64,
     cached: u64,
@@ -182,7 +213,8 @@ pub async fn kv_bench(
     config.scrape_interval = Duration::from_secs(3_600);
     let metrics = Metrics::new().map_err(|err| err.to_string())?;
     let store = Arc::new(MirrorStore::new(StoreLimits::DEFAULT));
-    let live = super::start(config, Arc::clone(&store), &metrics).map_err(|err| err.to_string())?;
+    let live =
+        crate::live::start(config, Arc::clone(&store), &metrics).map_err(|err| err.to_string())?;
     // Let the subscriptions join (ZMQ's slow joiner) before the measured run.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut streams: Vec<Stream> = (0..pods).map(|pod| Stream::new(pod, cached)).collect();
@@ -361,8 +393,14 @@ fn memory_in_a_fresh_process(blocks: u64) -> Result<f64, String> {
 /// Resident bytes per cached block of one instance filled with `blocks` blocks stored with
 /// their token ids, in batches of 200 as a pod publishes them, then kept full while as many
 /// batches again replace its oldest blocks (so the store's history holds what it keeps in
-/// steady state). Meant for a fresh process: the resident memory's growth is the mirror's.
-pub fn memory_probe(blocks: u64) -> Result<f64, String> {
+/// steady state). Meant for a fresh process (`ditto bench --kv-memory-probe N`): the
+/// resident memory's growth is the mirror's.
+pub fn memory_probe(blocks: u64) -> Result<f64, BenchError> {
+    probe(blocks).map_err(BenchError::Failed)
+}
+
+/// [`memory_probe`], failing with a message.
+fn probe(blocks: u64) -> Result<f64, String> {
     let per_batch = 200;
     let store = instances_store(1, blocks + per_batch)?;
     let mut stream = Stream::new(0, blocks);

@@ -1,26 +1,27 @@
-//! `ditto bench`'s case 2: routing questions on the what-if snapshot, asked in-process
-//! (repeatedly, after a push, first on a fresh snapshot) and through the real servers on
-//! loopback (the Twin service over gRPC, the latency predictor's HTTP API).
+//! The what-if cases asked in-process: routing questions on the what-if snapshot (repeatedly,
+//! after a push, first on a fresh snapshot), the P/D snapshot's first question, and the
+//! memory of one restored instance.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{BenchArgs, latency_row};
-use crate::bench::{whatif_now_us, whatif_question, whatif_snapshot};
-use crate::cli::error::CliError;
-use crate::server::loadgen::grpc_whatif_latencies;
+use super::{pd_snapshot, whatif_instance, whatif_now_us, whatif_question, whatif_snapshot};
+use crate::bench::{BenchError, BenchPlan, latency_row};
+use crate::cluster::spec;
+use crate::twin::build::restore_instance;
 use crate::twin::predict::predict_routing;
+use crate::twin::sampling::{output_draw, stream};
 use crate::twin::{Limits, MirrorSnapshot};
 
-/// Case 2: the what-if latencies, in-process, over gRPC and through the latency predictor
-/// API.
-pub(super) fn whatif_cases(
+/// The what-if table's header and its in-process rows: latencies with 1 replication (known
+/// lengths) and 16 (sampled), each asked as the plan asks.
+pub(in crate::bench) fn whatif_cases(
     out: &mut String,
-    args: &BenchArgs,
-    calls: u32,
+    plan: &BenchPlan,
     known: &MirrorSnapshot,
-) -> Result<(), CliError> {
+) -> Result<(), BenchError> {
+    let calls = plan.calls;
     let _ = writeln!(
         out,
         "\n== what-if: 4 instances x (128 running + 64 waiting), 2,000-token prompt, 256 output tokens, 4 candidates, {calls} calls"
@@ -74,15 +75,15 @@ pub(super) fn whatif_cases(
             Asking::First,
         ),
     ] {
-        if !args.runs(asking.case())
-            || !(args.replications.is_empty() || args.replications.contains(&replications))
+        if !plan.runs(asking.case())
+            || !(plan.replications.is_empty() || plan.replications.contains(&replications))
         {
             continue;
         }
         let mut latencies = asked_latencies(snapshot, replications, asking, calls)?;
         let _ = writeln!(out, "{}", latency_row(label, &mut latencies));
     }
-    loopback_cases(out, args, calls, known)
+    Ok(())
 }
 
 /// The latencies of `calls` routing questions of `replications` on `snapshot`, asked as
@@ -92,14 +93,13 @@ fn asked_latencies(
     replications: u32,
     asking: Asking,
     calls: u32,
-) -> Result<Vec<Duration>, CliError> {
+) -> Result<Vec<Duration>, BenchError> {
     let mut question = whatif_question(replications);
     let mut latencies = Vec::with_capacity(calls as usize);
     let mut current = snapshot.clone();
     if asking == Asking::AfterPush {
         // Warm the memo first, as the questions before the push did.
-        predict_routing(&current, &question, &Limits::DEFAULT)
-            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        predict_routing(&current, &question, &Limits::DEFAULT).map_err(BenchError::failed)?;
     }
     for call in 0..calls {
         let fresh;
@@ -124,52 +124,10 @@ fn asked_latencies(
             }
         };
         let started = Instant::now();
-        predict_routing(target, &question, &Limits::DEFAULT)
-            .map_err(|err| CliError::flag("bench", err.to_string()))?;
+        predict_routing(target, &question, &Limits::DEFAULT).map_err(BenchError::failed)?;
         latencies.push(started.elapsed());
     }
     Ok(latencies)
-}
-
-/// The what-if cases through the real servers on loopback: the Twin service over gRPC and
-/// the latency predictor's HTTP API.
-fn loopback_cases(
-    out: &mut String,
-    args: &BenchArgs,
-    calls: u32,
-    known: &MirrorSnapshot,
-) -> Result<(), CliError> {
-    if args.runs("grpc") {
-        let mut grpc = grpc_whatif_latencies(known, &whatif_question(1), calls, whatif_now_us)
-            .map_err(|err| CliError::flag("bench", err.to_string()))?;
-        let _ = writeln!(
-            out,
-            "{}",
-            latency_row("gRPC loopback, 1 replication (known), repeated", &mut grpc)
-        );
-    }
-    if !args.runs("predictor") {
-        return Ok(());
-    }
-    // The latency predictor API (llm-d's predicted-latency routing): one strict bulk call
-    // per routed request, one entry per candidate pod, with the default replications.
-    let defaults = crate::server::predictor::PredictorOptions::default();
-    for entries in [4, 100] {
-        let replications = (defaults.forks_per_call / entries)
-            .clamp(2, defaults.replications as usize)
-            .min(defaults.replications as usize);
-        let mut http = crate::server::loadgen::predictor::http_bulk_latencies(entries, calls)
-            .map_err(|err| CliError::flag("bench", err.to_string()))?;
-        let _ = writeln!(
-            out,
-            "{}",
-            latency_row(
-                &format!("HTTP /predict/bulk/strict, {entries} pods x {replications} replications"),
-                &mut http
-            )
-        );
-    }
-    Ok(())
 }
 
 /// How the what-if cases ask.
@@ -184,7 +142,7 @@ enum Asking {
 }
 
 impl Asking {
-    /// The `--cases` name of this asking.
+    /// The case name of this asking.
     fn case(self) -> &'static str {
         match self {
             Asking::Repeated => "whatif-repeated",
@@ -192,4 +150,62 @@ impl Asking {
             Asking::First => "whatif-first",
         }
     }
+}
+
+/// The P/D case: a first PredictRouting question (nothing memoised) over 8 prefill x 2
+/// decode pods, answered for every pair and decode only (issue 35's goal: p99 under 5 ms).
+pub(in crate::bench) fn pd_case(out: &mut String, calls: u32) -> Result<(), BenchError> {
+    let snapshot = pd_snapshot(8, 2);
+    let question = whatif_question(1);
+    let _ = writeln!(
+        out,
+        "\n== P/D what-if: 8 prefill (4 running + 4 waiting) x 2 decode (64 + 16), 2,000-token prompt, 256 output tokens, 16 pairs + 2 decode only, {calls} calls"
+    );
+    let mut latencies = Vec::with_capacity(calls as usize);
+    for _ in 0..calls {
+        let fresh = snapshot.clone();
+        let started = Instant::now();
+        let answer =
+            predict_routing(&fresh, &question, &Limits::DEFAULT).map_err(BenchError::failed)?;
+        latencies.push(started.elapsed());
+        if answer.pairs.len() != 16 {
+            return Err(BenchError::Failed(format!(
+                "the P/D case answered {} pairs, not 16",
+                answer.pairs.len()
+            )));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "{}",
+        latency_row("in-process, 1 replication, first question", &mut latencies)
+    );
+    Ok(())
+}
+
+/// The memory case: one restored instance of 256 requests on 30,000 blocks.
+pub(in crate::bench) fn memory_case(
+    out: &mut String,
+    known: &MirrorSnapshot,
+) -> Result<(), BenchError> {
+    let _ = writeln!(
+        out,
+        "\n== memory: one mirrored instance (256 requests, 30,000 blocks)"
+    );
+    let mut config = spec::default_cluster().instances[0].clone();
+    config.engine.num_gpu_blocks = 30_000;
+    let state = whatif_instance(&config.id, 192, 64, true, 9);
+    let outputs = output_draw(known).map_err(BenchError::failed)?;
+    let mut rng = stream(1, 0, "bench");
+    let engine = restore_instance(&config, &state, 0, &outputs, &mut rng, "bench")
+        .map_err(BenchError::failed)?;
+    let _ = writeln!(
+        out,
+        "engine state: {:.2} MB ({} requests, {} blocks, {} in use)",
+        engine.memory_bytes() as f64 / 1e6,
+        engine.num_running() + engine.num_waiting(),
+        engine.kv().total_blocks(),
+        engine.kv().used_blocks()
+    );
+    Ok(())
 }

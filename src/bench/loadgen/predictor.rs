@@ -1,5 +1,5 @@
-//! Measuring the latency predictor API through the real HTTP server on loopback, for
-//! `ditto bench`: start a server with the embedded default cluster, then time
+//! The predictor case: the latency predictor API measured through the real HTTP server on
+//! loopback: start a server with the embedded default cluster, then time
 //! `POST /predict/bulk/strict` calls one after another from a minimal HTTP/1.1 client on one
 //! keep-alive connection (as the router's client reuses its connections).
 
@@ -8,18 +8,18 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::LoadgenError;
+use crate::bench::BenchError;
 use crate::cluster::spec::default_cluster;
 use crate::server::run::{InitialConfig, ServerOptions, start};
 use crate::twin::snapshot::TwinSettings;
 
-fn failed(err: impl std::fmt::Display) -> LoadgenError {
-    LoadgenError::Rpc(err.to_string())
+fn failed(err: impl std::fmt::Display) -> BenchError {
+    BenchError::failed(err)
 }
 
 /// A bulk body of `entries` candidate pods with loads spread as a busy pool's are (pod `i`
 /// of call `call`: deterministic, different across calls so no answer is reused).
-pub fn bulk_body(entries: usize, call: u32) -> String {
+fn bulk_body(entries: usize, call: u32) -> String {
     let items: Vec<String> = (0..entries)
         .map(|i| {
             let i = i as u64 + u64::from(call) * 7;
@@ -43,7 +43,7 @@ async fn call(
     stream: &mut TcpStream,
     path: &str,
     body: &str,
-) -> Result<(u16, Vec<u8>), LoadgenError> {
+) -> Result<(u16, Vec<u8>), BenchError> {
     let request = format!(
         "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -84,40 +84,38 @@ async fn call(
 
 /// Latency of `calls` sequential strict bulk calls of `entries` entries each (after 20
 /// untimed warm-up calls).
-pub fn http_bulk_latencies(entries: usize, calls: u32) -> Result<Vec<Duration>, LoadgenError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let local = "127.0.0.1:0".parse().map_err(failed)?;
-        let mut options = ServerOptions::new(local, local);
-        options.initial_config = Some(InitialConfig {
-            cluster: default_cluster(),
-            settings: TwinSettings::defaults(),
-        });
-        let server = start(options).await?;
-        let mut stream = TcpStream::connect(server.http_addr())
-            .await
-            .map_err(failed)?;
-        stream.set_nodelay(true).map_err(failed)?;
-        let mut latencies = Vec::with_capacity(calls as usize);
-        for index in 0..calls + 20 {
-            let body = bulk_body(entries, index);
-            let started = Instant::now();
-            let (status, reply) = call(&mut stream, "/predict/bulk/strict", &body).await?;
-            let elapsed = started.elapsed();
-            if status != 200 {
-                return Err(failed(format!(
-                    "status {status}: {}",
-                    String::from_utf8_lossy(&reply)
-                )));
-            }
-            if index >= 20 {
-                latencies.push(elapsed);
-            }
+pub(super) async fn http_bulk_latencies(
+    entries: usize,
+    calls: u32,
+) -> Result<Vec<Duration>, BenchError> {
+    let local = "127.0.0.1:0".parse().map_err(failed)?;
+    let mut options = ServerOptions::new(local, local);
+    options.initial_config = Some(InitialConfig {
+        cluster: default_cluster(),
+        settings: TwinSettings::defaults(),
+    });
+    let server = start(options).await.map_err(failed)?;
+    let mut stream = TcpStream::connect(server.http_addr())
+        .await
+        .map_err(failed)?;
+    stream.set_nodelay(true).map_err(failed)?;
+    let mut latencies = Vec::with_capacity(calls as usize);
+    for index in 0..calls + 20 {
+        let body = bulk_body(entries, index);
+        let started = Instant::now();
+        let (status, reply) = call(&mut stream, "/predict/bulk/strict", &body).await?;
+        let elapsed = started.elapsed();
+        if status != 200 {
+            return Err(failed(format!(
+                "status {status}: {}",
+                String::from_utf8_lossy(&reply)
+            )));
         }
-        drop(stream);
-        server.shutdown().await.map_err(LoadgenError::Serve)?;
-        Ok(latencies)
-    })
+        if index >= 20 {
+            latencies.push(elapsed);
+        }
+    }
+    drop(stream);
+    server.shutdown().await.map_err(failed)?;
+    Ok(latencies)
 }
