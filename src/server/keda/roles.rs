@@ -120,7 +120,7 @@ pub fn target(query: &ScalerQuery, load: &PoolLoad) -> Result<Target, TwinError>
 
 /// The split forecast of a P/D pair under `stages` ((requests per second, seconds) each):
 /// both counts searched together (`twin::forecast`'s `SplitRoles`), then each role trimmed
-/// ([`trim`]). No arrivals forecast: nothing, or one of each role while requests are in
+/// ([`trim`]; a failed trim keeps the search's split). No arrivals forecast: nothing, or one of each role while requests are in
 /// flight.
 pub fn split_forecast(
     snapshot: &MirrorSnapshot,
@@ -157,16 +157,17 @@ pub fn split_forecast(
     if let (Some(asked), Some(answer)) = (&asked, &answer)
         && !answer.desired_replicas.is_empty()
     {
+        // A trim that fails (its deadline, its event budget) keeps the search's split: more
+        // pods than needed, never fewer.
         for role in [InstanceRole::Prefill, InstanceRole::Decode] {
-            if let Some(trimmed) = trim(
-                snapshot,
-                asked,
-                (prefill, decode),
-                split.counts,
-                role,
-                limits,
-            )? {
-                split = trimmed;
+            let pair = (prefill, decode);
+            match trim(snapshot, asked, pair, split.counts, role, limits) {
+                Ok(Some(trimmed)) => split = trimmed,
+                Ok(None) => {}
+                Err(err) => {
+                    tracing::warn!(%err, "KEDA split trim failed; the search's split stands");
+                    break;
+                }
             }
         }
     }
