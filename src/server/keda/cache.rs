@@ -1,10 +1,14 @@
 //! The KEDA scaler's forecast cache: one capacity forecast per (pool, objectives, horizon,
 //! target, replications), shared by every call that asks it, so KEDA's polling (IsActive
-//! every `pollingInterval`, GetMetrics every HPA sync) does not run a forecast per call.
+//! every `pollingInterval`, GetMetrics every HPA sync) does not run a forecast per call. A
+//! prefill/decode pool's split forecast is keyed by its (prefill, decode) pair instead of the
+//! pool named: the two roles' triggers read the same split, computed once per refresh.
 //!
 //! An entry is reused while the load sampler has taken no new sample since it was computed,
-//! and after that for up to [`MAX_AGE`] while the mirror's config is the same and every
-//! stage's rate is within [`RATE_TOLERANCE`] of the one forecast. Concurrent callers of a
+//! and after that for up to [`MAX_AGE`] while the mirror's config is the same, every
+//! stage's rate is within [`RATE_TOLERANCE`] of the one forecast and so are the mean prompt
+//! and output lengths of the recently finished requests the forecast samples (longer
+//! outputs alone may need more decode pods at the same rate). Concurrent callers of a
 //! stale or missing entry wait for one computation (single flight); an error is kept like
 //! an answer, until the next sample. At most [`MAX_ENTRIES`] are kept (the oldest goes).
 
@@ -31,6 +35,9 @@ pub struct Computed {
     pub desired: u32,
     /// Forecast attainment at that count.
     pub attainment: f64,
+    /// A P/D split forecast's prefill and decode counts (`desired` is their sum); None for a
+    /// pool forecast.
+    pub split: Option<RoleCounts>,
 }
 
 /// What a forecast was computed from.
@@ -42,6 +49,50 @@ pub struct Inputs {
     pub config_generation: u64,
     /// The stages asked.
     pub stages: Vec<Stage>,
+    /// Mean tokens of the recently finished requests ([`mean_lengths`]).
+    pub lengths: MeanLengths,
+}
+
+/// Mean prompt and output tokens of recently finished requests: a change of mix at the same
+/// arrival rate is a new forecast.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeanLengths {
+    /// Mean prompt tokens.
+    pub prompt: f64,
+    /// Mean output tokens.
+    pub output: f64,
+}
+
+/// The replicas of each role in a P/D split forecast.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoleCounts {
+    /// Prefill pods.
+    pub prefill: u32,
+    /// Decode pods.
+    pub decode: u32,
+}
+
+/// Mean lengths of `recent` finished requests (`(prompt, output)` as the store keeps them);
+/// zeros when there are none.
+pub fn mean_lengths(recent: &[(u32, u32)]) -> MeanLengths {
+    if recent.is_empty() {
+        return MeanLengths {
+            prompt: 0.0,
+            output: 0.0,
+        };
+    }
+    let n = recent.len() as f64;
+    let (prompt, output) = recent.iter().fold((0.0, 0.0), |(p, o), &(prompt, output)| {
+        (p + f64::from(prompt), o + f64::from(output))
+    });
+    MeanLengths {
+        prompt: prompt / n,
+        output: output / n,
+    }
+}
+
+fn close(a: f64, b: f64, absolute: f64) -> bool {
+    (a - b).abs() <= absolute || (a - b).abs() <= RATE_TOLERANCE * a.max(b)
 }
 
 /// One cached forecast (or the computation of one in progress).
@@ -63,6 +114,8 @@ impl Entry {
         }
         self.born.elapsed() < MAX_AGE
             && self.inputs.config_generation == inputs.config_generation
+            && close(self.inputs.lengths.prompt, inputs.lengths.prompt, 0.5)
+            && close(self.inputs.lengths.output, inputs.lengths.output, 0.5)
             && self.inputs.stages.len() == inputs.stages.len()
             && self
                 .inputs
@@ -124,6 +177,7 @@ mod tests {
         super::super::metadata::ScalerQuery {
             pool: "p".to_owned(),
             namespace: None,
+            role: None,
             slo: SloTargets {
                 ttft_ms: Some(1.0),
                 ..SloTargets::default()
@@ -144,6 +198,7 @@ mod tests {
                 rate,
                 duration_s: 10.0,
             }],
+            lengths: mean_lengths(&[(100, 20), (300, 20)]),
         }
     }
 
@@ -160,11 +215,40 @@ mod tests {
             .set(Ok(Computed {
                 desired: 2,
                 attainment: 1.0,
+                split: None,
             }))
             .expect("unset");
         assert!(!cache.entry(&key(), inputs(1, 10.0)).1);
         assert!(!cache.entry(&key(), inputs(2, 10.3)).1, "within 5 %");
         let (moved, fresh) = cache.entry(&key(), inputs(3, 12.0));
         assert!(fresh && !Arc::ptr_eq(&first, &moved));
+    }
+
+    #[test]
+    fn a_new_length_mix_at_the_same_rate_is_a_new_forecast() {
+        let cache = ForecastCache::default();
+        let (first, _) = cache.entry(&key(), inputs(1, 10.0));
+        first
+            .cell
+            .set(Ok(Computed {
+                desired: 1,
+                attainment: 1.0,
+                split: None,
+            }))
+            .expect("unset");
+        assert_eq!(
+            inputs(1, 10.0).lengths,
+            MeanLengths {
+                prompt: 200.0,
+                output: 20.0
+            }
+        );
+        let longer = |output: u32| Inputs {
+            lengths: mean_lengths(&[(100, output), (300, output)]),
+            ..inputs(2, 10.0)
+        };
+        assert!(!cache.entry(&key(), longer(20)).1, "same mix");
+        let (moved, fresh) = cache.entry(&key(), longer(400));
+        assert!(fresh && !Arc::ptr_eq(&first, &moved), "longer outputs");
     }
 }

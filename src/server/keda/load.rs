@@ -8,6 +8,12 @@
 //! the routing questions the twin is asked (`ditto_predictions_total`: beside the EPP, one
 //! per request it places). Both are the cluster's; a pool gets its share by current replicas.
 //!
+//! A prefill/decode (P/D) pool: every request visits both roles, so the rate of a pool taking
+//! part in a P/D pair is the pair's share, by both roles' replicas. The pair is the prefill
+//! and decode variants of one pool name (llm-d's way: one InferencePool over two
+//! Deployments, the pods told apart by `llm-d.ai/role`), else a prefill variant with the
+//! first unpaired decode variant of its model and namespace (`twin::desired::pd_pairs`).
+//!
 //! The store summarises arrivals as a rate over the last window of *client* time ending at
 //! the latest arrival, which stays put while nothing arrives. So a step with no change of
 //! that rate counts as quiet, and after `quiet` seconds the rate observed is the summary's
@@ -22,9 +28,10 @@ use prometheus::{GaugeVec, IntGaugeVec, Opts};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::cluster::config::InstanceRole;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::desired::{Variant, in_flight, variants};
+use crate::twin::desired::{Variant, in_flight, pd_pairs, variants};
 use crate::twin::store::MirrorStore;
 use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 
@@ -34,8 +41,12 @@ pub type PoolKey = (String, String);
 /// One pool's load as last sampled.
 #[derive(Clone, Debug)]
 pub struct PoolLoad {
-    /// The pool.
+    /// The pool (its first variant when its pods serve several roles).
     pub variant: Variant,
+    /// The roles its pods serve (one per variant of the pool's name).
+    pub roles: Vec<InstanceRole>,
+    /// The P/D pair it takes part in, (prefill, decode), if any.
+    pub split: Option<(Variant, Variant)>,
     /// Its forecaster.
     pub forecaster: LoadForecaster,
     /// Requests in flight on it at the last sample.
@@ -244,18 +255,41 @@ impl LoadTracker {
         let cluster_rate = (summary * decay).max(asked as f64 / step_s);
         let pools_now = variants(snapshot, "");
         let replicas: u32 = pools_now.iter().map(|v| v.current).sum();
+        let pairs = role_pairs(&pools_now);
+        let key_of = |v: &Variant| (v.namespace.clone(), v.name.clone());
         let mut pools = BTreeMap::new();
-        for variant in pools_now {
-            let key = (variant.namespace.clone(), variant.name.clone());
+        for variant in &pools_now {
+            let key = key_of(variant);
+            if pools.contains_key(&key) {
+                continue;
+            }
+            let own: Vec<&Variant> = pools_now.iter().filter(|v| key_of(v) == key).collect();
+            let split = pairs
+                .iter()
+                .find(|(p, d)| key_of(p) == key || key_of(d) == key)
+                .cloned();
+            // Replicas on its requests' path: its own, and a pair partner's of another name.
+            let partner = split.as_ref().map_or(0, |(p, d)| {
+                [p, d]
+                    .iter()
+                    .filter(|v| key_of(v) != key)
+                    .map(|v| v.current)
+                    .sum()
+            });
+            let weight = own.iter().map(|v| v.current).sum::<u32>() + partner;
             let mut load = state.pools.remove(&key).unwrap_or_else(|| PoolLoad {
                 variant: variant.clone(),
+                roles: Vec::new(),
+                split: None,
                 forecaster: LoadForecaster::new(self.settings),
                 in_flight: 0,
             });
             load.forecaster
-                .observe(cluster_rate * f64::from(variant.current) / f64::from(replicas.max(1)));
-            load.in_flight = in_flight(snapshot, &variant, "");
-            load.variant = variant;
+                .observe(cluster_rate * f64::from(weight) / f64::from(replicas.max(1)));
+            load.in_flight = in_flight(snapshot, variant, "");
+            load.variant = variant.clone();
+            load.roles = own.iter().map(|v| v.role).collect();
+            load.split = split;
             pools.insert(key, load);
         }
         state.pools = pools;
@@ -290,5 +324,84 @@ impl LoadTracker {
             }
             tracing::info!("load sampler stopped");
         })
+    }
+}
+
+/// The P/D pairs among `variants` as (prefill, decode): a pool name's own prefill and decode
+/// variants first, then `pd_pairs` (model and namespace) for the prefill variants left.
+fn role_pairs(variants: &[Variant]) -> Vec<(Variant, Variant)> {
+    let same_pool = |a: &Variant, b: &Variant| a.name == b.name && a.namespace == b.namespace;
+    let mut pairs: Vec<(Variant, Variant)> = Vec::new();
+    for prefill in variants.iter().filter(|v| v.role == InstanceRole::Prefill) {
+        if let Some(decode) = variants
+            .iter()
+            .find(|v| v.role == InstanceRole::Decode && same_pool(v, prefill))
+        {
+            pairs.push((prefill.clone(), decode.clone()));
+        }
+    }
+    let taken = |v: &Variant, pairs: &[(Variant, Variant)]| {
+        pairs
+            .iter()
+            .any(|(p, d)| p.template_id == v.template_id || d.template_id == v.template_id)
+    };
+    let left: Vec<Variant> = variants
+        .iter()
+        .filter(|v| !taken(v, &pairs))
+        .cloned()
+        .collect();
+    for (p, d) in pd_pairs(&left) {
+        pairs.push((left[p].clone(), left[d].clone()));
+    }
+    pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn variant(name: &str, template: &str, role: InstanceRole) -> Variant {
+        Variant {
+            name: name.to_owned(),
+            namespace: "ns".to_owned(),
+            model: "m".to_owned(),
+            template_id: template.to_owned(),
+            current: 1,
+            role,
+        }
+    }
+
+    #[test]
+    fn a_pool_s_own_roles_pair_first_then_model_and_namespace() {
+        let names = |pairs: Vec<(Variant, Variant)>| -> Vec<(String, String)> {
+            pairs
+                .into_iter()
+                .map(|(p, d)| (p.template_id, d.template_id))
+                .collect()
+        };
+        // Two pools of one model, each with both roles: each pairs within itself, whatever
+        // the order.
+        let two_pools = vec![
+            variant("blue", "blue-0", InstanceRole::Decode),
+            variant("green", "green-0", InstanceRole::Decode),
+            variant("green", "green-1", InstanceRole::Prefill),
+            variant("blue", "blue-1", InstanceRole::Prefill),
+            variant("vllm", "vllm-0", InstanceRole::Both),
+        ];
+        assert_eq!(
+            names(role_pairs(&two_pools)),
+            [("green-1", "green-0"), ("blue-1", "blue-0")]
+                .map(|(p, d)| (p.to_owned(), d.to_owned()))
+        );
+        // Roles named apart: paired by model and namespace.
+        let apart = vec![
+            variant("prefill", "prefill-0", InstanceRole::Prefill),
+            variant("decode", "decode-0", InstanceRole::Decode),
+        ];
+        assert_eq!(
+            names(role_pairs(&apart)),
+            [("prefill-0".to_owned(), "decode-0".to_owned())]
+        );
+        assert!(role_pairs(&[variant("vllm", "vllm-0", InstanceRole::Both)]).is_empty());
     }
 }

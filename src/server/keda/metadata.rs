@@ -1,11 +1,13 @@
 //! A ScaledObject trigger's `metadata` (KEDA's `scalerMetadata`) → what ditto is asked:
-//! the pool, the objectives, the horizon and what to return. Every bad value is
+//! the pool (and, for a prefill/decode pool, the role the trigger scales), the objectives,
+//! the horizon and what to return. Every bad value is
 //! INVALID_ARGUMENT naming its key (`scalerMetadata.ttftMs: ...`); unknown keys are refused
 //! too (a typo would otherwise be a silently ignored objective), except KEDA's own keys for
 //! reaching the scaler, which KEDA passes along in the same map.
 
 use std::collections::HashMap;
 
+use crate::cluster::config::InstanceRole;
 use crate::twin::TwinError;
 use crate::twin::question::SloTargets;
 
@@ -21,9 +23,10 @@ pub const KEDA_KEYS: [&str; 7] = [
 ];
 
 /// Our keys.
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "pool",
     "namespace",
+    "role",
     "ttftMs",
     "tpotMs",
     "horizonSeconds",
@@ -60,6 +63,9 @@ pub struct ScalerQuery {
     pub pool: String,
     /// Its namespace when the trigger names one (else any).
     pub namespace: Option<String>,
+    /// The role the trigger scales on a prefill/decode pool (`Prefill` or `Decode`); None:
+    /// the whole pool.
+    pub role: Option<InstanceRole>,
     /// The objectives.
     pub slo: SloTargets,
     /// Forecast horizon, seconds (at least the warm-up).
@@ -73,7 +79,8 @@ pub struct ScalerQuery {
 }
 
 impl ScalerQuery {
-    /// The metric's name: `ditto-<metric>-<pool>`, lower case, `[a-z0-9-]` only.
+    /// The metric's name: `ditto-<metric>-<pool>`, then `-<role>` when the trigger names
+    /// one; lower case, `[a-z0-9-]` only.
     pub fn metric_name(&self) -> String {
         let kind = match self.metric {
             MetricKind::DesiredReplicas => "desired-replicas",
@@ -90,7 +97,10 @@ impl ScalerQuery {
                 }
             })
             .collect();
-        format!("ditto-{kind}-{pool}")
+        match self.role {
+            Some(role) => format!("ditto-{kind}-{pool}-{}", role_name(role)),
+            None => format!("ditto-{kind}-{pool}"),
+        }
     }
 
     /// The target the HPA divides the metric by (AverageValue).
@@ -111,11 +121,33 @@ impl ScalerQuery {
             horizon_bits: self.horizon_s.to_bits(),
             attainment_bits: self.target_attainment.to_bits(),
             replications: self.replications,
+            split: None,
+        }
+    }
+
+    /// The cache key of a P/D split forecast: the pair's variants (in `namespace`) instead of
+    /// the pool named, so both roles' triggers (whichever pool name each gives) share it.
+    pub fn split_key(&self, namespace: &str, prefill: &str, decode: &str) -> ForecastKey {
+        ForecastKey {
+            pool: String::new(),
+            namespace: Some(namespace.to_owned()),
+            split: Some((prefill.to_owned(), decode.to_owned())),
+            ..self.forecast_key()
         }
     }
 }
 
-/// What identifies a cached forecast: pool, objectives, horizon, target, replications.
+/// A role's name in the metadata and the metric name.
+pub fn role_name(role: InstanceRole) -> &'static str {
+    match role {
+        InstanceRole::Prefill => "prefill",
+        InstanceRole::Decode => "decode",
+        InstanceRole::Both => "both",
+    }
+}
+
+/// What identifies a cached forecast: pool (or P/D pair), objectives, horizon, target,
+/// replications.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ForecastKey {
     pool: String,
@@ -125,6 +157,7 @@ pub struct ForecastKey {
     horizon_bits: u64,
     attainment_bits: u64,
     replications: u32,
+    split: Option<(String, String)>,
 }
 
 fn invalid(key: &str, reason: impl Into<String>) -> TwinError {
@@ -178,6 +211,7 @@ pub fn parse(
         .get("namespace")
         .map(|n| n.trim().to_owned())
         .filter(|n| !n.is_empty());
+    let role = role(metadata)?;
     let slo = SloTargets {
         ttft_ms: objective(metadata, "ttftMs")?,
         tpot_ms: objective(metadata, "tpotMs")?,
@@ -199,11 +233,30 @@ pub fn parse(
     Ok(ScalerQuery {
         pool: pool.to_owned(),
         namespace,
+        role,
         slo,
         horizon_s,
         target_attainment,
         replications,
         metric,
+    })
+}
+
+/// `role`: absent (the whole pool), `prefill` or `decode`.
+fn role(metadata: &HashMap<String, String>) -> Result<Option<InstanceRole>, TwinError> {
+    Ok(match metadata.get("role").map(|r| r.trim()) {
+        None | Some("") => None,
+        Some("prefill") => Some(InstanceRole::Prefill),
+        Some("decode") => Some(InstanceRole::Decode),
+        Some(other) => {
+            return Err(invalid(
+                "role",
+                format!(
+                    "{other:?}: expected prefill or decode (the role of a P/D pool this \
+                     trigger scales), or no role for the whole pool"
+                ),
+            ));
+        }
     })
 }
 
@@ -378,5 +431,41 @@ mod tests {
             ..short.clone()
         };
         assert_eq!(short.forecast_key(), replicas.forecast_key());
+    }
+
+    #[test]
+    fn a_role_names_the_metric_and_leaves_the_split_key_shared() {
+        let whole = parse(&map(&[("pool", "vllm"), ("ttftMs", "500")]), 8).expect("valid");
+        assert_eq!(whole.role, None);
+        let prefill = parse(
+            &map(&[("pool", "vllm"), ("ttftMs", "500"), ("role", "prefill")]),
+            8,
+        )
+        .expect("valid");
+        let decode = parse(
+            &map(&[("pool", "vllm"), ("ttftMs", "500"), ("role", " decode ")]),
+            8,
+        )
+        .expect("valid");
+        assert_eq!(prefill.role, Some(InstanceRole::Prefill));
+        assert_eq!(decode.role, Some(InstanceRole::Decode));
+        assert_eq!(whole.metric_name(), "ditto-desired-replicas-vllm");
+        assert_eq!(prefill.metric_name(), "ditto-desired-replicas-vllm-prefill");
+        assert_eq!(decode.metric_name(), "ditto-desired-replicas-vllm-decode");
+        // Both roles (even named by different pool names) share the pair's split key; it is
+        // not the whole pool's.
+        let other_name = ScalerQuery {
+            pool: "decode".to_owned(),
+            ..decode.clone()
+        };
+        let key = prefill.split_key("ns", "p", "d");
+        assert_eq!(key, other_name.split_key("ns", "p", "d"));
+        assert_ne!(key, prefill.forecast_key());
+        assert_ne!(key, prefill.split_key("ns", "p", "d2"));
+        for bad in ["both", "Prefill", "encode"] {
+            let err = parse(&map(&[("pool", "p"), ("ttftMs", "1"), ("role", bad)]), 8)
+                .expect_err("invalid role");
+            assert_eq!(field(err), "scalerMetadata.role", "{bad}");
+        }
     }
 }

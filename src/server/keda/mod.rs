@@ -6,8 +6,11 @@
 //!
 //! - GetMetricSpec: one metric, `ditto-desired-replicas-<pool>` with target 1 (KEDA's
 //!   default AverageValue: the HPA's desired count is the value itself), or with
-//!   `metric: arrivalRate` the peak forecast rate with target `arrivalRatePerReplica`.
-//! - GetMetrics: the value now, from the forecast cache (`cache`).
+//!   `metric: arrivalRate` the peak forecast rate with target `arrivalRatePerReplica`; with
+//!   `role` the name ends in `-<role>`.
+//! - GetMetrics: the value now, from the forecast cache (`cache`); with `role: prefill` or
+//!   `decode` on a P/D pool, that role's count of the pair's split forecast (`roles`), the
+//!   two roles sharing one forecast per refresh.
 //! - IsActive: load observed, load forecast within the horizon, or requests in flight.
 //! - StreamIsActive: IsActive's answer at once, then each change, checked at every load
 //!   sample; at most [`MAX_STREAMS`] open; a stream ends when its client goes or the
@@ -18,6 +21,7 @@
 pub mod cache;
 pub mod load;
 pub mod metadata;
+pub mod roles;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +33,7 @@ use tonic::{Request, Response, Status};
 use self::cache::{Computed, ForecastCache, Inputs};
 use self::load::{LoadTracker, PoolLoad};
 use self::metadata::{MetricKind, ScalerQuery};
+use self::roles::Target;
 use super::deadline::wall_now_us;
 use super::error::CallError;
 use super::service::ServerState;
@@ -160,9 +165,16 @@ impl KedaScaler {
             || load.forecaster.peak_within(query.horizon_s) >= ACTIVE_RATE
     }
 
+    /// The pool's load and what the trigger scales on it (a role checked against the pool).
+    fn resolve(&self, query: &ScalerQuery) -> Result<(PoolLoad, Target), Status> {
+        let load = self.pool(query)?;
+        let target = roles::target(query, &load).map_err(status)?;
+        Ok((load, target))
+    }
+
     fn is_active(&self, reference: Option<&ScaledObjectRef>) -> Result<bool, Status> {
         let query = self.query(reference)?;
-        let load = self.pool(&query)?;
+        let (load, _) = self.resolve(&query)?;
         Ok(Self::active(&query, &load))
     }
 
@@ -181,13 +193,18 @@ impl KedaScaler {
         stages
     }
 
-    /// The forecast for `query` (cached; see `cache`).
-    async fn computed(&self, query: &ScalerQuery) -> Result<Computed, Status> {
-        let load = self.pool(query)?;
+    /// The forecast for `query` on `target` (cached; see `cache`).
+    async fn computed(
+        &self,
+        query: &ScalerQuery,
+        load: PoolLoad,
+        target: &Target,
+    ) -> Result<Computed, Status> {
         if !Self::active(query, &load) {
             return Ok(Computed {
                 desired: 0,
                 attainment: 1.0,
+                split: None,
             });
         }
         let stored = self
@@ -200,14 +217,15 @@ impl KedaScaler {
             sample: self.load.samples(),
             config_generation: stored.snapshot.config_generation,
             stages: stages.clone(),
+            lengths: cache::mean_lengths(&stored.snapshot.traffic.recent_lengths),
         };
-        let (entry, _) = self.cache.entry(&query.forecast_key(), inputs);
+        let (entry, _) = self.cache.entry(&target.forecast_key(query), inputs);
         let mut ran = false;
         let result = entry
             .cell
             .get_or_init(|| {
                 ran = true;
-                self.forecast(query, load, stages)
+                self.forecast(query, load, target.clone(), stages)
             })
             .await
             .clone();
@@ -226,6 +244,7 @@ impl KedaScaler {
         &self,
         query: &ScalerQuery,
         load: PoolLoad,
+        target: Target,
         stages: Vec<Stage>,
     ) -> Result<Computed, Status> {
         let stored = self
@@ -253,6 +272,13 @@ impl KedaScaler {
                     cancel: Some(cancel),
                     ..limits
                 };
+                if let Target::Split { pair, .. } = &target {
+                    let pair = (&pair.0, &pair.1);
+                    let now_us = wall_now_us();
+                    return roles::split_forecast(
+                        snapshot, pair, &settings, stages, now_us, &limits, in_flight,
+                    );
+                }
                 let asked = question_for(snapshot, &variant, &settings, stages, wall_now_us());
                 let answer = asked
                     .map(|asked| forecast_capacity(snapshot, &asked, &limits))
@@ -267,6 +293,7 @@ impl KedaScaler {
                 Ok(Computed {
                     desired: count,
                     attainment: chosen.attainment,
+                    split: None,
                 })
             })
             .await
@@ -274,10 +301,14 @@ impl KedaScaler {
     }
 
     async fn metric_value(&self, query: &ScalerQuery) -> Result<f64, Status> {
+        let (load, target) = self.resolve(query)?;
         match query.metric {
-            MetricKind::DesiredReplicas => Ok(f64::from(self.computed(query).await?.desired)),
+            MetricKind::DesiredReplicas => {
+                let computed = self.computed(query, load, &target).await?;
+                Ok(f64::from(target.replicas(&computed)))
+            }
             MetricKind::ArrivalRate { .. } => {
-                let load = self.pool(query)?;
+                // A P/D pool's rate is its pair's (every request visits both roles).
                 Ok(load
                     .forecaster
                     .peak_within(query.horizon_s)
@@ -382,6 +413,13 @@ impl ExternalScaler for KedaService {
         request: Request<ScaledObjectRef>,
     ) -> Result<Response<GetMetricSpecResponse>, Status> {
         let query = self.0.query(Some(request.get_ref()))?;
+        // A role is checked against the pool once the mirror has sampled it; before, the
+        // spec (which does not depend on the pool) is answered as without one.
+        if query.role.is_some()
+            && let Ok(load) = self.0.pool(&query)
+        {
+            roles::target(&query, &load).map_err(status)?;
+        }
         let target = query.target();
         Ok(Response::new(GetMetricSpecResponse {
             metric_specs: vec![MetricSpec {
