@@ -2,7 +2,9 @@
 //! an additive overhead and a scale, `measured ≈ overhead + scale · simulated`, learnt one
 //! sample at a time by least squares with forgetting and a ridge floor
 //! (`fit::ForgettingLeastSquares`) in constant memory, numerically safe however many samples
-//! arrive (the covariance-form update it replaces broke for good after ~17,000).
+//! arrive (the covariance-form update it replaces broke for good after ~17,000). TTFT
+//! samples are weighted so that a spike pulls the fit no more than a typical sample
+//! (`robust`: Huber weights against the median of recent measured/simulated ratios).
 //!
 //! Why both terms: the TTFT a router measures includes its own path (tokenization, gateway,
 //! streaming), a fixed cost the engine never sees, while a slower or faster GPU than the
