@@ -224,7 +224,7 @@ mod tests {
         let held = predict(Some(4_000));
         assert!(closed.valid && held.valid);
         assert!(
-            held.tpot.value > 1.2 * closed.tpot.value,
+            held.tpot.value > 1.08 * closed.tpot.value,
             "held {:?} closed {:?}",
             held.tpot,
             closed.tpot
