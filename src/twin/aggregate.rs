@@ -7,12 +7,14 @@
 //! blocks between them, W waiting requests, and the cached part of the new prompt as cached
 //! blocks. That state is forked and simulated with the new request like any mirrored
 //! instance (PredictRouting's fork, without the second fork that measures the others); the
-//! replications give the mean or a quantile and the spread. When the mirror knows the pod, callers predict on the mirrored state instead
-//! ([`predict_on_mirrored`]).
+//! replications give the mean or a quantile and the spread. On a pod that serves both phases
+//! every request that ends while the new one is served is replaced by an arrival, so the pod
+//! keeps the load its aggregates describe (`replacement`). When the mirror knows the pod,
+//! callers predict on the mirrored state instead ([`predict_on_mirrored`]).
 
 use std::sync::Arc;
 
-use crate::cluster::config::{ClusterConfig, InstanceConfig, InstanceRole};
+use crate::cluster::config::{ClusterConfig, InstanceConfig};
 use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
 
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
@@ -27,6 +29,12 @@ use super::snapshot::{
 };
 use super::stats::distribution;
 
+mod pod_type;
+mod replacement;
+
+pub use pod_type::{POD_TYPES, PodType};
+use replacement::{Replacement, run_replacing};
+
 /// The observation time of a synthesized instance (any fixed value: the state has no past).
 pub const SYNTHETIC_NOW_US: u64 = 1_000_000;
 
@@ -35,78 +43,6 @@ const PROMPT_KEY_BASE: u64 = 0xD170_0000_0000_0000;
 
 /// First block key of the waiting requests' prompts on a decode pod (each its own 2^32 keys).
 const WAITING_KEY_BASE: u64 = 0xD171_0000_0000_0000;
-
-/// A pod's role in prefill/decode disaggregation (the peer's `pod_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PodType {
-    /// `""`: serves both phases.
-    Monolithic,
-    /// `"prefill"`: its latency of interest is TTFT.
-    Prefill,
-    /// `"decode"`: its latency of interest is TPOT.
-    Decode,
-}
-
-/// The `pod_type` spellings accepted, as the EPP sends them: the value of the pod's role
-/// label (`endpointRoleLabel`, by default llm-d's `llm-d.ai/role`), or `""` when the pod has
-/// none. llm-d's role values: `prefill` and `encode-prefill` prefill only; `decode` and
-/// `encode-decode` decode only; `prefill-decode`, `encode-prefill-decode` and the deprecated
-/// `both` serve both phases, as does `monolithic` (the peer's own load test sends it). An
-/// encode-only pod (`encode`) has no latency this API predicts.
-pub const POD_TYPES: &str = "'', 'monolithic', 'both', 'prefill-decode', \
-     'encode-prefill-decode', 'prefill', 'encode-prefill', 'decode' or 'encode-decode'";
-
-impl PodType {
-    /// Parses a role as the EPP sends it (see [`POD_TYPES`]); `None` for anything else.
-    pub fn parse(text: &str) -> Option<PodType> {
-        match text {
-            "" | "monolithic" | "both" | "prefill-decode" | "encode-prefill-decode" => {
-                Some(PodType::Monolithic)
-            }
-            "prefill" | "encode-prefill" => Some(PodType::Prefill),
-            "decode" | "encode-decode" => Some(PodType::Decode),
-            _ => None,
-        }
-    }
-
-    /// The peer's own spelling of this pod type (`""` for monolithic).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PodType::Monolithic => "",
-            PodType::Prefill => "prefill",
-            PodType::Decode => "decode",
-        }
-    }
-
-    /// The mirrored instance role entries of this pod type are matched to and simulated on.
-    pub fn role(self) -> InstanceRole {
-        match self {
-            PodType::Monolithic => InstanceRole::Both,
-            PodType::Prefill => InstanceRole::Prefill,
-            PodType::Decode => InstanceRole::Decode,
-        }
-    }
-
-    /// A prediction with the phases this pod type does not serve made neutral: a prefill
-    /// pod's TPOT is 0 with no spread (it generates one token; the EPP neutralises its TPOT
-    /// too), so no TPOT SLO is ever missed there.
-    pub fn neutralise(self, mut prediction: AggregatePrediction) -> AggregatePrediction {
-        if !self.carries_tpot() {
-            prediction.tpot = Estimate::default();
-        }
-        prediction
-    }
-
-    /// Whether entries of this pod type carry a TTFT worth learning from.
-    pub fn carries_ttft(self) -> bool {
-        matches!(self, PodType::Monolithic | PodType::Prefill)
-    }
-
-    /// Whether entries of this pod type carry a TPOT worth learning from.
-    pub fn carries_tpot(self) -> bool {
-        matches!(self, PodType::Monolithic | PodType::Decode)
-    }
-}
 
 /// The aggregate features of one candidate pod and the new request, as the llm-d router
 /// sends them (field names and meaning as in the peer's `PredictionRequest`).
@@ -329,13 +265,7 @@ fn synthetic_running(
 /// flight each (or the new prompt's length); a decode pod's with pulled, keyed blocks.
 fn synthetic_waiting(aggregates: &PodAggregates, block: u64, max_len: u64) -> Vec<ObservedRequest> {
     let prefill_pod = aggregates.pod_type == PodType::Prefill;
-    let waiting_prompt =
-        if aggregates.num_request_waiting > 0 && aggregates.prefill_tokens_in_flight > 0 {
-            aggregates.prefill_tokens_in_flight / u64::from(aggregates.num_request_waiting)
-        } else {
-            u64::from(aggregates.input_token_length)
-        }
-        .clamp(1, max_len / 2) as u32;
+    let waiting_prompt = waiting_prompt(aggregates, max_len);
     let decode_pod = aggregates.pod_type == PodType::Decode;
     (0..aggregates.num_request_waiting)
         .map(|index| {
@@ -354,6 +284,17 @@ fn synthetic_waiting(aggregates: &PodAggregates, block: u64, max_len: u64) -> Ve
             request
         })
         .collect()
+}
+
+/// The prompt length of each waiting request: an equal share of the prefill tokens in
+/// flight, or the new prompt's length when none are reported.
+fn waiting_prompt(aggregates: &PodAggregates, max_len: u64) -> u32 {
+    if aggregates.num_request_waiting > 0 && aggregates.prefill_tokens_in_flight > 0 {
+        aggregates.prefill_tokens_in_flight / u64::from(aggregates.num_request_waiting)
+    } else {
+        u64::from(aggregates.input_token_length)
+    }
+    .clamp(1, (max_len / 2).max(1)) as u32
 }
 
 fn synthetic_request(
@@ -395,6 +336,11 @@ pub fn predict_aggregates(
         .first()
         .ok_or_else(|| TwinError::invalid("config.instances", "the pool template is empty"))?;
     let (state, request) = instance_from_aggregates(instance, aggregates, options.output_tokens);
+    // A pod that serves both phases keeps its load while the new request is served (see
+    // `replacement`); a disaggregated pod's arrivals come through its peer and stay closed.
+    let max_len = u64::from(instance.engine.effective_max_model_len().max(2));
+    let replaced =
+        (aggregates.pod_type == PodType::Monolithic).then(|| waiting_prompt(aggregates, max_len));
     let snapshot = MirrorSnapshot {
         generation: 0,
         config_generation: 0,
@@ -404,8 +350,16 @@ pub fn predict_aggregates(
         traffic: Arc::new(TrafficStats::default()),
         memo: Default::default(),
     };
-    predict_on_mirrored(&snapshot, 0, request, SYNTHETIC_NOW_US, options, limits)
-        .map(|prediction| aggregates.pod_type.neutralise(prediction))
+    predict_on_state(
+        &snapshot,
+        0,
+        request,
+        SYNTHETIC_NOW_US,
+        options,
+        limits,
+        replaced,
+    )
+    .map(|prediction| aggregates.pod_type.neutralise(prediction))
 }
 
 /// Predicts `request` on instance `index` of `snapshot` at `now_us` (the mirrored state of a
@@ -424,6 +378,20 @@ pub fn predict_on_mirrored(
     options: &AggregateOptions,
     limits: &Limits,
 ) -> Result<AggregatePrediction, TwinError> {
+    predict_on_state(snapshot, index, request, now_us, options, limits, None)
+}
+
+/// [`predict_on_mirrored`], with every request that ends replaced by an arrival of
+/// `replaced` prompt tokens when it is set (the pod's load held, see `replacement`).
+fn predict_on_state(
+    snapshot: &MirrorSnapshot,
+    index: usize,
+    request: CandidateRequest,
+    now_us: u64,
+    options: &AggregateOptions,
+    limits: &Limits,
+    replaced: Option<u32>,
+) -> Result<AggregatePrediction, TwinError> {
     let instance = snapshot
         .config
         .instances
@@ -441,6 +409,11 @@ pub fn predict_on_mirrored(
         return Ok(AggregatePrediction::default());
     }
     let outputs = output_draw(snapshot)?;
+    let replacement = replaced.map(|prompt_tokens| Replacement {
+        prompt_tokens,
+        outputs: &outputs,
+        max_len: instance.engine.effective_max_model_len(),
+    });
     let base = restore_base(instance, state, index, "instance")?;
     let budget = EventBudget::new(limits.max_events_per_call, limits.deadline);
     let horizon_end = now_us.saturating_add(options.horizon_us.min(limits.max_horizon_us));
@@ -477,9 +450,18 @@ pub fn predict_on_mirrored(
         engine
             .submit_watched(spec.clone())
             .map_err(|err| TwinError::invalid("request", err.to_string()))?;
-        let run = run_fork(&mut engine, spec.id, horizon_end, &budget)?;
-        events += run.events;
-        let record = engine.watched_record().or(run.question.as_ref());
+        let drained = match &replacement {
+            Some(replacement) => {
+                events += run_replacing(&mut engine, replacement, &mut rng, horizon_end, &budget)?;
+                None
+            }
+            None => {
+                let run = run_fork(&mut engine, spec.id, horizon_end, &budget)?;
+                events += run.events;
+                run.question
+            }
+        };
+        let record = engine.watched_record().or(drained.as_ref());
         match record {
             Some(record) if record.outcome == Outcome::Dropped => dropped += 1,
             _ => {

@@ -10,12 +10,13 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use prometheus::{GaugeVec, IntCounterVec, Opts};
 use serde::Serialize;
 
 pub use super::calibration_file::{CalibrationFileError, load};
 use super::calibration_file::{phase_file, remove_stale_temporaries, save};
+use metrics::CalibrationMetrics;
 
+use super::training::TrainingSample;
 use crate::sim::latency::online::{
     CalibrationState, LoadFeatures, OnlineCalibration, Phase, PhaseCalibration, Rejection,
     load_features,
@@ -28,126 +29,6 @@ use crate::twin::question::{Distribution, RoutingAnswer};
 pub const LAMBDA: f64 = 0.999;
 /// Samples in the rolling error window.
 pub const ERROR_WINDOW: usize = 200;
-
-/// The calibration metrics.
-#[derive(Clone, Debug)]
-struct CalibrationMetrics {
-    ttft_is_e2e: prometheus::Gauge,
-    /// The peer's `training_samples_count{model}` (its per-bucket series summed: ditto does
-    /// not bucket).
-    peer_samples: GaugeVec,
-    samples: GaugeVec,
-    rejected: IntCounterVec,
-    coefficient: GaugeVec,
-    ape: GaugeVec,
-    resets: IntCounterVec,
-    healthy: GaugeVec,
-    coverage: GaugeVec,
-    level: GaugeVec,
-}
-
-impl CalibrationMetrics {
-    fn register(metrics: &Metrics) -> Result<Self, prometheus::Error> {
-        let samples = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_samples",
-                "Measured latencies absorbed by the online calibration, by phase.",
-            ),
-            &["phase"],
-        )?;
-        let rejected = IntCounterVec::new(
-            Opts::new(
-                "ditto_calibration_rejected_samples_total",
-                "Training samples rejected, by phase and reason (entry: a malformed entry or body).",
-            ),
-            &["phase", "reason"],
-        )?;
-        let coefficient = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_coefficient",
-                "Current calibration: measured = overhead_ms + scale * simulated, by phase.",
-            ),
-            &["phase", "term"],
-        )?;
-        let ape = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_rolling_ape",
-                "Mean absolute percentage error (fraction) of calibrated predictions against the \
-                 last measured latencies, each measured before it was absorbed, by phase.",
-            ),
-            &["phase"],
-        )?;
-        let resets = IntCounterVec::new(
-            Opts::new(
-                "ditto_calibration_resets_total",
-                "Times a phase's fit left the plausible range and was reset to the identity, \
-                 by phase and reason.",
-            ),
-            &["phase", "reason"],
-        )?;
-        let healthy = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_healthy",
-                "1 when the phase's fit is within the plausible range (scale in [0.05, 1e4], \
-                 overhead within the phase's ceiling) and so may be persisted; else 0.",
-            ),
-            &["phase"],
-        )?;
-        let coverage = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_quantile_coverage",
-                "Fraction of the last training samples (up to 2,000) measured at or under the \
-                 quantile predicted for them before they were absorbed, by phase: should be \
-                 the target quantile (LATENCY_QUANTILE_ALPHA); NaN before conformal \
-                 quantiles start (50 samples).",
-            ),
-            &["phase"],
-        )?;
-        let level = GaugeVec::new(
-            Opts::new(
-                "ditto_calibration_quantile_level",
-                "The residual quantile level adaptive conformal inference uses for the target \
-                 quantile now, by phase (the target when the residuals are exchangeable).",
-            ),
-            &["phase"],
-        )?;
-        let ttft_is_e2e = prometheus::Gauge::new(
-            "ditto_calibration_ttft_is_e2e",
-            "1 when the router's TTFT samples measure end-to-end latency (it does not stream: \
-             no TPOT in its samples), so TTFT answers are calibrated E2E; else 0.",
-        )?;
-        let peer_samples = GaugeVec::new(
-            Opts::new(
-                "training_samples_count",
-                "llm-d latency predictor compatibility: training samples held, by model \
-                 (ttft, tpot); ditto's are the samples its calibration absorbed.",
-            ),
-            &["model"],
-        )?;
-        metrics.register(Box::new(peer_samples.clone()))?;
-        metrics.register(Box::new(ttft_is_e2e.clone()))?;
-        metrics.register(Box::new(samples.clone()))?;
-        metrics.register(Box::new(rejected.clone()))?;
-        metrics.register(Box::new(coefficient.clone()))?;
-        metrics.register(Box::new(ape.clone()))?;
-        metrics.register(Box::new(resets.clone()))?;
-        metrics.register(Box::new(healthy.clone()))?;
-        metrics.register(Box::new(coverage.clone()))?;
-        metrics.register(Box::new(level.clone()))?;
-        Ok(Self {
-            ttft_is_e2e,
-            peer_samples,
-            samples,
-            rejected,
-            coefficient,
-            ape,
-            resets,
-            healthy,
-            coverage,
-            level,
-        })
-    }
-}
 
 /// The calibration an answer applies: (overhead ms, scale) per phase, and whether the TTFT
 /// phase maps end-to-end latency.
@@ -280,25 +161,25 @@ impl Calibrator {
         self.lock().ttft_is_e2e()
     }
 
-    /// Absorbs samples in order: `(phase, simulated ms, load, measured ms)`; persists if
-    /// changed.
+    /// Absorbs samples in order; persists if changed.
     /// `ttft_is_e2e` says what this call's TTFT samples measure (the router either streams
     /// or not); a change of mode forgets the TTFT fit first.
-    pub fn absorb(
-        &self,
-        samples: &[(Phase, f64, LoadFeatures, f64)],
-        ttft_is_e2e: bool,
-    ) -> Absorbed {
+    pub fn absorb(&self, samples: &[TrainingSample], ttft_is_e2e: bool) -> Absorbed {
         let mut absorbed = Absorbed::default();
         {
             let mut calibration = self.lock();
-            if samples.iter().any(|(phase, ..)| *phase == Phase::Ttft) {
+            if samples.iter().any(|sample| sample.phase == Phase::Ttft) {
                 calibration.set_ttft_is_e2e(ttft_is_e2e);
             }
             let resets_before = [Phase::Ttft, Phase::Tpot].map(|p| calibration.phase(p).resets());
-            for (phase, simulated, load, measured) in samples {
-                let phase = *phase;
-                match calibration.observe_at(phase, *simulated, load, *measured) {
+            for sample in samples {
+                let phase = sample.phase;
+                match calibration.observe_at(
+                    phase,
+                    sample.simulated_ms,
+                    &sample.load,
+                    sample.measured_ms,
+                ) {
                     Ok(()) => absorbed.accepted += 1,
                     Err(why) => {
                         absorbed.rejected += 1;
@@ -647,6 +528,8 @@ pub fn calibrated_distribution(phase: &PhaseCalibration, distribution: &mut Dist
     }
     distribution.mean = centre;
 }
+
+mod metrics;
 
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,19 @@ use super::schema::TrainingEntry;
 use crate::sim::latency::online::{LoadFeatures, Phase, load_features};
 use crate::twin::aggregate::{AggregatePrediction, Estimate};
 
+/// One measured latency beside its simulation: what the calibration learns from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainingSample {
+    /// Which latency was measured (TTFT, or E2E when the router does not stream).
+    pub phase: Phase,
+    /// The latency simulated for the entry's features, ms.
+    pub simulated_ms: f64,
+    /// The load the entry was measured under (its tokens in flight, in thousands).
+    pub load: LoadFeatures,
+    /// The latency the router measured, ms.
+    pub measured_ms: f64,
+}
+
 /// Entries in one training call that must all lack a TPOT before the calibration takes the
 /// router for one that does not stream (a lone 1-token request must not flip the mode).
 const E2E_EVIDENCE: usize = 5;
@@ -43,15 +56,14 @@ pub(crate) fn e2e_estimate(prediction: &AggregatePrediction, output_tokens: u32)
     }
 }
 
-/// The calibration samples of `entries` from their simulated `results` (phase, simulated,
-/// load, measured), and how many entries could not be simulated. When the router does not
+/// The calibration samples of `entries` from their simulated `results`, and how many entries could not be simulated. When the router does not
 /// stream (`e2e`), its "TTFT" is matched against the simulated E2E of `output_tokens`.
 pub(super) fn samples(
     entries: &[TrainingEntry],
     results: Simulated,
     e2e: bool,
     output_tokens: u32,
-) -> (Vec<(Phase, f64, LoadFeatures, f64)>, u64) {
+) -> (Vec<TrainingSample>, u64) {
     let mut samples = Vec::with_capacity(entries.len() * 2);
     let mut unsimulated = 0;
     for (entry, result) in entries.iter().zip(results) {
@@ -67,15 +79,20 @@ pub(super) fn samples(
                     } else {
                         prediction.ttft.value
                     };
-                    samples.push((Phase::Ttft, simulated, load, entry.actual_ttft_ms));
+                    samples.push(TrainingSample {
+                        phase: Phase::Ttft,
+                        simulated_ms: simulated,
+                        load,
+                        measured_ms: entry.actual_ttft_ms,
+                    });
                 }
                 if entry.aggregates.pod_type.carries_tpot() {
-                    samples.push((
-                        Phase::Tpot,
-                        prediction.tpot.value,
+                    samples.push(TrainingSample {
+                        phase: Phase::Tpot,
+                        simulated_ms: prediction.tpot.value,
                         load,
-                        entry.actual_tpot_ms,
-                    ));
+                        measured_ms: entry.actual_tpot_ms,
+                    });
                 }
             }
             _ => unsimulated += 1,

@@ -8,6 +8,15 @@ use super::super::calibration_file::scratch;
 
 const NO_LOAD: LoadFeatures = [0.0; 2];
 
+fn sample(phase: Phase, simulated_ms: f64, load: LoadFeatures, measured_ms: f64) -> TrainingSample {
+    TrainingSample {
+        phase,
+        simulated_ms,
+        load,
+        measured_ms,
+    }
+}
+
 #[test]
 fn concurrent_training_never_leaves_a_torn_file() {
     // D2: eight trainers persisting at once while a reader reads the file: every read
@@ -44,8 +53,8 @@ fn concurrent_training_never_leaves_a_torn_file() {
                     let simulated = 10.0 + f64::from(w * 150 + i % 97);
                     calibrator.absorb(
                         &[
-                            (Phase::Ttft, simulated, NO_LOAD, 1.3 * simulated),
-                            (Phase::Tpot, simulated / 10.0, NO_LOAD, simulated / 8.0),
+                            sample(Phase::Ttft, simulated, NO_LOAD, 1.3 * simulated),
+                            sample(Phase::Tpot, simulated / 10.0, NO_LOAD, simulated / 8.0),
                         ],
                         false,
                     );
@@ -87,7 +96,7 @@ fn what_the_server_writes_it_can_read_back() {
     let samples: Vec<_> = (0..20)
         .map(|i| {
             let simulated = 10.0 + f64::from(i);
-            (Phase::Ttft, simulated, NO_LOAD, 200.0 - 5.0 * simulated)
+            sample(Phase::Ttft, simulated, NO_LOAD, 200.0 - 5.0 * simulated)
         })
         .collect();
     calibrator.absorb(&samples, false);
@@ -110,7 +119,7 @@ fn a_fit_out_of_range_is_reset_counted_and_never_persisted() {
             } else {
                 (2.0, 20_001.0)
             };
-            (Phase::Tpot, simulated, NO_LOAD, measured)
+            sample(Phase::Tpot, simulated, NO_LOAD, measured)
         })
         .collect();
     calibrator.absorb(&samples, false);
