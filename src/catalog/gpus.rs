@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn side_file_entries_are_required_positive_and_known() {
-        for field in [INTERCONNECT, ATTENTION] {
+        for field in [INTERCONNECT, ATTENTION, HOST_LINK] {
             let name = field.name;
             let mut table = parse_tables().unwrap();
             let only_h100 = format!(r#"{{"H100": {{"{name}": 1}}}}"#);
@@ -341,6 +341,20 @@ mod tests {
         }
         for fa2 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
             assert_eq!(factor(fa2), 2.5, "{fa2}");
+        }
+    }
+
+    #[test]
+    fn every_gpu_has_its_pcie_generations_host_link() {
+        // data/gpu_host_link.json: Gen5 x16 (Hopper; B200 assumed) 35.2 GB/s, Gen4 x16
+        // (Ampere, Ada) 25.
+        let table = parse_embedded().unwrap();
+        let link = |name: &str| find(&table, name).unwrap().host_link_gbs;
+        for gen5 in ["H100", "H100-PCIe", "H200", "B200"] {
+            assert_eq!(link(gen5), 35.2, "{gen5}");
+        }
+        for gen4 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
+            assert_eq!(link(gen4), 25.0, "{gen4}");
         }
     }
 
