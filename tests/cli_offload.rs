@@ -129,7 +129,7 @@ fn bad_offloads_exit_2_naming_the_flag() {
         &["run", "--cpu-offload-gb=-1"],
         &["run", "--cpu-offload-gb", "NaN"],
         &["run", "--cpu-offload-gb", "inf"],
-        // Llama-3.1-8B has ~15 GiB of weights: 20 is more than one GPU holds.
+        // Llama-3.1-8B has 13 GiB of decoder layers (~15 GiB of weights): 20 is more.
         &["run", "--cpu-offload-gb", "20"],
         // Blackbox coefficients are fitted per run and have no weights term.
         &[

@@ -475,4 +475,21 @@ mod tests {
         let params = 10 * d + 2 * (attention + 2 * d) + dense_mlp + moe_mlp + 10 * d + d;
         assert_eq!(model_weight_bytes(&arch), params);
     }
+
+    #[test]
+    fn the_offloaded_bytes_become_kv_blocks() {
+        // vLLM profiles memory after loading: the bytes that left the GPU hold KV blocks.
+        let (arch, gpu) = (llama_8b(), h100());
+        let plan = crate::sim::latency::WeightOffload::plan(&arch, &gpu, 1, 4.0).unwrap();
+        let block = arch.kv_bytes_per_block(1, 16);
+        let before = num_gpu_blocks(&arch, &gpu, 1, 0.9, 16).unwrap();
+        let after = num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, plan.bytes).unwrap();
+        let gained = u64::from(after - before);
+        let expected = plan.bytes / block;
+        assert!(gained.abs_diff(expected) <= 1, "{gained} vs {expected}");
+        assert_eq!(
+            num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, 0).unwrap(),
+            before
+        );
+    }
 }

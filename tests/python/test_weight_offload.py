@@ -108,7 +108,7 @@ def test_an_offloading_instance_has_more_blocks_and_slower_steps(server):
         instance("a", -1.0),
         instance("a", float("nan")),
         instance("a", float("inf")),
-        instance("a", 40.0),  # Llama-3.1-8B has ~15 GiB of weights per GPU at TP 1
+        instance("a", 40.0),  # Llama-3.1-8B has 13 GiB of decoder layers at TP 1
         instance("a", 1.0, latency_model="blackbox"),
     ],
     ids=["negative", "nan", "inf", "more-than-the-weights", "blackbox"],

@@ -22,12 +22,13 @@
 //! GPU. Those bytes are free for the KV cache (vLLM profiles the memory after loading), and
 //! each step pays `bytes / host link` ([`WeightOffload::step_us`]) on the GPU's sourced
 //! host-to-device bandwidth (`data/gpu_host_link.json`). Nothing is fitted. Not modelled: the
-//! HBM read and FLOPs the roofline still counts for the offloaded weights (under 2% of the
-//! term at PCIe speeds: HBM is ~100× faster), GEMM tiles a long prefill fetches more than once
-//! from host memory, and MLA's projections (priced as standard attention's).
+//! HBM read and FLOPs the step formulas still count for the offloaded weights (a kernel on
+//! host-resident weights computes while it reads them, so those overlap the term: the HBM
+//! read is ~1% of it at PCIe speeds, the FLOPs up to ~10% in a 2048-token prefill on H100),
+//! GEMM tiles a long prefill fetches more than once from host memory, and MLA's projections
+//! (priced as standard attention's).
 
 use super::{GpuSpec, LatencyKind, ModelArch};
-use crate::sim::capacity::model_weight_bytes;
 
 /// Bytes per GiB (`cpu_offload_gb` is GiB: vLLM multiplies by `1024**3`).
 pub const GIB: f64 = (1u64 << 30) as f64;
@@ -41,10 +42,10 @@ pub enum OffloadError {
         /// The rejected value.
         value: f64,
     },
-    /// More than the model's weights on one GPU.
+    /// More than the decoder layers' weights on one GPU, all that vLLM can move.
     #[error(
-        "cpu_offload_gb {value} exceeds the weights of `{model}` on one GPU at TP {tp} \
-         ({weights_gib:.2} GiB)"
+        "cpu_offload_gb {value} exceeds the decoder layers' weights of `{model}` on one GPU at \
+         TP {tp} ({weights_gib:.2} GiB), all that vLLM can offload"
     )]
     MoreThanWeights {
         /// The rejected value.
@@ -53,7 +54,7 @@ pub enum OffloadError {
         model: String,
         /// Tensor parallelism.
         tp: u32,
-        /// The weights per GPU, GiB.
+        /// The decoder layers' weights per GPU, GiB.
         weights_gib: f64,
     },
     /// The GPU's host link is unknown (0), so the term cannot be priced.
@@ -91,7 +92,8 @@ impl WeightOffload {
 
     /// What `--cpu-offload-gb cpu_offload_gb` moves to the host for `arch` on `gpu` at
     /// tensor parallelism `tp` (see the module doc). 0 moves nothing; a negative, NaN or
-    /// infinite value, or more than the model's weights on one GPU, is refused.
+    /// infinite value, or more than the decoder layers' weights on one GPU (vLLM offers it
+    /// nothing else), is refused.
     pub fn plan(
         arch: &ModelArch,
         gpu: &GpuSpec,
@@ -107,14 +109,14 @@ impl WeightOffload {
             return Ok(WeightOffload::NONE);
         }
         let tp = tp.max(1);
-        let weights_per_gpu = model_weight_bytes(arch) as f64 / f64::from(tp);
+        let movable = offloaded_bytes(arch, tp, u64::MAX);
         let budget = (cpu_offload_gb * GIB) as u64;
-        if budget as f64 > weights_per_gpu {
+        if budget > movable {
             return Err(OffloadError::MoreThanWeights {
                 value: cpu_offload_gb,
                 model: arch.name.clone(),
                 tp,
-                weights_gib: weights_per_gpu / GIB,
+                weights_gib: movable as f64 / GIB,
             });
         }
         if !(gpu.host_link_gbs.is_finite() && gpu.host_link_gbs > 0.0) {

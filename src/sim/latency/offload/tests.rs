@@ -1,5 +1,4 @@
 use super::*;
-use crate::sim::capacity;
 use crate::sim::latency::arch::tests::{h100, llama_8b};
 use crate::sim::latency::{
     BatchEntry, BlackboxCoefficients, CalibratedCoefficients, CalibratedModel, LatencyModel,
@@ -93,9 +92,16 @@ fn bad_values_are_refused_naming_the_field() {
         assert!(matches!(err, OffloadError::Invalid { .. }), "{err:?}");
         assert!(err.to_string().contains("cpu_offload_gb"), "{err}");
     }
-    // Llama-3.1-8B is ~14.96 GiB of weights: 15 GiB on one GPU is more than it has, 8 on
-    // each of two GPUs too.
-    for (tp, value) in [(1, 15.0), (2, 8.0)] {
+    // Llama-3.1-8B's decoder layers, all vLLM offers the offloader, are 32 x 436 MB = 13.0005
+    // GiB: 13 GiB moves all but the last layer's two norms (the budget is reached before
+    // them); 13.1 on one GPU or 6.6 on each of two is more than there is to move.
+    assert_eq!(
+        WeightOffload::plan(&llama_8b(), &h100(), 1, 13.0)
+            .unwrap()
+            .bytes,
+        32 * LAYER - 2 * NORM
+    );
+    for (tp, value) in [(1, 13.1), (2, 6.6)] {
         let err = WeightOffload::plan(&llama_8b(), &h100(), tp, value).unwrap_err();
         assert!(
             matches!(err, OffloadError::MoreThanWeights { .. }),
@@ -168,22 +174,5 @@ fn blackbox_cannot_price_an_offload() {
     assert_eq!(
         model.clone().with_weight_offload(&WeightOffload::NONE),
         Ok(model)
-    );
-}
-
-#[test]
-fn the_offloaded_bytes_become_kv_blocks() {
-    // vLLM profiles memory after loading: the bytes that left the GPU hold KV blocks.
-    let (arch, gpu) = (llama_8b(), h100());
-    let plan = WeightOffload::plan(&arch, &gpu, 1, 4.0).unwrap();
-    let block = arch.kv_bytes_per_block(1, 16);
-    let before = capacity::num_gpu_blocks(&arch, &gpu, 1, 0.9, 16).unwrap();
-    let after = capacity::num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, plan.bytes).unwrap();
-    let gained = u64::from(after - before);
-    let expected = plan.bytes / block;
-    assert!(gained.abs_diff(expected) <= 1, "{gained} vs {expected}");
-    assert_eq!(
-        capacity::num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, 0).unwrap(),
-        before
     );
 }
