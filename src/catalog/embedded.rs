@@ -87,6 +87,10 @@ pub(crate) static INTERCONNECT_JSON: &str = include_str!("../../data/gpu_interco
 /// sources).
 pub(crate) static ATTENTION_JSON: &str = include_str!("../../data/gpu_attention.json");
 
+/// Per-GPU host-to-device bandwidth for weights offloaded to host memory (ditto's, with
+/// sources).
+pub(crate) static HOST_LINK_JSON: &str = include_str!("../../data/gpu_host_link.json");
+
 /// BLIS's per (model, GPU, TP, vLLM version) blackbox alpha/beta coefficients.
 pub(crate) static BLACKBOX_YAML: &str =
     include_str!("../../data/coefficients/blis-blackbox-alpha-beta.yaml");

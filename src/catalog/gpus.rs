@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::CatalogError;
-use super::embedded::{ADDED_GPUS_JSON, ATTENTION_JSON, BLIS_GPUS_JSON, INTERCONNECT_JSON};
+use super::embedded::{
+    ADDED_GPUS_JSON, ATTENTION_JSON, BLIS_GPUS_JSON, HOST_LINK_JSON, INTERCONNECT_JSON,
+};
 use crate::sim::latency::GpuSpec;
 
 /// Extra spellings accepted for a GPU name (lowercase alias, canonical name).
@@ -42,8 +44,8 @@ struct RawGpu {
 
 /// Parses both embedded files into one table sorted by name (a name in both is an error),
 /// with each GPU's interconnect bandwidth from `gpu_interconnect.json` and its attention
-/// kernel's KV-read factor from `gpu_attention.json` (a GPU without an entry in either is an
-/// error too).
+/// kernel's KV-read factor from `gpu_attention.json` and its host-to-device bandwidth from
+/// `gpu_host_link.json` (a GPU without an entry in any of them is an error too).
 pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
     let mut table = parse_tables()?;
     add_side_file(
@@ -53,6 +55,7 @@ pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
         INTERCONNECT,
     )?;
     add_side_file(&mut table, "gpu_attention.json", ATTENTION_JSON, ATTENTION)?;
+    add_side_file(&mut table, "gpu_host_link.json", HOST_LINK_JSON, HOST_LINK)?;
     Ok(table)
 }
 
@@ -75,6 +78,12 @@ const INTERCONNECT: SideField = SideField {
 const ATTENTION: SideField = SideField {
     name: "KvReadFactor",
     set: |gpu, value| gpu.kv_read_factor = value,
+};
+
+/// `gpu_host_link.json`: host-to-device bandwidth, GB/s (weights offloaded to the host).
+const HOST_LINK: SideField = SideField {
+    name: "HostLinkGBs",
+    set: |gpu, value| gpu.host_link_gbs = value,
 };
 
 /// Sets `field` on every GPU of `table` from the side file `json` (name -> `{field: ..}`).
@@ -173,6 +182,7 @@ fn parse_file(file: &'static str, json: &str) -> Result<Vec<GpuSpec>, CatalogErr
             memory_gib: entry.memory_gib,
             interconnect_gbs: 0.0,
             kv_read_factor: 1.0,
+            host_link_gbs: 0.0,
         };
         check(&gpu)?;
         table.push(gpu);
@@ -299,7 +309,7 @@ mod tests {
 
     #[test]
     fn side_file_entries_are_required_positive_and_known() {
-        for field in [INTERCONNECT, ATTENTION] {
+        for field in [INTERCONNECT, ATTENTION, HOST_LINK] {
             let name = field.name;
             let mut table = parse_tables().unwrap();
             let only_h100 = format!(r#"{{"H100": {{"{name}": 1}}}}"#);
@@ -331,6 +341,20 @@ mod tests {
         }
         for fa2 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
             assert_eq!(factor(fa2), 2.5, "{fa2}");
+        }
+    }
+
+    #[test]
+    fn every_gpu_has_its_pcie_generations_host_link() {
+        // data/gpu_host_link.json: Gen5 x16 (Hopper; B200 assumed) 35.2 GB/s, Gen4 x16
+        // (Ampere, Ada) 25.
+        let table = parse_embedded().unwrap();
+        let link = |name: &str| find(&table, name).unwrap().host_link_gbs;
+        for gen5 in ["H100", "H100-PCIe", "H200", "B200"] {
+            assert_eq!(link(gen5), 35.2, "{gen5}");
+        }
+        for gen4 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
+            assert_eq!(link(gen4), 25.0, "{gen4}");
         }
     }
 

@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// Host-to-GPU bandwidth for CPU-tier reloads, in GB/s.
     #[arg(long, default_value_t = 25.0)]
     pub cpu_offload_bandwidth_gbps: f64,
+    /// vLLM --cpu-offload-gb: GiB of weights per GPU held in host memory (0: none). Frees
+    /// that much GPU memory for KV blocks; every step reads them over the host link.
+    #[arg(long, default_value_t = 0.0)]
+    pub cpu_offload_gb: f64,
     /// Disable chunked prefill (a prefill must then fit one step's budget).
     #[arg(long)]
     pub no_enable_chunked_prefill: bool,

@@ -11,7 +11,7 @@ use super::error::CliError;
 use super::latency::resolve_latency;
 use super::progress::{self, Progress};
 use super::report::{RequestJson, SummaryJson};
-use super::run_config::engine_config;
+use super::run_config::{engine_config, weight_offload};
 pub use super::run_output::{RunInfo, RunOutput};
 pub use super::run_source::requests;
 use super::run_source::{Source, load_model, load_source};
@@ -149,8 +149,11 @@ pub fn execute(args: &RunArgs) -> Result<RunResult, CliError> {
     if tp == 0 {
         return Err(CliError::flag("tp", "must be at least 1"));
     }
-    let latency = resolve_latency(&args.latency_model, &arch, &gpu, tp)?;
-    let config = engine_config(args, &arch, &gpu, tp, replay)?;
+    let offload = weight_offload(args, &arch, &gpu, tp)?;
+    let latency = resolve_latency(&args.latency_model, &arch, &gpu, tp)?
+        .with_weight_offload(&offload)
+        .map_err(|err| CliError::flag("cpu-offload-gb", err.to_string()))?;
+    let config = engine_config(args, &arch, &gpu, tp, replay, &offload)?;
     let seed = match &source {
         Source::Generated(spec, _) => spec.seed,
         Source::Trace(..) => args.seed,

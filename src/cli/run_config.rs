@@ -4,17 +4,31 @@
 use super::args::RunArgs;
 use super::error::CliError;
 use crate::sim::capacity;
-use crate::sim::latency::{GpuSpec, ModelArch};
+use crate::sim::latency::{GpuSpec, ModelArch, WeightOffload};
 use crate::sim::{EngineConfig, SchedulingPolicy};
 use crate::workload::ReplayConfig;
 
-/// The engine configuration of a run of `arch` on `gpu` at tensor parallelism `tp`.
+/// The weights `--cpu-offload-gb` moves to host memory for `arch` on `gpu` at `tp`.
+pub(super) fn weight_offload(
+    args: &RunArgs,
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+) -> Result<WeightOffload, CliError> {
+    WeightOffload::plan(arch, gpu, tp, args.cpu_offload_gb)
+        .map_err(|err| CliError::flag("cpu-offload-gb", err.to_string()))
+}
+
+/// The engine configuration of a run of `arch` on `gpu` at tensor parallelism `tp`, with
+/// `offload`'s weights in host memory (their GPU memory goes to KV blocks when the blocks
+/// are derived from memory).
 pub(super) fn engine_config(
     args: &RunArgs,
     arch: &ModelArch,
     gpu: &GpuSpec,
     tp: u32,
     replay: Option<ReplayConfig>,
+    offload: &WeightOffload,
 ) -> Result<EngineConfig, CliError> {
     let block_size = args
         .block_size
@@ -41,7 +55,14 @@ pub(super) fn engine_config(
                         format!("must be in (0, 1], got {utilization}"),
                     ));
                 }
-                capacity::num_gpu_blocks(arch, gpu, tp, utilization, block_size)?
+                capacity::num_gpu_blocks_offloaded(
+                    arch,
+                    gpu,
+                    tp,
+                    utilization,
+                    block_size,
+                    offload.bytes,
+                )?
             }
         },
     };
@@ -85,6 +106,7 @@ pub(super) fn engine_config(
     config.enable_prefix_caching = !args.no_enable_prefix_caching;
     config.num_cpu_blocks = args.num_cpu_blocks;
     config.cpu_block_load_us = cpu_block_load_us;
+    config.cpu_offload_gb = args.cpu_offload_gb;
     config.scheduling_policy = scheduling_policy;
     config.kv_sample_interval_us = (args.kv_sample_interval_s * 1e6).round() as u64;
     config.record_token_gaps = args.per_request.is_some();
@@ -101,6 +123,7 @@ fn flag_of_field(field: &str) -> &'static str {
         "block_size" => "block-size",
         "num_gpu_blocks" => "num-gpu-blocks",
         "num_cpu_blocks" => "num-cpu-blocks",
+        "cpu_offload_gb" => "cpu-offload-gb",
         "max_num_seqs" => "max-num-seqs",
         "max_num_batched_tokens" => "max-num-batched-tokens",
         "max_model_len" => "max-model-len",

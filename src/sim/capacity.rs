@@ -127,6 +127,20 @@ pub fn num_gpu_blocks(
     gpu_memory_utilization: f64,
     block_size: u32,
 ) -> Result<u32, CapacityError> {
+    num_gpu_blocks_offloaded(arch, gpu, tp, gpu_memory_utilization, block_size, 0)
+}
+
+/// [`num_gpu_blocks`] with `offloaded_bytes` of each GPU's weight shard held in host memory
+/// (vLLM's `--cpu-offload-gb`, [`crate::sim::latency::offload`]): vLLM profiles the memory
+/// after loading, so the bytes that left the GPU are the KV cache's.
+pub fn num_gpu_blocks_offloaded(
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    gpu_memory_utilization: f64,
+    block_size: u32,
+    offloaded_bytes: u64,
+) -> Result<u32, CapacityError> {
     check_inputs(arch, gpu, tp, gpu_memory_utilization, block_size)?;
     let block_bytes = arch.kv_bytes_per_block(tp, block_size);
     if block_bytes == 0 {
@@ -150,7 +164,8 @@ pub fn num_gpu_blocks(
         NON_TORCH_MULTI_GPU_GIB
     };
     let non_torch_gib = non_torch_per_gpu;
-    let overhead_gib = weights_gib / tp_f + activation_gib + non_torch_gib;
+    let offloaded_gib = offloaded_bytes as f64 / GIB;
+    let overhead_gib = weights_gib / tp_f - offloaded_gib + activation_gib + non_torch_gib;
     if overhead_gib >= available_gib {
         // The smallest TP whose weight shard leaves room on each GPU.
         let per_gpu =
@@ -162,7 +177,7 @@ pub fn num_gpu_blocks(
         };
         return Err(CapacityError::WeightsDoNotFit {
             model: arch.name.clone(),
-            weights_gib: weights_gib / tp_f,
+            weights_gib: weights_gib / tp_f - offloaded_gib,
             activation_gib,
             non_torch_gib,
             available_gib,
@@ -459,5 +474,22 @@ mod tests {
         let moe_mlp = 3 * d * 4 * 4 + 3 * d * 8 + 4 * d;
         let params = 10 * d + 2 * (attention + 2 * d) + dense_mlp + moe_mlp + 10 * d + d;
         assert_eq!(model_weight_bytes(&arch), params);
+    }
+
+    #[test]
+    fn the_offloaded_bytes_become_kv_blocks() {
+        // vLLM profiles memory after loading: the bytes that left the GPU hold KV blocks.
+        let (arch, gpu) = (llama_8b(), h100());
+        let plan = crate::sim::latency::WeightOffload::plan(&arch, &gpu, 1, 4.0).unwrap();
+        let block = arch.kv_bytes_per_block(1, 16);
+        let before = num_gpu_blocks(&arch, &gpu, 1, 0.9, 16).unwrap();
+        let after = num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, plan.bytes).unwrap();
+        let gained = u64::from(after - before);
+        let expected = plan.bytes / block;
+        assert!(gained.abs_diff(expected) <= 1, "{gained} vs {expected}");
+        assert_eq!(
+            num_gpu_blocks_offloaded(&arch, &gpu, 1, 0.9, 16, 0).unwrap(),
+            before
+        );
     }
 }

@@ -49,6 +49,10 @@ pub struct EngineConfig {
     pub num_cpu_blocks: u32,
     /// Cost of reloading one block from the CPU tier, added to the step that needs it.
     pub cpu_block_load_us: u64,
+    /// Weights each GPU holds in host memory, GiB (vLLM's `--cpu-offload-gb`; 0: none).
+    /// The engine does not read it: the KV blocks and the latency model are built with it
+    /// ([`crate::sim::latency::offload`]); kept here so the instance's settings say it.
+    pub cpu_offload_gb: f64,
     /// Most requests running at once (`--max-num-seqs`, default 256).
     pub max_num_seqs: u32,
     /// Token budget of one step (`--max-num-batched-tokens`, default 2048).
@@ -85,6 +89,7 @@ impl EngineConfig {
             num_gpu_blocks,
             num_cpu_blocks: 0,
             cpu_block_load_us: 0,
+            cpu_offload_gb: 0.0,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             max_model_len,
@@ -125,6 +130,12 @@ impl EngineConfig {
             return Err(ConfigError::new(
                 "num_gpu_blocks",
                 &format!("must be at most {}", crate::sim::kv::MAX_BLOCKS),
+            ));
+        }
+        if !(self.cpu_offload_gb.is_finite() && self.cpu_offload_gb >= 0.0) {
+            return Err(ConfigError::new(
+                "cpu_offload_gb",
+                "must be a finite number >= 0 (GiB per GPU)",
             ));
         }
         if self.num_cpu_blocks > 0 && !self.enable_prefix_caching {

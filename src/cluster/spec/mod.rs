@@ -28,7 +28,9 @@ pub use policies::{
 
 use super::config::{AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy};
 use crate::catalog;
-use crate::sim::latency::{BlackboxCoefficients, GpuSpec, LatencyKind, LatencyModel, ModelArch};
+use crate::sim::latency::{
+    BlackboxCoefficients, GpuSpec, LatencyKind, LatencyModel, ModelArch, WeightOffload,
+};
 use crate::sim::{EngineConfig, SchedulingPolicy, capacity};
 
 /// The embedded default cluster's YAML.
@@ -220,6 +222,8 @@ pub struct EngineSpec {
     pub num_cpu_blocks: Option<u32>,
     /// Host-to-GPU bandwidth for CPU-tier reloads, GB/s (25).
     pub cpu_offload_bandwidth_gbps: Option<f64>,
+    /// `--cpu-offload-gb`: GiB of weights per GPU held in host memory (0).
+    pub cpu_offload_gb: Option<f64>,
 }
 
 fn one() -> u32 {
@@ -410,12 +414,21 @@ pub fn resolve_pool(pool: &PoolSpec, path: &str) -> Result<InstanceConfig, Clust
     let arch = pool_arch(pool, path)?;
     let gpu =
         catalog::gpu(&pool.gpu).map_err(|err| invalid(format!("{path}.gpu"), err.to_string()))?;
-    let latency = pool_latency(pool, path, &arch, &gpu)?;
-    let engine = resolve_engine(
-        &pool.engine,
+    let offload_path = format!("{path}.engine.cpu_offload_gb");
+    let offload = WeightOffload::plan(
         &arch,
         &gpu,
         pool.tp,
+        pool.engine.cpu_offload_gb.unwrap_or(0.0),
+    )
+    .map_err(|err| invalid(offload_path.clone(), err.to_string()))?;
+    let latency = pool_latency(pool, path, &arch, &gpu)?
+        .with_weight_offload(&offload)
+        .map_err(|err| invalid(offload_path, err.to_string()))?;
+    let engine = resolve_engine(
+        &pool.engine,
+        (&arch, &gpu, pool.tp),
+        &offload,
         &format!("{path}.engine"),
     )?;
     Ok(InstanceConfig {
@@ -510,9 +523,8 @@ fn pool_latency(
 
 fn resolve_engine(
     spec: &EngineSpec,
-    arch: &crate::sim::latency::ModelArch,
-    gpu: &crate::sim::latency::GpuSpec,
-    tp: u32,
+    (arch, gpu, tp): (&ModelArch, &GpuSpec, u32),
+    offload: &WeightOffload,
     path: &str,
 ) -> Result<EngineConfig, ClusterSpecError> {
     let block_size = spec.block_size.unwrap_or(16);
@@ -523,8 +535,15 @@ fn resolve_engine(
         Some(blocks) => blocks,
         None => {
             let utilization = spec.gpu_memory_utilization.unwrap_or(0.9);
-            capacity::num_gpu_blocks(arch, gpu, tp, utilization, block_size)
-                .map_err(|err| invalid(format!("{path}.num_gpu_blocks"), err.to_string()))?
+            capacity::num_gpu_blocks_offloaded(
+                arch,
+                gpu,
+                tp,
+                utilization,
+                block_size,
+                offload.bytes,
+            )
+            .map_err(|err| invalid(format!("{path}.num_gpu_blocks"), err.to_string()))?
         }
     };
     let mut config = EngineConfig::vllm_defaults(
@@ -540,6 +559,7 @@ fn resolve_engine(
     config.enable_chunked_prefill = spec.enable_chunked_prefill.unwrap_or(true);
     config.enable_prefix_caching = spec.enable_prefix_caching.unwrap_or(true);
     config.num_cpu_blocks = spec.num_cpu_blocks.unwrap_or(0);
+    config.cpu_offload_gb = spec.cpu_offload_gb.unwrap_or(0.0);
     if let Some(name) = &spec.scheduling_policy {
         config.scheduling_policy = SchedulingPolicy::parse(name).ok_or_else(|| {
             invalid(

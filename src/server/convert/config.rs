@@ -207,6 +207,7 @@ fn engine_from_proto(
         scheduling_policy: limits.scheduling_policy.clone(),
         num_cpu_blocks: count(limits.num_cpu_blocks, "num_cpu_blocks")?,
         cpu_offload_bandwidth_gbps: limits.cpu_offload_bandwidth_gbps,
+        cpu_offload_gb: limits.cpu_offload_gb,
     })
 }
 
@@ -390,6 +391,7 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
             gpu_memory_utilization: None,
             num_cpu_blocks: Some(i64::from(engine.num_cpu_blocks)),
             cpu_offload_bandwidth_gbps: None,
+            cpu_offload_gb: (engine.cpu_offload_gb > 0.0).then_some(engine.cpu_offload_gb),
         }),
         latency_model: instance.latency.kind().as_str().to_owned(),
         coefficients,

@@ -121,6 +121,11 @@ pub struct GpuSpec {
     /// and the smaller writes and prefill-context reads); roofline and physics do not read
     /// it.
     pub kv_read_factor: f64,
+    /// Host-to-device bandwidth of the GPU's host link as the GPU's own reads of pinned host
+    /// memory reach it, GB/s (`data/gpu_host_link.json`): what weights offloaded to the host
+    /// (vLLM's `--cpu-offload-gb`, [`super::offload`]) cost per step. 0: unknown, and an
+    /// offload is refused.
+    pub host_link_gbs: f64,
 }
 
 impl ModelArch {
@@ -357,6 +362,7 @@ pub(crate) mod tests {
             memory_gib: 80.0,
             interconnect_gbs: 450.0,
             kv_read_factor: 1.0,
+            host_link_gbs: 35.2,
         }
     }
 

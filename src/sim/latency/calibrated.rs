@@ -138,6 +138,8 @@ pub struct CalibratedModel {
     /// have a curve: it then prices every all-reduce in place of `allreduce_us`, the peer
     /// latency and the link term.
     measured_allreduce: Option<MeasuredAllreduce>,
+    /// Weights read from host memory each step, µs ([`super::offload`]); 0 without offload.
+    offload_us: f64,
 }
 
 /// Each all-reduce priced from a measured curve: `scale · curve(T · hidden · activation
@@ -370,7 +372,15 @@ impl CalibratedModel {
             logits_us_per_seq: f64::from(arch.vocab_size) * LOGIT_BYTES / bytes_per_us,
             weight_precision: if wb < 1.5 { c[idx::FP8_WEIGHTS] } else { 1.0 },
             measured_allreduce,
+            offload_us: 0.0,
         }
+    }
+
+    /// The same model with `step_us` of offloaded weights read over the host link added to
+    /// every step ([`super::offload`]).
+    pub fn with_weight_offload(mut self, step_us: f64) -> Self {
+        self.offload_us = step_us;
+        self
     }
 
     /// The same model for one rank of `data_parallel` ranks that run a mixture-of-experts
@@ -479,6 +489,7 @@ impl CalibratedModel {
             + c[LAYER_US] * self.layers
             + allreduce_us
             + (c[WEIGHTS] * weights_us).max(flops_us)
+            + self.offload_us
     }
 
     /// The all-reduces' fixed latency a step pays whatever its size: `allreduce_us·2L` plus

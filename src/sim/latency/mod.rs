@@ -21,6 +21,7 @@ pub mod blackbox;
 pub mod calibrated;
 pub mod conformal;
 pub mod fit;
+pub mod offload;
 pub mod online;
 pub mod physics;
 pub mod roofline;
@@ -29,6 +30,7 @@ mod validate;
 pub use arch::{GpuSpec, MOE_MIN_EXPERTS, ModelArch};
 pub use blackbox::BlackboxCoefficients;
 pub use calibrated::{CalibratedCoefficients, CalibratedModel};
+pub use offload::{OffloadError, WeightOffload};
 pub use physics::{PhysicsCoefficients, PhysicsModel};
 pub use roofline::RooflineModel;
 
@@ -229,6 +231,30 @@ impl LatencyModel {
             }
             other => other,
         }
+    }
+
+    /// The same model with `offload`'s weights read from host memory every step
+    /// ([`offload`]: `bytes / host link` added to each step); no offload returns it
+    /// unchanged. Refused for the blackbox model, whose fitted coefficients have no weights
+    /// term to carry it.
+    pub fn with_weight_offload(self, offload: &WeightOffload) -> Result<Self, OffloadError> {
+        offload.check_priced_by(self.kind())?;
+        if offload.bytes == 0 {
+            return Ok(self);
+        }
+        let step_us = offload.step_us();
+        Ok(match self {
+            LatencyModel::Calibrated(model) => {
+                LatencyModel::Calibrated(model.with_weight_offload(step_us))
+            }
+            LatencyModel::Roofline(model) => {
+                LatencyModel::Roofline(model.with_weight_offload(step_us))
+            }
+            LatencyModel::Physics(model) => {
+                LatencyModel::Physics(model.with_weight_offload(step_us))
+            }
+            other => other,
+        })
     }
 
     /// Which kind this is.

@@ -73,6 +73,8 @@ pub struct PhysicsModel {
     allreduce_us_per_token: f64,
     /// MoE layers that pay β8 (interleaved architectures only), else 0.
     beta8_layers: f64,
+    /// Weights read from host memory each step, µs ([`super::offload`]); 0 without offload.
+    offload_us: f64,
 }
 
 impl PhysicsModel {
@@ -156,7 +158,15 @@ impl PhysicsModel {
             weight_us: weight_bytes / bytes_per_us,
             allreduce_us_per_token,
             beta8_layers: if interleaved { moe_layers } else { 0.0 },
+            offload_us: 0.0,
         }
+    }
+
+    /// The same model with `step_us` of offloaded weights read over the host link added to
+    /// every step ([`super::offload`]).
+    pub fn with_weight_offload(mut self, step_us: f64) -> Self {
+        self.offload_us = step_us;
+        self
     }
 
     /// Step time in whole microseconds (truncated, at least 1). One pass over `batch`, no
@@ -190,7 +200,8 @@ impl PhysicsModel {
             + beta[4] * self.layers
             + beta[5] * batch.len() as f64
             + beta[6]
-            + beta[7] * self.beta8_layers;
+            + beta[7] * self.beta8_layers
+            + self.offload_us;
         us_trunc_from_f64(step).max(1)
     }
 

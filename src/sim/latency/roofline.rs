@@ -50,6 +50,8 @@ pub struct RooflineModel {
     experts_per_tok: u32,
     /// Bytes the whole TP group reads per second (`tp·bandwidth`).
     bytes_per_s: f64,
+    /// Weights read from host memory each step, µs ([`super::offload`]); 0 without offload.
+    offload_us: f64,
 }
 
 impl RooflineModel {
@@ -107,7 +109,15 @@ impl RooflineModel {
             num_experts: if arch.is_moe() { arch.num_experts } else { 0 },
             experts_per_tok: arch.experts_per_tok,
             bytes_per_s: tp * gpu.bw_peak_tbs * 1e12,
+            offload_us: 0.0,
         }
+    }
+
+    /// The same model with `step_us` of offloaded weights read over the host link added to
+    /// every step ([`super::offload`]).
+    pub fn with_weight_offload(mut self, step_us: f64) -> Self {
+        self.offload_us = step_us;
+        self
     }
 
     /// Validates the inputs as BLIS's `ValidateRooflineConfig` does (positive dimensions,
@@ -190,7 +200,7 @@ impl RooflineModel {
             prefill_flops / self.prefill_flops_per_s + decode_flops / self.decode_flops_per_s;
         let weight_bytes = self.weight_bytes(new_tokens_total as f64);
         let memory_s = (weight_bytes + prefill_bytes + decode_bytes) / self.bytes_per_s;
-        us_trunc_from_f64(compute_s.max(memory_s) * 1e6)
+        us_trunc_from_f64(compute_s.max(memory_s) * 1e6 + self.offload_us)
     }
 
     /// The steps of `decodes` decoding sequences and nothing else, priced as their context
@@ -209,6 +219,7 @@ impl RooflineModel {
             bytes_new: count * self.bytes_per_new_token,
             bytes_per_context_token: self.bytes_per_context_token,
             bytes_per_s: self.bytes_per_s,
+            offload_us: self.offload_us,
         }
     }
 
@@ -247,6 +258,8 @@ pub struct DecodeSteps {
     bytes_new: f64,
     bytes_per_context_token: f64,
     bytes_per_s: f64,
+    /// The offloaded weights' host-link time, µs.
+    offload_us: f64,
 }
 
 impl DecodeSteps {
@@ -268,7 +281,7 @@ impl DecodeSteps {
         let bytes = self.bytes_new + context * self.bytes_per_context_token;
         let compute_s = flops / self.flops_per_s;
         let memory_s = (self.bytes_fixed + bytes) / self.bytes_per_s;
-        us_trunc_from_f64(compute_s.max(memory_s) * 1e6)
+        us_trunc_from_f64(compute_s.max(memory_s) * 1e6 + self.offload_us)
     }
 }
 
