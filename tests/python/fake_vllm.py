@@ -67,8 +67,9 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-# vLLM's FinishReason values as the counter labels them (FINISH_REASON_STRINGS).
-FINISH_REASONS = ["stop", "length", "abort"]
+# vLLM's FinishReason values as the counter labels them (vllm/v1/engine/__init__.py,
+# FINISH_REASON_STRINGS; older versions have the first three).
+FINISH_REASONS = ["stop", "length", "abort", "error", "repetition"]
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
 
