@@ -84,6 +84,8 @@ struct Seen {
     seqs_mismatch: Option<prometheus::IntGauge>,
     /// The finished-request counter's baseline.
     arrivals: ArrivalCounter,
+    /// The pod's `ditto_live_arrivals_total` series, looked up once.
+    arrivals_total: Option<prometheus::IntCounter>,
 }
 
 /// The scrape loop: one scrape in flight, every `scrape_interval` (a late scrape delays the
@@ -216,6 +218,9 @@ async fn scrape_once(
     });
     let written = write_observation(pod, &metrics, engine, &state, at_us)?;
     if let (Some(count), Some(seen_by_store)) = (counted, written.new_to_store) {
+        seen.arrivals_total
+            .get_or_insert_with(|| pod.arrivals_total.with_label_values(&[pod.id.as_str()]))
+            .inc_by(count);
         record_arrivals(pod, count, seen_by_store, (last_at_us, at_us));
     }
     // Staged after the capped values it describes: both published at the next tick.
@@ -246,9 +251,6 @@ fn cap_arrivals(
 /// `seen_by_store` the store already counted as the rebuilt lists' new requests (at
 /// `to_us`), spread evenly over the interval (staged: published with the scrape's write).
 fn record_arrivals(pod: &Pod, count: u64, seen_by_store: u64, (from_us, to_us): (u64, u64)) {
-    pod.arrivals_total
-        .with_label_values(&[pod.id.as_str()])
-        .inc_by(count);
     let extra = count.saturating_sub(seen_by_store);
     if extra == 0 {
         return;
