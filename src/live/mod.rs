@@ -8,8 +8,9 @@
 //! scrapes `/metrics` (`pod`), one follows the ZMQ KV-event stream (`kv`). Everything is
 //! written to the mirror store through the entry points the push RPCs use, so push and pull
 //! can feed one mirror. This is an edge module: it knows tokio, the wall clock and the
-//! network; `text`, `rebuild` and `kv_wire` are pure.
+//! network; `text`, `rebuild`, `arrivals` and `kv_wire` are pure.
 
+pub mod arrivals;
 pub mod bench;
 pub mod config;
 pub mod infer;
@@ -136,6 +137,8 @@ struct Coordinator {
     left_out: BTreeMap<usize, Vec<String>>,
     /// The left-out pods marked `ditto_live_stale{signal="over_limit"}`.
     marked_left_out: std::collections::BTreeSet<String>,
+    /// `ditto_live_arrivals_total` (see [`arrivals`]).
+    arrivals_total: prometheus::IntCounterVec,
 }
 
 /// The coordinator's and the publisher's tasks, and the receiver of the sync generations.
@@ -162,6 +165,7 @@ fn spawn_tasks(
         kube_views: BTreeMap::new(),
         left_out: BTreeMap::new(),
         marked_left_out: std::collections::BTreeSet::new(),
+        arrivals_total: arrivals::register_counter(metrics.registry())?,
     };
     coordinator.add_statics();
     if !coordinator.pods.is_empty() {
@@ -255,6 +259,7 @@ impl Coordinator {
             restarted: watch::channel(0).0,
             kv_sink: Mutex::new(pod::KvSink::default()),
             unknown_types: Mutex::new(Vec::new()),
+            arrivals_total: self.arrivals_total.clone(),
         });
         let mut tasks = vec![tokio::spawn(pod::scrape_loop(
             Arc::clone(&pod),
@@ -447,6 +452,11 @@ impl Coordinator {
             .map(|types| types.clone())
             .unwrap_or_default();
         self.metrics.forget(id, &deprecated, &unknown);
+        let _ = self.arrivals_total.remove_label_values(&[id]);
+        let _ = self
+            .metrics
+            .state_capped
+            .remove_label_values(&[id, "arrivals"]);
         self.forget_inference(id, &entry);
         tracing::info!(pod = %id, "live mirror: pod retired");
         self.metrics.pods.set(self.pods.len() as i64);

@@ -15,6 +15,13 @@
   (`timeout`, `500`, `garbage`, `binary`, `truncated`). `hold_after: N` with `gauges` makes the
   request that follows the N-th page with the new gauges wait until `release` (so a test can
   look at the mirror knowing how many such pages its scraper has had); `status` reports it.
+- Finished requests as vLLM's PrometheusStatLogger records each one (vllm/v1/metrics/loggers.py,
+  `record`: for every finished request, `vllm:request_success{finished_reason}` +1 and one
+  observation in each per-request histogram, here the prompt and generation lengths):
+  `finish: {count, reason, prompt, output}` finishes `count` at once; `steady: {rate, ...}`
+  finishes them at `rate` per second from a background thread (`rate` 0 stops it), with the
+  running and waiting gauges left as set (steady load: as many arrive as finish);
+  `counter_jump: N` adds N to the counter alone (a misbehaving pod, for bounds).
 
 Written from vLLM's source (vllm/distributed/kv_events.py, vllm/v1/core/kv_cache_utils.py,
 vllm/v1/metrics/loggers.py), not from ditto's decoder:
@@ -60,6 +67,9 @@ import zmq
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# vLLM's FinishReason values as the counter labels them (vllm/v1/engine/__init__.py,
+# FINISH_REASON_STRINGS; older versions have the first three).
+FINISH_REASONS = ["stop", "length", "abort", "error", "repetition"]
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]
 LATENCY_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0]
 
@@ -100,6 +110,15 @@ class Metrics:
         )
         self.itl = Histogram(itl, "Inter-token latency.", labels, buckets=LATENCY_BUCKETS, registry=r)
         Counter("vllm:num_preemptions", "Preemptions.", labels, registry=r).labels(*self.values)
+        # One series per engine and FinishReason (vllm/v1/engine/__init__.py: str(reason)),
+        # all created at start as vLLM does.
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.",
+            labels + ["finished_reason"], registry=r,
+        )
+        for values in self.engines:
+            for reason in FINISH_REASONS:
+                self.success.labels(*values, reason)
         for prompt, output in [(800, 150), (1200, 300), (400, 90), (2000, 500)]:
             self.prompt.labels(*self.values).observe(prompt)
             self.generation.labels(*self.values).observe(output)
@@ -136,6 +155,14 @@ class Metrics:
             self.moved.labels(*values).observe(bytes)
             self.descriptors.labels(*values).observe(descriptors)
         self.failed.labels(*values).inc(failed)
+
+    def finish(self, count=1, reason="stop", prompt=800, output=150, engine=0):
+        """`count` requests finished with `reason`, as vLLM records each finished request."""
+        values = self.engines[engine] if engine < len(self.engines) else self.values
+        for _ in range(count):
+            self.success.labels(*values, reason).inc()
+            self.prompt.labels(*values).observe(prompt)
+            self.generation.labels(*values).observe(output)
 
     def set(self, running=None, waiting=None, kv=None, engine=0):
         values = self.engines[engine] if engine < len(self.engines) else self.values
@@ -321,10 +348,33 @@ class State:
             for rank in range(args.dp_size if args.pub_port else 0)
         ]
         self.publisher = self.publishers[0] if self.publishers else None
+        self.steady = None
         if args.startup_kv:
             with open(args.startup_kv) as file:
                 for kv in json.load(file):
                     self.publish_kv(kv)
+
+    def run_steady(self, rate, reason="stop", prompt=800, output=150, engine=0):
+        """Finishes requests at `rate` per second until replaced (a new `steady` command),
+        on an absolute schedule so the rate does not drift."""
+        stop = threading.Event()
+        if self.steady is not None:
+            self.steady.set()
+        self.steady = stop
+        if rate <= 0:
+            return
+
+        def loop():
+            start, done = time.monotonic(), 0
+            while not stop.is_set():
+                due = int((time.monotonic() - start) * rate) - done
+                if due > 0:
+                    with self.lock:
+                        self.metrics.finish(due, reason, prompt, output, engine)
+                    done += due
+                stop.wait(min(0.02, 1.0 / rate))
+
+        threading.Thread(target=loop, daemon=True).start()
 
     def publish_kv(self, kv):
         publisher = self.publishers[kv.get("rank", 0)]
@@ -391,6 +441,14 @@ def handler(state):
                     state.hold_after = command.get("hold_after")
                     state.holding = False
                     state.release.clear()
+            if "finish" in command:
+                with state.lock:
+                    state.metrics.finish(**command["finish"])
+            if "steady" in command:
+                state.run_steady(**(command["steady"] or {"rate": 0}))
+            if "counter_jump" in command:
+                with state.lock:
+                    state.metrics.success.labels(*state.metrics.values, "stop").inc(command["counter_jump"])
             if "nixl" in command:
                 with state.lock:
                     state.metrics.nixl(**command["nixl"])

@@ -99,6 +99,9 @@ pub struct Pod {
     pub kv_sink: Mutex<KvSink>,
     /// Unknown KV event types seen (to count them by type, boundedly, and drop their series).
     pub unknown_types: Mutex<Vec<String>>,
+    /// `ditto_live_arrivals_total`: arrivals counted from each pod's counters
+    /// ([`crate::live::arrivals`]).
+    pub arrivals_total: prometheus::IntCounterVec,
 }
 
 impl Pod {

@@ -1,7 +1,8 @@
 //! A pod's scrape loop: one scrape in flight every `scrape_interval`, the page read into
 //! gauges and cache info, state rebuilt from them when nobody pushes per-request state,
 //! written to the store through the push RPCs' entry point (`MirrorStore::write_state`,
-//! staged: published once per tick, with the capped note beside it).
+//! staged: published once per tick, with the capped note beside it). With a rebuilt state,
+//! the arrivals the pod's counters show (`live::arrivals`) are recorded beside it.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -11,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use super::{Pod, PodNews};
+use crate::live::arrivals::{ArrivalCounter, new_to_store, spread};
 use crate::live::rebuild::rebuild;
 use crate::live::scrape::{ScrapeError, Scraper, page_text};
 use crate::live::text::{PodMetrics, RestartMarks, TextError, parse_metrics};
@@ -80,6 +82,10 @@ struct Seen {
     /// mismatch gauge.
     scrapes_ok: Option<prometheus::IntCounter>,
     seqs_mismatch: Option<prometheus::IntGauge>,
+    /// The finished-request counter's baseline.
+    arrivals: ArrivalCounter,
+    /// The pod's `ditto_live_arrivals_total` series, looked up once.
+    arrivals_total: Option<prometheus::IntCounter>,
 }
 
 /// The scrape loop: one scrape in flight, every `scrape_interval` (a late scrape delays the
@@ -172,7 +178,7 @@ async fn scrape_once(
 ) -> Result<u64, ScrapeFailure> {
     let body = scraper.scrape().await?;
     let metrics = parse_metrics(page_text(&body)?)?;
-    note_restart(pod, seen, &metrics);
+    let restarted = note_restart(pod, seen, &metrics);
     note_deprecated(pod, &metrics);
     report_cache(pod, seen, &metrics, news).await;
     // Observed now, after the page arrived: as close as possible to what it describes.
@@ -190,7 +196,13 @@ async fn scrape_once(
                 .with_label_values(&[pod.id.as_str(), "max_num_seqs"])
         })
         .set(i64::from(metrics.running > engine.max_num_seqs));
-    let (metrics, capped) = cap_to_limits(metrics, engine, pod.store.limits());
+    // Counted from the page as the pod published it (before the caps below).
+    let in_pod = u64::from(metrics.waiting) + u64::from(metrics.running);
+    let counted = seen
+        .arrivals
+        .observe(metrics.finished_requests(), in_pod, restarted);
+    let (metrics, mut capped) = cap_to_limits(metrics, engine, pod.store.limits());
+    let counted = counted.map(|count| cap_arrivals(count, pod.store.limits(), &mut capped));
     for (field, _) in &capped {
         pod.metrics
             .state_capped
@@ -205,21 +217,59 @@ async fn scrape_once(
             .join("; ")
     });
     let written = write_observation(pod, &metrics, engine, &state, at_us)?;
+    if let (Some(count), Some(seen_by_store)) = (counted, written.new_to_store) {
+        seen.arrivals_total
+            .get_or_insert_with(|| pod.arrivals_total.with_label_values(&[pod.id.as_str()]))
+            .inc_by(count);
+        record_arrivals(pod, count, seen_by_store, (last_at_us, at_us));
+    }
     // Staged after the capped values it describes: both published at the next tick.
-    if written && state.capped != note {
+    if written.written && state.capped != note {
         let _ = pod.store.set_capped_note(&pod.id, note, Publish::Staged);
     }
     Ok(at_us)
 }
 
+/// `count` arrivals counted in one scrape, capped to what the store keeps (`arrivals_max`):
+/// a cut is said in `capped` (counted and noted as the other caps are).
+fn cap_arrivals(
+    count: u64,
+    limits: &crate::twin::store::StoreLimits,
+    capped: &mut Vec<(&'static str, String)>,
+) -> u64 {
+    let max = u64::try_from(limits.arrivals_max).unwrap_or(u64::MAX);
+    if count > max {
+        capped.push((
+            "arrivals",
+            format!("arrivals {count} counted in one scrape capped to {max} (arrivals_max)"),
+        ));
+    }
+    count.min(max)
+}
+
+/// Records the `count` arrivals the pod's counters show over `(from_us, to_us]`, less the
+/// `seen_by_store` the store already counted as the rebuilt lists' new requests (at
+/// `to_us`), spread evenly over the interval (staged: published with the scrape's write).
+fn record_arrivals(pod: &Pod, count: u64, seen_by_store: u64, (from_us, to_us): (u64, u64)) {
+    let extra = count.saturating_sub(seen_by_store);
+    if extra == 0 {
+        return;
+    }
+    // No earlier observation written: the interval is unknown, all at this scrape.
+    let from_us = if from_us == 0 { to_us } else { from_us };
+    // Fails only without a config, and this scrape's write just found one.
+    let _ = pod.store.record_arrivals(&spread(extra, from_us, to_us));
+}
+
 /// A process restart read from the page (another start time, a counter reset): counted,
-/// and told to the pod's KV loops (they clear its blocks and replay).
-fn note_restart(pod: &Pod, seen: &mut Seen, metrics: &PodMetrics) {
+/// and told to the pod's KV loops (they clear its blocks and replay). Returns whether it
+/// restarted.
+fn note_restart(pod: &Pod, seen: &mut Seen, metrics: &PodMetrics) -> bool {
     let marks = metrics.restart_marks();
-    if seen
+    let restarted = seen
         .marks
-        .is_some_and(|before| marks.restarted_since(&before))
-    {
+        .is_some_and(|before| marks.restarted_since(&before));
+    if restarted {
         tracing::info!(pod = %pod.id, "live mirror: the pod's process restarted");
         let restarts = pod.restarts.fetch_add(1, Ordering::Relaxed) + 1;
         pod.metrics
@@ -229,6 +279,7 @@ fn note_restart(pod: &Pod, seen: &mut Seen, metrics: &PodMetrics) {
         pod.restarted.send_replace(restarts);
     }
     seen.marks = Some(marks);
+    restarted
 }
 
 /// Each deprecated metric name the pod uses, remembered (its series dropped at retirement)
@@ -281,15 +332,14 @@ async fn report_cache(
 /// in one store call: its gauges, and its state rebuilt from them unless pushed per-request
 /// state is fresh. A push newer than this scrape that won the race in between
 /// (`TwinError::Superseded`) is kept and this observation dropped (the next scrape sees the
-/// push and takes the gauges only); any other refusal is the scrape's failure. Returns
-/// whether it was written.
+/// push and takes the gauges only); any other refusal is the scrape's failure.
 fn write_observation(
     pod: &Pod,
     metrics: &PodMetrics,
     engine: &crate::sim::EngineConfig,
     state: &InstanceState,
     at_us: u64,
-) -> Result<bool, ScrapeFailure> {
+) -> Result<Written, ScrapeFailure> {
     let last_rebuild = pod.last_rebuild_us.load(Ordering::Relaxed);
     let max_age_us = u64::try_from(pod.config.max_age.metrics.as_micros()).unwrap_or(u64::MAX);
     let pushed = state.observed_at_us != 0
@@ -297,6 +347,10 @@ fn write_observation(
         && at_us.saturating_sub(state.observed_at_us) <= max_age_us;
     let requests = (!pushed).then(|| rebuild(&pod.id, metrics, engine, at_us));
     let rebuilt = requests.is_some();
+    let old_is_rebuilt = state.observed_at_us != 0 && state.observed_at_us == last_rebuild;
+    let new = requests
+        .as_ref()
+        .map(|lists| new_to_store(state, lists, old_is_rebuilt));
     let update = InstanceUpdate {
         instance_id: pod.id.clone(),
         observed_at_us: at_us,
@@ -316,11 +370,27 @@ fn write_observation(
             if rebuilt {
                 pod.last_rebuild_us.store(at_us, Ordering::Relaxed);
             }
-            Ok(true)
+            Ok(Written {
+                written: true,
+                new_to_store: new,
+            })
         }
-        Err(TwinError::Superseded { .. }) => Ok(false),
+        Err(TwinError::Superseded { .. }) => Ok(Written {
+            written: false,
+            new_to_store: None,
+        }),
         Err(err) => Err(ScrapeFailure::Rejected(err)),
     }
+}
+
+/// What [`write_observation`] wrote.
+struct Written {
+    /// The observation was written.
+    written: bool,
+    /// With a rebuilt state written: how many of its requests the store took as arrivals
+    /// (new ids); `None` when pushed state was kept (pushes give every arrival) or nothing
+    /// was written.
+    new_to_store: Option<u64>,
 }
 
 /// The page's counts capped to what the instance can hold, so a pod busier than its pool's

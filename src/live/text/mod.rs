@@ -57,6 +57,9 @@ pub struct PodMetrics {
     pub prefix_hits: Option<f64>,
     /// Inter-token latency observations (current or deprecated name), for reporting.
     pub itl_count: Option<f64>,
+    /// Finished requests (`vllm:request_success_total`, summed over `finished_reason` and
+    /// engines): counted once per request the engine finishes, whatever the reason.
+    pub request_success: Option<f64>,
     /// When the pod's process started (`process_start_time_seconds`), if exported.
     pub process_start: Option<f64>,
     /// Data-parallel engines the page reports (distinct `engine` label values of
@@ -78,8 +81,9 @@ pub struct PodMetrics {
 pub struct RestartMarks {
     /// `process_start_time_seconds`.
     pub start: Option<f64>,
-    /// Prefix-cache queries, prompt- and generation-length counts, ITL count.
-    pub counters: [Option<f64>; 4],
+    /// Prefix-cache queries, prompt- and generation-length counts, ITL count, finished
+    /// requests.
+    pub counters: [Option<f64>; 5],
 }
 
 impl RestartMarks {
@@ -107,8 +111,19 @@ impl PodMetrics {
                 self.prompt_tokens.as_ref().map(Histogram::count),
                 self.generation_tokens.as_ref().map(Histogram::count),
                 self.itl_count,
+                self.request_success,
             ],
         }
+    }
+
+    /// Requests the pod has finished since its process started, if the page says:
+    /// `vllm:request_success_total` (every finish reason), else the `_count` of the
+    /// prompt-length histogram (observed once per finished request, in the same loop).
+    /// `None` when neither is on the page or the value is not a finite count.
+    pub fn finished_requests(&self) -> Option<f64> {
+        self.request_success
+            .or_else(|| self.prompt_tokens.as_ref().map(Histogram::count))
+            .filter(|count| count.is_finite() && *count >= 0.0)
     }
 
     /// Cumulative prefix-cache hit rate in [0, 1], if the counters are present.
@@ -167,6 +182,9 @@ const NIXL_XFER: &[(&str, bool)] = &[("vllm:nixl_xfer_time_seconds", false)];
 const NIXL_BYTES: &[(&str, bool)] = &[("vllm:nixl_bytes_transferred", false)];
 const NIXL_DESCRIPTORS: &[(&str, bool)] = &[("vllm:nixl_num_descriptors", false)];
 const NIXL_FAILED: &[(&str, bool)] = &[("vllm:nixl_num_failed_transfers", false)];
+/// vLLM's finished-request counter (`vllm/v1/metrics/loggers.py`, one series per
+/// `finished_reason`: `stop`, `length`, `abort`, ...).
+const REQUEST_SUCCESS: &[(&str, bool)] = &[("vllm:request_success", false)];
 
 /// The series this module reads, each read under one of its names ([`Series::names`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,6 +204,8 @@ enum Series {
     NixlBytes,
     NixlDescriptors,
     NixlFailed,
+    /// The finished-request counter, summed over its `finished_reason` and `engine` labels.
+    RequestSuccess,
     CacheInfo,
     PromptBucket,
     PromptSum,
@@ -196,7 +216,7 @@ enum Series {
 impl Series {
     /// The series summed (or averaged) over label sets, in the order that indexes
     /// [`Reading::sums`] (`series as usize`): the variants before `CacheInfo`.
-    const SUMMED: [Series; 12] = [
+    const SUMMED: [Series; 13] = [
         Series::Waiting,
         Series::Running,
         Series::KvUsage,
@@ -209,6 +229,7 @@ impl Series {
         Series::NixlBytes,
         Series::NixlDescriptors,
         Series::NixlFailed,
+        Series::RequestSuccess,
     ];
 
     /// The names the series is published under, current first (the table above).
@@ -225,6 +246,7 @@ impl Series {
             Series::NixlBytes => NIXL_BYTES,
             Series::NixlDescriptors => NIXL_DESCRIPTORS,
             Series::NixlFailed => NIXL_FAILED,
+            Series::RequestSuccess => REQUEST_SUCCESS,
             Series::CacheInfo => CACHE_INFO,
             Series::PromptBucket | Series::PromptSum => PROMPT,
             Series::GenerationBucket | Series::GenerationSum => GENERATION,
@@ -299,6 +321,7 @@ fn tag(name: &str) -> Option<Tag> {
                 Series::PrefixQueries,
                 Series::PrefixHits,
                 Series::NixlFailed,
+                Series::RequestSuccess,
             ],
         ),
         _ => tag_among(
@@ -311,6 +334,7 @@ fn tag(name: &str) -> Option<Tag> {
                 Series::PrefixHits,
                 Series::ProcessStart,
                 Series::NixlFailed,
+                Series::RequestSuccess,
                 Series::CacheInfo,
             ],
         ),
@@ -452,6 +476,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     let itl_count = reading.summed(Series::ItlCount, Combine::Sum);
     let prefix_queries = reading.summed(Series::PrefixQueries, Combine::Sum);
     let prefix_hits = reading.summed(Series::PrefixHits, Combine::Sum);
+    let request_success = reading.summed(Series::RequestSuccess, Combine::Sum);
     let process_start = reading.summed(Series::ProcessStart, Combine::Mean);
     let transfers = reading.transfers();
     let engines = match distinct(std::mem::take(&mut reading.cache_engines)) {
@@ -474,6 +499,7 @@ pub fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
         prefix_queries,
         prefix_hits,
         itl_count,
+        request_success,
         process_start,
         engines,
         deprecated,

@@ -7,7 +7,7 @@
 use super::*;
 
 /// Every family this module reads.
-pub(super) const WANTED: [&[(&str, bool)]; 10] = [
+pub(super) const WANTED: [&[(&str, bool)]; 11] = [
     WAITING,
     RUNNING,
     KV_USAGE,
@@ -18,6 +18,7 @@ pub(super) const WANTED: [&[(&str, bool)]; 10] = [
     PREFIX_HITS,
     ITL,
     PROCESS_START,
+    REQUEST_SUCCESS,
 ];
 
 /// True for the sample names of the families this module reads (the rest of a vLLM page,
@@ -110,6 +111,7 @@ pub(super) fn parse_metrics(text: &str) -> Result<PodMetrics, TextError> {
     for (names, slot) in [
         (PREFIX_QUERIES, &mut metrics.prefix_queries),
         (PREFIX_HITS, &mut metrics.prefix_hits),
+        (REQUEST_SUCCESS, &mut metrics.request_success),
     ] {
         if let Some((name, value)) = counter(samples, names) {
             *slot = Some(value);

@@ -104,7 +104,7 @@ fn sglang_names_are_read() {
 fn a_new_start_time_or_a_counter_going_back_is_a_restart() {
     let page = |start: Option<f64>, queries: f64| RestartMarks {
         start,
-        counters: [Some(queries), Some(10.0), None, Some(3.0)],
+        counters: [Some(queries), Some(10.0), None, Some(3.0), None],
     };
     let before = page(Some(100.0), 500.0);
     assert!(!page(Some(100.0), 600.0).restarted_since(&before));
@@ -297,4 +297,33 @@ fn the_nixl_counters_are_summed_over_engines() {
 #[test]
 fn a_pod_without_a_kv_connector_has_no_transfer_counters() {
     assert_eq!(parse_metrics(PAGE).expect("page").transfers, None);
+}
+
+/// vLLM's finished-request counter as prometheus-client writes it: one series per engine and
+/// `finished_reason`, with `_total` and `_created`.
+#[test]
+fn finished_requests_sum_every_reason_and_engine_and_fall_back_to_the_prompt_count() {
+    let page = format!(
+        "{PAGE}\
+# TYPE vllm:request_success counter
+vllm:request_success_total{{engine=\"0\",finished_reason=\"stop\",model_name=\"m\"}} 40.0
+vllm:request_success_created{{engine=\"0\",finished_reason=\"stop\",model_name=\"m\"}} 1.7e9
+vllm:request_success_total{{engine=\"0\",finished_reason=\"length\",model_name=\"m\"}} 5.0
+vllm:request_success_total{{engine=\"1\",finished_reason=\"abort\",model_name=\"m\"}} 2.0
+"
+    );
+    let metrics = parse_metrics(&page).expect("a page with the counter");
+    assert_eq!(metrics.request_success, Some(47.0));
+    assert_eq!(metrics.finished_requests(), Some(47.0));
+    assert_eq!(metrics.restart_marks().counters[4], Some(47.0));
+    // Without it, the prompt-length histogram's count (observed once per finished request).
+    let metrics = parse_metrics(PAGE).expect("the page");
+    assert_eq!(metrics.request_success, None);
+    assert_eq!(metrics.finished_requests(), Some(10.0));
+    // A counter that went back is a restart.
+    let before = parse_metrics(&page).expect("page").restart_marks();
+    let after = parse_metrics(&page.replace("} 40.0", "} 1.0"))
+        .expect("page")
+        .restart_marks();
+    assert!(after.restarted_since(&before));
 }
