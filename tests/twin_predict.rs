@@ -271,8 +271,8 @@ fn sampled_lengths_90_percent_intervals_cover_about_90_percent() {
             .clone();
         let e2e_ms = record.e2e_us().unwrap() as f64 / 1000.0;
         let (low, high) = (
-            prediction.e2e_ms.quantiles[0].1,
-            prediction.e2e_ms.quantiles[2].1,
+            prediction.e2e_ms.quantiles[0].value,
+            prediction.e2e_ms.quantiles[2].value,
         );
         trials += 1;
         if (low..=high).contains(&e2e_ms) {

@@ -164,7 +164,7 @@ fn dist(dist: &Distribution) -> String {
         let quantiles: Vec<String> = dist
             .quantiles
             .iter()
-            .map(|(q, v)| format!("p{}={v:.1}", q * 100.0))
+            .map(|q| format!("p{}={:.1}", q.quantile * 100.0, q.value))
             .collect();
         let _ = write!(text, " ({})", quantiles.join(" "));
     }

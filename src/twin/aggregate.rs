@@ -540,8 +540,8 @@ fn estimate(distribution: &super::question::Distribution, objective: Objective) 
         distribution
             .quantiles
             .iter()
-            .find(|(level, _)| (level - q).abs() < 1e-12)
-            .map_or(distribution.mean, |&(_, value)| value)
+            .find(|level| (level.quantile - q).abs() < 1e-12)
+            .map_or(distribution.mean, |level| level.value)
     };
     let value = match objective {
         Objective::Mean => distribution.mean,

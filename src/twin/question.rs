@@ -111,8 +111,17 @@ pub struct RoutingQuestion {
 pub struct Distribution {
     /// Mean over replications.
     pub mean: f64,
-    /// (quantile, value) for each requested quantile.
-    pub quantiles: Vec<(f64, f64)>,
+    /// Each requested quantile and its value.
+    pub quantiles: Vec<QuantileValue>,
+}
+
+/// One requested quantile of a [`Distribution`] and its value (ms).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantileValue {
+    /// The quantile, in (0, 1).
+    pub quantile: f64,
+    /// Its value, in ms.
+    pub value: f64,
 }
 
 /// The predicted outcome of routing the request to one candidate.

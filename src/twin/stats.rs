@@ -3,7 +3,7 @@
 use crate::sim::metrics::interpolate_sorted;
 
 use super::error::TwinError;
-use super::question::Distribution;
+use super::question::{Distribution, QuantileValue};
 
 /// Checks requested quantiles: each in (0, 1), at most 32.
 pub fn validate_quantiles(quantiles: &[f64], path: &str) -> Result<(), TwinError> {
@@ -26,7 +26,13 @@ pub fn distribution(values: &[f64], quantiles: &[f64]) -> Distribution {
     if values.is_empty() {
         return Distribution {
             mean: 0.0,
-            quantiles: quantiles.iter().map(|&q| (q, 0.0)).collect(),
+            quantiles: quantiles
+                .iter()
+                .map(|&quantile| QuantileValue {
+                    quantile,
+                    value: 0.0,
+                })
+                .collect(),
         };
     }
     let mut sorted = values.to_vec();
@@ -35,7 +41,10 @@ pub fn distribution(values: &[f64], quantiles: &[f64]) -> Distribution {
         mean: sorted.iter().sum::<f64>() / sorted.len() as f64,
         quantiles: quantiles
             .iter()
-            .map(|&q| (q, interpolate_sorted(&sorted, q * 100.0)))
+            .map(|&quantile| QuantileValue {
+                quantile,
+                value: interpolate_sorted(&sorted, quantile * 100.0),
+            })
             .collect(),
     }
 }

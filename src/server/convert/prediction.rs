@@ -3,7 +3,7 @@
 //! ForecastCapacity's candidates).
 
 use crate::server::proto;
-use crate::twin::question::{CandidatePrediction, Distribution};
+use crate::twin::question::{CandidatePrediction, Distribution, QuantileValue};
 
 /// Encodes a distribution (mean and quantiles).
 pub(super) fn distribution_to(dist: &Distribution) -> proto::Distribution {
@@ -12,7 +12,10 @@ pub(super) fn distribution_to(dist: &Distribution) -> proto::Distribution {
         quantiles: dist
             .quantiles
             .iter()
-            .map(|&(quantile, value)| proto::QuantileValue { quantile, value })
+            .map(|q| proto::QuantileValue {
+                quantile: q.quantile,
+                value: q.value,
+            })
             .collect(),
     }
 }
@@ -24,7 +27,10 @@ pub(super) fn distribution_from(dist: Option<&proto::Distribution>) -> Distribut
         quantiles: dist
             .quantiles
             .iter()
-            .map(|q| (q.quantile, q.value))
+            .map(|q| QuantileValue {
+                quantile: q.quantile,
+                value: q.value,
+            })
             .collect(),
     })
     .unwrap_or_default()

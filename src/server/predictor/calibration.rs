@@ -520,10 +520,10 @@ pub fn calibrated_estimate(
 /// enough, else the fit applied to the simulated quantile.
 pub fn calibrated_distribution(phase: &PhaseCalibration, distribution: &mut Distribution) {
     let centre = phase.apply(distribution.mean);
-    for (q, value) in &mut distribution.quantiles {
-        *value = match phase.conformal().offset(*q) {
+    for quantile in &mut distribution.quantiles {
+        quantile.value = match phase.conformal().offset(quantile.quantile) {
             Some(offset) => (centre + offset).max(0.0),
-            None => phase.apply(*value),
+            None => phase.apply(quantile.value),
         };
     }
     distribution.mean = centre;

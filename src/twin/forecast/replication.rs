@@ -12,7 +12,7 @@ use crate::workload::{ArrivalProcess, LengthDraw, WorkloadSpec};
 use crate::twin::build::{MIRRORED_ID_BASE, restore_instance};
 use crate::twin::error::TwinError;
 use crate::twin::question::{
-    Distribution, ForecastCandidate, ForecastQuestion, ForecastStart, SloTargets,
+    Distribution, ForecastCandidate, ForecastQuestion, ForecastStart, QuantileValue, SloTargets,
 };
 use crate::twin::run::{EventBudget, run_until_done};
 use crate::twin::sampling::{output_draw, replication_seed, stream};
@@ -343,7 +343,10 @@ pub(super) fn summarize(
         quantiles: question
             .quantiles
             .iter()
-            .map(|&q| (q, percentile_of_counts(&gaps, q * 100.0) / 1000.0))
+            .map(|&quantile| QuantileValue {
+                quantile,
+                value: percentile_of_counts(&gaps, quantile * 100.0) / 1000.0,
+            })
             .collect(),
     };
     ForecastCandidate {
