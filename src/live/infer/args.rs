@@ -41,6 +41,10 @@ pub struct PodFacts {
     pub node: Option<String>,
     /// Engine limits.
     pub engine: EngineArgs,
+    /// `--cpu-offload-gb`, as written (parsed when the pool is built): GiB of weights per GPU
+    /// vLLM holds in host memory and reads over PCIe every step. Kept beside the engine
+    /// limits so the pool names of pods without it keep their digest.
+    pub cpu_offload_gb: Option<String>,
 }
 
 /// The container that runs vLLM: the first whose command line mentions vLLM, else the first
@@ -173,6 +177,7 @@ pub fn parse_command_line(words: &[String]) -> PodFacts {
             "--max-model-len" => engine.max_model_len = number(),
             "--block-size" => engine.block_size = number(),
             "--gpu-memory-utilization" => engine.gpu_memory_utilization = value.clone(),
+            "--cpu-offload-gb" => facts.cpu_offload_gb = value.clone(),
             "--enable-chunked-prefill" => {
                 engine.enable_chunked_prefill = Some(inline.as_deref().is_none_or(truthy));
             }

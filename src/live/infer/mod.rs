@@ -220,17 +220,27 @@ pub fn find_model_config(model: &str, options: &InferOptions) -> Result<FoundCon
 
 /// The pool name of pods with this setup: `<model>-<gpu>-tp<N>`, plus a digest of the
 /// engine args when the pod sets any (pods with other limits are another pool).
-fn pool_name(model: &str, gpu: &str, tp: u32, engine: &EngineArgs) -> String {
+fn pool_name(
+    model: &str,
+    gpu: &str,
+    tp: u32,
+    engine: &EngineArgs,
+    cpu_offload_gb: Option<&str>,
+) -> String {
     let base = format!(
         "{}-{}-tp{tp}",
         catalog::normalize_model_name(model),
         gpu.to_ascii_lowercase()
     );
-    if *engine == EngineArgs::default() {
+    if *engine == EngineArgs::default() && cpu_offload_gb.is_none() {
         return base;
     }
     // FNV-1a over the args as written: stable across runs and builds.
-    let text = format!("{engine:?}");
+    let mut text = format!("{engine:?}");
+    if let Some(offload) = cpu_offload_gb {
+        text.push_str(" cpu_offload_gb=");
+        text.push_str(offload);
+    }
     let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -337,8 +347,9 @@ pub fn infer(
             instance: Err(problems.join("; ")),
         };
     };
-    setup.pool = pool_name(&setup.model, &gpu, tp, &facts.engine);
-    let instance = build(template, spec, &setup, model_json, &facts.engine);
+    let offload = facts.cpu_offload_gb.as_deref();
+    setup.pool = pool_name(&setup.model, &gpu, tp, &facts.engine, offload);
+    let instance = build(template, spec, &setup, model_json, &facts.engine, offload);
     Inferred { setup, instance }
 }
 
@@ -349,7 +360,20 @@ fn build(
     setup: &InferredSetup,
     model_json: Option<std::sync::Arc<str>>,
     args: &EngineArgs,
+    cpu_offload_gb: Option<&str>,
 ) -> Result<InstanceConfig, String> {
+    let offload = match cpu_offload_gb {
+        None => None,
+        Some(text) => Some(
+            text.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|value| value.is_finite() && *value >= 0.0)
+                .ok_or_else(|| {
+                    format!("engine: --cpu-offload-gb {text:?} is not a number of GiB >= 0")
+                })?,
+        ),
+    };
     let utilization = match &args.gpu_memory_utilization {
         None => None,
         Some(text) => Some(
@@ -399,6 +423,11 @@ fn build(
             Some(pool_engine.enable_prefix_caching)
         } else {
             args.enable_prefix_caching
+        },
+        cpu_offload_gb: if spec.sets("engine.cpu_offload_gb") {
+            Some(pool_engine.cpu_offload_gb)
+        } else {
+            offload
         },
         ..EngineSpec::default()
     };

@@ -238,3 +238,41 @@ fn model_configs_are_found_in_a_model_dir_and_an_hf_cache() {
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn a_pod_offloading_weights_is_simulated_with_its_offload_in_a_pool_of_its_own() {
+    let infer_args = |args: &str| {
+        let inputs = PodInputs {
+            facts: Some(pod(args, Some(2))),
+            node_gpu: Some(NodeGpu::Product("NVIDIA-H100-80GB-HBM3".to_owned())),
+            served_model: Some("qwen".to_owned()),
+        };
+        infer(
+            &inputs,
+            &template(),
+            &InferSpec::default(),
+            &InferOptions::default(),
+            qwen_only,
+        )
+    };
+    let plain = infer_args("vllm serve Qwen/Qwen3-32B");
+    let offloading = infer_args("vllm serve Qwen/Qwen3-32B --cpu-offload-gb 4");
+    let underscored = infer_args("vllm serve Qwen/Qwen3-32B --cpu_offload_gb=4");
+    assert_eq!(plain.instance.unwrap().engine.cpu_offload_gb, 0.0);
+    assert_eq!(offloading.instance.unwrap().engine.cpu_offload_gb, 4.0);
+    assert_eq!(underscored.instance.unwrap().engine.cpu_offload_gb, 4.0);
+    assert_eq!(
+        plain.setup.pool, "qwen3-32b-h100-tp2",
+        "no args: the plain name"
+    );
+    assert!(
+        offloading.setup.pool.starts_with("qwen3-32b-h100-tp2-"),
+        "{}",
+        offloading.setup.pool
+    );
+    assert_eq!(offloading.setup.pool, underscored.setup.pool);
+    let err = infer_args("vllm serve Qwen/Qwen3-32B --cpu-offload-gb -1")
+        .instance
+        .unwrap_err();
+    assert!(err.contains("--cpu-offload-gb"), "{err}");
+}
