@@ -31,7 +31,7 @@ const GUARD_TPOT_MEAN: f64 = 2.5;
 /// CodeLlama "general", 70B × 4 codegen's TTFT, Llama-2-7b roleplay's TTFT and Mixtral
 /// "general"'s E2E and TPOT, and lowered both overloaded TP > 1 runs and the A100's E2E;
 /// stop 38, pricing each H100 TP 4 all-reduce from the measured kernels with medians 2.2 /
-/// 2.3 / 2.4 → 2.3 / 1.8 / 2.4% and 70B × 4 reasoning −35 → −9% E2E, raised 70B × 4
+/// 2.3 / 2.4 → 2.3 / 1.8 / 2.3% and 70B × 4 reasoning −35 → −9% E2E, raised 70B × 4
 /// codegen's (its prefill and 32-50-sequence decode steps pay the measured all-reduce), and,
 /// for the refit's cheaper GEMMs and front end, the A100 Qwen3's E2E and TPOT and the TTFT of
 /// Llama-3.1 s2r23 and Qwen3 "general", and lowered the runs that improved).
