@@ -29,22 +29,27 @@ const GUARD_TPOT_MEAN: f64 = 2.5;
 /// twenty-five runs from 6.1 / 4.1 / 6.1% to 2.2 / 2.3 / 2.4%, raised Llama-2-7b "general"
 /// (the sampler's per-sequence cost at ~90 sequences near its knee), the A100's TTFT,
 /// CodeLlama "general", 70B × 4 codegen's TTFT, Llama-2-7b roleplay's TTFT and Mixtral
-/// "general"'s E2E and TPOT, and lowered both overloaded TP > 1 runs and the A100's E2E).
+/// "general"'s E2E and TPOT, and lowered both overloaded TP > 1 runs and the A100's E2E;
+/// stop 38, pricing each H100 TP 4 all-reduce from the measured kernels with medians 2.2 /
+/// 2.3 / 2.4 → 2.3 / 1.8 / 2.3% and 70B × 4 reasoning −35 → −9% E2E, raised 70B × 4
+/// codegen's (its prefill and 32-50-sequence decode steps pay the measured all-reduce), and,
+/// for the refit's cheaper GEMMs and front end, the A100 Qwen3's E2E and TPOT and the TTFT of
+/// Llama-3.1 s2r23 and Qwen3 "general", and lowered the runs that improved).
 const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
-    ("a100-llama3.1-8b-tp1-general-lite", 5.5, 4.5, 5.5, 0.03),
-    ("a100-qwen3-14b-tp1-general-lite-s2r36", 4.5, 3.5, 4.5, 0.03),
-    ("h100-codellama34b-tp2-codegen", 2.0, 3.0, 2.0, 0.03),
-    ("h100-codellama34b-tp2-general", 4.0, 4.0, 4.0, 0.03),
-    ("h100-llama2-70b-tp4-codegen", 3.0, 4.0, 3.0, 0.03),
-    ("h100-llama2-70b-tp4-reasoning", 39.0, 48.5, 13.0, 0.37),
+    ("a100-llama3.1-8b-tp1-general-lite", 5.5, 1.5, 5.5, 0.03),
+    ("a100-qwen3-14b-tp1-general-lite-s2r36", 6.0, 2.5, 6.0, 0.03),
+    ("h100-codellama34b-tp2-codegen", 2.0, 2.0, 2.0, 0.03),
+    ("h100-codellama34b-tp2-general", 2.5, 1.5, 2.5, 0.03),
+    ("h100-llama2-70b-tp4-codegen", 6.5, 15.0, 6.0, 0.03),
+    ("h100-llama2-70b-tp4-reasoning", 10.0, 12.0, 5.0, 0.15),
     ("h100-llama2-7b-tp1-codegen", 1.5, 2.0, 1.5, 0.03),
-    ("h100-llama2-7b-tp1-general", 6.5, 7.0, 6.5, 0.03),
+    ("h100-llama2-7b-tp1-general", 4.5, 2.5, 4.5, 0.03),
     ("h100-llama2-7b-tp1-reasoning", 3.5, 2.0, 6.0, 0.04),
-    ("h100-llama2-7b-tp1-roleplay", 1.5, 5.5, 1.5, 0.03),
+    ("h100-llama2-7b-tp1-roleplay", 1.5, 3.0, 1.5, 0.03),
     ("h100-llama3.1-8b-tp1-codegen-s2r18", 4.0, 2.0, 4.0, 0.03),
     ("h100-llama3.1-8b-tp1-general-s2r16", 3.0, 1.5, 3.5, 0.03),
     ("h100-llama3.1-8b-tp1-general-s2r22", 13.5, 9.5, 13.5, 0.03),
-    ("h100-llama3.1-8b-tp1-general-s2r23", 2.0, 2.5, 2.0, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r23", 2.0, 4.0, 2.0, 0.03),
     ("h100-mixtral8x22b-tp8-codegen-s2r50", 2.0, 8.5, 2.0, 0.03),
     ("h100-mixtral8x22b-tp8-general-s2r49", 2.0, 3.5, 2.0, 0.03),
     ("h100-mixtral8x7b-tp2-general", 3.5, 2.0, 3.5, 0.03),
@@ -59,7 +64,7 @@ const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
     ("h100-mixtral8x7b-tp2-reasoning", 68.0, 84.5, 36.0, 0.72),
     ("h100-mixtral8x7b-tp2-roleplay", 3.5, 7.0, 3.5, 0.03),
     ("h100-qwen3-14b-tp1-codegen-s2r14", 2.5, 4.5, 2.5, 0.03),
-    ("h100-qwen3-14b-tp1-general-s2r13", 1.5, 3.5, 1.5, 0.03),
+    ("h100-qwen3-14b-tp1-general-s2r13", 1.5, 5.5, 1.5, 0.03),
     (
         "h100-scout17b16e-fp8-tp2-general-lite-s2r17",
         7.5,
@@ -70,7 +75,7 @@ const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
     (
         "h100-scout17b16e-fp8-tp2-roleplay-s2r21",
         4.0,
-        3.0,
+        2.5,
         4.0,
         0.03,
     ),
@@ -229,36 +234,53 @@ fn calibrated_model_stays_within_the_fidelity_guard() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The shipped coefficients with `allreduce_measured` at 0: every all-reduce priced by the
+/// formula (`allreduce_us`, the per-peer latency, the link), as on a GPU or TP degree the
+/// measured table has no curve for.
+fn formula_allreduce_file(tag: &str) -> (PathBuf, String) {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/coefficients/ditto-calibrated.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let on = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("allreduce_measured:"))
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        on.trim(),
+        "allreduce_measured: 1.116215",
+        "the shipped scale"
+    );
+    let formula = text.replace(&on, "  allreduce_measured: 0.000000");
+    let file = std::env::temp_dir().join(format!("ditto-{tag}-{}.yaml", std::process::id()));
+    std::fs::write(&file, &formula).unwrap();
+    (file, formula)
+}
+
 #[test]
-fn the_default_prices_the_tp4_step_and_its_first_token_step() {
-    // Goal: pin the findings of docs/fidelity.md "The TTFT split": the all-reduce latency of
-    // the peers beyond the first (`allreduce_base_peers` 1, so TP 1 and TP 2 are priced as
-    // by the four-run fit alone) brings Llama-2-70b × 4 codegen within 3% E2E, where the fit
-    // alone is ~13% too fast; since the first token's decode step reads its batch's KV
-    // (stop 32) that step can pay the latency like any engine step (`first_token_peer_share`
-    // 1, the default since stop 32) and the TTFT stays within 3.5%; not paying it (share 0,
-    // the stop-30 default) moves the TTFT 2-5 points faster. Method: the default over that
-    // run, then the shipped file with the share at 0; signed TTFT errors.
+fn the_formula_prices_the_tp4_step_and_its_first_token_step() {
+    // Goal: pin the findings of docs/fidelity.md "The TTFT split" for the all-reduce formula,
+    // which prices every GPU and TP degree the measured table has no curve for (since stop 38
+    // H100 TP 4 is priced from the measured kernels instead): the all-reduce latency of the
+    // peers beyond the first (`allreduce_base_peers` 1, so TP 1 and TP 2 are priced as by the
+    // four-run fit alone) brings Llama-2-70b × 4 codegen within 3% E2E, where the fit alone
+    // is ~13% too fast; the first token's decode step pays the latency like any engine step
+    // (`first_token_peer_share` 1) and the TTFT stays within 3.5%; not paying it (share 0)
+    // moves the TTFT 2-5 points faster. Method: the shipped file with `allreduce_measured` 0
+    // over that run, then the same with the share at 0; signed TTFT errors.
     let tp4 = "h100-llama2-70b-tp4-codegen";
     let dirs: Vec<String> = runs().into_iter().filter(|d| d.ends_with(tp4)).collect();
-    let report = validate_json("calibrated", &dirs);
+    let (file, text) = formula_allreduce_file("ar-formula");
+    let report = validate_json(&file.to_string_lossy(), &dirs);
     let e2e = ape(&report, tp4, "e2e_mean");
     assert!(e2e < 3.0, "70B x4 E2E {e2e}%");
     let ttft = signed_error(whole_run(&report, tp4), "ttft_mean");
     assert!(ttft.abs() < 3.5, "70B x4 TTFT {ttft}%");
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/coefficients/ditto-calibrated.yaml");
-    let text = std::fs::read_to_string(&path).unwrap();
     let shipped = "first_token_peer_share: 1.000000";
     assert!(text.contains(shipped), "the shipped share");
-    let unpaid = std::env::temp_dir().join(format!("ditto-ft-peer-{}.yaml", std::process::id()));
-    std::fs::write(
-        &unpaid,
-        text.replace(shipped, "first_token_peer_share: 0.0"),
-    )
-    .unwrap();
-    let without = validate_json(&unpaid.to_string_lossy(), &dirs);
-    let _ = std::fs::remove_file(&unpaid);
+    std::fs::write(&file, text.replace(shipped, "first_token_peer_share: 0.0")).unwrap();
+    let without = validate_json(&file.to_string_lossy(), &dirs);
+    let _ = std::fs::remove_file(&file);
     let shift = ttft - signed_error(whole_run(&without, tp4), "ttft_mean");
     assert!(
         (2.0..5.0).contains(&shift),
@@ -365,10 +387,10 @@ fn the_tp_peer_candidate_prices_the_tp4_step() {
     let default = validate_json("calibrated", &dirs);
     let tp4 = "h100-llama2-70b-tp4-codegen";
     assert!(e2e(&candidate, tp4) < 3.5, "{}", e2e(&candidate, tp4));
-    // The default prices the TP 4 step too since stop 30 (the per-peer latency), so the
-    // candidate is no longer better than it there (issue 36: -2.0 against -1.8% E2E); both
-    // stay within the bound.
-    assert!(e2e(&default, tp4) < 3.5, "{}", e2e(&default, tp4));
+    // The default prices the TP 4 step too: from stop 30 with the per-peer latency (issue 36:
+    // -2.0 against -1.8% E2E), since stop 38 with the measured H100 TP 4 all-reduce, whose
+    // dearer prefills put this run +5% slow (docs/fidelity.md, "The measured all-reduce").
+    assert!(e2e(&default, tp4) < 6.5, "{}", e2e(&default, tp4));
     assert!(e2e(&candidate, "h100-llama2-7b-tp1-codegen") < 1.5);
 }
 
@@ -444,10 +466,12 @@ fn the_overloaded_tp_runs_reach_their_knee_once_the_step_is_priced() {
         .find(|l| l.trim_start().starts_with("step_us:"))
         .unwrap();
     // (run, `step_us` in µs that puts its predicted TPOT on the measured one: +11.9 and
-    // +3.4 ms a step over the shipped 0.57 ms)
-    for (name, step_us) in [
-        ("h100-mixtral8x7b-tp2-reasoning", 12_500),
-        ("h100-llama2-70b-tp4-reasoning", 4_000),
+    // +1.2 ms a step over the shipped 0.57 ms (70B's was +3.4 ms before its all-reduces were
+    // priced from the measured kernels, stop 38), and how much of the measured timed-out
+    // fraction the shipped file misses at least)
+    for (name, step_us, miss) in [
+        ("h100-mixtral8x7b-tp2-reasoning", 12_500, 0.25),
+        ("h100-llama2-70b-tp4-reasoning", 1_800, 0.08),
     ] {
         let dirs: Vec<String> = runs().into_iter().filter(|d| d.ends_with(name)).collect();
         assert_eq!(dirs.len(), 1);
@@ -478,7 +502,7 @@ fn the_overloaded_tp_runs_reach_their_knee_once_the_step_is_priced() {
             "{name}: timed out {out} vs measured {measured} with the step priced (shipped: {shipped_out})"
         );
         assert!(
-            (measured - shipped_out) > 0.25,
+            (measured - shipped_out) > miss,
             "{name}: the shipped file's miss moved: {shipped_out} vs {measured}; update docs/fidelity.md"
         );
         let e2e = ape(&priced, name, "e2e_mean");
@@ -531,15 +555,16 @@ fn the_moe_tile_switch_cannot_close_the_mixtral_knee() {
 
 #[test]
 fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
-    // Goal: pin docs/fidelity.md "The measured all-reduce": with each all-reduce priced from
-    // vLLM's measured H100 TP 4 times (data/allreduce_latency.tsv, PR #24532: the custom
-    // kernel vLLM runs, 26 µs at the 2 MiB of a 128-sequence decode step, where the formula
-    // prices 17), the 70B × 4 reasoning run's E2E error falls from over 30% to under 15% and
-    // it starts to time out, while 70B × 4 codegen's TTFT turns over 12% too slow (its
-    // prefill messages cost what the table says): the shipped TTFT balance cannot take the
-    // measured all-reduce, and a refit did not restore it, which is why `allreduce_measured`
-    // ships 0. Method: both 70B × 4 runs with the shipped file and with
-    // `allreduce_measured: 1` (nothing else changed); signed errors.
+    // Goal: pin docs/fidelity.md "The measured all-reduce" (shipped since stop 38): with each
+    // H100 TP 4 all-reduce priced from the kernel vLLM 0.15 runs at its size
+    // (data/allreduce_latency.tsv: the custom kernel below 8 MiB, 26 µs at the 2 MiB of a
+    // 128-sequence decode step where the formula prices 17; PyTorch's multimem kernel from
+    // 8 MiB), the 70B × 4 reasoning run's E2E error is under 12% where the formula leaves it
+    // over 30%, and it times out a fifth of its requests (measured a third, the formula
+    // none); the price is 70B × 4 codegen's TTFT, over 9% too slow where the formula is
+    // within 3.5% (its ~600-token prefills send ~9 MiB messages and the shipped TTFT balance,
+    // GEMMs faster than peak, had absorbed their cost). Method: both 70B × 4 runs with the
+    // shipped file and with it at `allreduce_measured: 0`; signed errors.
     let names = [
         "h100-llama2-70b-tp4-codegen",
         "h100-llama2-70b-tp4-reasoning",
@@ -549,22 +574,9 @@ fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
         .filter(|d| names.iter().any(|n| d.ends_with(n)))
         .collect();
     assert_eq!(dirs.len(), 2);
-    let shipped_path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/coefficients/ditto-calibrated.yaml");
-    let shipped = std::fs::read_to_string(&shipped_path).unwrap();
-    let off_line = shipped
-        .lines()
-        .find(|l| l.trim_start().starts_with("allreduce_measured:"))
-        .unwrap();
-    assert_eq!(off_line.trim(), "allreduce_measured: 0.000000");
-    let file = std::env::temp_dir().join(format!("ditto-ar-tp4-{}.yaml", std::process::id()));
-    std::fs::write(
-        &file,
-        shipped.replace(off_line, "  allreduce_measured: 1.000000"),
-    )
-    .unwrap();
-    let default = validate_json("calibrated", &dirs);
-    let measured_ar = validate_json(&file.to_string_lossy(), &dirs);
+    let (file, _) = formula_allreduce_file("ar-tp4");
+    let shipped = validate_json("calibrated", &dirs);
+    let formula = validate_json(&file.to_string_lossy(), &dirs);
     let _ = std::fs::remove_file(&file);
     let (codegen, reasoning) = (names[0], names[1]);
     let signed = |r: &Value, name: &str, metric: &str| signed_error(whole_run(r, name), metric);
@@ -580,32 +592,28 @@ fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
             run["timed_out_fraction"]["measured"].as_f64().unwrap(),
         )
     };
-    let before = signed(&default, reasoning, "e2e_mean");
-    let after = signed(&measured_ar, reasoning, "e2e_mean");
-    assert!(before < -30.0, "shipped: 70B x4 reasoning E2E {before}%");
+    let before = signed(&formula, reasoning, "e2e_mean");
+    let after = signed(&shipped, reasoning, "e2e_mean");
+    assert!(before < -30.0, "formula: 70B x4 reasoning E2E {before}%");
     assert!(
-        (-15.0..0.0).contains(&after),
-        "measured all-reduce: 70B x4 reasoning E2E {after}% (shipped {before}%)"
+        (-12.0..0.0).contains(&after),
+        "measured all-reduce: 70B x4 reasoning E2E {after}% (formula {before}%)"
     );
-    let (out, measured) = timed_out(&measured_ar);
+    let (out, measured) = timed_out(&shipped);
     assert!(
-        out > 0.10 && out < measured,
+        out > 0.15 && out < measured,
         "measured all-reduce: timed out {out} vs measured {measured}"
     );
-    let ttft_before = signed(&default, codegen, "ttft_mean");
-    let ttft_after = signed(&measured_ar, codegen, "ttft_mean");
+    assert_eq!(timed_out(&formula).0, 0.0, "formula: none timed out");
+    let ttft_before = signed(&formula, codegen, "ttft_mean");
+    let ttft_after = signed(&shipped, codegen, "ttft_mean");
     assert!(
         ttft_before.abs() < 3.5,
-        "shipped: 70B x4 codegen TTFT {ttft_before}%"
+        "formula: 70B x4 codegen TTFT {ttft_before}%"
     );
     assert!(
-        ttft_after > 12.0,
-        "measured all-reduce: 70B x4 codegen TTFT {ttft_after}% (shipped {ttft_before}%)"
-    );
-    let e2e_after = signed(&measured_ar, codegen, "e2e_mean");
-    assert!(
-        e2e_after > 4.0,
-        "measured all-reduce: 70B x4 codegen E2E {e2e_after}%"
+        ttft_after > 9.0,
+        "measured all-reduce: 70B x4 codegen TTFT {ttft_after}% (formula {ttft_before}%)"
     );
 }
 

@@ -47,7 +47,8 @@
 //! degree the measured table has (`data/allreduce_latency.tsv`, [`super::allreduce`]), each
 //! of the `n_ar` all-reduces costs `allreduce_measured` × the measured time of its message
 //! (T · hidden · activation bytes) instead, in place of `c_allreduce`, `c_peer` and `c_link`
-//! (0 in the shipped coefficients: docs/fidelity.md, "The measured all-reduce"). The coefficients
+//! (1.116 in the shipped coefficients, where the table has H100 TP 4 only: docs/fidelity.md,
+//! "The measured all-reduce"). The coefficients
 //! are efficiencies (≥ 1 means slower than peak) and CPU/launch overheads in µs, the same for
 //! every model and GPU: that is what lets a fit on a few runs carry to others.
 //!
