@@ -88,6 +88,14 @@ impl Router {
         }
     }
 
+    /// Forgets every key sent to `instance` (its pod was replaced: llm-d's EPP drops a
+    /// deleted pod's entries, and a new pod starts with an empty cache).
+    pub fn forget(&mut self, instance: usize) {
+        if let Some(index) = self.approximate_index.get_mut(instance) {
+            index.clear();
+        }
+    }
+
     /// Picks an instance index (there is at least one instance).
     pub fn pick(&mut self, context: &RoutingContext<'_>) -> usize {
         let count = context.views.len();

@@ -56,6 +56,19 @@ pub struct Cluster {
     pub(super) scale: Option<Box<Slots>>,
 }
 
+/// An instance with no next event, in `run_while`'s times.
+const NONE: u64 = u64::MAX;
+
+/// The earlier of two optional times.
+#[inline]
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
 /// What an instance is sent: a whole request, or one half of a disaggregated one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Half {
@@ -317,15 +330,13 @@ impl Cluster {
     /// per event: an instance event changes only its own instance (and, disaggregated, may
     /// start pulls elsewhere), a cluster event may dispatch anywhere, so both rescan then.
     fn run_while(&mut self, go: impl Fn(u64) -> bool) {
-        let mut times: Vec<Option<u64>> = self.engines.iter().map(Engine::next_event_us).collect();
+        // `NONE` for an instance with no event (an event at `u64::MAX` itself is looked up
+        // the slow way: see `earliest_instance`).
+        let mut times: Vec<u64> = Vec::with_capacity(self.engines.len());
+        Self::rescan(&mut times, &self.engines);
         loop {
             let cluster = self.next_cluster_event();
-            // Lowest index on ties, as `next_instance_event`.
-            let instance = times
-                .iter()
-                .enumerate()
-                .filter_map(|(index, time)| time.map(|t| (t, index)))
-                .min();
+            let instance = self.earliest_instance(&times);
             let next = match (cluster, instance) {
                 (None, None) => return,
                 (Some(c), Some((i, _))) => c.min(i),
@@ -351,7 +362,7 @@ impl Cluster {
                     if self.pd.is_some() {
                         Self::rescan(&mut times, &self.engines);
                     } else {
-                        times[index] = self.engines[index].next_event_us();
+                        times[index] = self.engines[index].next_event_us().unwrap_or(NONE);
                     }
                 }
                 (None, None) => return,
@@ -360,9 +371,26 @@ impl Cluster {
         }
     }
 
-    fn rescan(times: &mut [Option<u64>], engines: &[Engine]) {
-        for (time, engine) in times.iter_mut().zip(engines) {
-            *time = engine.next_event_us();
+    fn rescan(times: &mut Vec<u64>, engines: &[Engine]) {
+        times.clear();
+        times.extend(engines.iter().map(|e| e.next_event_us().unwrap_or(NONE)));
+    }
+
+    /// (time, index) of the earliest of `times` (lowest index on ties, as
+    /// `next_instance_event`): one compare per instance; only when every entry reads `NONE`
+    /// are the engines asked again, in case one has an event at `u64::MAX` itself.
+    #[inline]
+    fn earliest_instance(&self, times: &[u64]) -> Option<(u64, usize)> {
+        let mut best = (NONE, usize::MAX);
+        for (index, &time) in times.iter().enumerate() {
+            if time < best.0 {
+                best = (time, index);
+            }
+        }
+        if best.1 == usize::MAX {
+            self.next_instance_event()
+        } else {
+            Some(best)
         }
     }
 
@@ -434,11 +462,16 @@ impl Cluster {
         Ok(())
     }
 
+    #[inline]
     fn next_cluster_event(&self) -> Option<u64> {
-        let tick = self.ticks.iter().filter_map(|t| t.next_us).min();
-        let arrival = self.pending.front().map(|s| s.arrival_us);
-        let pd = self.pd.as_ref().and_then(|pd| pd.next_event_us());
-        [tick, arrival, pd].into_iter().flatten().min()
+        let mut next = self.pending.front().map(|s| s.arrival_us);
+        for tick in &self.ticks {
+            next = earliest(next, tick.next_us);
+        }
+        if let Some(pd) = &self.pd {
+            next = earliest(next, pd.next_event_us());
+        }
+        next
     }
 
     /// (time, index) of the earliest instance event; lowest index on ties.

@@ -1,7 +1,8 @@
 //! What a [`Cluster`] needs to scale: a routable mask over its instances (a warming,
 //! draining or stopped replica receives nothing), routing over the routable ones only, and
-//! a stopped replica's slot reused by a fresh engine (a new pod: empty cache), its counts
-//! kept so the cluster's conservation still covers every request it served.
+//! a stopped replica's slot reused by a fresh engine (a new pod: empty cache, and nothing
+//! of the old pod's left in the router's approximate prefix index), its counts kept so the
+//! cluster's conservation still covers every request it served.
 
 use super::{Cluster, Dispatch};
 use crate::cluster::config::{PrefixMode, Signal};
@@ -77,6 +78,8 @@ impl Cluster {
         self.records_seen[index] = 0;
         self.in_flight[index] = 0;
         self.sent_since_refresh[index] = 0;
+        // The router's approximate index forgets the old pod's keys.
+        self.router.forget(index);
         let precise = self.router.prefix_mode() == Some(PrefixMode::Precise);
         self.captured[index] = CapturedSignals::default();
         for signal in signals::SIGNALS {
@@ -145,5 +148,70 @@ impl Cluster {
         self.scale = Some(slots);
         self.dispatch_as(index, spec, crate::cluster::sim::Half::Whole);
         Dispatch::Routed(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::config::{
+        AdmissionPolicy, ClusterConfig, InstanceConfig, InstanceRole, RoutingPolicy,
+        StalenessConfig,
+    };
+    use crate::sim::EngineConfig;
+    use crate::sim::kv::hash::prompt_block_keys;
+    use crate::sim::latency::{BlackboxCoefficients, LatencyModel};
+
+    fn config() -> ClusterConfig {
+        let mut engine = EngineConfig::vllm_defaults(4_000, 100_000);
+        engine.kv_sample_interval_us = 0;
+        let instance = InstanceConfig {
+            id: "pool-0".into(),
+            model: "test".into(),
+            model_config_json: None,
+            gpu: "test".into(),
+            tp: 1,
+            role: InstanceRole::Both,
+            engine,
+            latency: LatencyModel::Blackbox(BlackboxCoefficients {
+                alpha: [0.0, 0.0, 0.0],
+                beta: [2_000.0, 10.0, 500.0],
+            }),
+            cost_per_hour: 2.0,
+        };
+        ClusterConfig {
+            instances: vec![instance.clone(), instance],
+            routing: RoutingPolicy::llm_d_default(),
+            admission: AdmissionPolicy::Always,
+            staleness: StalenessConfig::uniform(50_000),
+        }
+    }
+
+    /// A replaced pod's slot starts with nothing in the router's approximate prefix index:
+    /// the keys sent to the old pod are forgotten (llm-d's EPP drops a deleted pod), so the
+    /// prefix scorer gives the new pod no credit for a cache it does not have.
+    #[test]
+    fn a_replaced_pod_leaves_nothing_in_the_approximate_index() {
+        let config = config();
+        let template = config.instances[0].clone();
+        let mut cluster = Cluster::new(config, 7).unwrap();
+        cluster.enable_scaling(vec![true, false]);
+        let spec = RequestSpec::synthetic(1, 1_000, 256, 4).with_prefix(9, 256);
+        let keys = prompt_block_keys(&spec, template.engine.block_size);
+        assert_eq!(keys.len(), 16);
+        cluster.submit(spec).unwrap();
+        cluster.run_until(10_000_000);
+        assert_eq!(cluster.router.approximate_match(0, &keys), keys.len());
+        cluster.set_routable(0, false);
+        assert!(cluster.is_drained(0));
+        let engine = Engine::new(template.engine.clone(), template.latency.clone()).unwrap();
+        assert!(cluster.replace_engine(0, engine));
+        assert_eq!(cluster.router.approximate_match(0, &keys), 0);
+        // The new pod is indexed afresh from its own dispatches.
+        cluster.set_routable(0, true);
+        let again = RequestSpec::synthetic(2, 11_000_000, 256, 4).with_prefix(9, 256);
+        cluster.submit(again).unwrap();
+        cluster.run_until(20_000_000);
+        assert_eq!(cluster.router.approximate_match(0, &keys), keys.len());
     }
 }

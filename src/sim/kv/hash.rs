@@ -159,13 +159,22 @@ impl BlockKeys<'_> {
 }
 
 /// Keys of every full block of `spec`'s prompt (what a router hashes to score prefixes).
+///
+/// The blocks past [`shareable_blocks`] are private: their keys are derived from the request
+/// id's seed, computed once, instead of through [`block_key`] (the same keys; private keys
+/// need no parent).
 pub fn prompt_block_keys(spec: &RequestSpec, block_size: u32) -> Vec<u64> {
     let full = spec.input_tokens / block_size;
+    let shareable = shareable_blocks(spec, block_size).min(full);
     let mut keys = Vec::with_capacity(full as usize);
     let mut parent = ROOT_KEY;
-    for index in 0..full {
+    for index in 0..shareable {
         parent = block_key(spec, parent, index, block_size);
         keys.push(parent);
+    }
+    if shareable < full {
+        let seed = private_seed(spec.id.0);
+        keys.extend((shareable..full).map(|index| private_key_of_latent(seed ^ u64::from(index))));
     }
     keys
 }
@@ -239,6 +248,43 @@ mod tests {
                 ka = block_key(&a, ka, index, 16);
                 kb = block_key(&b, kb, index, 16);
                 assert_eq!(ka == kb, index < shareable, "{content:?} block {index}");
+            }
+        }
+    }
+
+    /// The private blocks' shortcut gives the keys `block_key`'s chain gives, for every kind
+    /// of content.
+    #[test]
+    fn prompt_keys_equal_the_block_key_chain() {
+        let tokens: std::sync::Arc<[u32]> = (0..90).collect::<Vec<u32>>().into();
+        let contents = [
+            PromptContent::Synthetic {
+                prefix_group: None,
+                prefix_len: 0,
+            },
+            PromptContent::Synthetic {
+                prefix_group: Some(3),
+                prefix_len: 40,
+            },
+            PromptContent::Synthetic {
+                prefix_group: Some(3),
+                prefix_len: 500,
+            },
+            PromptContent::BlockKeys(vec![5, 6].into()),
+            PromptContent::BlockKeys(vec![5, 6, 7, 8, 9, 10, 11].into()),
+            PromptContent::Tokens(tokens),
+        ];
+        for content in contents {
+            for prompt in [0, 15, 16, 47, 90] {
+                let mut spec = RequestSpec::synthetic(77, 0, prompt, 4);
+                spec.content = content.clone();
+                let mut chain = Vec::new();
+                let mut parent = ROOT_KEY;
+                for index in 0..prompt / 16 {
+                    parent = block_key(&spec, parent, index, 16);
+                    chain.push(parent);
+                }
+                assert_eq!(prompt_block_keys(&spec, 16), chain, "{content:?} {prompt}");
             }
         }
     }

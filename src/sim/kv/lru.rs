@@ -1,24 +1,53 @@
 //! A fixed-capacity LRU set of block keys.
 //!
 //! Used as the KV cache's CPU offload tier (full blocks evicted from the GPU are copied here
-//! and reloaded on a later GPU prefix miss) and as the router's approximate prefix index.
-//! Index-linked list over a slot arena: every operation is O(1) and allocation-free once
-//! full, and the set clones as plain data.
-
-use std::collections::HashMap;
-
-use super::IdentityBuildHasher;
+//! and reloaded on a later GPU prefix miss) and as the router's approximate prefix index,
+//! which inserts every dispatched prompt block: the hot path of an autoscaled day.
+//!
+//! An index-linked recency list over a slab of nodes, found through an open-addressing
+//! table of (key, node) pairs: linear probing from a Fibonacci hash of the key, at most half
+//! full, with backward-shift deletion (no tombstones, so lookups never slow down). Each node
+//! knows its bucket, so an eviction needs no lookup. Every operation is O(1) and
+//! allocation-free once full (an insert that evicts: one probe, one shift, usually no second
+//! probe), and the set clones as plain data.
 
 const NIL: u32 = u32::MAX;
+
+/// Fewest table buckets (a power of two, so the hash's shift stays below 64).
+const MIN_BUCKETS: usize = 16;
+
+/// Fibonacci hashing's multiplier (2^64 / φ): spreads client-given keys (vLLM block hashes)
+/// as well as our own mixed ones.
+const FIBONACCI: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// One held key: its neighbours in recency order and its table bucket (where its key is).
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    prev: u32,
+    next: u32,
+    bucket: u32,
+}
+
+/// One table bucket: a key and its node, or vacant (`node == NIL`).
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    key: u64,
+    node: u32,
+}
+
+const VACANT: Bucket = Bucket { key: 0, node: NIL };
 
 /// An LRU set of block keys with a fixed capacity.
 #[derive(Clone, Debug)]
 pub struct LruKeySet {
     capacity: u32,
-    slot_of: HashMap<u64, u32, IdentityBuildHasher>,
-    keys: Vec<u64>,
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    nodes: Vec<Node>,
+    /// Open-addressing table, a power of two long, at most half full.
+    table: Vec<Bucket>,
+    /// `64 - log2(table.len())`: a key's home bucket is its Fibonacci hash's top bits.
+    shift: u32,
+    /// The table's final length (it grows up to this as keys arrive).
+    max_buckets: usize,
     /// Least recently used end.
     head: u32,
     /// Most recently used end.
@@ -29,12 +58,14 @@ impl LruKeySet {
     /// An empty tier holding at most `capacity` blocks (`capacity > 0`).
     pub fn new(capacity: u32) -> Self {
         debug_assert!(capacity > 0, "an LRU set needs capacity > 0");
+        let max_buckets = (2 * capacity as usize).next_power_of_two().max(MIN_BUCKETS);
+        let buckets = max_buckets.min(1024);
         Self {
             capacity,
-            slot_of: HashMap::with_capacity_and_hasher(capacity as usize, IdentityBuildHasher),
-            keys: Vec::with_capacity(capacity as usize),
-            prev: Vec::with_capacity(capacity as usize),
-            next: Vec::with_capacity(capacity as usize),
+            nodes: Vec::new(),
+            table: vec![VACANT; buckets],
+            shift: 64 - buckets.trailing_zeros(),
+            max_buckets,
             head: NIL,
             tail: NIL,
         }
@@ -42,101 +73,190 @@ impl LruKeySet {
 
     /// Number of blocks held.
     pub fn len(&self) -> u32 {
-        self.slot_of.len() as u32
+        self.nodes.len() as u32
     }
 
     /// True if no block is held.
     pub fn is_empty(&self) -> bool {
-        self.slot_of.is_empty()
+        self.nodes.is_empty()
     }
 
     /// True if `key` is held (does not change recency).
+    #[inline]
     pub fn contains(&self, key: u64) -> bool {
-        self.slot_of.contains_key(&key)
+        self.probe(key).1
     }
 
     /// Marks `key` most recently used, if held.
     pub fn touch(&mut self, key: u64) {
-        if let Some(&slot) = self.slot_of.get(&key) {
-            self.unlink(slot);
-            self.push_tail(slot);
+        let (at, found) = self.probe(key);
+        if found {
+            let node = self.table[at].node;
+            self.unlink(node);
+            self.push_tail(node);
         }
+    }
+
+    /// Forgets every key (the table keeps its size).
+    pub fn clear(&mut self) {
+        self.nodes.clear();
+        self.table.fill(VACANT);
+        self.head = NIL;
+        self.tail = NIL;
     }
 
     /// Heap bytes held (capacity-based estimate).
     pub fn memory_bytes(&self) -> usize {
-        self.slot_of.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
-            + self.keys.capacity() * 8
-            + (self.prev.capacity() + self.next.capacity()) * 4
+        self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.table.capacity() * std::mem::size_of::<Bucket>()
     }
 
     /// Keys held, least recently used first (for tests and snapshots).
     pub fn keys_lru_first(&self) -> Vec<u64> {
-        let mut keys = Vec::with_capacity(self.slot_of.len());
+        let mut keys = Vec::with_capacity(self.nodes.len());
         let mut cursor = self.head;
         while cursor != NIL {
-            keys.push(self.keys[cursor as usize]);
-            cursor = self.next[cursor as usize];
+            let node = &self.nodes[cursor as usize];
+            keys.push(self.table[node.bucket as usize].key);
+            cursor = node.next;
         }
         keys
     }
 
     /// Stores `key` as most recently used, evicting the least recently used key when full.
     pub fn insert(&mut self, key: u64) {
-        if self.slot_of.contains_key(&key) {
-            self.touch(key);
+        let (mut at, found) = self.probe(key);
+        if found {
+            let node = self.table[at].node;
+            self.unlink(node);
+            self.push_tail(node);
             return;
         }
-        let slot = if (self.keys.len() as u32) < self.capacity {
-            self.keys.push(key);
-            self.prev.push(NIL);
-            self.next.push(NIL);
-            (self.keys.len() - 1) as u32
+        let node = if (self.nodes.len() as u32) < self.capacity {
+            if 2 * (self.nodes.len() + 1) > self.table.len() && self.table.len() < self.max_buckets
+            {
+                self.grow();
+                at = self.probe(key).0;
+            }
+            self.nodes.push(Node {
+                prev: NIL,
+                next: NIL,
+                bucket: at as u32,
+            });
+            (self.nodes.len() - 1) as u32
         } else {
             let victim = self.head;
             debug_assert!(victim != NIL, "a full tier has a head");
             self.unlink(victim);
-            let old_key = self.keys[victim as usize];
-            self.slot_of.remove(&old_key);
-            self.keys[victim as usize] = key;
+            let vacated = self.erase(self.nodes[victim as usize].bucket as usize);
+            // The shift leaves one bucket vacant, all others as occupied as before: if it lies
+            // on the new key's probe path ahead of `at`, the key goes there instead.
+            let mask = self.table.len() - 1;
+            let home = self.home(key);
+            if vacated.wrapping_sub(home) & mask < at.wrapping_sub(home) & mask {
+                at = vacated;
+            }
+            self.nodes[victim as usize].bucket = at as u32;
             victim
         };
-        self.slot_of.insert(key, slot);
-        self.push_tail(slot);
+        self.table[at] = Bucket { key, node };
+        self.push_tail(node);
         debug_assert!(self.len() <= self.capacity, "LRU set over capacity");
     }
 
-    fn unlink(&mut self, slot: u32) {
-        let (prev, next) = (self.prev[slot as usize], self.next[slot as usize]);
+    /// The key's home bucket.
+    #[inline]
+    fn home(&self, key: u64) -> usize {
+        (key.wrapping_mul(FIBONACCI) >> self.shift) as usize
+    }
+
+    /// The bucket holding `key` (true), or the vacant bucket where it would go (false).
+    #[inline]
+    fn probe(&self, key: u64) -> (usize, bool) {
+        let mask = self.table.len() - 1;
+        let mut at = self.home(key);
+        loop {
+            let bucket = self.table[at];
+            if bucket.node == NIL {
+                return (at, false);
+            }
+            if bucket.key == key {
+                return (at, true);
+            }
+            at = (at + 1) & mask;
+        }
+    }
+
+    /// Vacates bucket `hole`, shifting back the entries after it whose probe passed it;
+    /// returns the bucket left vacant.
+    #[inline]
+    fn erase(&mut self, mut hole: usize) -> usize {
+        let mask = self.table.len() - 1;
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let bucket = self.table[at];
+            if bucket.node == NIL {
+                break;
+            }
+            let home = self.home(bucket.key);
+            // It may fill the hole if the hole lies on its probe path (home ..= at).
+            if at.wrapping_sub(home) & mask >= at.wrapping_sub(hole) & mask {
+                self.table[hole] = bucket;
+                self.nodes[bucket.node as usize].bucket = hole as u32;
+                hole = at;
+            }
+        }
+        self.table[hole] = VACANT;
+        hole
+    }
+
+    /// Doubles the table and places every key again.
+    fn grow(&mut self) {
+        let buckets = self.table.len() * 2;
+        let old = std::mem::replace(&mut self.table, vec![VACANT; buckets]);
+        self.shift = 64 - buckets.trailing_zeros();
+        for bucket in old.into_iter().filter(|bucket| bucket.node != NIL) {
+            let (at, _) = self.probe(bucket.key);
+            self.table[at] = bucket;
+            self.nodes[bucket.node as usize].bucket = at as u32;
+        }
+    }
+
+    #[inline]
+    fn unlink(&mut self, node: u32) {
+        let Node { prev, next, .. } = self.nodes[node as usize];
         if prev == NIL {
             self.head = next;
         } else {
-            self.next[prev as usize] = next;
+            self.nodes[prev as usize].next = next;
         }
         if next == NIL {
             self.tail = prev;
         } else {
-            self.prev[next as usize] = prev;
+            self.nodes[next as usize].prev = prev;
         }
-        self.prev[slot as usize] = NIL;
-        self.next[slot as usize] = NIL;
     }
 
-    fn push_tail(&mut self, slot: u32) {
-        self.prev[slot as usize] = self.tail;
-        self.next[slot as usize] = NIL;
-        if self.tail == NIL {
-            self.head = slot;
+    #[inline]
+    fn push_tail(&mut self, node: u32) {
+        let tail = self.tail;
+        let entry = &mut self.nodes[node as usize];
+        entry.prev = tail;
+        entry.next = NIL;
+        if tail == NIL {
+            self.head = node;
         } else {
-            self.next[self.tail as usize] = slot;
+            self.nodes[tail as usize].next = node;
         }
-        self.tail = slot;
+        self.tail = node;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
 
     #[test]
     fn evicts_least_recently_used() {
@@ -149,5 +269,62 @@ mod tests {
         assert!(!tier.contains(2));
         assert!(tier.contains(3));
         assert_eq!(tier.len(), 2);
+    }
+
+    /// The set against a plain recency list (most recent at the back), over seeded random
+    /// inserts, touches and lookups with many repeats, through table growth and evictions,
+    /// with keys crowding few home buckets (multiples of a large power of two) as well as
+    /// spread ones.
+    #[test]
+    fn matches_a_plain_recency_list() {
+        for (capacity, spread) in [(1, 4), (7, 20), (100, 300), (3000, 5000)] {
+            for crowded in [false, true] {
+                let mut tier = LruKeySet::new(capacity);
+                let mut model: VecDeque<u64> = VecDeque::new();
+                let mut state = 0x1234_5678_u64 ^ u64::from(capacity);
+                for _ in 0..20_000 {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let draw = state >> 33;
+                    let raw = draw % spread;
+                    let key = if crowded { raw << 40 } else { raw };
+                    let held = model.iter().position(|&k| k == key);
+                    assert_eq!(tier.contains(key), held.is_some(), "key {key}");
+                    match draw % 5 {
+                        0 => {
+                            tier.touch(key);
+                            if let Some(at) = held {
+                                model.remove(at);
+                                model.push_back(key);
+                            }
+                        }
+                        _ => {
+                            tier.insert(key);
+                            if let Some(at) = held {
+                                model.remove(at);
+                            } else if model.len() == capacity as usize {
+                                model.pop_front();
+                            }
+                            model.push_back(key);
+                        }
+                    }
+                    assert_eq!(tier.len() as usize, model.len());
+                }
+                assert_eq!(tier.keys_lru_first(), Vec::from(model.clone()));
+                if capacity == 100 && !crowded {
+                    tier.clear();
+                    assert!(tier.is_empty() && tier.keys_lru_first().is_empty());
+                    assert!((0..spread).all(|key| !tier.contains(key)));
+                    tier.insert(5);
+                    assert_eq!(tier.keys_lru_first(), vec![5]);
+                    continue;
+                }
+                for key in 0..spread {
+                    let key = if crowded { key << 40 } else { key };
+                    assert_eq!(tier.contains(key), model.contains(&key), "key {key}");
+                }
+            }
+        }
     }
 }

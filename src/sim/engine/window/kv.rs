@@ -70,10 +70,7 @@ impl Engine {
         &mut self,
         window: &mut LazyWindow,
     ) -> Option<()> {
-        let block_size = self.config.block_size;
-        let prefix_caching = self.config.enable_prefix_caching;
         let step = window.step + 1;
-        let window_step = window.step;
         let ring_len = window.kv_ring.len();
         let bucket_index = step as usize & (ring_len - 1);
         if window.kv_ring[bucket_index].is_empty()
@@ -96,11 +93,52 @@ impl Engine {
         // The steady members crossing now, in batch order; the first `counted` are done.
         let mut steady = std::mem::take(&mut window.steady_ring[bucket_index]);
         let mut counted = 0;
-        let mut next_due = 0;
-        let mut next_explicit = 0;
-        let mut result = Some(());
         // Crossings' blocks not yet taken (`KvCache::take_crossing_deferred`).
         let mut pending = self.kv.crossings();
+        let mut result =
+            self.step_kv_calls(window, &mut bucket, &mut steady, &mut counted, &mut pending);
+        let all = steady.len();
+        if result.is_some()
+            && counted < all
+            && !self.cross_steady(window, &mut steady, &mut counted, all, &mut pending)
+        {
+            result = None;
+        }
+        self.kv.take_pending(&mut pending);
+        let Some(kept) = result else {
+            // The window closes: the steady members whose crossing was taken get its block
+            // in their tables now (the close catches up the rest).
+            self.catch_up_steady(window, &steady[..counted], window.step + 1);
+            return None;
+        };
+        // The steady members cross again `block_size` steps on, joined by the new ones.
+        steady.retain(|&position| position != u32::MAX);
+        bucket.truncate(kept);
+        requeue_steady(
+            window,
+            bucket,
+            steady,
+            bucket_index,
+            step + self.config.block_size,
+        );
+        Some(())
+    }
+
+    /// The calls of [`Engine::window_kv_calls`] in batch order: the due members of `bucket`
+    /// and the explicit requests interleaved, the steady members ahead of each call crossing
+    /// first. Returns how many due members were deferred (they turn steady; their positions
+    /// are moved to the front of `bucket`), or `None` if an allocation fails.
+    #[inline]
+    fn step_kv_calls(
+        &mut self,
+        window: &mut LazyWindow,
+        bucket: &mut [u32],
+        steady: &mut [u32],
+        counted: &mut usize,
+        pending: &mut Crossings,
+    ) -> Option<usize> {
+        let window_step = window.step;
+        let (mut next_due, mut next_explicit) = (0, 0);
         // Members whose crossing was deferred (they turn steady), kept at the front of the
         // bucket.
         let mut kept = 0;
@@ -111,97 +149,63 @@ impl Engine {
                 .get(next_explicit)
                 .map(|&(position, _)| position);
             let position = match (due_position, explicit_position) {
-                (None, None) => break,
+                (None, None) => return Some(kept),
                 (Some(due), Some(explicit)) => due.min(explicit),
                 (Some(only), None) | (None, Some(only)) => only,
             };
             // The steady members ahead of this call cross first.
-            if steady.get(counted).is_some_and(|&first| first < position) {
-                let upto = counted + steady[counted..].partition_point(|&q| q < position);
-                if !self.cross_steady(window, &mut steady, &mut counted, upto, &mut pending) {
-                    result = None;
-                    break;
+            if steady.get(*counted).is_some_and(|&first| first < position) {
+                let upto = *counted + steady[*counted..].partition_point(|&q| q < position);
+                if !self.cross_steady(window, steady, counted, upto, pending) {
+                    return None;
                 }
             }
-            if due_position == Some(position) {
-                next_due += 1;
-                let (slot, serial) = window.by_position[position as usize];
-                let Some(state) = self.slots[slot as usize]
-                    .as_mut()
-                    .filter(|state| state.serial == serial)
-                else {
-                    continue; // finished earlier in the window
-                };
-                let base = state.lazy_base_step.expect("due requests are members");
-                let total = state.num_computed + (window_step - base) + 1;
-                match self.member_call(window, &mut pending, slot, position, total) {
-                    // Deferred: it turns steady, and its bucket entry stays (the bucket
-                    // moves `block_size` steps on to the steady ring).
-                    Some(true) => {
-                        bucket[kept] = position;
-                        kept += 1;
-                    }
-                    Some(false) => {}
-                    None => {
-                        result = None; // the window closes (its ring is cleared when reused)
-                        break;
-                    }
-                }
-            } else {
+            if due_position != Some(position) {
                 let entry = self.in_flight[next_explicit];
                 next_explicit += 1;
-                let state = self.slots[entry.slot as usize]
-                    .as_mut()
-                    .expect("explicit requests are live");
-                let total = state.num_computed + entry.new_tokens;
-                if !call_in_batch(
-                    &mut self.kv,
-                    &mut pending,
-                    state,
-                    total,
-                    block_size,
-                    prefix_caching,
-                ) {
-                    result = None;
-                    break;
+                if !self.explicit_call(entry.slot, entry.new_tokens, pending) {
+                    return None;
                 }
+                continue;
+            }
+            next_due += 1;
+            let (slot, serial) = window.by_position[position as usize];
+            let Some(state) = self.slots[slot as usize]
+                .as_mut()
+                .filter(|state| state.serial == serial)
+            else {
+                continue; // finished earlier in the window
+            };
+            let base = state.lazy_base_step.expect("due requests are members");
+            let total = state.num_computed + (window_step - base) + 1;
+            // Deferred (true): it turns steady, and its bucket entry stays (the bucket moves
+            // `block_size` steps on to the steady ring). `None`: the window closes (its ring
+            // is cleared when reused).
+            if self.member_call(window, pending, slot, position, total)? {
+                bucket[kept] = position;
+                kept += 1;
             }
         }
-        let all = steady.len();
-        if result.is_some()
-            && counted < all
-            && !self.cross_steady(window, &mut steady, &mut counted, all, &mut pending)
-        {
-            result = None;
-        }
-        self.kv.take_pending(&mut pending);
-        if result.is_none() {
-            // The window closes: the steady members whose crossing was taken get its block
-            // in their tables now (the close catches up the rest).
-            self.catch_up_steady(window, &steady[..counted], window_step + 1);
-            return None;
-        }
-        // The steady members cross again `block_size` steps on, joined by the new ones.
-        steady.retain(|&position| position != u32::MAX);
-        bucket.truncate(kept);
-        let target = (step + block_size) as usize & (ring_len - 1);
-        debug_assert_ne!(target, bucket_index, "the ring is longer than a block");
-        let mut moved = std::mem::take(&mut window.steady_ring[target]);
-        debug_assert!(
-            moved.is_empty(),
-            "a steady bucket is read before it is reused"
-        );
-        if bucket.is_empty() {
-            std::mem::swap(&mut moved, &mut steady);
-        } else {
-            merge_sorted(&steady, &bucket, &mut moved);
-            steady.clear();
-            bucket.clear();
-        }
-        window.steady_ring[target] = moved;
-        window.steady_ring[bucket_index] = steady;
-        window.kv_ring[bucket_index] = bucket;
-        result
+    }
+
+    /// An explicit request's KV call for its `new_tokens` of the step. False if the cache
+    /// cannot (the window closes).
+    #[inline]
+    fn explicit_call(&mut self, slot: u32, new_tokens: u32, pending: &mut Crossings) -> bool {
+        let (block_size, prefix_caching) =
+            (self.config.block_size, self.config.enable_prefix_caching);
+        let state = self.slots[slot as usize]
+            .as_mut()
+            .expect("explicit requests are live");
+        let total = state.num_computed + new_tokens;
+        call_in_batch(
+            &mut self.kv,
+            pending,
+            state,
+            total,
+            block_size,
+            prefix_caching,
+        )
     }
 
     /// One due member's KV call at the next window step (`total` tokens then), in batch order
@@ -297,6 +301,37 @@ impl Engine {
             _ => keyed,
         }
     }
+}
+
+/// Files the steady members (`steady`, joined by the due members deferred into it,
+/// `bucket`, both in batch order) at their next crossing, step `target_step`, and gives the
+/// step's emptied lists back to the rings for reuse.
+#[inline]
+fn requeue_steady(
+    window: &mut LazyWindow,
+    mut bucket: Vec<u32>,
+    mut steady: Vec<u32>,
+    bucket_index: usize,
+    target_step: u32,
+) {
+    let ring_len = window.kv_ring.len();
+    let target = target_step as usize & (ring_len - 1);
+    debug_assert_ne!(target, bucket_index, "the ring is longer than a block");
+    let mut moved = std::mem::take(&mut window.steady_ring[target]);
+    debug_assert!(
+        moved.is_empty(),
+        "a steady bucket is read before it is reused"
+    );
+    if bucket.is_empty() {
+        std::mem::swap(&mut moved, &mut steady);
+    } else {
+        merge_sorted(&steady, &bucket, &mut moved);
+        steady.clear();
+        bucket.clear();
+    }
+    window.steady_ring[target] = moved;
+    window.steady_ring[bucket_index] = steady;
+    window.kv_ring[bucket_index] = bucket;
 }
 
 /// An ordinary KV call amid a step's batch of deferred crossings: the batch's pending blocks

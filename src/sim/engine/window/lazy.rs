@@ -211,9 +211,24 @@ impl Engine {
     /// Applies the window step that just ended: one token for every member, the explicit
     /// requests' chunks, and the requests that finish (in batch order).
     fn lazy_finish_in(&mut self, window: &mut LazyWindow) {
+        let mut finished = self.advance_window_step(window);
+        let members_done = finished.len();
+        self.apply_explicit_chunks(window, &mut finished);
+        if members_done < finished.len() && members_done > 0 {
+            // Completions retire in batch order, members and explicit requests interleaved.
+            finished.sort_unstable();
+        }
+        self.retire_window_finished(window, &finished);
+        self.remove_finished_from_running(&finished);
+        window.done_scratch = finished;
+    }
+
+    /// Moves the window one step on (every member emitted a token) and returns the members
+    /// that finish at it, as (position, slot, member) in the window's reusable list.
+    #[inline]
+    fn advance_window_step(&mut self, window: &mut LazyWindow) -> Vec<(u32, u32, bool)> {
         let now = self.now_us;
         let token_us = self.latency.output_token_us();
-        let post_us = self.latency.post_decode_us();
         debug_assert!(window.in_flight, "a window step ended with none formed");
         window.in_flight = false;
         let gap = (now - window.prev_end_us).saturating_add(token_us);
@@ -233,8 +248,19 @@ impl Engine {
             window.done_due.pop();
             finished.push((position, slot, true));
         }
-        let members_done = finished.len();
-        // The explicit requests' chunks: tokens emitted, members joining.
+        finished
+    }
+
+    /// The explicit requests' chunks of the step that ended: tokens emitted, members joining,
+    /// the ones that finish appended to `finished`.
+    #[inline]
+    fn apply_explicit_chunks(
+        &mut self,
+        window: &mut LazyWindow,
+        finished: &mut Vec<(u32, u32, bool)>,
+    ) {
+        let now = self.now_us;
+        let token_us = self.latency.output_token_us();
         let entries = std::mem::take(&mut self.in_flight);
         debug_assert_eq!(entries.len(), window.explicit.len(), "one entry each");
         debug_assert!(
@@ -279,11 +305,14 @@ impl Engine {
         window.explicit.truncate(still_explicit);
         self.in_flight = entries;
         self.in_flight.clear();
-        if members_done < finished.len() && members_done > 0 {
-            // Completions retire in batch order, members and explicit requests interleaved.
-            finished.sort_unstable();
-        }
-        for &(position, slot, member) in &finished {
+    }
+
+    /// Retires the requests that finished at the window's step, in batch order (members
+    /// brought up to date first).
+    #[inline]
+    fn retire_window_finished(&mut self, window: &mut LazyWindow, finished: &[(u32, u32, bool)]) {
+        let post_us = self.latency.post_decode_us();
+        for &(position, slot, member) in finished {
             if member {
                 self.materialize(window, slot);
                 let total = self.state(slot).num_computed;
@@ -311,10 +340,15 @@ impl Engine {
                 window.context_sum -= computed;
             }
         }
-        // (Finished members' queued KV calls are skipped when their step comes.)
+    }
+
+    /// Takes the retired requests out of the running batch (finished members' queued KV
+    /// calls are skipped when their step comes).
+    #[inline]
+    fn remove_finished_from_running(&mut self, finished: &[(u32, u32, bool)]) {
         if finished.len() <= 2 {
             // Usually one: found by a scan that only compares, then removed in one move.
-            for &(_, slot, _) in &finished {
+            for &(_, slot, _) in finished {
                 let index = self
                     .running
                     .iter()
@@ -326,7 +360,6 @@ impl Engine {
             let slots = &self.slots;
             self.running.retain(|&slot| slots[slot as usize].is_some());
         }
-        window.done_scratch = finished;
     }
 
     /// Brings one member's progress and timeline up to the window's current step.
