@@ -30,6 +30,7 @@ pub(super) struct EventQueue {
 
 impl EventQueue {
     /// Adds an event. At most one step end may be pending.
+    #[inline]
     pub(super) fn push(&mut self, event: Event) {
         if event.kind == EventKind::Step {
             // The engine's `step_pending` flag guards this; a second step would be lost.
@@ -41,6 +42,7 @@ impl EventQueue {
     }
 
     /// Removes and returns the first pending event.
+    #[inline]
     pub(super) fn pop(&mut self) -> Option<Event> {
         match (self.step, self.others.peek()) {
             (Some(step), Some(Reverse(other))) if *other < step => {
@@ -55,6 +57,7 @@ impl EventQueue {
     }
 
     /// The first pending event.
+    #[inline]
     pub(super) fn peek(&self) -> Option<&Event> {
         let other = self.others.peek().map(|Reverse(event)| event);
         match (&self.step, other) {

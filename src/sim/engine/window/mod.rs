@@ -126,6 +126,7 @@ impl Clone for WindowSpare {
 }
 
 /// `a` and `b` (sorted, disjoint) merged into `out` (empty), sorted.
+#[inline]
 pub(super) fn merge_sorted(a: &[u32], b: &[u32], out: &mut Vec<u32>) {
     out.reserve(a.len() + b.len());
     let (mut i, mut j) = (0, 0);
