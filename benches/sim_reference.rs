@@ -18,7 +18,9 @@ fn bench_reference_run(c: &mut Criterion) {
         group.bench_function(format!("blis_reference_{size}"), |b| {
             b.iter(|| {
                 let mut engine = reference_engine().unwrap();
-                engine.run(reference_requests(size), u64::MAX).unwrap();
+                engine
+                    .run(reference_requests(size).unwrap(), u64::MAX)
+                    .unwrap();
                 assert_eq!(engine.counts().completed, size);
                 engine.summary().e2e.mean
             })

@@ -472,12 +472,12 @@ fn heavy_thrashing_still_terminates() {
 #[test]
 fn reference_stepper_matches_on_the_reference_workload() {
     let mut fast = ditto::bench::reference_engine().unwrap();
-    fast.run(ditto::bench::reference_requests(3_000), u64::MAX)
+    fast.run(ditto::bench::reference_requests(3_000).unwrap(), u64::MAX)
         .unwrap();
     let mut reference = ditto::bench::reference_engine().unwrap();
     reference.set_reference_stepper(true);
     reference
-        .run(ditto::bench::reference_requests(3_000), u64::MAX)
+        .run(ditto::bench::reference_requests(3_000).unwrap(), u64::MAX)
         .unwrap();
     assert_eq!(fast.metrics().records, reference.metrics().records);
     assert_eq!(fast.summary(), reference.summary());

@@ -11,13 +11,14 @@ use super::process::peak_rss_mb;
 use crate::catalog;
 use crate::sim::latency::LatencyKind;
 use crate::sim::{Engine, EngineConfig, SimError};
-use crate::workload::{ArrivalProcess, LengthDist, WorkloadGenerator, WorkloadSpec};
+use crate::workload::{ArrivalProcess, LengthDist, WorkloadError, WorkloadGenerator, WorkloadSpec};
 
 /// GPU blocks of llama-3.1-8b-instruct on one H100 at 0.9 utilisation.
 pub const REFERENCE_BLOCKS: u32 = 26_312;
 
-/// The reference run's requests (seed 42).
-pub fn reference_requests(num_requests: u64) -> WorkloadGenerator {
+/// The reference run's requests (seed 42); the workload's own validation error if it
+/// refuses `num_requests`.
+pub fn reference_requests(num_requests: u64) -> Result<WorkloadGenerator, WorkloadError> {
     let spec = WorkloadSpec::single_client(
         42,
         num_requests,
@@ -27,7 +28,6 @@ pub fn reference_requests(num_requests: u64) -> WorkloadGenerator {
         LengthDist::gaussian(512.0, 256.0, 2, 7000),
     );
     spec.generator()
-        .expect("the reference workload is valid (tested in sim_blis_crosscheck)")
 }
 
 /// The reference run's engine: llama-3.1-8b-instruct, H100, TP1, roofline, vLLM defaults,
@@ -83,12 +83,12 @@ pub(super) fn offline_case(out: &mut String, sizes: &[u64]) -> Result<(), BenchE
     // One untimed run first: the first simulation in a process pays one-time costs (page
     // faults of fresh memory, the embedded catalog's parse) that are not per-request work.
     let warm_up = sizes.first().map_or(10_000, |&size| size.min(10_000));
-    offline_reference_engine()?.run(reference_requests(warm_up), u64::MAX)?;
+    offline_reference_engine()?.run(reference_requests(warm_up)?, u64::MAX)?;
     let mut per_request = Vec::new();
     for &size in sizes {
         let mut engine = offline_reference_engine()?;
         let started = Instant::now();
-        engine.run(reference_requests(size), u64::MAX)?;
+        engine.run(reference_requests(size)?, u64::MAX)?;
         let wall = started.elapsed().as_secs_f64();
         let counts = engine.counts();
         let us_per_request = wall * 1e6 / size as f64;
