@@ -220,13 +220,8 @@ pub fn find_model_config(model: &str, options: &InferOptions) -> Result<FoundCon
 
 /// The pool name of pods with this setup: `<model>-<gpu>-tp<N>`, plus a digest of the
 /// engine args when the pod sets any (pods with other limits are another pool).
-fn pool_name(
-    model: &str,
-    gpu: &str,
-    tp: u32,
-    engine: &EngineArgs,
-    cpu_offload_gb: Option<&str>,
-) -> String {
+fn pool_name(model: &str, gpu: &str, tp: u32, facts: &PodFacts) -> String {
+    let (engine, cpu_offload_gb) = (&facts.engine, facts.cpu_offload_gb.as_deref());
     let base = format!(
         "{}-{}-tp{tp}",
         catalog::normalize_model_name(model),
@@ -347,10 +342,27 @@ pub fn infer(
             instance: Err(problems.join("; ")),
         };
     };
-    let offload = facts.cpu_offload_gb.as_deref();
-    setup.pool = pool_name(&setup.model, &gpu, tp, &facts.engine, offload);
-    let instance = build(template, spec, &setup, model_json, &facts.engine, offload);
+    setup.pool = pool_name(&setup.model, &gpu, tp, &facts);
+    let instance = build(template, spec, &setup, model_json, &facts);
     Inferred { setup, instance }
+}
+
+/// A number-valued flag as written (`None`: not given), parsed and checked by `valid`; the
+/// error names the flag and says what it must be (`must_be`).
+fn number_arg(
+    flag: &str,
+    text: Option<&str>,
+    must_be: &str,
+    valid: impl Fn(f64) -> bool,
+) -> Result<Option<f64>, String> {
+    text.map(|text| {
+        text.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|value| valid(*value))
+            .ok_or_else(|| format!("engine: {flag} {text:?} is not {must_be}"))
+    })
+    .transpose()
 }
 
 /// The instance of an inferred setup: the pod's engine args, the pool's explicit fields.
@@ -359,33 +371,21 @@ fn build(
     spec: &InferSpec,
     setup: &InferredSetup,
     model_json: Option<std::sync::Arc<str>>,
-    args: &EngineArgs,
-    cpu_offload_gb: Option<&str>,
+    facts: &PodFacts,
 ) -> Result<InstanceConfig, String> {
-    let offload = match cpu_offload_gb {
-        None => None,
-        Some(text) => Some(
-            text.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|value| value.is_finite() && *value >= 0.0)
-                .ok_or_else(|| {
-                    format!("engine: --cpu-offload-gb {text:?} is not a number of GiB >= 0")
-                })?,
-        ),
-    };
-    let utilization = match &args.gpu_memory_utilization {
-        None => None,
-        Some(text) => Some(
-            text.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|value| *value > 0.0 && *value <= 1.0)
-                .ok_or_else(|| {
-                    format!("engine: --gpu-memory-utilization {text:?} is not in (0, 1]")
-                })?,
-        ),
-    };
+    let args = &facts.engine;
+    let offload = number_arg(
+        "--cpu-offload-gb",
+        facts.cpu_offload_gb.as_deref(),
+        "a number of GiB >= 0",
+        |value| value.is_finite() && value >= 0.0,
+    )?;
+    let utilization = number_arg(
+        "--gpu-memory-utilization",
+        args.gpu_memory_utilization.as_deref(),
+        "in (0, 1]",
+        |value| value > 0.0 && value <= 1.0,
+    )?;
     let pool_engine = &template.engine;
     let pick = |field: &str, inferred: Option<u32>, pool: u32| {
         if spec.sets(&format!("engine.{field}")) {
