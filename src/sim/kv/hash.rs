@@ -214,12 +214,11 @@ mod tests {
         assert_ne!(keys[1], prompt_block_keys(&a, 16)[1]);
     }
 
-    /// The blocks past `shareable_blocks` are exactly those keyed by the request's own id: two
-    /// requests with the same content but different ids agree below it and differ from it on.
-    #[test]
-    fn shareable_blocks_end_where_keys_become_request_private() {
-        let tokens: std::sync::Arc<[u32]> = (0..70).collect::<Vec<u32>>().into();
-        let contents = [
+    /// One prompt content of each kind: synthetic without a prefix, with a prefix shorter and
+    /// longer than the prompt, block keys `5..=last_key` and `[5, 6]`, and `tokens` tokens.
+    fn every_content(tokens: u32, last_key: u64) -> [PromptContent; 6] {
+        let tokens: std::sync::Arc<[u32]> = (0..tokens).collect::<Vec<u32>>().into();
+        [
             PromptContent::Synthetic {
                 prefix_group: None,
                 prefix_len: 0,
@@ -233,9 +232,16 @@ mod tests {
                 prefix_len: 500,
             },
             PromptContent::BlockKeys(vec![5, 6].into()),
-            PromptContent::BlockKeys(vec![5, 6, 7, 8, 9, 10].into()),
+            PromptContent::BlockKeys((5..=last_key).collect::<Vec<u64>>().into()),
             PromptContent::Tokens(tokens),
-        ];
+        ]
+    }
+
+    /// The blocks past `shareable_blocks` are exactly those keyed by the request's own id: two
+    /// requests with the same content but different ids agree below it and differ from it on.
+    #[test]
+    fn shareable_blocks_end_where_keys_become_request_private() {
+        let contents = every_content(70, 10);
         for content in contents {
             let mut a = RequestSpec::synthetic(1, 0, 70, 40);
             a.content = content.clone();
@@ -256,24 +262,7 @@ mod tests {
     /// of content.
     #[test]
     fn prompt_keys_equal_the_block_key_chain() {
-        let tokens: std::sync::Arc<[u32]> = (0..90).collect::<Vec<u32>>().into();
-        let contents = [
-            PromptContent::Synthetic {
-                prefix_group: None,
-                prefix_len: 0,
-            },
-            PromptContent::Synthetic {
-                prefix_group: Some(3),
-                prefix_len: 40,
-            },
-            PromptContent::Synthetic {
-                prefix_group: Some(3),
-                prefix_len: 500,
-            },
-            PromptContent::BlockKeys(vec![5, 6].into()),
-            PromptContent::BlockKeys(vec![5, 6, 7, 8, 9, 10, 11].into()),
-            PromptContent::Tokens(tokens),
-        ];
+        let contents = every_content(90, 11);
         for content in contents {
             for prompt in [0, 15, 16, 47, 90] {
                 let mut spec = RequestSpec::synthetic(77, 0, prompt, 4);
