@@ -227,7 +227,9 @@ enum BodyReadError {
 /// joining them (axum's `to_bytes`) held it twice at the peak (issue 38 D2). A capacity is
 /// only reserved, not touched: a stalled upload costs what has arrived. Every KiB that
 /// arrives takes a permit of `budget` first; the permits come back when the returned guard
-/// is dropped (after the answer).
+/// is dropped (after the answer). A body whose announced length is more than `budget` has
+/// left is refused before any of it is read (it would be refused part-way otherwise, each
+/// refused body's first bytes held until the allocator gave them back).
 async fn read_body(
     mut body: Body,
     max_bytes: usize,
@@ -237,6 +239,10 @@ async fn read_body(
     use http_body_util::BodyExt;
 
     let expected = announced.map_or(0, |length| length.min(max_bytes as u64) as usize);
+    if expected.div_ceil(1024) > budget.available_permits() {
+        // It would be refused part-way anyway: refuse it before holding any of its bytes.
+        return Err(BodyReadError::Busy);
+    }
     let mut buffer = Vec::with_capacity(expected);
     let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {

@@ -110,7 +110,7 @@ def test_stalled_uploads_share_a_bounded_budget():
             except (socket.timeout, OSError):
                 answers.append(b"")
         busy = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
-        # Two 62 MB bodies fit 128 MiB; the other six are refused as their bytes arrive.
+        # Two 62 MB bodies fit 128 MiB; the other six are refused on their headers.
         assert len(busy) >= 6, answers
         assert b"--http-max-body-bytes-in-flight" in busy[0]
         peak = peak_rss_bytes(server.process.pid)
@@ -123,3 +123,49 @@ def test_stalled_uploads_share_a_bounded_budget():
         code = server.terminate()
         os.unlink(server.log.name)
         assert code == 0, f"ditto serve exited {code}:\n{output}"
+
+
+def test_a_body_the_budget_cannot_hold_is_refused_before_its_bytes_arrive():
+    # Two stalled 62 MB uploads hold 124 of the 128 MiB in flight. A third that announces
+    # 63 MB cannot fit what is left: it gets 503 on its headers alone, before a byte of its
+    # body is sent, so refused uploads hold no memory (CI saw 256.2 MiB peak when each
+    # refused upload's first 4 MiB were read before its 503).
+    import socket
+
+    server = Server()
+    server.wait_serving()
+    declared = 63 * 1024 * 1024
+    head = (
+        b"POST /add_training_data_bulk HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {declared}\r\n\r\n".encode()
+    )
+    sockets = []
+    try:
+        for _ in range(2):
+            sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
+            sock.sendall(head)
+            for _ in range(62):
+                sock.sendall(b"0" * (1024 * 1024))
+            sockets.append(sock)
+        late = socket.create_connection(("127.0.0.1", server.http_port), timeout=TIMEOUT)
+        sockets.append(late)
+        late.sendall(head)
+        late.settimeout(10)
+        answer = late.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b"--http-max-body-bytes-in-flight" in answer
+        # A small body still fits what is left, and is answered.
+        small = requests.post(
+            f"http://127.0.0.1:{server.http_port}/add_training_data_bulk",
+            json={"entries": []},
+            timeout=TIMEOUT,
+        )
+        assert small.status_code != 503, small.text
+    finally:
+        for sock in sockets:
+            sock.close()
+        output = server.output()
+        code = server.terminate()
+        os.unlink(server.log.name)
+        assert code == 0, f"ditto serve exited {code}:\n{output}"
+
