@@ -187,6 +187,9 @@ mod tests {
         (trimmed, ran)
     }
 
+    /// An attainment per split.
+    type Attainment = dyn Fn(&[u32]) -> f64;
+
     /// A noisy split landscape: meets the target with enough of both roles, and at a few
     /// small counts by chance (noise) below counts that miss.
     fn noisy(counts: &[u32]) -> f64 {
@@ -202,7 +205,7 @@ mod tests {
     #[test]
     fn the_trim_never_settles_below_a_count_that_misses_while_a_bigger_one_meets() {
         // Every met split in a grid, every landscape shape: monotone, noisy, flat.
-        let landscapes: [&dyn Fn(&[u32]) -> f64; 3] = [
+        let landscapes: [&Attainment; 3] = [
             &|c: &[u32]| if c[0] >= 3 && c[1] >= 2 { 0.95 } else { 0.3 },
             &noisy,
             &|_: &[u32]| 0.99,
@@ -216,8 +219,14 @@ mod tests {
                     }
                     let (trimmed, _) = trim_with(&met, &[], attainment);
                     let [tp, td] = [trimmed.counts[0], trimmed.counts[1]];
-                    assert!(tp <= p && td <= d && tp >= 1 && td >= 1, "{met:?} -> {tp}, {td}");
-                    assert!(attainment(&trimmed.counts) >= TARGET, "{met:?} -> {tp}, {td}");
+                    assert!(
+                        tp <= p && td <= d && tp >= 1 && td >= 1,
+                        "{met:?} -> {tp}, {td}"
+                    );
+                    assert!(
+                        attainment(&trimmed.counts) >= TARGET,
+                        "{met:?} -> {tp}, {td}"
+                    );
                     // Every count of each role between the trimmed and the met one meets the
                     // target too (with the other role as it was when that role was cut).
                     for k in tp..=p {
