@@ -147,7 +147,8 @@ fn searched(snapshot: &MirrorSnapshot, input: LengthDist, output: LengthDist) ->
     let last = &search[met];
     let fewer = |c: &[(String, u32)]| (0..2).all(|role| c[role].1 <= last.replicas[role].1);
     assert!(
-        trim.iter().all(|c| fewer(&c.replicas) && c.replicas != last.replicas),
+        trim.iter()
+            .all(|c| fewer(&c.replicas) && c.replicas != last.replicas),
         "{trail:?}"
     );
     let desired = answer

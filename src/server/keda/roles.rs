@@ -13,10 +13,11 @@
 
 use crate::cluster::config::InstanceRole;
 use crate::twin::TwinError;
-use crate::twin::desired::{DesiredSettings, Variant, desired_split, question_for};
+use crate::twin::desired::{
+    DesiredSettings, Variant, desired_split, observed_lengths, split_question_for,
+};
 use crate::twin::forecast::forecast_capacity;
 use crate::twin::limits::Limits;
-use crate::twin::question::VariantCandidates;
 use crate::twin::snapshot::MirrorSnapshot;
 use crate::workload::Stage;
 
@@ -47,6 +48,19 @@ impl Target {
                 let (prefill, decode) = pair.as_ref();
                 query.split_key(&prefill.namespace, &prefill.name, &decode.name)
             }
+        }
+    }
+
+    /// The recently finished requests' lengths the forecast of this target on the pool of
+    /// `variant` samples (a pair's: its decode pool's, else its prefill pool's).
+    pub fn observed_lengths<'a>(
+        &'a self,
+        snapshot: &'a MirrorSnapshot,
+        variant: &'a Variant,
+    ) -> &'a [(u32, u32)] {
+        match self {
+            Self::Pool => observed_lengths(snapshot, &[variant], ""),
+            Self::Split { pair, .. } => observed_lengths(snapshot, &[&pair.1, &pair.0], ""),
         }
     }
 
@@ -133,13 +147,7 @@ pub fn split_forecast(
     limits: &Limits,
     in_flight: u64,
 ) -> Result<Computed, TwinError> {
-    let asked = question_for(snapshot, prefill, settings, stages, now_us).map(|mut asked| {
-        asked.variants.push(VariantCandidates {
-            template_instance_id: decode.template_id.clone(),
-            replica_counts: Vec::new(),
-        });
-        asked
-    });
+    let asked = split_question_for(snapshot, prefill, decode, settings, stages, now_us);
     let answer = asked
         .as_ref()
         .map(|asked| forecast_capacity(snapshot, asked, limits))
@@ -195,6 +203,7 @@ mod tests {
             }),
             forecaster: LoadForecaster::new(LoadForecastSettings::for_step(1.0)),
             in_flight: 0,
+            quiet: Default::default(),
         }
     }
 
