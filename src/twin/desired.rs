@@ -519,4 +519,77 @@ mod tests {
         let [idle_p, idle_d] = desired_split(&all[2], &all[1], None);
         assert_eq!((idle_p.desired, idle_d.desired), (1, 1));
     }
+
+    #[test]
+    fn each_variant_reads_its_own_pool_and_a_pair_the_busier_of_its_two() {
+        let store = crate::twin::store::MirrorStore::new(crate::twin::store::StoreLimits::DEFAULT);
+        store
+            .sync_config(
+                crate::cluster::spec::default_cluster(),
+                TwinSettings::defaults(),
+                Vec::new(),
+            )
+            .expect("the default cluster syncs");
+        let mut snapshot = (*store.latest().expect("synced").snapshot).clone();
+        let pool = |name: &str, role, rate, lengths: Vec<(u32, u32)>| PoolTraffic {
+            namespace: String::new(),
+            name: name.to_owned(),
+            role,
+            arrivals_per_s: rate,
+            recent_lengths: lengths,
+        };
+        snapshot.traffic = std::sync::Arc::new(crate::twin::snapshot::TrafficStats {
+            arrivals_per_s: 47.0,
+            recent_lengths: vec![(1, 1)],
+            pools: vec![
+                pool("vllm", InstanceRole::Both, 5.0, vec![(700, 70)]),
+                pool("pd", InstanceRole::Prefill, 40.0, vec![(100, 1)]),
+                pool("pd", InstanceRole::Decode, 30.0, vec![(100, 400)]),
+                pool("pd", InstanceRole::Both, 2.0, Vec::new()),
+            ],
+        });
+        let named = |name: &str, role| Variant {
+            name: name.to_owned(),
+            role,
+            ..variant()
+        };
+        let monolithic = named("vllm", InstanceRole::Both);
+        let (prefill, decode) = (
+            named("pd", InstanceRole::Prefill),
+            named("pd", InstanceRole::Decode),
+        );
+        // Its own pool only (ids without a namespace count in the default one), never the
+        // mirror's 47 shared out.
+        assert_eq!(observed_rate(&snapshot, &monolithic, "ns"), 5.0);
+        assert_eq!(observed_rate(&snapshot, &monolithic, "other"), 0.0);
+        assert_eq!(pair_rate(&snapshot, &prefill, &decode, "ns"), 40.0);
+        assert_eq!(
+            observed_lengths(&snapshot, &[&decode, &prefill], "ns"),
+            [(100, 400)]
+        );
+        let quiet = named("pd", InstanceRole::Both);
+        assert_eq!(
+            observed_lengths(&snapshot, &[&quiet, &prefill], "ns"),
+            [(100, 1)],
+            "the first pool with lengths"
+        );
+        assert!(observed_lengths(&snapshot, &[&quiet], "ns").is_empty());
+        // The capacity questions carry those rates and lengths.
+        let settings = DesiredSettings {
+            horizon_s: 10.0,
+            replications: 1,
+            slo: SloTargets::default(),
+            target_attainment: 0.9,
+            namespace: "ns".to_owned(),
+            seed: 0,
+        };
+        let asked = question(&snapshot, &monolithic, &settings, 1).expect("arrivals");
+        assert_eq!(asked.stages[0].rate, 5.0);
+        assert_eq!(asked.input_tokens, LengthDist::empirical(vec![700], None));
+        let split = split_question(&snapshot, &prefill, &decode, &settings, 1).expect("arrivals");
+        assert_eq!(split.stages[0].rate, 40.0);
+        assert_eq!(split.output_tokens, LengthDist::empirical(vec![400], None));
+        let elsewhere = named("elsewhere", InstanceRole::Both);
+        assert!(question(&snapshot, &elsewhere, &settings, 1).is_none());
+    }
 }
