@@ -11,16 +11,16 @@
 //!
 //! A prefill/decode (P/D) pool: every request visits both roles, so the rate of a pool taking
 //! part in a P/D pair is the pair's, the higher of its two pools' rates (and its share of
-//! the questions by both roles' replicas). The pair is the prefill
-//! and decode variants of one pool name (llm-d's way: one InferencePool over two
-//! Deployments, the pods told apart by `llm-d.ai/role`), else a prefill variant with the
-//! first unpaired decode variant of its model and namespace (`twin::desired::pd_pairs`).
+//! the questions by both roles' replicas). The pair is the prefill and decode variants of
+//! one pool name (llm-d's way: one InferencePool over two Deployments, the pods told apart
+//! by `llm-d.ai/role`), else a prefill variant with the first unpaired decode variant of
+//! its model and namespace (`twin::desired::pd_pairs`).
 //!
 //! The store summarises arrivals as a rate over the last window of *client* time ending at
-//! the latest arrival, which stays put while nothing arrives. So a step with no change of
-//! a pool's rate counts as quiet for it, and after `quiet` seconds the rate observed is the summary's
-//! times `1 - quiet / window` (the window sliding past the last arrivals), reaching zero
-//! once a full window passed without an arrival.
+//! the latest arrival, which stays put while nothing arrives. So a step with no change of a
+//! pool's rate counts as quiet for it, and after `quiet` seconds the rate observed is the
+//! summary's times `1 - quiet / window` (the window sliding past the last arrivals),
+//! reaching zero once a full window passed without an arrival.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
