@@ -333,9 +333,10 @@ async fn report_cache(
 /// Writes one observation (staged: published with the other pods' writes at the next tick)
 /// in one store call: its gauges, and its state rebuilt from them unless pushed per-request
 /// state is fresh; the store counts the rebuilt lists' new ids as arrivals only when
-/// `store_counts` (no finished-request counter to count them). A push newer than this scrape that won the race in between
-/// (`TwinError::Superseded`) is kept and this observation dropped (the next scrape sees the
-/// push and takes the gauges only); any other refusal is the scrape's failure.
+/// `store_counts` (no finished-request counter to count them). A push newer than this
+/// scrape that won the race in between (`TwinError::Superseded`) is kept and this
+/// observation dropped (the next scrape sees the push and takes the gauges only); any other
+/// refusal is the scrape's failure.
 fn write_observation(
     pod: &Pod,
     metrics: &PodMetrics,
