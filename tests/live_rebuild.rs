@@ -180,6 +180,7 @@ fn store_of(cluster: &Cluster, lists: impl Fn(usize, &Engine) -> RequestLists) -
                     transfers: None,
                 }),
                 events: Vec::new(),
+                counts_arrivals: true,
             })
             .unwrap();
     }

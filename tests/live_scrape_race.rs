@@ -68,6 +68,7 @@ fn lists(at: u64, prompt_tokens: u32) -> InstanceUpdate {
             transfers: None,
         }),
         events: Vec::new(),
+        counts_arrivals: true,
     }
 }
 

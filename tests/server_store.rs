@@ -64,6 +64,7 @@ fn running(id: &str, at: u64, count: usize) -> InstanceUpdate {
         }),
         gauges: None,
         events: Vec::new(),
+        counts_arrivals: true,
     }
 }
 
@@ -141,6 +142,7 @@ fn traffic_counts_arrivals_and_finished_lengths() {
             requests: None,
             gauges: None,
             events,
+            counts_arrivals: true,
         };
         store.apply_state(update).unwrap();
     }

@@ -125,25 +125,39 @@ fn searched(snapshot: &MirrorSnapshot, input: LengthDist, output: LengthDist) ->
         .map(|c| (c.replicas.clone(), c.slo_attainment))
         .collect();
     eprintln!("split search: {trail:?}");
-    // From one of each, each step adds one replica to one or both roles.
+    // From one of each, each step adds one replica to one or both roles, until the first
+    // split meeting the target; the trim's candidates follow.
     let first = &answer.candidates[0].replicas;
     assert_eq!((first[0].1, first[1].1), (1, 1));
-    for pair in answer.candidates.windows(2) {
+    let met = answer
+        .candidates
+        .iter()
+        .position(|c| c.slo_attainment >= 0.9)
+        .unwrap();
+    let (search, trim) = answer.candidates.split_at(met + 1);
+    for pair in search.windows(2) {
         for role in 0..2 {
             let grew = pair[1].replicas[role].1 - pair[0].replicas[role].1;
             assert!(grew <= 1, "{trail:?}");
         }
         assert!(pair[1].cost_per_hour > pair[0].cost_per_hour);
     }
-    // The desired split is the last candidate, the first to meet the target.
-    let last = answer.candidates.last().unwrap();
-    assert!(last.slo_attainment >= 0.9, "{trail:?}");
-    assert_eq!(answer.desired_replicas, last.replicas);
+    // The trim runs fewer pods than the met split; the desired split is the trimmed one:
+    // met, with no more pods of either role than the search's.
+    let last = &search[met];
+    let fewer = |c: &[(String, u32)]| (0..2).all(|role| c[role].1 <= last.replicas[role].1);
     assert!(
-        answer.candidates[..answer.candidates.len() - 1]
-            .iter()
-            .all(|c| c.slo_attainment < 0.9)
+        trim.iter()
+            .all(|c| fewer(&c.replicas) && c.replicas != last.replicas),
+        "{trail:?}"
     );
+    let desired = answer
+        .candidates
+        .iter()
+        .find(|c| c.replicas == answer.desired_replicas)
+        .unwrap();
+    assert!(desired.slo_attainment >= 0.9, "{trail:?}");
+    assert!(fewer(&answer.desired_replicas), "{trail:?}");
     answer
 }
 

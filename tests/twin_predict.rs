@@ -371,6 +371,7 @@ fn background_arrivals_add_load_and_stay_deterministic() {
     snapshot.traffic = Arc::new(TrafficStats {
         arrivals_per_s: 90.0,
         recent_lengths: (0..64).map(|i| (300 + i * 10, 100 + i * 3)).collect(),
+        ..TrafficStats::default()
     });
     let mut quiet_question = question(cut, OutputLength::Point(300), 4);
     quiet_question.options.horizon_us = 20_000_000;

@@ -382,6 +382,7 @@ fn background_baselines_are_not_shared_across_prompt_lengths() {
     snapshot.traffic = Arc::new(TrafficStats {
         arrivals_per_s: 40.0,
         recent_lengths: Vec::new(),
+        ..TrafficStats::default()
     });
     let mut first = whatif_question(2);
     first.options.background = Background::ObservedPoisson;

@@ -3,16 +3,12 @@
 //!
 //! Requests that arrived in an interval either finished in it or are still in the pod at its
 //! end: arrivals = the increase of the finished-request counter + the increase of waiting +
-//! running. A rebuilt pod's requests keep their ids from one scrape to the next, so the
-//! store, which counts a request it has not seen as an arrival, sees only the growth of
-//! each list; under steady load (flat gauges, requests finishing as fast as they come) that
-//! is none. The counter closes the gap. Pure: no I/O, no clock.
-
-use foldhash::HashSet;
-use foldhash::HashSetExt;
-
-use crate::twin::snapshot::InstanceState;
-use crate::twin::store::RequestLists;
+//! running. A rebuilt pod's requests keep their ids from one scrape to the next (they name
+//! positions, not requests), so new ids would show only the growth of each list; under
+//! steady load (flat gauges, requests finishing as fast as they come) that is none. So a
+//! rebuilt state is written with `InstanceUpdate::counts_arrivals` false while the counter
+//! is read, and the counter's count is recorded as the pod's arrivals. Pure: no I/O, no
+//! clock.
 
 /// Registers `ditto_live_arrivals_total{instance}`: arrivals counted from each pod's
 /// counters, as recorded (after the per-scrape cap).
@@ -86,30 +82,6 @@ pub fn spread(count: u64, from_us: u64, to_us: u64) -> Vec<u64> {
         .collect()
 }
 
-/// How many requests of `lists` the store counts as arrivals when they replace `old`'s
-/// lists: those whose id `old` does not hold. `old_is_rebuilt` says `old` holds a rebuild's
-/// lists (ids `live-w<i>` / `live-r<i>`, as `lists` does), so only each list's growth is new.
-pub fn new_to_store(old: &InstanceState, lists: &RequestLists, old_is_rebuilt: bool) -> u64 {
-    if old_is_rebuilt {
-        let grown = |now: usize, before: usize| now.saturating_sub(before) as u64;
-        return grown(lists.waiting.len(), old.waiting.len())
-            + grown(lists.running.len(), old.running.len());
-    }
-    let mut known = HashSet::with_capacity(old.waiting.len() + old.running.len());
-    known.extend(
-        old.waiting
-            .iter()
-            .chain(&old.running)
-            .map(|request| request.request_id.as_str()),
-    );
-    lists
-        .waiting
-        .iter()
-        .chain(&lists.running)
-        .filter(|request| !known.contains(request.request_id.as_str()))
-        .count() as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,46 +137,5 @@ mod tests {
         assert_eq!(spread(0, 1_000, 2_000), Vec::<u64>::new());
         assert_eq!(spread(2, 5, 5), vec![5, 5]);
         assert_eq!(spread(3, 0, u64::MAX).last(), Some(&u64::MAX));
-    }
-
-    fn lists(waiting: usize, running: usize, prefix: &str) -> RequestLists {
-        let request = |request_id: String| crate::twin::snapshot::ObservedRequest {
-            request_id,
-            arrival_us: 1,
-            prompt_tokens: 10,
-            computed_tokens: 0,
-            cached_tokens: 0,
-            output_tokens: 0,
-            max_tokens: 0,
-            known_output_tokens: None,
-            priority: 0,
-            slo_class: crate::sim::SloClass::default(),
-            scheduled_tokens: 0,
-            block_hashes: Vec::new(),
-            token_ids: None,
-        };
-        RequestLists {
-            waiting: (0..waiting)
-                .map(|i| request(format!("{prefix}w{i}")))
-                .collect(),
-            running: (0..running)
-                .map(|i| request(format!("{prefix}r{i}")))
-                .collect(),
-            step_end_us: None,
-        }
-    }
-
-    #[test]
-    fn what_the_store_counts_is_each_lists_growth_or_every_unknown_id() {
-        let before = lists(3, 2, "live-");
-        let old = InstanceState {
-            waiting: before.waiting,
-            running: before.running,
-            ..InstanceState::default()
-        };
-        let after = lists(1, 4, "live-");
-        assert_eq!(new_to_store(&old, &after, true), 2);
-        assert_eq!(new_to_store(&old, &after, false), 2, "same rule by id");
-        assert_eq!(new_to_store(&old, &lists(1, 1, "pushed-"), false), 2);
     }
 }

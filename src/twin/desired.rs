@@ -7,14 +7,15 @@
 //! Pure: the server's loop supplies the snapshot, the clock and the settings. A variant is
 //! the set of mirrored instances sharing a base name (the instance id without its
 //! `namespace/` prefix, `:port` suffix and trailing `-<ordinal>`), e.g. `vllm-0`..`vllm-3`
-//! or `llm-d/vllm-2:8000` are variant `vllm`. The observed arrival rate is shared among
-//! variants in proportion to their current replicas (the mirror sees the cluster's arrivals,
-//! not the router's split).
+//! or `llm-d/vllm-2:8000` are variant `vllm`. Each variant's forecast reads its own pool's
+//! observed arrival rate and length mix (the store keeps them per pool); a P/D pair's reads
+//! the pair's (every request visits both roles).
 
 use super::MirrorSnapshot;
 use super::question::{
     ForecastAnswer, ForecastQuestion, ForecastStart, SloTargets, VariantCandidates,
 };
+use super::snapshot::{PoolTraffic, TwinSettings};
 use crate::cluster::config::InstanceRole;
 use crate::workload::{LengthDist, Stage};
 
@@ -84,16 +85,19 @@ pub fn variant_of(id: &str) -> (Option<&str>, &str) {
     (namespace, base)
 }
 
+/// The (namespace, pool name) of instance `id`: the namespace its id carries, and the pool
+/// `settings.variants` records for it (the live mirror's pods), else its id's base name.
+pub fn pool_name<'a>(id: &'a str, settings: &'a TwinSettings) -> (Option<&'a str>, &'a str) {
+    let (namespace, name) = variant_of(id);
+    let name = settings.variants.get(id).map_or(name, String::as_str);
+    (namespace, name)
+}
+
 /// The variants of the snapshot's config, in order of first appearance.
 pub fn variants(snapshot: &MirrorSnapshot, default_namespace: &str) -> Vec<Variant> {
     let mut out: Vec<Variant> = Vec::new();
     for instance in &snapshot.config.instances {
-        let (namespace, name) = variant_of(&instance.id);
-        let name = snapshot
-            .settings
-            .variants
-            .get(&instance.id)
-            .map_or(name, String::as_str);
+        let (namespace, name) = pool_name(&instance.id, &snapshot.settings);
         let namespace = namespace.unwrap_or(default_namespace);
         match out
             .iter_mut()
@@ -137,10 +141,9 @@ pub fn pd_pairs(variants: &[Variant]) -> Vec<(usize, usize)> {
     pairs
 }
 
-/// The capacity question for a P/D pair at its share of the observed arrival rate (its
-/// replicas, both roles', among every variant's: a pool that is all P/D takes the whole
-/// rate, as every request visits both roles) over the settings' horizon: both counts searched, the split named by the answer's
-/// `desired_replicas`. None when the mirror has observed no arrivals.
+/// The capacity question for a P/D pair at the pair's observed arrival rate over the
+/// settings' horizon: both counts searched, the split named by the answer's
+/// `desired_replicas`. None when the pair has observed no arrivals.
 pub fn split_question(
     snapshot: &MirrorSnapshot,
     prefill: &Variant,
@@ -148,29 +151,33 @@ pub fn split_question(
     settings: &DesiredSettings,
     now_us: u64,
 ) -> Option<ForecastQuestion> {
-    let total = all_current(&variants(snapshot, &settings.namespace));
-    let rate = snapshot.traffic.arrivals_per_s * f64::from(prefill.current + decode.current)
-        / f64::from(total.max(1));
-    let rate = if rate.is_finite() { rate.max(0.0) } else { 0.0 };
-    let mut asked = question_for(
-        snapshot,
-        prefill,
-        settings,
-        vec![Stage {
-            rate,
-            duration_s: settings.horizon_s,
-        }],
-        now_us,
-    )?;
+    let rate = pair_rate(snapshot, prefill, decode, &settings.namespace);
+    let stages = vec![Stage {
+        rate,
+        duration_s: settings.horizon_s,
+    }];
+    split_question_for(snapshot, prefill, decode, settings, stages, now_us)
+}
+
+/// The capacity question for a P/D pair under `stages`: both counts searched from idle
+/// instances, with the pair's observed length mix (the decode pool's finished requests,
+/// which carry the whole request, else the prefill pool's). None when no stage has
+/// arrivals.
+pub fn split_question_for(
+    snapshot: &MirrorSnapshot,
+    prefill: &Variant,
+    decode: &Variant,
+    settings: &DesiredSettings,
+    stages: Vec<Stage>,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    let recent = observed_lengths(snapshot, &[decode, prefill], &settings.namespace);
+    let mut asked = question_with(snapshot, prefill, settings, stages, recent, now_us)?;
     asked.variants.push(VariantCandidates {
         template_instance_id: decode.template_id.clone(),
         replica_counts: Vec::new(),
     });
     Some(asked)
-}
-
-fn all_current(variants: &[Variant]) -> u32 {
-    variants.iter().map(|v| v.current).sum()
 }
 
 /// The gauges of a P/D pair from its split forecast (None: no traffic, one of each): the
@@ -215,10 +222,9 @@ pub fn desired_split(
     ]
 }
 
-/// Prompt and output lengths to forecast with: the recently finished requests' when the
-/// mirror has seen some, else the settings' output distribution and gaussian prompts.
-fn lengths(snapshot: &MirrorSnapshot) -> (LengthDist, LengthDist) {
-    let recent = &snapshot.traffic.recent_lengths;
+/// Prompt and output lengths to forecast with: the `recent` finished requests' when there
+/// are some, else the settings' output distribution and gaussian prompts.
+fn lengths(snapshot: &MirrorSnapshot, recent: &[(u32, u32)]) -> (LengthDist, LengthDist) {
     if recent.is_empty() {
         return (
             LengthDist::gaussian(512.0, 256.0, 2, 7000),
@@ -233,17 +239,53 @@ fn lengths(snapshot: &MirrorSnapshot) -> (LengthDist, LengthDist) {
     )
 }
 
-/// The share of the mirror's observed arrival rate that falls to `variant`: in proportion to
-/// its replicas among every variant's (the mirror sees the cluster's arrivals, not the
-/// router's split).
+/// The traffic records of `variant`'s pool (its name, role and namespace; ids without a
+/// namespace count in `namespace`).
+fn pool_traffic<'a>(
+    snapshot: &'a MirrorSnapshot,
+    variant: &'a Variant,
+    namespace: &'a str,
+) -> impl Iterator<Item = &'a PoolTraffic> + 'a {
+    snapshot.traffic.pools.iter().filter(move |pool| {
+        pool.name == variant.name
+            && pool.role == variant.role
+            && (pool.namespace == variant.namespace
+                || pool.namespace.is_empty() && variant.namespace == namespace)
+    })
+}
+
+/// The arrival rate `variant`'s own pool was observed at (requests per second).
 pub fn observed_rate(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) -> f64 {
-    let total: u32 = variants(snapshot, namespace)
-        .iter()
-        .map(|v| v.current)
+    let rate: f64 = pool_traffic(snapshot, variant, namespace)
+        .map(|pool| pool.arrivals_per_s)
         .sum();
-    let rate =
-        snapshot.traffic.arrivals_per_s * f64::from(variant.current) / f64::from(total.max(1));
     if rate.is_finite() { rate.max(0.0) } else { 0.0 }
+}
+
+/// The arrival rate of a P/D pair: every request visits its decode pods (and its prefill
+/// pods unless the decider skips prefill), so the higher of its two pools' rates.
+pub fn pair_rate(
+    snapshot: &MirrorSnapshot,
+    prefill: &Variant,
+    decode: &Variant,
+    namespace: &str,
+) -> f64 {
+    observed_rate(snapshot, prefill, namespace).max(observed_rate(snapshot, decode, namespace))
+}
+
+/// The recently finished requests' (prompt, output) lengths of the first of `variants`
+/// whose pool has some (empty when none has).
+pub fn observed_lengths<'a>(
+    snapshot: &'a MirrorSnapshot,
+    variants: &[&'a Variant],
+    namespace: &'a str,
+) -> &'a [(u32, u32)] {
+    variants
+        .iter()
+        .flat_map(|variant| pool_traffic(snapshot, variant, namespace))
+        .map(|pool| pool.recent_lengths.as_slice())
+        .find(|lengths| !lengths.is_empty())
+        .unwrap_or_default()
 }
 
 /// Requests the mirror holds in flight (waiting or running) on `variant`'s instances.
@@ -254,12 +296,7 @@ pub fn in_flight(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) 
         .iter()
         .zip(&snapshot.instances)
         .filter(|(instance, _)| {
-            let (ns, name) = variant_of(&instance.id);
-            let name = snapshot
-                .settings
-                .variants
-                .get(&instance.id)
-                .map_or(name, String::as_str);
+            let (ns, name) = pool_name(&instance.id, &snapshot.settings);
             name == variant.name && ns.unwrap_or(namespace) == variant.namespace
         })
         .map(|(_, state)| {
@@ -273,13 +310,27 @@ pub fn in_flight(snapshot: &MirrorSnapshot, variant: &Variant, namespace: &str) 
         .sum()
 }
 
-/// The capacity question for `variant` under a piecewise arrival rate `stages`: a search over its replica count from idle instances, with
-/// the observed length mix. None when no stage has arrivals (then 1 replica suffices).
+/// The capacity question for `variant` under a piecewise arrival rate `stages`: a search
+/// over its replica count from idle instances, with its pool's observed length mix. None
+/// when no stage has arrivals (then 1 replica suffices).
 pub fn question_for(
     snapshot: &MirrorSnapshot,
     variant: &Variant,
     settings: &DesiredSettings,
     stages: Vec<Stage>,
+    now_us: u64,
+) -> Option<ForecastQuestion> {
+    let recent = observed_lengths(snapshot, &[variant], &settings.namespace);
+    question_with(snapshot, variant, settings, stages, recent, now_us)
+}
+
+/// [`question_for`] with the length mix of `recent` finished requests.
+fn question_with(
+    snapshot: &MirrorSnapshot,
+    variant: &Variant,
+    settings: &DesiredSettings,
+    stages: Vec<Stage>,
+    recent: &[(u32, u32)],
     now_us: u64,
 ) -> Option<ForecastQuestion> {
     if !stages
@@ -288,7 +339,7 @@ pub fn question_for(
     {
         return None;
     }
-    let (input_tokens, output_tokens) = lengths(snapshot);
+    let (input_tokens, output_tokens) = lengths(snapshot, recent);
     Some(ForecastQuestion {
         start: ForecastStart::Empty,
         stages,
@@ -308,8 +359,8 @@ pub fn question_for(
     })
 }
 
-/// The capacity question for `variant` at its share of the observed arrival rate over the
-/// settings' horizon, or None when the mirror has observed no arrivals.
+/// The capacity question for `variant` at its pool's observed arrival rate over the
+/// settings' horizon, or None when the pool has observed no arrivals.
 pub fn question(
     snapshot: &MirrorSnapshot,
     variant: &Variant,
@@ -467,5 +518,78 @@ mod tests {
         assert_eq!(prefill.variant.role, InstanceRole::Prefill);
         let [idle_p, idle_d] = desired_split(&all[2], &all[1], None);
         assert_eq!((idle_p.desired, idle_d.desired), (1, 1));
+    }
+
+    #[test]
+    fn each_variant_reads_its_own_pool_and_a_pair_the_busier_of_its_two() {
+        let store = crate::twin::store::MirrorStore::new(crate::twin::store::StoreLimits::DEFAULT);
+        store
+            .sync_config(
+                crate::cluster::spec::default_cluster(),
+                TwinSettings::defaults(),
+                Vec::new(),
+            )
+            .expect("the default cluster syncs");
+        let mut snapshot = (*store.latest().expect("synced").snapshot).clone();
+        let pool = |name: &str, role, rate, lengths: Vec<(u32, u32)>| PoolTraffic {
+            namespace: String::new(),
+            name: name.to_owned(),
+            role,
+            arrivals_per_s: rate,
+            recent_lengths: lengths,
+        };
+        snapshot.traffic = std::sync::Arc::new(crate::twin::snapshot::TrafficStats {
+            arrivals_per_s: 47.0,
+            recent_lengths: vec![(1, 1)],
+            pools: vec![
+                pool("vllm", InstanceRole::Both, 5.0, vec![(700, 70)]),
+                pool("pd", InstanceRole::Prefill, 40.0, vec![(100, 1)]),
+                pool("pd", InstanceRole::Decode, 30.0, vec![(100, 400)]),
+                pool("pd", InstanceRole::Both, 2.0, Vec::new()),
+            ],
+        });
+        let named = |name: &str, role| Variant {
+            name: name.to_owned(),
+            role,
+            ..variant()
+        };
+        let monolithic = named("vllm", InstanceRole::Both);
+        let (prefill, decode) = (
+            named("pd", InstanceRole::Prefill),
+            named("pd", InstanceRole::Decode),
+        );
+        // Its own pool only (ids without a namespace count in the default one), never the
+        // mirror's 47 shared out.
+        assert_eq!(observed_rate(&snapshot, &monolithic, "ns"), 5.0);
+        assert_eq!(observed_rate(&snapshot, &monolithic, "other"), 0.0);
+        assert_eq!(pair_rate(&snapshot, &prefill, &decode, "ns"), 40.0);
+        assert_eq!(
+            observed_lengths(&snapshot, &[&decode, &prefill], "ns"),
+            [(100, 400)]
+        );
+        let quiet = named("pd", InstanceRole::Both);
+        assert_eq!(
+            observed_lengths(&snapshot, &[&quiet, &prefill], "ns"),
+            [(100, 1)],
+            "the first pool with lengths"
+        );
+        assert!(observed_lengths(&snapshot, &[&quiet], "ns").is_empty());
+        // The capacity questions carry those rates and lengths.
+        let settings = DesiredSettings {
+            horizon_s: 10.0,
+            replications: 1,
+            slo: SloTargets::default(),
+            target_attainment: 0.9,
+            namespace: "ns".to_owned(),
+            seed: 0,
+        };
+        let asked = question(&snapshot, &monolithic, &settings, 1).expect("arrivals");
+        assert_eq!(asked.stages[0].rate, 5.0);
+        assert_eq!(asked.input_tokens, LengthDist::empirical(vec![700], None));
+        let split = split_question(&snapshot, &prefill, &decode, &settings, 1).expect("arrivals");
+        assert_eq!(split.stages[0].rate, 40.0);
+        assert_eq!(split.output_tokens, LengthDist::empirical(vec![400], None));
+        let elsewhere = named("elsewhere", InstanceRole::Both);
+        assert!(question(&snapshot, &elsewhere, &settings, 1).is_none());
     }
 }

@@ -105,6 +105,25 @@ pub struct TrafficStats {
     pub arrivals_per_s: f64,
     /// Recent finished requests' (prompt tokens, output tokens), oldest first (bounded).
     pub recent_lengths: Vec<(u32, u32)>,
+    /// The same, per pool: what each pool's own instances observed (a pool's forecast reads
+    /// its own, `twin::desired`). One entry per pool that saw arrivals or finished requests.
+    pub pools: Vec<PoolTraffic>,
+}
+
+/// Traffic one pool's instances observed. A pool: the instances of one name (the id's base
+/// name, or the one `TwinSettings::variants` records), namespace and role.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct PoolTraffic {
+    /// The namespace the instance ids carry (empty when they carry none).
+    pub namespace: String,
+    /// The pool's name.
+    pub name: String,
+    /// The role its instances serve.
+    pub role: crate::cluster::config::InstanceRole,
+    /// Arrival rate over the recent window, requests per second.
+    pub arrivals_per_s: f64,
+    /// Recent finished requests' (prompt tokens, output tokens), oldest first (bounded).
+    pub recent_lengths: Vec<(u32, u32)>,
 }
 
 /// Twin-level settings that come with the cluster config.

@@ -49,6 +49,10 @@ vllm/v1/metrics/loggers.py), not from ditto's decoder:
   series with `--served-model-name`'s first name, else the model path it loaded; default
   `meta-llama/Llama-3.1-8B-Instruct`).
 
+- Ports: `--http-port 0` and `--pub-port -1` / `--replay-port -1` bind ports the kernel
+  picks; `--ports-file FILE` then reports the ports bound (JSON `http`, `pub`, `replay`),
+  written once every socket is bound, so a test never hands out a port it only found free.
+
 Run: python fake_vllm.py --host 127.0.0.2 --http-port P --pub-port Q [--replay-port R]
 """
 
@@ -263,6 +267,16 @@ def prompt_events(token_ids, block_size, as_int, first_block=0, algo="sha256"):
     return event, [maybe_convert_block_hash(d, True) for d in digests]
 
 
+def bind(socket, host, port):
+    """Binds `socket` on `host`:`port`, or on a port the kernel picks when `port` is -1 (read
+    back from the socket, so no other process can take it in between); returns the port."""
+    if port == -1:
+        socket.bind(f"tcp://{host}:*")
+        return int(socket.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+    socket.bind(f"tcp://{host}:{port}")
+    return port
+
+
 class Publisher:
     """vLLM's ZmqEventPublisher: PUB + replay ROUTER + a buffer of (seq, payload)."""
 
@@ -273,16 +287,17 @@ class Publisher:
         self.context = zmq.Context()
         self.pub = self.context.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
-        self.pub.bind(f"tcp://{host}:{pub_port}")
+        self.pub_port = bind(self.pub, host, pub_port)
         self.topic = (f"kv@{host}@{model}" if topic is None else topic).encode()
         self.seq = 0
         self.buffer = []
         self.lock = threading.Lock()
         self.replay = None
+        self.replay_port = 0
         if replay_port:
             self.replay = self.context.socket(zmq.ROUTER)
             self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay.bind(f"tcp://{host}:{replay_port}")
+            self.replay_port = bind(self.replay, host, replay_port)
             threading.Thread(target=self.serve_replay, daemon=True).start()
 
     def serve_replay(self):
@@ -336,17 +351,18 @@ class State:
         self.hold_after = None
         self.holding = False
         self.release = threading.Event()
-        self.publishers = [
-            Publisher(
-                args.host,
-                args.pub_port + rank,
-                args.replay_port + rank if args.replay_port else 0,
-                args.topic,
-                rank,
-                args.served_model_name,
+        # Rank r on the base ports + r; with -1, rank 0 takes what the kernel picks and the
+        # others follow it.
+        self.publishers = []
+        pub, replay = args.pub_port, args.replay_port
+        for rank in range(args.dp_size if pub else 0):
+            offset = lambda port: port + rank if port > 0 else port  # noqa: E731
+            publisher = Publisher(
+                args.host, offset(pub), offset(replay), args.topic, rank, args.served_model_name
             )
-            for rank in range(args.dp_size if args.pub_port else 0)
-        ]
+            if rank == 0:
+                pub, replay = publisher.pub_port, publisher.replay_port
+            self.publishers.append(publisher)
         self.publisher = self.publishers[0] if self.publishers else None
         self.steady = None
         if args.startup_kv:
@@ -496,10 +512,20 @@ def main():
     parser.add_argument("--topic", default=None)
     parser.add_argument("--startup-kv", default=None)
     parser.add_argument("--served-model-name", default=MODEL)
+    parser.add_argument("--ports-file", default=None)
     args = parser.parse_args()
     state = State(args)
     server = ThreadingHTTPServer((args.host, args.http_port), handler(state))
     server.daemon_threads = True
+    if args.ports_file:
+        ports = dict(
+            http=server.server_address[1],
+            pub=state.publisher.pub_port if state.publisher else 0,
+            replay=state.publisher.replay_port if state.publisher else 0,
+        )
+        with open(args.ports_file + ".tmp", "w") as file:
+            json.dump(ports, file)
+        os.replace(args.ports_file + ".tmp", args.ports_file)
     server.serve_forever()
 
 

@@ -306,3 +306,98 @@ def test_reads_follow_auth_reads():
         assert scaler.GetMetricSpec(ref(), timeout=10).metricSpecs[0].targetSizeFloat == 1.0
     finally:
         stop(server)
+
+
+# Two pools of the same model: requests pushed to one are that pool's load only.
+BLACKBOX = pb.BlackboxCoefficients(alpha=[0, 0, 0], beta=[5000, 20, 100])
+POOLS = {"blue": ["blue-0", "blue-1"], "green": ["green-0", "green-1"]}
+
+
+def sync_two_pools(server):
+    pods = [
+        pb.InstanceSpec(
+            id=pod_id,
+            address=f"{pod_id}-addr",
+            latency_model="blackbox",
+            coefficients=BLACKBOX,
+            engine=pb.EngineLimits(num_gpu_blocks=20000, max_num_seqs=256),
+            cost_per_hour=1.0,
+        )
+        for pods in POOLS.values()
+        for pod_id in pods
+    ]
+    server.twin.SyncClusterConfig(pb.ClusterConfig(instances=pods), timeout=10)
+
+
+def push_served(server, instance, count, start_us, span_us, output):
+    """`count` requests routed to `instance` over `span_us` of client time from `start_us`,
+    each finished with `output` tokens at the end."""
+    events = []
+    gap = span_us // count
+    for n in range(count):
+        at = start_us + n * gap
+        request = pb.RequestState(request_id=f"{instance}-{start_us}-{n}", arrival_us=at, prompt_tokens=100, max_tokens=output)
+        events.append(pb.RequestEvent(at_us=at, routed=pb.RequestRouted(request=request)))
+    end = start_us + span_us
+    for n in range(count):
+        finished = pb.RequestFinished(request_id=f"{instance}-{start_us}-{n}", output_tokens=output)
+        events.append(pb.RequestEvent(at_us=end, finished=finished))
+    update = pb.InstanceStateUpdate(instance_id=instance, observed_at_us=end, events=events)
+    assert server.twin.PushInstanceState(iter([update]), timeout=30).accepted == 1
+
+
+def test_each_pool_s_forecast_follows_only_its_own_load():
+    """The observed arrival rate and length mix are kept per pool: with load pushed to
+    `blue` only, `green` observes nothing, stays inactive and asks for no replica (KEDA) and
+    one (the forecast loop); then green's own load moves green and not blue."""
+    server = Server(
+        extra_args=STEP_ARGS
+        + ["--forecast-interval", "0.2", "--forecast-horizon-s", "10", "--forecast-replications", "1",
+           "--forecast-slo-ttft-ms", "250", "--forecast-slo-tpot-ms", "15", "--forecast-target-attainment", "0.9"]
+    )
+    try:
+        server.wait_serving()
+        sync_two_pools(server)
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+
+        def of(pool, **overrides):
+            return ref(pool=pool, ttftMs="250", tpotMs="15", horizonSeconds="10", warmUpSeconds="5", targetAttainment="0.9", **overrides)
+
+        def desired(pool):
+            name = f"ditto-desired-replicas-{pool}"
+            values = scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=of(pool), metricName=name), timeout=60)
+            return values.metricValues[0].metricValueFloat
+
+        def observed(pool):
+            text = server.http("/metrics")[1]
+            return gauge(text, "ditto_load_observed_arrivals_per_second", f'namespace="",pool="{pool}"')
+
+        def loop_desired(pool):
+            text = server.http("/metrics")[1]
+            match = re.search(rf'^ditto_desired_replicas\{{[^}}]*variant_name="{pool}"[^}}]*\}} (\S+)$', text, re.MULTILINE)
+            return None if match is None else float(match.group(1))
+
+        until("both pools sampled", lambda: (observed("blue"), observed("green")), lambda o: None not in o)
+        # 40 req/s of 400-token outputs on blue's first pod over 10 s of client time: at
+        # 15 ms a token (5 ms + 0.1 ms a sequence per step) that needs three pods or more.
+        push_served(server, "blue-0", 400, 1_000_000, 10_000_000, 400)
+        until("blue observed", lambda: observed("blue"), lambda r: r > 30.0)
+        assert observed("green") == 0.0
+        blue = until("blue's replicas", lambda: desired("blue"), lambda d: d >= 3)
+        assert scaler.IsActive(of("green"), timeout=10).result is False
+        assert desired("green") == 0.0
+        loop = until("the loop's rounds", lambda: (loop_desired("blue"), loop_desired("green")), lambda d: (d[0] or 0) >= 3)
+        assert loop[1] == 1.0, loop
+        snapshot = server.twin.GetSnapshot(pb.GetSnapshotRequest(), timeout=10)
+        assert snapshot.traffic.arrivals_per_s > 30.0, "the mirror's own rate is the sum"
+
+        # Green's own load, 10 req/s of short outputs: green follows it, blue's rate does not
+        # grow with it.
+        blue_rate = observed("blue")
+        push_served(server, "green-1", 100, 11_000_000, 10_000_000, 20)
+        until("green observed", lambda: observed("green"), lambda r: r > 3.0)
+        assert observed("blue") <= blue_rate
+        assert until("green active", lambda: scaler.IsActive(of("green"), timeout=10), lambda r: r.result).result
+        assert 1.0 <= desired("green") < blue
+    finally:
+        stop(server)

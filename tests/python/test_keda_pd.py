@@ -15,6 +15,7 @@ mix the forecast samples. A step costs 5 ms + 20 us a prefill token + 100 us a d
 import concurrent.futures
 import os
 import re
+import threading
 import time
 
 import grpc
@@ -352,3 +353,102 @@ def test_bad_roles_are_refused_naming_the_value(change, named):
     values = roles_values()
     change(values)
     assert named in bad_values_error(values)
+
+
+class SteadyLoad:
+    """Pushes `rate` requests per second to `instance` in client time that follows the wall
+    clock (a batch every 0.25 s, routed and finished with `output` tokens), so the observed
+    rate holds at `rate` instead of decaying after one burst."""
+
+    def __init__(self, server, rate, prompt, output, instance=DECODE[0]):
+        self.server, self.rate, self.prompt, self.output, self.instance = server, rate, prompt, output, instance
+        self.stopped = threading.Event()
+        self.errors = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        start = time.monotonic()
+        sent = 0
+        while not self.stopped.wait(0.25):
+            now_us = 1_000_000 + int((time.monotonic() - start) * 1e6)
+            due = int((now_us - 1_000_000) / 1e6 * self.rate)
+            events = []
+            for n in range(sent, due):
+                at = 1_000_000 + int(n / self.rate * 1e6)
+                request = pb.RequestState(request_id=f"s{n}", arrival_us=at, prompt_tokens=self.prompt, max_tokens=self.output)
+                events.append(pb.RequestEvent(at_us=at, routed=pb.RequestRouted(request=request)))
+            for n in range(sent, due):
+                finished = pb.RequestFinished(request_id=f"s{n}", output_tokens=self.output)
+                events.append(pb.RequestEvent(at_us=now_us, finished=finished))
+            sent = due
+            update = pb.InstanceStateUpdate(instance_id=self.instance, observed_at_us=now_us, events=events)
+            try:
+                self.server.twin.PushInstanceState(iter([update]), timeout=30)
+            except grpc.RpcError as err:
+                self.errors.append(err)
+                return
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=30)
+        assert not self.errors, self.errors
+
+
+def forecast_split(server, rate, prompt, output):
+    """ForecastCapacity's P/D answer for the pool's pair as the scaler asks it: idle pods, the
+    horizon in four stages at `rate`, the observed lengths, the trigger's objectives."""
+    question = pb.ForecastCapacityRequest(
+        start=pb.FORECAST_START_EMPTY,
+        stages=[pb.RateStage(rate_rps=rate, duration_s=2.5)] * 4,
+        input_tokens=pb.LengthDistribution(empirical=pb.EmpiricalLength(values=[prompt], weights=[1.0])),
+        output_tokens=pb.LengthDistribution(empirical=pb.EmpiricalLength(values=[output], weights=[1.0])),
+        variants=[pb.VariantCandidates(template_instance_id=PREFILL[0]), pb.VariantCandidates(template_instance_id=DECODE[0])],
+        slo=pb.SloTargets(ttft_ms=250.0, tpot_ms=15.0),
+        target_attainment=0.9,
+        replications=1,
+        seed=0,
+    )
+    answer = server.twin.ForecastCapacity(question, timeout=120)
+    desired = {v.template_instance_id: v.replicas for v in answer.desired_replicas}
+    candidates = [
+        ({v.template_instance_id: v.replicas for v in c.replicas}, c.slo_attainment) for c in answer.candidates
+    ]
+    return (desired[PREFILL[0]], desired[DECODE[0]]), candidates
+
+
+def test_forecast_capacity_s_split_is_the_scaler_s_on_the_same_load():
+    """One trimmed split for both callers: at 44 req/s of 100-token prompts and 400-token
+    outputs the search stops with a prefill pod more than the split needs (docs/autoscaling.md,
+    "Per role"); ForecastCapacity's P/D answer and the scaler's per-role counts are both the
+    trimmed split."""
+    server = Server(extra_args=STEP_ARGS)
+    load = None
+    try:
+        server.wait_serving()
+        sync(server)
+        scaler = ks_grpc.ExternalScalerStub(server.channel)
+        sampled("the P/D pool", lambda: scaler.IsActive(ref(role="decode"), timeout=10))
+        load = SteadyLoad(server, 44.0, prompt=100, output=400)
+        rate_name = "ditto-arrival-rate-vllm-decode"
+
+        def rate():
+            reference = ref(role="decode", metric="arrivalRate", arrivalRatePerReplica="10")
+            values = scaler.GetMetrics(ks.GetMetricsRequest(scaledObjectRef=reference, metricName=rate_name), timeout=30)
+            return values.metricValues[0].metricValueFloat
+
+        # The forecast settles on the steady rate (its trend from the step up worn off).
+        until("the forecast at the steady rate", rate, lambda r: 40.0 <= r <= 48.0)
+        scaled = until("a settled split", lambda: (split(scaler), split(scaler)), lambda s: s[0] == s[1] and min(s[0]) >= 1)[0]
+
+        answered, candidates = forecast_split(server, 44.0, 100, 400)
+        # Not a borderline load: the same split 9 % either side.
+        assert forecast_split(server, 40.0, 100, 400)[0] == answered == forecast_split(server, 48.0, 100, 400)[0]
+        assert scaled == answered, (scaled, answered)
+        # The search's first met split carried more prefill pods than the answer: the trim ran.
+        first_met = next(counts for counts, attainment in candidates if attainment >= 0.9)
+        assert first_met[PREFILL[0]] > answered[0] and first_met[DECODE[0]] >= answered[1], (first_met, answered)
+    finally:
+        if load is not None:
+            load.stop()
+        stop(server)

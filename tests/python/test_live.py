@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -27,11 +28,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BOUND_S = 20.0
 
 
+class FakeExited(AssertionError):
+    """A fake vLLM process exited while starting (e.g. a port it was told to bind is taken)."""
+
+
 class Fake:
-    """A fake vLLM pod process on `host`."""
+    """A fake vLLM pod process on `host`. An HTTP port of 0 and KV ports of -1 are picked by
+    the process as it binds them and read back (`--ports-file`); a restart binds the same."""
 
     def __init__(self, host, http_port, pub_port=0, replay_port=0, deprecated=False, model=None):
         self.host, self.http_port = host, http_port
+        self.pub_port, self.replay_port = pub_port, replay_port
+        self.ports_file = None
         self.args = [
             sys.executable,
             os.path.join(HERE, "fake_vllm.py"),
@@ -40,18 +48,43 @@ class Fake:
             "--pub-port", str(pub_port),
             "--replay-port", str(replay_port),
         ] + (["--deprecated"] if deprecated else []) + (["--served-model-name", model] if model else [])
+        if http_port == 0 or -1 in (pub_port, replay_port):
+            handle, self.ports_file = tempfile.mkstemp(prefix="fake-vllm-ports-")
+            os.close(handle)
+            os.unlink(self.ports_file)
+            self.args += ["--ports-file", self.ports_file]
         self.start()
 
     @property
     def address(self):
         return f"{self.host}:{self.http_port}"
 
+    def read_ports(self, deadline):
+        """Waits for the process's bound ports; from then on its arguments name them."""
+        while not os.path.exists(self.ports_file):
+            if self.process.poll() is not None:
+                raise FakeExited(f"fake vLLM exited: {self.process.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                raise AssertionError("fake vLLM did not report its ports")
+            time.sleep(0.02)
+        with open(self.ports_file) as file:
+            ports = json.load(file)
+        os.unlink(self.ports_file)
+        self.ports_file = None
+        self.http_port, self.pub_port, self.replay_port = ports["http"], ports["pub"], ports["replay"]
+        for flag, value in (("--http-port", self.http_port), ("--pub-port", self.pub_port), ("--replay-port", self.replay_port)):
+            self.args[self.args.index(flag) + 1] = str(value)
+        at = self.args.index("--ports-file")
+        del self.args[at : at + 2]
+
     def start(self):
         self.process = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + BOUND_S
+        if self.ports_file:
+            self.read_ports(deadline)
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise AssertionError(f"fake vLLM exited: {self.process.stderr.read().decode()}")
+                raise FakeExited(f"fake vLLM exited: {self.process.stderr.read().decode()}")
             try:
                 with urllib.request.urlopen(f"http://{self.address}/metrics", timeout=1) as reply:
                     if reply.status == 200:
@@ -90,17 +123,36 @@ def free_port_on(host, avoid=()):
             return port
 
 
+# Attempts at starting a group of fakes sharing KV ports (see `fakes`).
+BIND_ATTEMPTS = 5
+
+
 @pytest.fixture
 def fakes(request):
+    """`make(count, kv, replay, deprecated)` starts `count` fakes on 127.0.0.2, .3, ... sharing
+    one PUB and one replay port number (one endpoint template for the pool). The first fake
+    binds ports the kernel picks and reports them; the others bind the same numbers on their
+    own address, and if one of those is taken there the whole group starts again."""
     started = []
 
     def make(count, kv=False, replay=True, deprecated=False):
-        pub = free_port() if kv else 0
-        rep = free_port() if kv and replay else 0
-        for index in range(count):
-            host = f"127.0.0.{index + 2}"
-            started.append(Fake(host, free_port_on(host, avoid=(pub, rep)), pub, rep, deprecated))
-        return started[-count:], pub, rep
+        for attempt in range(BIND_ATTEMPTS):
+            group = []
+            pub, rep = (-1 if kv else 0), (-1 if kv and replay else 0)
+            try:
+                for index in range(count):
+                    fake = Fake(f"127.0.0.{index + 2}", 0, pub, rep, deprecated)
+                    group.append(fake)
+                    pub, rep = fake.pub_port, fake.replay_port
+            except FakeExited:
+                for fake in group:
+                    fake.stop()
+                if attempt == BIND_ATTEMPTS - 1:
+                    raise
+                continue
+            started.extend(group)
+            return group, pub, rep
+        raise AssertionError("unreachable")
 
     yield make
     for fake in started:

@@ -2,7 +2,8 @@
 
 The real `ditto serve` mirrors a pool of prefill and decode pods (roles as llm-d labels
 them); a question that searches both templates' replica counts answers with one desired
-count per role, the first split meeting the target, found by growing each role from one.
+count per role: the first split meeting the target, found by growing each role from one,
+then each role trimmed to the fewest pods that still meet it.
 A prompt-heavy workload gets more prefill pods than decode pods and an output-heavy one the
 reverse; two searched templates of the same role are refused, naming `variants`.
 """
@@ -58,18 +59,29 @@ def split_of(answer, prefill, decode):
     return desired[prefill], desired[decode]
 
 
+def counts_of(candidate, prefill, decode):
+    replicas = {v.template_instance_id: v.replicas for v in candidate.replicas}
+    return replicas[prefill], replicas[decode]
+
+
 def test_forecast_capacity_names_the_p_d_split(server):
     prefill, decode = sync(server)
     prompt_heavy = server.twin.ForecastCapacity(split_question(prefill, decode, 2000, 20), timeout=120)
     p, d = split_of(prompt_heavy, prefill, decode)
     assert p >= 2 and d == 1, (p, d)
-    # The desired split is the first evaluated one meeting the target; the search starts
-    # from one pod of each role.
-    first = {v.template_instance_id: v.replicas for v in prompt_heavy.candidates[0].replicas}
-    assert first == {prefill: 1, decode: 1}
-    met = [c for c in prompt_heavy.candidates if c.slo_attainment >= 0.9]
-    assert met and {v.template_instance_id: v.replicas for v in met[0].replicas} == {prefill: p, decode: d}
-    assert all(c.slo_attainment < 0.9 for c in prompt_heavy.candidates[:-1])
+    # The search starts from one pod of each role and grows them until a split meets the
+    # target; the trim then evaluates fewer pods of one role at a time, the other held.
+    candidates = [counts_of(c, prefill, decode) for c in prompt_heavy.candidates]
+    assert candidates[0] == (1, 1)
+    first_met = next(i for i, c in enumerate(prompt_heavy.candidates) if c.slo_attainment >= 0.9)
+    search, trim = candidates[: first_met + 1], candidates[first_met + 1 :]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(search, search[1:])), search
+    met_p, met_d = search[-1]
+    # The desired split is the trimmed one: met, and no more pods of either role than the
+    # search's.
+    desired = next(c for c in prompt_heavy.candidates if counts_of(c, prefill, decode) == (p, d))
+    assert desired.slo_attainment >= 0.9 and p <= met_p and d <= met_d, (search, (p, d))
+    assert all(c[0] < met_p and c[1] == met_d or c[0] <= met_p and c[1] < met_d for c in trim), trim
 
     output_heavy = server.twin.ForecastCapacity(split_question(prefill, decode, 100, 400), timeout=120)
     p, d = split_of(output_heavy, prefill, decode)

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio::time::MissedTickBehavior;
 
 use super::{Pod, PodNews};
-use crate::live::arrivals::{ArrivalCounter, new_to_store, spread};
+use crate::live::arrivals::{ArrivalCounter, spread};
 use crate::live::rebuild::rebuild;
 use crate::live::scrape::{ScrapeError, Scraper, page_text};
 use crate::live::text::{PodMetrics, RestartMarks, TextError, parse_metrics};
@@ -216,12 +216,14 @@ async fn scrape_once(
             .collect::<Vec<_>>()
             .join("; ")
     });
-    let written = write_observation(pod, &metrics, engine, &state, at_us)?;
-    if let (Some(count), Some(seen_by_store)) = (counted, written.new_to_store) {
+    // With the counter read, the store does not count the rebuilt lists' ids as arrivals:
+    // the counter's count is recorded instead.
+    let written = write_observation(pod, &metrics, engine, &state, at_us, counted.is_none())?;
+    if let (Some(count), true) = (counted, written.rebuilt) {
         seen.arrivals_total
             .get_or_insert_with(|| pod.arrivals_total.with_label_values(&[pod.id.as_str()]))
             .inc_by(count);
-        record_arrivals(pod, count, seen_by_store, (last_at_us, at_us));
+        record_arrivals(pod, count, (last_at_us, at_us));
     }
     // Staged after the capped values it describes: both published at the next tick.
     if written.written && state.capped != note {
@@ -247,18 +249,18 @@ fn cap_arrivals(
     count.min(max)
 }
 
-/// Records the `count` arrivals the pod's counters show over `(from_us, to_us]`, less the
-/// `seen_by_store` the store already counted as the rebuilt lists' new requests (at
-/// `to_us`), spread evenly over the interval (staged: published with the scrape's write).
-fn record_arrivals(pod: &Pod, count: u64, seen_by_store: u64, (from_us, to_us): (u64, u64)) {
-    let extra = count.saturating_sub(seen_by_store);
-    if extra == 0 {
+/// Records the `count` arrivals the pod's counters show over `(from_us, to_us]`, spread
+/// evenly over the interval (staged: published with the scrape's write).
+fn record_arrivals(pod: &Pod, count: u64, (from_us, to_us): (u64, u64)) {
+    if count == 0 {
         return;
     }
     // No earlier observation written: the interval is unknown, all at this scrape.
     let from_us = if from_us == 0 { to_us } else { from_us };
     // Fails only without a config, and this scrape's write just found one.
-    let _ = pod.store.record_arrivals(&spread(extra, from_us, to_us));
+    let _ = pod
+        .store
+        .record_arrivals(&pod.id, &spread(count, from_us, to_us));
 }
 
 /// A process restart read from the page (another start time, a counter reset): counted,
@@ -330,15 +332,18 @@ async fn report_cache(
 
 /// Writes one observation (staged: published with the other pods' writes at the next tick)
 /// in one store call: its gauges, and its state rebuilt from them unless pushed per-request
-/// state is fresh. A push newer than this scrape that won the race in between
-/// (`TwinError::Superseded`) is kept and this observation dropped (the next scrape sees the
-/// push and takes the gauges only); any other refusal is the scrape's failure.
+/// state is fresh; the store counts the rebuilt lists' new ids as arrivals only when
+/// `store_counts` (no finished-request counter to count them). A push newer than this
+/// scrape that won the race in between (`TwinError::Superseded`) is kept and this
+/// observation dropped (the next scrape sees the push and takes the gauges only); any other
+/// refusal is the scrape's failure.
 fn write_observation(
     pod: &Pod,
     metrics: &PodMetrics,
     engine: &crate::sim::EngineConfig,
     state: &InstanceState,
     at_us: u64,
+    store_counts: bool,
 ) -> Result<Written, ScrapeFailure> {
     let last_rebuild = pod.last_rebuild_us.load(Ordering::Relaxed);
     let max_age_us = u64::try_from(pod.config.max_age.metrics.as_micros()).unwrap_or(u64::MAX);
@@ -347,10 +352,6 @@ fn write_observation(
         && at_us.saturating_sub(state.observed_at_us) <= max_age_us;
     let requests = (!pushed).then(|| rebuild(&pod.id, metrics, engine, at_us));
     let rebuilt = requests.is_some();
-    let old_is_rebuilt = state.observed_at_us != 0 && state.observed_at_us == last_rebuild;
-    let new = requests
-        .as_ref()
-        .map(|lists| new_to_store(state, lists, old_is_rebuilt));
     let update = InstanceUpdate {
         instance_id: pod.id.clone(),
         observed_at_us: at_us,
@@ -362,6 +363,7 @@ fn write_observation(
             transfers: metrics.transfers,
         }),
         events: Vec::new(),
+        counts_arrivals: store_counts,
     };
     // A small update (one instance's gauges and a rebuilt list): applied inline, the store
     // holds its lock for microseconds.
@@ -372,12 +374,12 @@ fn write_observation(
             }
             Ok(Written {
                 written: true,
-                new_to_store: new,
+                rebuilt,
             })
         }
         Err(TwinError::Superseded { .. }) => Ok(Written {
             written: false,
-            new_to_store: None,
+            rebuilt: false,
         }),
         Err(err) => Err(ScrapeFailure::Rejected(err)),
     }
@@ -387,10 +389,9 @@ fn write_observation(
 struct Written {
     /// The observation was written.
     written: bool,
-    /// With a rebuilt state written: how many of its requests the store took as arrivals
-    /// (new ids); `None` when pushed state was kept (pushes give every arrival) or nothing
-    /// was written.
-    new_to_store: Option<u64>,
+    /// The observation written was a rebuilt state (false when pushed state was kept:
+    /// pushes give every arrival; or when nothing was written).
+    rebuilt: bool,
 }
 
 /// The page's counts capped to what the instance can hold, so a pod busier than its pool's

@@ -144,6 +144,7 @@ pub fn update_from_proto(
         requests,
         gauges,
         events,
+        counts_arrivals: true,
     })
 }
 

@@ -4,21 +4,23 @@
 //! `/metrics`. The KEDA scaler reads the forecasters between steps.
 //!
 //! Two sources of arrivals, the larger taken (they mostly see the same requests, so they are
-//! not added): the mirror's traffic summary (arrivals the pods or the pushes reported), and
-//! the routing questions the twin is asked (`ditto_predictions_total`: beside the EPP, one
-//! per request it places). Both are the cluster's; a pool gets its share by current replicas.
+//! not added): the mirror's traffic summary of the pool's own instances (arrivals its pods or
+//! the pushes about them reported; the store keeps them per pool), and the routing questions
+//! the twin is asked (`ditto_predictions_total`: beside the EPP, one per request it places),
+//! which are the cluster's: a pool gets their share by current replicas.
 //!
 //! A prefill/decode (P/D) pool: every request visits both roles, so the rate of a pool taking
-//! part in a P/D pair is the pair's share, by both roles' replicas. The pair is the prefill
-//! and decode variants of one pool name (llm-d's way: one InferencePool over two
-//! Deployments, the pods told apart by `llm-d.ai/role`), else a prefill variant with the
-//! first unpaired decode variant of its model and namespace (`twin::desired::pd_pairs`).
+//! part in a P/D pair is the pair's, the higher of its two pools' rates (and its share of
+//! the questions by both roles' replicas). The pair is the prefill and decode variants of
+//! one pool name (llm-d's way: one InferencePool over two Deployments, the pods told apart
+//! by `llm-d.ai/role`), else a prefill variant with the first unpaired decode variant of
+//! its model and namespace (`twin::desired::pd_pairs`).
 //!
 //! The store summarises arrivals as a rate over the last window of *client* time ending at
-//! the latest arrival, which stays put while nothing arrives. So a step with no change of
-//! that rate counts as quiet, and after `quiet` seconds the rate observed is the summary's
-//! times `1 - quiet / window` (the window sliding past the last arrivals), reaching zero
-//! once a full window passed without an arrival.
+//! the latest arrival, which stays put while nothing arrives. So a step with no change of a
+//! pool's rate counts as quiet for it, and after `quiet` seconds the rate observed is the
+//! summary's times `1 - quiet / window` (the window sliding past the last arrivals),
+//! reaching zero once a full window passed without an arrival.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,7 +33,7 @@ use tokio::task::JoinHandle;
 use crate::cluster::config::InstanceRole;
 use crate::telemetry::Metrics;
 use crate::twin::MirrorSnapshot;
-use crate::twin::desired::{Variant, in_flight, pd_pairs, variants};
+use crate::twin::desired::{Variant, in_flight, observed_rate, pair_rate, pd_pairs, variants};
 use crate::twin::store::MirrorStore;
 use crate::workload::load_forecast::{LoadForecastSettings, LoadForecaster};
 
@@ -51,13 +53,34 @@ pub struct PoolLoad {
     pub forecaster: LoadForecaster,
     /// Requests in flight on it at the last sample.
     pub in_flight: u64,
+    /// How long its summary rate has stayed put.
+    pub quiet: Quiet,
+}
+
+/// A pool's summary rate as last sampled and how long it has stayed put.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Quiet {
+    last_summary_rate: Option<f64>,
+    quiet_s: f64,
+}
+
+impl Quiet {
+    /// Takes the summary rate of one step of `step_s`; returns the factor the rate observed
+    /// is the summary's times: 1 while it moves, falling to 0 over `window_s` of quiet.
+    fn step(&mut self, summary: f64, step_s: f64, window_s: f64) -> f64 {
+        if self.last_summary_rate == Some(summary) {
+            self.quiet_s += step_s;
+        } else {
+            self.quiet_s = 0.0;
+            self.last_summary_rate = Some(summary);
+        }
+        (1.0 - self.quiet_s / window_s).clamp(0.0, 1.0)
+    }
 }
 
 #[derive(Debug, Default)]
 struct State {
     pools: BTreeMap<PoolKey, PoolLoad>,
-    last_summary_rate: Option<f64>,
-    quiet_s: f64,
     last_questions: Option<u64>,
     samples: u64,
 }
@@ -234,25 +257,12 @@ impl LoadTracker {
     /// answered so far, and exports the gauges.
     pub fn sample(&self, snapshot: &MirrorSnapshot, questions: u64) {
         let mut state = self.lock();
-        let summary = snapshot.traffic.arrivals_per_s;
         let step_s = self.settings.step_s;
-        if state.last_summary_rate == Some(summary) {
-            state.quiet_s += step_s;
-        } else {
-            state.quiet_s = 0.0;
-            state.last_summary_rate = Some(summary);
-        }
-        let decay = (1.0 - state.quiet_s / self.window_s).clamp(0.0, 1.0);
         let asked = state
             .last_questions
             .map_or(0, |last| questions.saturating_sub(last));
         state.last_questions = Some(questions);
-        let summary = if summary.is_finite() {
-            summary.max(0.0)
-        } else {
-            0.0
-        };
-        let cluster_rate = (summary * decay).max(asked as f64 / step_s);
+        let questions_rate = asked as f64 / step_s;
         let pools_now = variants(snapshot, "");
         let replicas: u32 = pools_now.iter().map(|v| v.current).sum();
         let pairs = role_pairs(&pools_now);
@@ -277,15 +287,23 @@ impl LoadTracker {
                     .sum()
             });
             let weight = own.iter().map(|v| v.current).sum::<u32>() + partner;
+            // Its own arrivals: a pair's, else its variants' (one per role it serves).
+            let summary = match &split {
+                Some((p, d)) => pair_rate(snapshot, p, d, ""),
+                None => own.iter().map(|v| observed_rate(snapshot, v, "")).sum(),
+            };
             let mut load = state.pools.remove(&key).unwrap_or_else(|| PoolLoad {
                 variant: variant.clone(),
                 roles: Vec::new(),
                 split: None,
                 forecaster: LoadForecaster::new(self.settings),
                 in_flight: 0,
+                quiet: Quiet::default(),
             });
+            let decay = load.quiet.step(summary, step_s, self.window_s);
+            let share = f64::from(weight) / f64::from(replicas.max(1));
             load.forecaster
-                .observe(cluster_rate * f64::from(weight) / f64::from(replicas.max(1)));
+                .observe((summary * decay).max(questions_rate * share));
             load.in_flight = in_flight(snapshot, variant, "");
             load.variant = variant.clone();
             load.roles = own.iter().map(|v| v.role).collect();

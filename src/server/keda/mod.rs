@@ -217,7 +217,7 @@ impl KedaScaler {
             sample: self.load.samples(),
             config_generation: stored.snapshot.config_generation,
             stages: stages.clone(),
-            lengths: cache::mean_lengths(&stored.snapshot.traffic.recent_lengths),
+            lengths: cache::mean_lengths(target.observed_lengths(&stored.snapshot, &load.variant)),
         };
         let (entry, _) = self.cache.entry(&target.forecast_key(query), inputs);
         let mut ran = false;

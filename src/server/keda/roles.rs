@@ -4,18 +4,20 @@
 //!
 //! A trigger with a role resolves to the P/D pair its pool takes part in (`load`); the
 //! forecast searches the pair's split (`twin::forecast`: each role grown on its own
-//! objective from one of each until the split meets the target) under the pool's load
-//! forecast, and each role answers its count of the split. A role on a pool whose pods serve
+//! objective from one of each until the split meets the target, then each role trimmed to
+//! the fewest pods that still meet it) under the pool's load forecast, and each role
+//! answers its count of the split. A role on a pool whose pods serve
 //! both roles, a role the pool has no pods of, or a role with no partner of the other role
 //! is refused naming `scalerMetadata.role`; so is a trigger without a role on a P/D pool
 //! (one count for two Deployments would scale neither right).
 
 use crate::cluster::config::InstanceRole;
 use crate::twin::TwinError;
-use crate::twin::desired::{DesiredSettings, Variant, desired_split, question_for};
+use crate::twin::desired::{
+    DesiredSettings, Variant, desired_split, observed_lengths, split_question_for,
+};
 use crate::twin::forecast::forecast_capacity;
 use crate::twin::limits::Limits;
-use crate::twin::question::VariantCandidates;
 use crate::twin::snapshot::MirrorSnapshot;
 use crate::workload::Stage;
 
@@ -46,6 +48,19 @@ impl Target {
                 let (prefill, decode) = pair.as_ref();
                 query.split_key(&prefill.namespace, &prefill.name, &decode.name)
             }
+        }
+    }
+
+    /// The recently finished requests' lengths the forecast of this target on the pool of
+    /// `variant` samples (a pair's: its decode pool's, else its prefill pool's).
+    pub fn observed_lengths<'a>(
+        &'a self,
+        snapshot: &'a MirrorSnapshot,
+        variant: &'a Variant,
+    ) -> &'a [(u32, u32)] {
+        match self {
+            Self::Pool => observed_lengths(snapshot, &[variant], ""),
+            Self::Split { pair, .. } => observed_lengths(snapshot, &[&pair.1, &pair.0], ""),
         }
     }
 
@@ -119,10 +134,10 @@ pub fn target(query: &ScalerQuery, load: &PoolLoad) -> Result<Target, TwinError>
     })
 }
 
-/// The split forecast of a P/D pair under `stages`:
-/// both counts searched together (`twin::forecast`'s `SplitRoles`), then each role trimmed
-/// ([`trim`]; a failed trim keeps the search's split). No arrivals forecast: nothing, or one of each role while requests are in
-/// flight.
+/// The split forecast of a P/D pair under `stages`: both counts searched together, then
+/// each role trimmed to the fewest pods that still meet the target (`twin::forecast`, the
+/// same answer ForecastCapacity gives for the pair). No arrivals forecast: nothing, or one of
+/// each role while requests are in flight.
 pub fn split_forecast(
     snapshot: &MirrorSnapshot,
     (prefill, decode): (&Variant, &Variant),
@@ -132,13 +147,7 @@ pub fn split_forecast(
     limits: &Limits,
     in_flight: u64,
 ) -> Result<Computed, TwinError> {
-    let asked = question_for(snapshot, prefill, settings, stages, now_us).map(|mut asked| {
-        asked.variants.push(VariantCandidates {
-            template_instance_id: decode.template_id.clone(),
-            replica_counts: Vec::new(),
-        });
-        asked
-    });
+    let asked = split_question_for(snapshot, prefill, decode, settings, stages, now_us);
     let answer = asked
         .as_ref()
         .map(|asked| forecast_capacity(snapshot, asked, limits))
@@ -154,106 +163,14 @@ pub fn split_forecast(
         });
     }
     let [p, d] = desired_split(prefill, decode, answer.as_ref());
-    let mut split = Trimmed {
-        counts: RoleCounts {
+    Ok(Computed {
+        desired: p.desired + d.desired,
+        attainment: p.attainment,
+        split: Some(RoleCounts {
             prefill: p.desired,
             decode: d.desired,
-        },
-        attainment: p.attainment,
-    };
-    if let (Some(asked), Some(answer)) = (&asked, &answer)
-        && !answer.desired_replicas.is_empty()
-    {
-        // A trim that fails (its deadline, its event budget) keeps the search's split: more
-        // pods than needed, never fewer.
-        for role in [InstanceRole::Prefill, InstanceRole::Decode] {
-            let pair = (prefill, decode);
-            match trim(snapshot, asked, pair, split.counts, role, limits) {
-                Ok(Some(trimmed)) => split = trimmed,
-                Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(%err, "KEDA split trim failed; the search's split stands");
-                    break;
-                }
-            }
-        }
-    }
-    Ok(Computed {
-        desired: split.counts.prefill + split.counts.decode,
-        attainment: split.attainment,
-        split: Some(split.counts),
+        }),
     })
-}
-
-/// A split's (prefill, decode) counts and its forecast attainment.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Trimmed {
-    counts: RoleCounts,
-    attainment: f64,
-}
-
-/// The fewest replicas of `role` that still meet the target with the other role's count
-/// held, below the met split `counts` (prefill, decode): one batch of explicit candidates.
-/// The search grows both roles while their objectives fall short, and too few decode pods
-/// delay first tokens too, so the prefill count it stops at can be more than the split
-/// needs. None when no smaller count meets the target.
-fn trim(
-    snapshot: &MirrorSnapshot,
-    asked: &crate::twin::question::ForecastQuestion,
-    (prefill, decode): (&Variant, &Variant),
-    counts: RoleCounts,
-    role: InstanceRole,
-    limits: &Limits,
-) -> Result<Option<Trimmed>, TwinError> {
-    let current = if role == InstanceRole::Prefill {
-        counts.prefill
-    } else {
-        counts.decode
-    };
-    if current <= 1 {
-        return Ok(None);
-    }
-    let lowest = current
-        .saturating_sub(limits.max_forecast_candidates.max(1))
-        .max(1);
-    let fewer: Vec<u32> = (lowest..current).collect();
-    let mut question = asked.clone();
-    let (prefill_counts, decode_counts) = if role == InstanceRole::Prefill {
-        (fewer, vec![counts.decode])
-    } else {
-        (vec![counts.prefill], fewer)
-    };
-    question.variants = vec![
-        VariantCandidates {
-            template_instance_id: prefill.template_id.clone(),
-            replica_counts: prefill_counts,
-        },
-        VariantCandidates {
-            template_instance_id: decode.template_id.clone(),
-            replica_counts: decode_counts,
-        },
-    ];
-    let answer = forecast_capacity(snapshot, &question, limits)?;
-    let Some(met) = answer
-        .candidates
-        .iter()
-        .find(|c| !answer.desired_replicas.is_empty() && c.replicas == answer.desired_replicas)
-    else {
-        return Ok(None);
-    };
-    let count_of = |variant: &Variant| {
-        met.replicas
-            .iter()
-            .find(|(id, _)| *id == variant.template_id)
-            .map_or(1, |&(_, count)| count)
-    };
-    Ok(Some(Trimmed {
-        counts: RoleCounts {
-            prefill: count_of(prefill),
-            decode: count_of(decode),
-        },
-        attainment: met.slo_attainment,
-    }))
 }
 
 #[cfg(test)]
@@ -286,6 +203,7 @@ mod tests {
             }),
             forecaster: LoadForecaster::new(LoadForecastSettings::for_step(1.0)),
             in_flight: 0,
+            quiet: Default::default(),
         }
     }
 

@@ -9,11 +9,13 @@
 //! routed. Each candidate runs `replications` times with its own arrival seed, in parallel.
 //!
 //! `replication.rs` runs and measures one candidate replication; `pd.rs` forecasts a
-//! prefill/decode pool and searches its split.
+//! prefill/decode pool and searches its split; `trim.rs` cuts the met split to the fewest
+//! pods of each role that still meet the target (the answer's desired split).
 
 mod pd;
 mod pd_cluster;
 mod replication;
+mod trim;
 
 pub use replication::REPLICAS_MAX;
 use replication::{evaluate, same_variant, summarize};
@@ -35,8 +37,22 @@ pub fn forecast_capacity(
     let templates = validate(snapshot, question, limits)?;
     let budget = EventBudget::for_call(limits);
     if let Some(split) = pd::split_roles(snapshot, question, &templates)? {
-        let evaluated = pd::search_split(snapshot, question, &templates, split, limits, &budget)?;
-        return Ok(answer(snapshot, question, evaluated));
+        let mut evaluated =
+            pd::search_split(snapshot, question, &templates, split, limits, &budget)?;
+        let trimmed = trim::trim_search(snapshot, question, &templates, split, limits, &evaluated)?;
+        let Some(trimmed) = trimmed else {
+            return Ok(answer(snapshot, question, evaluated));
+        };
+        evaluated.extend(trimmed.evaluated);
+        let mut answered = answer(snapshot, question, evaluated);
+        // The trimmed split, not the cheapest met candidate: a count below one that misses
+        // meets only by chance.
+        answered.desired_replicas = templates
+            .iter()
+            .zip(&trimmed.counts)
+            .map(|(&t, &count)| (snapshot.config.instances[t].id.clone(), count))
+            .collect();
+        return Ok(answered);
     }
     let candidates = candidate_counts(snapshot, question, &templates, limits)?;
     let mut evaluated: Vec<ForecastCandidate> = Vec::new();

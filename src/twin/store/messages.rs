@@ -56,6 +56,12 @@ pub struct InstanceUpdate {
     pub gauges: Option<Gauges>,
     /// Lifecycle events, in order.
     pub events: Vec<TimedRequestEvent>,
+    /// Whether the requests this update reveals (routed events, ids new to the instance's
+    /// lists) count as arrivals in the observed traffic: true for a feeder that sees every
+    /// request (pushes); false for one that counts arrivals itself and hands them to
+    /// [`MirrorStore::record_arrivals`](super::MirrorStore::record_arrivals) (the live
+    /// mirror's rebuilt lists, whose ids name positions, not requests).
+    pub counts_arrivals: bool,
 }
 
 /// One vLLM KV-cache event.

@@ -114,7 +114,9 @@ struct Writer {
     traffic_changed: bool,
     generation: u64,
     index: HashMap<String, usize>,
-    arrivals: VecDeque<u64>,
+    /// Arrival times (client µs) with their instance's pool id.
+    arrivals: VecDeque<(u64, u32)>,
+    pools: traffic::PoolRecords,
     first_arrival_us: Option<u64>,
     latest_arrival_us: u64,
     recent_lengths: VecDeque<(u32, u32)>,
@@ -284,6 +286,7 @@ impl MirrorStore {
             Some(latest) => Arc::clone(&latest.snapshot.traffic),
             None => Arc::new(TrafficStats::default()),
         };
+        writer.pools.assign(&cluster, &settings);
         writer.index = cluster
             .instances
             .iter()
@@ -329,7 +332,7 @@ impl MirrorStore {
             )));
         }
         let applied = build_state(old, config, update, &self.limits)?;
-        writer.record_traffic(&applied, &self.limits);
+        writer.record_traffic(index, &applied, &self.limits);
         self.commit(&mut writer, index, applied.state, publish)
     }
 

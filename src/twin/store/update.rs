@@ -76,24 +76,29 @@ pub(super) fn build_state(
                 normalize_request(request, config, at, &path, name == "waiting")?;
             }
         }
-        let before = if replaced { old } else { &applied.state };
-        let known: HashSet<&str> = before
-            .waiting
-            .iter()
-            .chain(&before.running)
-            .map(|request| request.request_id.as_str())
-            .collect();
-        let new_arrivals: Vec<u64> = lists
-            .waiting
-            .iter()
-            .chain(&lists.running)
-            .filter(|request| !known.contains(request.request_id.as_str()))
-            .map(|request| request.arrival_us)
-            .collect();
-        applied.arrivals.extend(new_arrivals);
+        if update.counts_arrivals {
+            let before = if replaced { old } else { &applied.state };
+            let known: HashSet<&str> = before
+                .waiting
+                .iter()
+                .chain(&before.running)
+                .map(|request| request.request_id.as_str())
+                .collect();
+            let new_arrivals: Vec<u64> = lists
+                .waiting
+                .iter()
+                .chain(&lists.running)
+                .filter(|request| !known.contains(request.request_id.as_str()))
+                .map(|request| request.arrival_us)
+                .collect();
+            applied.arrivals.extend(new_arrivals);
+        }
         applied.state.waiting = lists.waiting;
         applied.state.running = lists.running;
         applied.state.step_end_us = lists.step_end_us;
+    }
+    if !update.counts_arrivals {
+        applied.arrivals.clear();
     }
     if touches_requests {
         applied.state.observed_at_us = at;
