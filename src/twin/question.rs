@@ -293,7 +293,9 @@ pub struct ForecastAnswer {
     /// Every evaluated candidate.
     pub candidates: Vec<ForecastCandidate>,
     /// The cheapest candidate meeting the target attainment (llm-d's `desired_replicas`),
-    /// per variant; empty if none meets it.
+    /// per variant; empty if none meets it. For a P/D pair, the split search's answer trimmed
+    /// to the fewest pods per role that still meet it (`forecast::trim`), the one the KEDA
+    /// scaler serves: under noise it can differ from the cheapest candidate listed.
     pub desired_replicas: Vec<(String, u32)>,
     /// Snapshot generation used.
     pub generation: u64,
