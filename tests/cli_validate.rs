@@ -10,6 +10,9 @@ use common::cli::ditto;
 
 use serde_json::Value;
 
+#[path = "cli_validate/knee_tp2.rs"]
+mod knee_tp2;
+
 /// Median absolute % errors (whole-run means) across the twenty-five dev runs with the
 /// embedded calibrated model when this guard was set (issue 36: 2.19 / 2.33 / 2.43%,
 /// docs/fidelity.md; over the twelve runs the guard held 2.5 / 3.0 / 3.0% before). A change
