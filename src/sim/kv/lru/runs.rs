@@ -48,8 +48,10 @@ impl LruKeySet {
         // Every key is new: the oldest keys beyond capacity go first (with more keys than the
         // capacity, only the run's last `capacity` keys stay, as one by one).
         let keep = (range.end - range.start).min(self.capacity);
-        let over = (self.held + keep).saturating_sub(self.capacity);
-        self.evict_front(over);
+        // In u64: a capacity near `u32::MAX` must not wrap.
+        let over =
+            (u64::from(self.held) + u64::from(keep)).saturating_sub(u64::from(self.capacity));
+        self.evict_front(over as u32);
         let node = self.alloc_node(NIL);
         if self.runs.len() < self.nodes.len() {
             self.runs.resize(self.nodes.len(), RunKeys::default());
