@@ -14,6 +14,7 @@ use rand_core::Rng;
 use super::config::{Picker, PrefixMode, RoutingPolicy, Scorer};
 use super::signals::SignalView;
 use crate::sim::kv::LruKeySet;
+use crate::sim::kv::hash::PromptKeys;
 use crate::sim::rng::SimRng;
 
 /// Everything a routing decision reads, one entry per instance.
@@ -76,6 +77,40 @@ impl Router {
         match self.approximate_index.get(instance) {
             Some(index) => keys.iter().take_while(|key| index.contains(**key)).count(),
             None => 0,
+        }
+    }
+
+    /// Leading blocks of a prompt the approximate index believes `instance` holds: the same
+    /// as [`Router::approximate_match`] over every key, the private ones matched by seed and
+    /// index without hashing them.
+    pub fn approximate_match_prompt(&self, instance: usize, keys: &PromptKeys) -> usize {
+        let Some(index) = self.approximate_index.get(instance) else {
+            return 0;
+        };
+        let shareable = keys.shareable();
+        let matched = shareable
+            .iter()
+            .take_while(|key| index.contains(**key))
+            .count();
+        if matched < shareable.len() {
+            return matched;
+        }
+        let seed = keys.seed();
+        matched
+            + keys
+                .private_range()
+                .take_while(|&i| index.contains_private(seed, i))
+                .count()
+    }
+
+    /// Remembers that a prompt's blocks were sent to `instance`: the same as
+    /// [`Router::record_dispatch`] over every key, the private ones stored as one run.
+    pub fn record_dispatch_prompt(&mut self, instance: usize, keys: &PromptKeys) {
+        if let Some(index) = self.approximate_index.get_mut(instance) {
+            for &key in keys.shareable() {
+                index.insert(key);
+            }
+            index.insert_private_run(keys.seed(), keys.private_range());
         }
     }
 

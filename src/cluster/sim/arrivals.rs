@@ -9,7 +9,7 @@ use crate::cluster::signals;
 use crate::sim::RequestSpec;
 use crate::sim::SimError;
 use crate::sim::engine::validate_request;
-use crate::sim::kv::hash::prompt_block_keys;
+use crate::sim::kv::hash::PromptKeys;
 use crate::sim::metrics::{Outcome, RequestRecord};
 
 impl Cluster {
@@ -53,7 +53,7 @@ impl Cluster {
         }
         // Prompt block keys per instance block size (pools may differ).
         let mode = self.router.prefix_mode();
-        let mut keys_by_size: Vec<(u32, Vec<u64>)> = Vec::new();
+        let mut keys_by_size: Vec<(u32, PromptKeys)> = Vec::new();
         self.scratch_fraction.clear();
         for index in 0..self.engines.len() {
             let fraction = self.prefix_fraction(index, &spec, mode, &mut keys_by_size);
@@ -71,7 +71,7 @@ impl Cluster {
         let index = self.router.pick(&context);
         let chosen_size = self.config.instances[index].engine.block_size;
         if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == chosen_size) {
-            self.router.record_dispatch(index, keys);
+            self.router.record_dispatch_prompt(index, keys);
         }
         self.dispatch(index, spec);
         Dispatch::Routed(index)
@@ -150,30 +150,35 @@ impl Cluster {
         index: usize,
         spec: &RequestSpec,
         mode: Option<PrefixMode>,
-        keys_by_size: &mut Vec<(u32, Vec<u64>)>,
+        keys_by_size: &mut Vec<(u32, PromptKeys)>,
     ) -> f64 {
+        let Some(mode) = mode else {
+            return 0.0;
+        };
         let block_size = self.config.instances[index].engine.block_size;
-        if mode.is_some() && !keys_by_size.iter().any(|(size, _)| *size == block_size) {
-            keys_by_size.push((block_size, prompt_block_keys(spec, block_size)));
-        }
-        let keys = keys_by_size
+        let at = match keys_by_size
             .iter()
-            .find(|(size, _)| *size == block_size)
-            .map_or(&[][..], |(_, keys)| &keys[..]);
+            .position(|(size, _)| *size == block_size)
+        {
+            Some(at) => at,
+            None => {
+                keys_by_size.push((block_size, PromptKeys::new(spec, block_size)));
+                keys_by_size.len() - 1
+            }
+        };
+        let keys = &mut keys_by_size[at].1;
+        if keys.is_empty() {
+            return 0.0;
+        }
         let matched = match mode {
-            Some(PrefixMode::Approximate { .. }) => self.router.approximate_match(index, keys),
-            Some(PrefixMode::Precise) => signals::precise_prefix_match(
-                keys,
+            PrefixMode::Approximate { .. } => self.router.approximate_match_prompt(index, keys),
+            PrefixMode::Precise => signals::precise_prefix_match(
+                keys.materialize(),
                 &self.captured[index],
                 &self.engines[index],
                 &self.config.staleness,
             ),
-            None => 0,
         };
-        if keys.is_empty() {
-            0.0
-        } else {
-            matched as f64 / keys.len() as f64
-        }
+        matched as f64 / keys.len() as f64
     }
 }

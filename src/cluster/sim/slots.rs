@@ -124,7 +124,7 @@ impl Cluster {
             return Dispatch::Rejected;
         }
         let mode = self.router.prefix_mode();
-        let mut keys_by_size: Vec<(u32, Vec<u64>)> = Vec::new();
+        let mut keys_by_size: Vec<(u32, crate::sim::kv::hash::PromptKeys)> = Vec::new();
         slots.fraction.clear();
         slots.in_flight.clear();
         slots.sent.clear();
@@ -143,7 +143,7 @@ impl Cluster {
         let index = slots.candidates[self.router.pick(&context)];
         let chosen_size = self.config.instances[index].engine.block_size;
         if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == chosen_size) {
-            self.router.record_dispatch(index, keys);
+            self.router.record_dispatch_prompt(index, keys);
         }
         self.scale = Some(slots);
         self.dispatch_as(index, spec, crate::cluster::sim::Half::Whole);

@@ -27,6 +27,38 @@ fn mix64(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// The multiplicative inverse of odd `m` modulo 2^64 (Newton's iteration: each step doubles
+/// the correct low bits, from the 3 that `m` itself gets right).
+const fn inverse_mod_2_64(m: u64) -> u64 {
+    let mut inverse = m;
+    let mut step = 0;
+    while step < 5 {
+        inverse = inverse.wrapping_mul(2u64.wrapping_sub(m.wrapping_mul(inverse)));
+        step += 1;
+    }
+    inverse
+}
+
+/// Undoes `x ^= x >> shift` (shift > 0).
+fn unshift_xor(y: u64, shift: u32) -> u64 {
+    let mut x = y;
+    let mut s = shift;
+    while s < 64 {
+        x ^= y >> s;
+        s += shift;
+    }
+    x
+}
+
+/// [`mix64`]'s inverse (the finaliser is a bijection of `u64`).
+fn unmix64(y: u64) -> u64 {
+    const INV_2: u64 = inverse_mod_2_64(0x94d0_49bb_1331_11eb);
+    const INV_1: u64 = inverse_mod_2_64(0xbf58_476d_1ce4_e5b9);
+    let x = unshift_xor(y, 31).wrapping_mul(INV_2);
+    let x = unshift_xor(x, 27).wrapping_mul(INV_1);
+    unshift_xor(x, 30)
+}
+
 /// Folds `word` into the running hash `state`.
 fn combine(state: u64, word: u64) -> u64 {
     mix64(state ^ mix64(word.wrapping_add(0x9e37_79b9_7f4a_7c15)))
@@ -93,6 +125,14 @@ pub fn private_seed(id: u64) -> u64 {
 #[inline]
 pub fn private_key_of_latent(latent: u64) -> u64 {
     mix64(latent)
+}
+
+/// The latent form whose private key is `key`: `private_key_of_latent(latent_of_key(k)) == k`
+/// for every `k` (the mix is a bijection), so a key-addressed set can tell whether a key
+/// belongs to a run of private keys it holds by seed and indices alone.
+#[inline]
+pub fn latent_of_key(key: u64) -> u64 {
+    unmix64(key)
 }
 
 /// How many leading full blocks of `spec` can have content another request also produces
@@ -164,19 +204,83 @@ impl BlockKeys<'_> {
 /// id's seed, computed once, instead of through [`block_key`] (the same keys; private keys
 /// need no parent).
 pub fn prompt_block_keys(spec: &RequestSpec, block_size: u32) -> Vec<u64> {
-    let full = spec.input_tokens / block_size;
-    let shareable = shareable_blocks(spec, block_size).min(full);
-    let mut keys = Vec::with_capacity(full as usize);
-    let mut parent = ROOT_KEY;
-    for index in 0..shareable {
-        parent = block_key(spec, parent, index, block_size);
-        keys.push(parent);
+    let mut keys = PromptKeys::new(spec, block_size);
+    keys.materialize();
+    keys.keys
+}
+
+/// A prompt's full-block keys as a router reads them: the shareable blocks' keys computed,
+/// the private ones (past them) as the request's seed and their indices, hashed only if
+/// asked for ([`PromptKeys::materialize`]). The router's approximate index records and
+/// matches the private ones as one run (see [`crate::sim::kv::LruKeySet::insert_private_run`]).
+#[derive(Clone, Debug)]
+pub struct PromptKeys {
+    /// The shareable blocks' keys, then (once materialized) the private ones.
+    keys: Vec<u64>,
+    /// Leading shareable blocks.
+    shareable: u32,
+    /// Full blocks in the prompt.
+    full: u32,
+    /// `private_seed` of the request id.
+    seed: u64,
+}
+
+impl PromptKeys {
+    /// `spec`'s prompt keys at `block_size` tokens a block, the private ones not yet hashed.
+    pub fn new(spec: &RequestSpec, block_size: u32) -> Self {
+        let full = spec.input_tokens / block_size;
+        let shareable = shareable_blocks(spec, block_size).min(full);
+        let mut keys = Vec::with_capacity(shareable as usize);
+        let mut parent = ROOT_KEY;
+        for index in 0..shareable {
+            parent = block_key(spec, parent, index, block_size);
+            keys.push(parent);
+        }
+        PromptKeys {
+            keys,
+            shareable,
+            full,
+            seed: private_seed(spec.id.0),
+        }
     }
-    if shareable < full {
-        let seed = private_seed(spec.id.0);
-        keys.extend((shareable..full).map(|index| private_key_of_latent(seed ^ u64::from(index))));
+
+    /// Number of full blocks.
+    pub fn len(&self) -> usize {
+        self.full as usize
     }
-    keys
+
+    /// True if the prompt has no full block.
+    pub fn is_empty(&self) -> bool {
+        self.full == 0
+    }
+
+    /// The shareable blocks' keys (the prompt's leading blocks).
+    pub fn shareable(&self) -> &[u64] {
+        &self.keys[..self.shareable as usize]
+    }
+
+    /// The request's private seed: private block `i`'s key is
+    /// `private_key_of_latent(seed ^ i)`.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Indices of the private blocks (after the shareable ones).
+    pub fn private_range(&self) -> std::ops::Range<u32> {
+        self.shareable..self.full
+    }
+
+    /// Hashes the private keys too (once) and returns every key in order.
+    pub fn materialize(&mut self) -> &[u64] {
+        if self.keys.len() < self.full as usize {
+            let seed = self.seed;
+            self.keys.extend(
+                (self.shareable..self.full)
+                    .map(|index| private_key_of_latent(seed ^ u64::from(index))),
+            );
+        }
+        &self.keys
+    }
 }
 
 #[cfg(test)]
@@ -275,6 +379,22 @@ mod tests {
                 }
                 assert_eq!(prompt_block_keys(&spec, 16), chain, "{content:?} {prompt}");
             }
+        }
+    }
+
+    /// `latent_of_key` inverts the private keys' mix for any 64-bit value.
+    #[test]
+    fn latent_of_key_inverts_the_mix() {
+        let mut state = 0x0123_4567_89ab_cdef_u64;
+        for _ in 0..10_000 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            assert_eq!(latent_of_key(private_key_of_latent(state)), state);
+            assert_eq!(private_key_of_latent(latent_of_key(state)), state);
+        }
+        for edge in [0, 1, u64::MAX, 1 << 63] {
+            assert_eq!(latent_of_key(private_key_of_latent(edge)), edge);
         }
     }
 

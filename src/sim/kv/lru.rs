@@ -10,6 +10,19 @@
 //! knows its bucket, so an eviction needs no lookup. Every operation is O(1) and
 //! allocation-free once full (an insert that evicts: one probe, one shift, usually no second
 //! probe), and the set clones as plain data.
+//!
+//! A request's private prompt keys (see [`super::hash::shareable_blocks`]) can go in as one
+//! *run* node ([`LruKeySet::insert_private_run`], `runs.rs`): the keys of one seed's
+//! consecutive indices, in recency order by index, evicted from their low end by arithmetic.
+//! The set's contents, order and evictions stay exactly those of inserting each key alone.
+
+mod runs;
+
+use std::collections::HashMap;
+
+use super::hash::{latent_of_key, private_key_of_latent};
+use super::key_hasher::IdentityBuildHasher;
+use runs::RunKeys;
 
 const NIL: u32 = u32::MAX;
 
@@ -20,7 +33,8 @@ const MIN_BUCKETS: usize = 16;
 /// as well as our own mixed ones.
 const FIBONACCI: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// One held key: its neighbours in recency order and its table bucket (where its key is).
+/// One held key: its neighbours in recency order and its table bucket (where its key is), or
+/// a run of private keys (`bucket == NIL`, its keys in `runs`).
 #[derive(Clone, Copy, Debug)]
 struct Node {
     prev: u32,
@@ -41,7 +55,17 @@ const VACANT: Bucket = Bucket { key: 0, node: NIL };
 #[derive(Clone, Debug)]
 pub struct LruKeySet {
     capacity: u32,
+    /// Keys held (a run node holds several).
+    held: u32,
+    /// Nodes holding one key each (the keys in `table`).
+    singles: u32,
     nodes: Vec<Node>,
+    /// Nodes out of the list (a run evicted or split into single keys), for reuse.
+    free: Vec<u32>,
+    /// A run node's keys, by node (grown when the first run is made).
+    runs: Vec<RunKeys>,
+    /// The run node of each zone (a latent key's top 32 bits) that holds one: at most one.
+    zones: HashMap<u64, u32, IdentityBuildHasher>,
     /// Open-addressing table, a power of two long, at most half full.
     table: Vec<Bucket>,
     /// `64 - log2(table.len())`: a key's home bucket is its Fibonacci hash's top bits.
@@ -62,7 +86,12 @@ impl LruKeySet {
         let buckets = max_buckets.min(1024);
         Self {
             capacity,
+            held: 0,
+            singles: 0,
             nodes: Vec::new(),
+            free: Vec::new(),
+            runs: Vec::new(),
+            zones: HashMap::with_hasher(IdentityBuildHasher),
             table: vec![VACANT; buckets],
             shift: 64 - buckets.trailing_zeros(),
             max_buckets,
@@ -73,18 +102,19 @@ impl LruKeySet {
 
     /// Number of blocks held.
     pub fn len(&self) -> u32 {
-        self.nodes.len() as u32
+        self.held
     }
 
     /// True if no block is held.
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.held == 0
     }
 
     /// True if `key` is held (does not change recency).
     #[inline]
     pub fn contains(&self, key: u64) -> bool {
         self.probe(key).1
+            || (!self.zones.is_empty() && self.run_holding(latent_of_key(key)).is_some())
     }
 
     /// Marks `key` most recently used, if held.
@@ -94,12 +124,19 @@ impl LruKeySet {
             let node = self.table[at].node;
             self.unlink(node);
             self.push_tail(node);
+        } else if !self.zones.is_empty() && self.split_holder(key) {
+            self.touch(key);
         }
     }
 
     /// Forgets every key (the table keeps its size).
     pub fn clear(&mut self) {
         self.nodes.clear();
+        self.free.clear();
+        self.runs.clear();
+        self.zones.clear();
+        self.held = 0;
+        self.singles = 0;
         self.table.fill(VACANT);
         self.head = NIL;
         self.tail = NIL;
@@ -109,15 +146,25 @@ impl LruKeySet {
     pub fn memory_bytes(&self) -> usize {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.table.capacity() * std::mem::size_of::<Bucket>()
+            + self.free.capacity() * std::mem::size_of::<u32>()
+            + self.runs.capacity() * std::mem::size_of::<RunKeys>()
+            + self.zones.capacity() * 2 * std::mem::size_of::<u64>()
     }
 
     /// Keys held, least recently used first (for tests and snapshots).
     pub fn keys_lru_first(&self) -> Vec<u64> {
-        let mut keys = Vec::with_capacity(self.nodes.len());
+        let mut keys = Vec::with_capacity(self.held as usize);
         let mut cursor = self.head;
         while cursor != NIL {
             let node = &self.nodes[cursor as usize];
-            keys.push(self.table[node.bucket as usize].key);
+            if node.bucket == NIL {
+                let run = self.runs[cursor as usize];
+                keys.extend(
+                    (run.lo..run.hi).map(|i| private_key_of_latent(run.seed ^ u64::from(i))),
+                );
+            } else {
+                keys.push(self.table[node.bucket as usize].key);
+            }
             cursor = node.next;
         }
         keys
@@ -125,43 +172,83 @@ impl LruKeySet {
 
     /// Stores `key` as most recently used, evicting the least recently used key when full.
     pub fn insert(&mut self, key: u64) {
-        let (mut at, found) = self.probe(key);
+        let (at, found) = self.probe(key);
         if found {
             let node = self.table[at].node;
             self.unlink(node);
             self.push_tail(node);
             return;
         }
-        let node = if (self.nodes.len() as u32) < self.capacity {
-            if 2 * (self.nodes.len() + 1) > self.table.len() && self.table.len() < self.max_buckets
-            {
-                self.grow();
-                at = self.probe(key).0;
-            }
-            self.nodes.push(Node {
-                prev: NIL,
-                next: NIL,
-                bucket: at as u32,
-            });
-            (self.nodes.len() - 1) as u32
-        } else {
+        if !self.zones.is_empty() && self.split_holder(key) {
+            // Now a single key of its own: found, moved to the tail.
+            self.insert(key);
+            return;
+        }
+        self.insert_new(key, at);
+    }
+
+    /// Stores `key`, held nowhere, whose probe ended at vacant bucket `at`.
+    fn insert_new(&mut self, key: u64, mut at: usize) {
+        if self.held == self.capacity {
             let victim = self.head;
             debug_assert!(victim != NIL, "a full tier has a head");
-            self.unlink(victim);
-            let vacated = self.erase(self.nodes[victim as usize].bucket as usize);
-            // The shift leaves one bucket vacant, all others as occupied as before: if it lies
-            // on the new key's probe path ahead of `at`, the key goes there instead.
-            let mask = self.table.len() - 1;
-            let home = self.home(key);
-            if vacated.wrapping_sub(home) & mask < at.wrapping_sub(home) & mask {
-                at = vacated;
+            if self.nodes[victim as usize].bucket != NIL {
+                self.unlink(victim);
+                let vacated = self.erase(self.nodes[victim as usize].bucket as usize);
+                // The shift leaves one bucket vacant, all others as occupied as before: if it
+                // lies on the new key's probe path ahead of `at`, the key goes there instead.
+                let mask = self.table.len() - 1;
+                let home = self.home(key);
+                if vacated.wrapping_sub(home) & mask < at.wrapping_sub(home) & mask {
+                    at = vacated;
+                }
+                self.nodes[victim as usize].bucket = at as u32;
+                self.table[at] = Bucket { key, node: victim };
+                self.push_tail(victim);
+                return;
             }
-            self.nodes[victim as usize].bucket = at as u32;
-            victim
-        };
+            // The oldest key is a run's first: it goes by arithmetic (the table unchanged).
+            self.evict_front(1);
+        }
+        at = self.room_for_single(key, at);
+        let node = self.alloc_node(at as u32);
         self.table[at] = Bucket { key, node };
         self.push_tail(node);
+        self.held += 1;
+        self.singles += 1;
         debug_assert!(self.len() <= self.capacity, "LRU set over capacity");
+    }
+
+    /// Grows the table if one more single key would fill it over half; returns where `key`
+    /// (not held) goes, `at` unless the table grew.
+    #[inline]
+    fn room_for_single(&mut self, key: u64, at: usize) -> usize {
+        if 2 * (self.singles as usize + 1) > self.table.len() && self.table.len() < self.max_buckets
+        {
+            self.grow();
+            return self.probe(key).0;
+        }
+        at
+    }
+
+    /// A node out of the free list (or a new one) with bucket `bucket`, linked nowhere.
+    #[inline]
+    fn alloc_node(&mut self, bucket: u32) -> u32 {
+        let fresh = Node {
+            prev: NIL,
+            next: NIL,
+            bucket,
+        };
+        match self.free.pop() {
+            Some(node) => {
+                self.nodes[node as usize] = fresh;
+                node
+            }
+            None => {
+                self.nodes.push(fresh);
+                (self.nodes.len() - 1) as u32
+            }
+        }
     }
 
     /// The key's home bucket.
@@ -211,7 +298,7 @@ impl LruKeySet {
         hole
     }
 
-    /// Doubles the table and places every key again.
+    /// Doubles the table and places every single key again.
     fn grow(&mut self) {
         let buckets = self.table.len() * 2;
         let old = std::mem::replace(&mut self.table, vec![VACANT; buckets]);
@@ -235,6 +322,28 @@ impl LruKeySet {
             self.tail = prev;
         } else {
             self.nodes[next as usize].prev = prev;
+        }
+    }
+
+    /// Links `node` right after `prev` (at the head if `prev` is `NIL`).
+    fn link_after(&mut self, prev: u32, node: u32) {
+        let next = if prev == NIL {
+            self.head
+        } else {
+            self.nodes[prev as usize].next
+        };
+        let entry = &mut self.nodes[node as usize];
+        entry.prev = prev;
+        entry.next = next;
+        if prev == NIL {
+            self.head = node;
+        } else {
+            self.nodes[prev as usize].next = node;
+        }
+        if next == NIL {
+            self.tail = node;
+        } else {
+            self.nodes[next as usize].prev = node;
         }
     }
 

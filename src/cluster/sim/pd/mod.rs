@@ -21,7 +21,7 @@ use crate::cluster::signals;
 mod audit;
 mod faults;
 mod pair;
-use crate::sim::kv::hash::prompt_block_keys;
+use crate::sim::kv::hash::{PromptKeys, prompt_block_keys};
 use crate::sim::metrics::{Outcome, RequestRecord};
 use crate::sim::rng::RngStreams;
 use crate::sim::{RequestId, RequestSpec, SimError};
@@ -168,7 +168,7 @@ impl Cluster {
     pub(super) fn arrive_disaggregated(
         &mut self,
         spec: RequestSpec,
-        keys_by_size: &[(u32, Vec<u64>)],
+        keys_by_size: &[(u32, PromptKeys)],
     ) -> Dispatch {
         let Some(mut pd) = self.pd.take() else {
             return Dispatch::Rejected;
@@ -214,11 +214,11 @@ impl Cluster {
 
     /// The decode profile's pick among the decode-serving pods (the prompt's keys recorded in
     /// its approximate index for the chosen pod).
-    fn pick_decode(&mut self, pd: &PdRuntime, keys_by_size: &[(u32, Vec<u64>)]) -> usize {
+    fn pick_decode(&mut self, pd: &PdRuntime, keys_by_size: &[(u32, PromptKeys)]) -> usize {
         let decode = self.pick_among(&pd.decode_candidates, None);
         let block_size = self.config.instances[decode].engine.block_size;
         if let Some((_, keys)) = keys_by_size.iter().find(|(size, _)| *size == block_size) {
-            self.router.record_dispatch(decode, keys);
+            self.router.record_dispatch_prompt(decode, keys);
         }
         decode
     }
