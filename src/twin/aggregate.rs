@@ -33,7 +33,7 @@ mod pod_type;
 mod replacement;
 
 pub use pod_type::{POD_TYPES, PodType};
-use replacement::{Replacement, run_replacing};
+use replacement::{Replacement, run_replacing, stream_outputs};
 
 /// The observation time of a synthesized instance (any fixed value: the state has no past).
 pub const SYNTHETIC_NOW_US: u64 = 1_000_000;
@@ -408,7 +408,12 @@ fn predict_on_state(
         // vLLM would refuse it at arrival: nothing to simulate.
         return Ok(AggregatePrediction::default());
     }
-    let outputs = output_draw(snapshot)?;
+    // A pod whose load is held serves a stream whose outputs the aggregates do not carry:
+    // drawn around the new request's expected output (`replacement::stream_outputs`).
+    let outputs = match replaced {
+        Some(_) => stream_outputs(options.output_tokens)?,
+        None => output_draw(snapshot)?,
+    };
     let replacement = replaced.map(|prompt_tokens| Replacement {
         prompt_tokens,
         outputs: &outputs,
