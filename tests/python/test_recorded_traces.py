@@ -71,7 +71,7 @@ MEASURED = {
 }
 MARGIN = 1.0
 # ditto's MAPE (%) on the same subset's test rows untrained ("cold": the simulation alone,
-# no calibration), per trace and phase; the test allows COLD_MARGIN points more on TPOT.
+# no calibration), per trace; the test allows COLD_MARGIN points more.
 # The calibration hides a simulation that drifts (at stop 38 the cold TPOT went 1.6 to 2.2
 # times too slow on the long-prompt traces while every warm cell held), so this holds the
 # simulation itself.
