@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::cluster::config::{ClusterConfig, InstanceConfig};
 use crate::sim::{Outcome, RequestId, RequestSpec, SloClass};
+use crate::workload::LengthDraw;
 
 use super::build::{QUESTION_REQUEST_ID, draw_lengths, prompt_content, restore_base};
 use super::cached::CachedBlocks;
@@ -33,7 +34,7 @@ mod pod_type;
 mod replacement;
 
 pub use pod_type::{POD_TYPES, PodType};
-use replacement::{Replacement, run_replacing};
+use replacement::{Replacement, run_replacing, stream_outputs};
 
 /// The observation time of a synthesized instance (any fixed value: the state has no past).
 pub const SYNTHETIC_NOW_US: u64 = 1_000_000;
@@ -408,7 +409,7 @@ fn predict_on_state(
         // vLLM would refuse it at arrival: nothing to simulate.
         return Ok(AggregatePrediction::default());
     }
-    let outputs = output_draw(snapshot)?;
+    let outputs = outputs_of(snapshot, replaced.is_some(), options.output_tokens)?;
     let replacement = replaced.map(|prompt_tokens| Replacement {
         prompt_tokens,
         outputs: &outputs,
@@ -481,6 +482,22 @@ fn predict_on_state(
         valid: dropped == 0,
         events,
     })
+}
+
+/// The output lengths a pod's requests are drawn from: on a pod whose load is held, its
+/// stream's, around the new request's expected output (the aggregates carry none:
+/// `replacement::stream_outputs`); otherwise the mirror's learned lengths or the twin
+/// settings' distribution.
+fn outputs_of(
+    snapshot: &MirrorSnapshot,
+    held: bool,
+    expected: u32,
+) -> Result<LengthDraw, TwinError> {
+    if held {
+        stream_outputs(expected)
+    } else {
+        output_draw(snapshot)
+    }
 }
 
 /// Checks a question on a pod's state: asked at or after its observation, within the

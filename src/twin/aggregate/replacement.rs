@@ -11,11 +11,18 @@
 //! it finishes (Little's law), which is what the replacements do. Each arrives with the
 //! prompt length of the pod's queued prompts and an output length drawn like the in-flight
 //! requests'.
+//!
+//! Those output lengths are the stream's: the aggregates carry none (the EPP sends no output
+//! length, and a synthesized pod has no mirrored traffic to learn them from), so they are
+//! drawn around the one output length the predictor is told, the new request's expected
+//! output (`--predictor-output-tokens`): the new request is one of the same stream. How long
+//! the outputs are sets how often requests end and prompts arrive to prefill beside the
+//! decode, so it sets the batch the new request decodes in (docs/fidelity/cold-traces.md).
 
 use crate::sim::driver::{self, Supervisor};
 use crate::sim::rng::SimRng;
 use crate::sim::{Engine, PromptContent, RequestId, RequestSpec, SimError, SloClass};
-use crate::workload::LengthDraw;
+use crate::workload::{LengthDist, LengthDraw};
 
 use super::super::build::BACKGROUND_ARRIVALS_MAX;
 use super::super::error::TwinError;
@@ -33,6 +40,17 @@ pub struct Replacement<'a> {
     pub outputs: &'a LengthDraw,
     /// The pod's longest sequence (prompt plus output), tokens.
     pub max_len: u32,
+}
+
+/// The output lengths of the stream a synthesized pod serves (its running requests'
+/// final lengths and its arrivals'): normal around `expected` tokens with half of it as the
+/// spread, at least 1 and at most `max(4096, 2 * expected)` (at the predictor's default 256
+/// this is the twin's default output distribution, `TwinSettings::defaults`).
+pub fn stream_outputs(expected: u32) -> Result<LengthDraw, TwinError> {
+    let mean = f64::from(expected.max(1));
+    LengthDist::gaussian(mean, mean / 2.0, 1, expected.saturating_mul(2).max(4096))
+        .compile("output_tokens")
+        .map_err(|err| TwinError::invalid("output_tokens", err.to_string()))
 }
 
 /// Runs `engine` until the watched request has a record (it finished or was dropped) or the
@@ -168,9 +186,10 @@ mod tests {
     use crate::twin::Limits;
     use crate::twin::snapshot::{MirrorSnapshot, TrafficStats, TwinSettings};
 
-    /// A busy pod with long prompts queued, its new request predicted with the pod's load
-    /// held (`replaced`) or left to drain.
-    fn predict(replaced: Option<u32>) -> AggregatePrediction {
+    /// A busy pod with long prompts queued, its new request (128 output tokens) predicted
+    /// with the pod's load held (`replaced`) or left to drain; the predictor's expected
+    /// output length (the stream's, when the load is held) is `expected_output`.
+    fn predict(replaced: Option<u32>, expected_output: u32) -> AggregatePrediction {
         let template = Arc::new(single_instance_config(&default_cluster(), 0).expect("one"));
         let aggregates = PodAggregates {
             kv_cache_percentage: 0.3,
@@ -189,11 +208,10 @@ mod tests {
             replications: 4,
             seed: 5,
             horizon_us: 600_000_000,
-            output_tokens: 128,
+            output_tokens: expected_output,
             objective: Objective::Mean,
         };
-        let (state, request) =
-            instance_from_aggregates(&template.instances[0], &aggregates, options.output_tokens);
+        let (state, request) = instance_from_aggregates(&template.instances[0], &aggregates, 128);
         let snapshot = MirrorSnapshot {
             generation: 0,
             config_generation: 0,
@@ -220,8 +238,8 @@ mod tests {
     /// behind it, barely moves.
     #[test]
     fn a_pod_that_keeps_its_load_decodes_slower_than_one_left_to_drain() {
-        let closed = predict(None);
-        let held = predict(Some(4_000));
+        let closed = predict(None, 128);
+        let held = predict(Some(4_000), 128);
         assert!(closed.valid && held.valid);
         assert!(
             held.tpot.value > 1.08 * closed.tpot.value,
@@ -237,6 +255,24 @@ mod tests {
             closed.ttft
         );
         // Deterministic: the same inputs give the same answer.
-        assert_eq!(predict(Some(4_000)), held);
+        assert_eq!(predict(Some(4_000), 128), held);
+    }
+
+    /// The stream's outputs set how often its requests end and prompts arrive to prefill
+    /// beside the new request's decode: the same request (128 tokens) on the same held pod
+    /// decodes faster in a stream of 1,024-token outputs than in one of 128-token outputs,
+    /// and a pod left to drain does not depend on the stream at all.
+    #[test]
+    fn a_stream_of_longer_outputs_prefills_less_beside_the_decode() {
+        let short = predict(Some(4_000), 128);
+        let long = predict(Some(4_000), 1_024);
+        assert!(short.valid && long.valid);
+        assert!(
+            long.tpot.value < 0.9 * short.tpot.value,
+            "long {:?} short {:?}",
+            long.tpot,
+            short.tpot
+        );
+        assert_eq!(predict(None, 128), predict(None, 1_024));
     }
 }
