@@ -436,22 +436,10 @@ mod tests {
     }
 
     fn candidate(count: u32, attainment: f64) -> crate::twin::question::ForecastCandidate {
-        let none = crate::twin::question::Distribution {
-            mean: 0.0,
-            quantiles: Vec::new(),
-        };
-        crate::twin::question::ForecastCandidate {
-            replicas: vec![("vllm-0".to_owned(), count)],
-            ttft_ms: none.clone(),
-            itl_ms: none.clone(),
-            e2e_ms: none,
-            slo_attainment: attainment,
-            slo_attainment_ci: (attainment, attainment),
-            max_queue_depth: 0,
-            kv_usage_mean: 0.0,
-            throughput_rps: 0.0,
-            cost_per_hour: 0.0,
-        }
+        crate::twin::question::ForecastCandidate::with_attainment(
+            vec![("vllm-0".to_owned(), count)],
+            attainment,
+        )
     }
 
     fn variant() -> Variant {

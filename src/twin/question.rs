@@ -287,6 +287,30 @@ pub struct ForecastCandidate {
     pub cost_per_hour: f64,
 }
 
+#[cfg(test)]
+impl ForecastCandidate {
+    /// A candidate with only its replicas and attainment set, every latency empty: the
+    /// fixture of the tests that pick among candidates by attainment.
+    pub(crate) fn with_attainment(replicas: Vec<(String, u32)>, attainment: f64) -> Self {
+        let none = Distribution {
+            mean: 0.0,
+            quantiles: Vec::new(),
+        };
+        Self {
+            replicas,
+            ttft_ms: none.clone(),
+            itl_ms: none.clone(),
+            e2e_ms: none,
+            slo_attainment: attainment,
+            slo_attainment_ci: (attainment, attainment),
+            max_queue_depth: 0,
+            kv_usage_mean: 0.0,
+            throughput_rps: 0.0,
+            cost_per_hour: 0.0,
+        }
+    }
+}
+
 /// The answer to a capacity forecast.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ForecastAnswer {

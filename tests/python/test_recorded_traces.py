@@ -245,8 +245,9 @@ def serve_args():
     )
 
 
-@pytest.mark.parametrize("name", TRACES)
-def test_warm_ditto_holds_its_error_on_the_recorded_trace(name):
+def score_subset(name, cold):
+    """The CI subset of trace `name` scored against a fresh `ditto serve` (trained on its
+    training rows unless `cold`): the cells and the server's /data/status after."""
     from conftest import Server
 
     rows = load(name)[:: STRIDE[name]]
@@ -254,13 +255,19 @@ def test_warm_ditto_holds_its_error_on_the_recorded_trace(name):
     try:
         server.wait_serving()
         url = f"http://127.0.0.1:{server.http_port}"
-        cells = score_ditto(url, *split(rows))
+        cells = score_ditto(url, *split(rows), cold=cold)
         status = requests.get(f"{url}/data/status", timeout=TIMEOUT_S).json()
     finally:
         output = server.output()
         code = server.terminate()
         os.unlink(server.log.name)
     assert code == 0, f"ditto serve exited {code}:\n{output}"
+    return cells, status
+
+
+@pytest.mark.parametrize("name", TRACES)
+def test_warm_ditto_holds_its_error_on_the_recorded_trace(name):
+    cells, status = score_subset(name, cold=False)
     # The calibration learnt from the training part (each phase from its own rows).
     assert status["training_data"]["ttft_samples"] > 0 and status["training_data"]["tpot_samples"] > 0, status
     for phase in PHASES:
@@ -270,20 +277,7 @@ def test_warm_ditto_holds_its_error_on_the_recorded_trace(name):
 
 @pytest.mark.parametrize("name", TRACES)
 def test_cold_ditto_holds_its_tpot_error_on_the_recorded_trace(name):
-    from conftest import Server
-
-    rows = load(name)[:: STRIDE[name]]
-    server = Server(extra_args=serve_args())
-    try:
-        server.wait_serving()
-        url = f"http://127.0.0.1:{server.http_port}"
-        cells = score_ditto(url, *split(rows), cold=True)
-        status = requests.get(f"{url}/data/status", timeout=TIMEOUT_S).json()
-    finally:
-        output = server.output()
-        code = server.terminate()
-        os.unlink(server.log.name)
-    assert code == 0, f"ditto serve exited {code}:\n{output}"
+    cells, status = score_subset(name, cold=True)
     # Nothing was learnt: the answers are the simulation's own.
     assert status["training_data"]["ttft_samples"] == 0 and status["training_data"]["tpot_samples"] == 0, status
     bound = MEASURED_COLD_TPOT[name] + COLD_MARGIN

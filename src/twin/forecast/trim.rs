@@ -141,29 +141,14 @@ pub(super) fn trim_search(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::twin::question::Distribution;
 
     fn candidate(counts: &[u32], attainment: f64) -> ForecastCandidate {
-        let none = Distribution {
-            mean: 0.0,
-            quantiles: Vec::new(),
-        };
-        ForecastCandidate {
-            replicas: counts
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| (format!("v{i}"), c))
-                .collect(),
-            ttft_ms: none.clone(),
-            itl_ms: none.clone(),
-            e2e_ms: none,
-            slo_attainment: attainment,
-            slo_attainment_ci: (attainment, attainment),
-            max_queue_depth: 0,
-            kv_usage_mean: 0.0,
-            throughput_rps: 0.0,
-            cost_per_hour: 0.0,
-        }
+        let replicas = counts
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (format!("v{i}"), c))
+            .collect();
+        ForecastCandidate::with_attainment(replicas, attainment)
     }
 
     const SPLIT: SplitRoles = SplitRoles {
