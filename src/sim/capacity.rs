@@ -7,8 +7,12 @@
 
 use crate::sim::latency::{GpuSpec, ModelArch};
 
+mod profile;
+
+pub use profile::{ProfileShape, forward_peak_bytes, sampler_peak_bytes, torch_peak_bytes};
+
 /// Bytes per GiB.
-const GIB: f64 = (1u64 << 30) as f64;
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 /// Activation memory reserved per replica for a dense model, GiB.
 const ACTIVATION_DENSE_GIB: f64 = 5.5;
 /// Activation memory reserved per replica for an MoE model, GiB.
@@ -141,6 +145,58 @@ pub fn num_gpu_blocks_offloaded(
     block_size: u32,
     offloaded_bytes: u64,
 ) -> Result<u32, CapacityError> {
+    let activation_gib = if arch.is_moe() {
+        ACTIVATION_MOE_GIB
+    } else {
+        ACTIVATION_DENSE_GIB
+    };
+    blocks_with_reserve(
+        arch,
+        gpu,
+        tp,
+        gpu_memory_utilization,
+        block_size,
+        offloaded_bytes,
+        activation_gib,
+    )
+}
+
+/// [`num_gpu_blocks`] with the activation reserve vLLM's memory profiling measures
+/// ([`torch_peak_bytes`] of a run shaped by `shape`) in place of BLIS's fixed 5.5 GiB
+/// (dense) / 8 GiB (MoE); the non-torch overhead is the same. Not the default: see
+/// docs/fidelity/memory.md for how it compares with the runs that recorded their blocks.
+pub fn num_gpu_blocks_profiled(
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    gpu_memory_utilization: f64,
+    block_size: u32,
+    shape: ProfileShape,
+) -> Result<u32, CapacityError> {
+    check_inputs(arch, gpu, tp, gpu_memory_utilization, block_size)?;
+    let activation_gib = torch_peak_bytes(arch, tp, shape) as f64 / GIB;
+    blocks_with_reserve(
+        arch,
+        gpu,
+        tp,
+        gpu_memory_utilization,
+        block_size,
+        0,
+        activation_gib,
+    )
+}
+
+/// The block count once `activation_gib` (with the weights and non-torch overhead) is set
+/// aside; see [`num_gpu_blocks`].
+fn blocks_with_reserve(
+    arch: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    gpu_memory_utilization: f64,
+    block_size: u32,
+    offloaded_bytes: u64,
+    activation_gib: f64,
+) -> Result<u32, CapacityError> {
     check_inputs(arch, gpu, tp, gpu_memory_utilization, block_size)?;
     let block_bytes = arch.kv_bytes_per_block(tp, block_size);
     if block_bytes == 0 {
@@ -153,11 +209,6 @@ pub fn num_gpu_blocks_offloaded(
     let tp_f = f64::from(tp);
     let available_gib = gpu.memory_gib * gpu_memory_utilization;
     let weights_gib = model_weight_bytes(arch) as f64 / GIB;
-    let activation_gib = if arch.is_moe() {
-        ACTIVATION_MOE_GIB
-    } else {
-        ACTIVATION_DENSE_GIB
-    };
     let non_torch_per_gpu = if tp == 1 {
         NON_TORCH_TP1_GIB
     } else {
