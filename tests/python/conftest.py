@@ -131,3 +131,23 @@ def server():
 @pytest.fixture
 def pb():
     return twin_pb2
+
+
+def poll_grpc_until(what, call, predicate, bound, interval):
+    """Polls `call` every `interval` s until `predicate` holds of its answer, retrying
+    UNAVAILABLE (a scaler before its first load sample); fails after `bound` s naming `what`
+    and the last answer or error."""
+    deadline = time.monotonic() + bound
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = call()
+            if predicate(last):
+                return last
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            last = err
+        time.sleep(interval)
+    raise AssertionError(f"{what} not within {bound} s (last: {last})")
+

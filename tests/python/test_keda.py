@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from conftest import Server
+from conftest import Server, poll_grpc_until
 from ditto.v1 import twin_pb2 as pb
 from externalscaler import externalscaler_pb2 as ks
 from externalscaler import externalscaler_pb2_grpc as ks_grpc
@@ -53,19 +53,7 @@ def ref(**overrides):
 
 def until(what, call, predicate):
     """Polls `call` (retrying UNAVAILABLE before the first load sample) until `predicate`."""
-    deadline = time.monotonic() + POLL_BOUND_S
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = call()
-            if predicate(last):
-                return last
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            last = err
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not within {POLL_BOUND_S} s (last: {last})")
+    return poll_grpc_until(what, call, predicate, POLL_BOUND_S, 0.1)
 
 
 def push_load(server):

@@ -22,7 +22,7 @@ import grpc
 import jsonschema
 import pytest
 
-from conftest import Server
+from conftest import Server, poll_grpc_until
 from ditto.v1 import twin_pb2 as pb
 from externalscaler import externalscaler_pb2 as ks
 from externalscaler import externalscaler_pb2_grpc as ks_grpc
@@ -78,19 +78,7 @@ def ref(**overrides):
 
 def until(what, call, predicate, bound=POLL_BOUND_S):
     """Polls `call` (retrying UNAVAILABLE before the first load sample) until `predicate`."""
-    deadline = time.monotonic() + bound
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = call()
-            if predicate(last):
-                return last
-        except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
-                raise
-            last = err
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {bound} s (last: {last})")
+    return poll_grpc_until(what, call, predicate, bound, 0.2)
 
 
 def sampled(what, call):
