@@ -70,11 +70,20 @@ pub struct CalibrateArgs {
     /// Do not give requests their workload's shared system prompt.
     #[arg(long)]
     pub no_shared_prefix: bool,
+    /// Share only the system prompt: do not replay the load generator's prompts as the
+    /// fixed set it cycles through (each request's question then counts as new).
+    #[arg(long)]
+    pub no_repeated_prompts: bool,
 }
 
 /// Runs `ditto calibrate` and returns its report.
 pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
-    let replay = replay_options(&args.output_length, args.no_shared_prefix, 42)?;
+    let replay = replay_options(
+        &args.output_length,
+        args.no_shared_prefix,
+        args.no_repeated_prompts,
+        42,
+    )?;
     let start = start_coefficients(&args.start)?;
     let mut spec = FitSpec::all(start, replay);
     spec.options.evaluations_max = args.evaluations.max(1);

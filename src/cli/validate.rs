@@ -38,6 +38,10 @@ pub struct ValidateArgs {
     /// Do not give requests their workload's shared system prompt.
     #[arg(long)]
     pub no_shared_prefix: bool,
+    /// Share only the system prompt: do not replay the load generator's prompts as the
+    /// fixed set it cycles through (each request's question then counts as new).
+    #[arg(long)]
+    pub no_repeated_prompts: bool,
     /// Seed of what a replay draws: summary-only runs' arrivals and lengths, and lost
     /// lengths of failed requests.
     #[arg(long, default_value_t = 42)]
@@ -68,7 +72,12 @@ pub struct Validated {
 
 /// Runs `ditto validate` and returns what to print.
 pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
-    let options = replay_options(&args.output_length, args.no_shared_prefix, args.seed)?;
+    let options = replay_options(
+        &args.output_length,
+        args.no_shared_prefix,
+        args.no_repeated_prompts,
+        args.seed,
+    )?;
     let mut validated = Vec::new();
     let bar = Progress::new(
         progress::wanted(args.json),
@@ -102,6 +111,7 @@ pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
 pub fn replay_options(
     output_length: &str,
     no_shared_prefix: bool,
+    no_repeated_prompts: bool,
     seed: u64,
 ) -> Result<ReplayOptions, CliError> {
     let output_length = match output_length {
@@ -118,6 +128,7 @@ pub fn replay_options(
     Ok(ReplayOptions {
         output_length,
         shared_prefix: !no_shared_prefix,
+        repeated_prompts: !no_repeated_prompts,
         seed,
     })
 }

@@ -26,6 +26,7 @@ pub mod blocks;
 pub mod calibrate;
 pub mod deployment;
 pub mod measured;
+pub mod prompts;
 pub mod replay;
 pub mod run;
 mod s2r;

@@ -50,6 +50,7 @@ use crate::sim::rng::unit;
 use crate::sim::{Engine, EngineConfig, RequestSpec};
 
 use super::FidelityError;
+use super::prompts::PromptPool;
 use super::run::MeasuredRun;
 use crate::prom_text::{self, Histogram};
 
@@ -78,6 +79,10 @@ pub struct ReplayOptions {
     pub output_length: OutputLength,
     /// Give requests their shared system prompt (prefix caching hits).
     pub shared_prefix: bool,
+    /// With `shared_prefix`: give each request the whole prompt the load generator sent it,
+    /// one of the P prompts it cycles through ([`super::prompts`]), so a prompt seen before
+    /// hits the prefix cache in full; else only the system prompt is shared.
+    pub repeated_prompts: bool,
     /// Seed of what a replay draws: summary-only runs' arrivals and lengths, and lost lengths
     /// of failed requests.
     pub seed: u64,
@@ -88,6 +93,7 @@ impl Default for ReplayOptions {
         Self {
             output_length: OutputLength::Auto,
             shared_prefix: true,
+            repeated_prompts: true,
             seed: 42,
         }
     }
@@ -380,20 +386,36 @@ fn measured_requests(
     }
     rows.sort_by_key(|row| (row.0, row.1));
     let prefix = run.shared_prefix.filter(|_| options.shared_prefix);
+    // A user's context that grows from round to round (multi-turn chat) is not one of P
+    // fixed prompts; the published runs' prompts do not grow (~0 tokens a round).
+    let max_input = rows.iter().map(|row| row.2).max().unwrap_or(0);
+    let pool = prompt_pool(run, options, max_input).filter(|_| growth < 0.5);
     let mut specs = Vec::with_capacity(rows.len());
     let mut truths = Vec::with_capacity(rows.len());
-    for (i, (arrival_us, _, input, recount, truth)) in rows.into_iter().enumerate() {
+    for (i, (arrival_us, measured_id, input, recount, truth)) in rows.into_iter().enumerate() {
         let out = output_len.unwrap_or(recount).max(1);
-        let spec = RequestSpec::synthetic(i as u64, arrival_us, input, out);
-        specs.push(match prefix {
-            Some(shape) if shape.system_prompt_len < input => {
-                spec.with_prefix(i as u64 % u64::from(shape.groups), shape.system_prompt_len)
+        let mut spec = RequestSpec::synthetic(i as u64, arrival_us, input, out);
+        match (&pool, prefix) {
+            // The measured index is the order the load generator sent the requests in.
+            (Some(pool), _) => spec.content = pool.content(measured_id),
+            (None, Some(shape)) if shape.system_prompt_len < input => {
+                spec = spec.with_prefix(i as u64 % u64::from(shape.groups), shape.system_prompt_len)
             }
-            _ => spec,
-        });
+            _ => {}
+        }
+        specs.push(spec);
         truths.push(truth);
     }
     (specs, truths)
+}
+
+/// The load generator's fixed prompts, when the run's workload is a shared-prefix one and
+/// the options ask for whole prompts.
+fn prompt_pool(run: &MeasuredRun, options: ReplayOptions, max_input: u32) -> Option<PromptPool> {
+    let shape = run
+        .shared_prefix
+        .filter(|_| options.shared_prefix && options.repeated_prompts)?;
+    Some(PromptPool::new(shape, run.block_size, max_input))
 }
 
 /// Multi-turn growth: the least-squares slope of the succeeded requests' prompt length
@@ -451,6 +473,14 @@ fn requests(
         }
     }
     let n = arrivals.len();
+    // Request `i` sends prompt `i mod P`: a prompt keeps the length it was drawn with first.
+    let max_input = arrivals.iter().map(|a| a.1).max().unwrap_or(0);
+    let pool = prompt_pool(run, options, max_input);
+    if let Some(pool) = &pool {
+        for i in pool.len()..n {
+            arrivals[i].1 = arrivals[i % pool.len()].1;
+        }
+    }
     let prompts = run
         .prompt_lengths
         .as_ref()
@@ -469,10 +499,14 @@ fn requests(
                 (None, Some(outputs)) => outputs[i],
                 (None, None) => 1,
             };
-            with_prefix(
-                RequestSpec::synthetic(i as u64, arrival_us, input, out.max(1)),
-                i,
-            )
+            let spec = RequestSpec::synthetic(i as u64, arrival_us, input, out.max(1));
+            match &pool {
+                Some(pool) => RequestSpec {
+                    content: pool.content(i as u64),
+                    ..spec
+                },
+                None => with_prefix(spec, i),
+            }
         })
         .collect()
 }
