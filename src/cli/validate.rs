@@ -15,6 +15,7 @@ use crate::cli::CliError;
 use crate::cli::latency::resolve_latency;
 use crate::cli::progress::{self, Progress};
 use crate::fidelity::replay::{self, OutputLength, ReplayOptions};
+use crate::fidelity::rounds::RoundTtft;
 use crate::fidelity::score::{self, Metrics, RunScore};
 use crate::fidelity::{MeasuredRun, RunFiles, scraped};
 
@@ -269,6 +270,10 @@ pub fn report_json(latency_model: &str, validated: &[Validated]) -> Value {
                     "measured": v.score.timed_out_measured.map(finite),
                 },
                 "stages": stages,
+                "prompt_rounds": v.score.prompt_rounds.map(|r| json!({
+                    "first": round_json(&r.first),
+                    "second": round_json(&r.second),
+                })),
             })
         })
         .collect();
@@ -277,6 +282,14 @@ pub fn report_json(latency_model: &str, validated: &[Validated]) -> Value {
         "latency_model": latency_model,
         "runs": runs,
         "median_ape_percent": metrics_json(&score::median_ape(&scores)),
+    })
+}
+
+fn round_json(round: &RoundTtft) -> Value {
+    json!({
+        "count": round.count,
+        "predicted_ttft_p25_ms": finite(round.predicted_ms),
+        "measured_ttft_p25_ms": finite(round.measured_ms),
     })
 }
 
@@ -347,6 +360,24 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
                 timed_out,
             );
         }
+    }
+    let rounds: Vec<_> = validated
+        .iter()
+        .filter_map(|v| v.score.prompt_rounds.map(|r| (&v.score.name, r)))
+        .collect();
+    if !rounds.is_empty() {
+        let _ = writeln!(
+            out,
+            "first round of prompts (new to the server) against the second (cached): lower-quartile TTFT ms, predicted/measured"
+        );
+    }
+    for (name, r) in rounds {
+        let (predicted, measured) = r.cold_extra_ms();
+        let _ = writeln!(
+            out,
+            "{name:<36} first {:.1}/{:.1}  second {:.1}/{:.1}  first - second {predicted:.1}/{measured:.1}",
+            r.first.predicted_ms, r.first.measured_ms, r.second.predicted_ms, r.second.measured_ms,
+        );
     }
     let scores: Vec<RunScore> = validated.iter().map(|v| v.score.clone()).collect();
     let med = score::median_ape(&scores);

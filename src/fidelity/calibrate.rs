@@ -16,7 +16,11 @@
 //! the timed-out fraction already says, while their TPOT is the decode step at a full batch
 //! of long contexts, which no other run measures. Every run adds the robust penalty of its
 //! timed-out fraction's miss (predicted − measured, 0 for a run that kept up) times
-//! [`TIMED_OUT_WEIGHT`]. The loss is minimised with a bounded Nelder-Mead over the free
+//! [`TIMED_OUT_WEIGHT`]. A per-request shared-prefix run adds the penalty of its first round
+//! of prompts' lower-quartile TTFT times [`FIRST_ROUND_WEIGHT`]: the load generator sends a
+//! fixed set of prompts in turn, so after the first round vLLM's prefix cache serves nearly
+//! every prompt, and the first round is where the runs measure a whole prefill
+//! ([`crate::fidelity::rounds`]). The loss is minimised with a bounded Nelder-Mead over the free
 //! coefficients (each kept non-negative by fitting its magnitude), so the fit sees the
 //! scheduler's real feedback (a slower step grows the batch, which slows the step) instead
 //! of a linearised proxy. The runs of one evaluation replay in parallel (rayon); their
@@ -314,6 +318,13 @@ pub fn score_loss(scored: &RunScore, per_request: bool, dropped: u64) -> f64 {
             scored.timed_out_predicted - measured_failed,
             TIMED_OUT_SCALE,
         );
+    // A shared-prefix run's first round of prompts (new to the server) prices the prefill
+    // that the cached later rounds skip ([`crate::fidelity::rounds`]).
+    if let Some(rounds) = &scored.prompt_rounds {
+        total += run_weight
+            * FIRST_ROUND_WEIGHT
+            * metric_loss(rounds.first.predicted_ms, rounds.first.measured_ms);
+    }
     // Requests that never finished for another reason (dropped) are a plain penalty.
     total + dropped as f64
 }
@@ -321,6 +332,10 @@ pub fn score_loss(scored: &RunScore, per_request: bool, dropped: u64) -> f64 {
 /// A run is overloaded, and scored on TPOT and its timed-out fraction only, when at least
 /// this fraction of its measured requests failed.
 pub const OVERLOAD_FRACTION: f64 = 0.05;
+
+/// Weight of a run's first round of prompts (its lower-quartile TTFT), as much as a
+/// headline metric: in the measured runs it is the one figure that prices a whole prefill.
+pub const FIRST_ROUND_WEIGHT: f64 = 2.0;
 
 /// Weight of the timed-out fraction's miss (a 10-point miss costs about as much as a
 /// two-stage run's every metric 6% off; a 33-point miss as its TPOT 25% off).
@@ -405,6 +420,7 @@ mod tests {
             unfinished: 0,
             timed_out_predicted: timed_out.0,
             timed_out_measured: Some(timed_out.1),
+            prompt_rounds: None,
         }
     }
 
@@ -440,5 +456,33 @@ mod tests {
         let quarter = score_loss(&kept_up, false, 0) / score_loss(&kept_up, true, 0);
         assert!((quarter - SUMMARY_ONLY_WEIGHT).abs() < 1e-12);
         assert_eq!(score_loss(&queue_off, true, 3), 3.0);
+    }
+
+    #[test]
+    fn a_first_round_of_prompts_priced_wrong_costs_as_a_headline_metric() {
+        // Goal: the fit sees the one figure that prices a whole prefill. Method: a run exact
+        // on every metric loses nothing; the same run with its first round's TTFT 30% short
+        // loses what a headline metric 30% off loses.
+        use crate::fidelity::rounds::{PromptRounds, RoundTtft};
+        let measured = metrics(2_000.0, 30.0, 8.0);
+        let round = |predicted_ms, measured_ms| RoundTtft {
+            count: 90,
+            predicted_ms,
+            measured_ms,
+        };
+        let mut exact = run(measured, measured, (0.0, 0.0));
+        exact.prompt_rounds = Some(PromptRounds {
+            first: round(32.0, 32.0),
+            second: round(26.0, 26.0),
+        });
+        assert_eq!(score_loss(&exact, true, 0), 0.0);
+        let mut short = exact.clone();
+        short.prompt_rounds = Some(PromptRounds {
+            first: round(22.4, 32.0),
+            second: round(26.0, 26.0),
+        });
+        let expected = FIRST_ROUND_WEIGHT * robust((22.4f64 / 32.0).ln(), LOG_SCALE);
+        assert!((score_loss(&short, true, 0) - expected).abs() < 1e-12);
+        assert!(expected > 0.03);
     }
 }

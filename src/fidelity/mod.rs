@@ -28,6 +28,7 @@ pub mod deployment;
 pub mod measured;
 pub mod prompts;
 pub mod replay;
+pub mod rounds;
 pub mod run;
 mod s2r;
 pub mod score;

@@ -113,6 +113,10 @@ pub struct ReplayedRequest {
     pub measured: Option<(f64, f64)>,
     /// Tokens the client counted (the measured run's recount, or the simulated length).
     pub output_recount: u32,
+    /// The request's place in the order the load generator sent them (the measured index;
+    /// in a summary-only run the generated order): with a prompt pool of P, a request whose
+    /// number is below P carries a prompt never sent before.
+    pub sent: u64,
 }
 
 /// A replayed run.
@@ -202,12 +206,12 @@ pub fn replay(
     options: ReplayOptions,
 ) -> Result<Replayed, FidelityError> {
     let output_len = simulated_output_len(run, options.output_length)?;
-    let (mut requests, measured) = if run.has_requests() {
+    let (mut requests, measured, sent) = if run.has_requests() {
         measured_requests(run, output_len, options)
     } else {
         let requests = requests(run, output_len, options);
         let n = requests.len();
-        (requests, vec![None; n])
+        (requests, vec![None; n], (0..n as u64).collect())
     };
     if let Some(timeout) = run.client_timeout_us {
         for request in &mut requests {
@@ -266,6 +270,7 @@ pub fn replay(
             e2e_us,
             measured: truth.and_then(|(t, e, _)| t.zip(e)),
             output_recount: truth.map_or(generated[i], |(_, _, n)| n),
+            sent: sent[i],
         });
     }
     Ok(replayed)
@@ -342,7 +347,7 @@ fn measured_requests(
     run: &MeasuredRun,
     output_len: Option<u32>,
     options: ReplayOptions,
-) -> (Vec<RequestSpec>, Vec<Truth>) {
+) -> (Vec<RequestSpec>, Vec<Truth>, Vec<u64>) {
     // (arrival, measured id, input, recount, measurement)
     let mut rows: Vec<(u64, u64, u32, u32, Truth)> = run
         .requests
@@ -392,7 +397,9 @@ fn measured_requests(
     let pool = prompt_pool(run, options, max_input).filter(|_| growth < 0.5);
     let mut specs = Vec::with_capacity(rows.len());
     let mut truths = Vec::with_capacity(rows.len());
+    let mut sent = Vec::with_capacity(rows.len());
     for (i, (arrival_us, measured_id, input, recount, truth)) in rows.into_iter().enumerate() {
+        sent.push(measured_id);
         let out = output_len.unwrap_or(recount).max(1);
         let mut spec = RequestSpec::synthetic(i as u64, arrival_us, input, out);
         match (&pool, prefix) {
@@ -406,7 +413,7 @@ fn measured_requests(
         specs.push(spec);
         truths.push(truth);
     }
-    (specs, truths)
+    (specs, truths, sent)
 }
 
 /// The load generator's fixed prompts, when the run's workload is a shared-prefix one and

@@ -16,6 +16,7 @@
 use crate::sim::metrics::interpolate_sorted;
 
 use super::replay::Replayed;
+use super::rounds::{PromptRounds, prompt_rounds};
 use super::run::MeasuredRun;
 
 /// The five summary metrics (ms).
@@ -96,6 +97,8 @@ pub struct RunScore {
     pub timed_out_predicted: f64,
     /// Fraction of the measured requests that failed (per-request runs).
     pub timed_out_measured: Option<f64>,
+    /// A shared-prefix run's first round of prompts against its second (per-request runs).
+    pub prompt_rounds: Option<PromptRounds>,
 }
 
 impl RunScore {
@@ -168,6 +171,7 @@ pub fn score(run: &MeasuredRun, replayed: &Replayed) -> RunScore {
             0.0
         },
         timed_out_measured: run.failed_fraction(),
+        prompt_rounds: prompt_rounds(run, replayed),
     }
 }
 
