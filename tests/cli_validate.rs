@@ -12,6 +12,8 @@ use serde_json::Value;
 
 #[path = "cli_validate/knee_tp2.rs"]
 mod knee_tp2;
+#[path = "cli_validate/prompt_rounds.rs"]
+mod prompt_rounds;
 
 /// Median absolute % errors (whole-run means) across the twenty-five dev runs with the
 /// embedded calibrated model when this guard was set (issue 36: 2.19 / 2.33 / 2.43%,

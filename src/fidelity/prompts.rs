@@ -9,11 +9,11 @@
 //! the cache while they survive there: only the last partial block, or the last token of a
 //! prompt that fills its blocks, is computed again.
 //!
-//! The measured runs show it. In each of the twelve per-request runs a request's prompt
-//! length equals that of the request P = 100 places earlier for 97.6-99.4% of requests (at
-//! other lags 0-5%, or ~85% for the reasoning runs, whose lengths barely vary), and the
-//! median TTFT of the first 100 requests, which find nothing cached, is 1.2-1.7 times that of
-//! the next hundreds at the same load (docs/fidelity/repeated-prompts.md).
+//! The measured runs show it (docs/fidelity/repeated-prompts.md, guarded by
+//! `tests/gt_repeated_prompts.rs`): in each of the eleven per-request runs a request's prompt
+//! length equals that of the request P = 100 places earlier for 98.1-99.6% of the requests
+//! that succeeded (at any other lag 6-11%), and the first 100 requests, which find nothing
+//! cached, take longer to their first token than the hundreds after them at the same load.
 //!
 //! [`PromptPool`] gives each of the P prompts the block keys of that content: the blocks
 //! wholly inside the system prompt keyed by the prompt's group (shared by the group's
@@ -39,8 +39,9 @@ pub struct PromptPool {
 impl PromptPool {
     /// The pool of `shape` (P = groups × prompts per group) for prompts of at most
     /// `max_prompt_tokens` tokens in blocks of `block_size`. Prompt `p` belongs to group
-    /// `p mod groups` (which prompt had which system prompt is not recorded, and only the
-    /// prompts' first appearances depend on it).
+    /// `p mod groups`: the generator shuffles its prompts after building them, so which
+    /// prompt had which system prompt is not recorded, and only the prompts' first sendings
+    /// depend on it.
     pub fn new(shape: SharedPrefix, block_size: u32, max_prompt_tokens: u32) -> Self {
         let groups = shape.groups.max(1);
         let prompts = groups.saturating_mul(shape.users_per_group.max(1));

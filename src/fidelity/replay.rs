@@ -10,16 +10,19 @@
 //! request's decode by the recount error. [`OutputLength::Recount`] is there for runs
 //! without `ignore_eos`.
 //!
-//! Shared prefixes: the "general" workloads send one of G system prompts (100 tokens) ahead
-//! of each question; vLLM's prefix cache holds their full blocks. The replay files do not say
-//! which request used which prompt, so request `i` gets group `i mod G` (the generator's
-//! round-robin over users), which gives the same hit rate.
+//! Shared prefixes: the workloads send one of P fixed prompts (G system prompts, each ahead of
+//! P / G questions) in turn, request number `n` prompt `n mod P` ([`super::prompts`]); vLLM's
+//! prefix cache holds a prompt's full blocks between its sendings, so the replay gives each
+//! request its prompt's block keys (`repeated_prompts`). Without them (`--no-repeated-prompts`)
+//! only the system prompt is shared: request `i` gets group `i mod G`.
 //!
 //! Failed requests (the overloaded runs: the client's timeout) are replayed too: they loaded
 //! the server until the client abandoned them. Every replayed request carries the load
 //! generator's timeout as its deadline ([`MeasuredRun::client_timeout_us`]), at which the
 //! engine aborts it (KV freed, out of the batch or queue, counted as timed out). A failed
-//! request whose lengths were lost keeps its arrival and gets lengths drawn (seeded, stream
+//! request whose lengths were lost keeps its arrival; with the load generator's fixed
+//! prompts it gets its own prompt's length (that of a succeeded request of the same number
+//! mod P), else lengths drawn (seeded, stream
 //! `fidelity-lost-lengths`) from the run's own succeeded requests: a succeeded request is
 //! drawn and its prompt shifted by the multi-turn growth per round times the rounds between
 //! the two (a user's `r`-th request is request `r · users + u`; the growth is the slope of
@@ -371,8 +374,18 @@ fn measured_requests(
     // `results/config.yaml`, does not record the flag): single-turn prompts give ~0.
     let growth = prompt_growth_per_round(run, users);
     let mut rng = RngStreams::new(options.seed).stream("fidelity-lost-lengths");
+    // With the load generator's fixed prompts, a failed request's prompt is the one its
+    // number names, whose length the succeeded requests of the same prompt show.
+    let repeats = options.shared_prefix && options.repeated_prompts && growth < 0.5;
+    let mut prompt_lengths = std::collections::BTreeMap::new();
+    if repeats && run.shared_prefix.is_some() {
+        for r in &run.requests {
+            prompt_lengths.entry(r.id % users).or_insert(r.input_tokens);
+        }
+    }
     for failed in &run.failed {
-        let (input, recount) = match failed.input_tokens {
+        let known = prompt_lengths.get(&(failed.id % users)).copied();
+        let (input, recount) = match failed.input_tokens.or(known) {
             Some(input) => (input, output_len.unwrap_or(1)),
             None => {
                 // `run.requests` is non-empty for a per-request run.
@@ -480,14 +493,6 @@ fn requests(
         }
     }
     let n = arrivals.len();
-    // Request `i` sends prompt `i mod P`: a prompt keeps the length it was drawn with first.
-    let max_input = arrivals.iter().map(|a| a.1).max().unwrap_or(0);
-    let pool = prompt_pool(run, options, max_input);
-    if let Some(pool) = &pool {
-        for i in pool.len()..n {
-            arrivals[i].1 = arrivals[i % pool.len()].1;
-        }
-    }
     let prompts = run
         .prompt_lengths
         .as_ref()
@@ -496,11 +501,21 @@ fn requests(
         .output_lengths
         .as_ref()
         .map(|h| draw_lengths(h, n, &mut streams.stream("fidelity-output-lengths")));
+    let mut inputs: Vec<u32> = (0..n)
+        .map(|i| prompts.as_ref().map_or(arrivals[i].1, |p| p[i]))
+        .collect();
+    // Request `i` sends prompt `i mod P`: a prompt keeps the length it was drawn with first.
+    let pool = prompt_pool(run, options, inputs.iter().copied().max().unwrap_or(0));
+    if let Some(pool) = &pool {
+        for i in pool.len()..n {
+            inputs[i] = inputs[i % pool.len()];
+        }
+    }
     arrivals
         .into_iter()
+        .zip(inputs)
         .enumerate()
-        .map(|(i, (arrival_us, templated))| {
-            let input = prompts.as_ref().map_or(templated, |p| p[i]);
+        .map(|(i, ((arrival_us, _), input))| {
             let out = match (output_len, &outputs) {
                 (Some(len), _) => len,
                 (None, Some(outputs)) => outputs[i],
