@@ -16,72 +16,79 @@ mod knee_tp2;
 mod prompt_rounds;
 
 /// Median absolute % errors (whole-run means) across the twenty-five dev runs with the
-/// embedded calibrated model when this guard was set (issue 36: 2.19 / 2.33 / 2.43%,
-/// docs/fidelity.md; over the twelve runs the guard held 2.5 / 3.0 / 3.0% before). A change
-/// that makes a median worse than its guard fails; re-pin only with a better fit, and update
-/// docs/fidelity.md.
+/// embedded calibrated model when this guard was set (stop 40: 2.13 / 4.68 / 2.32%,
+/// docs/fidelity.md; issue 36's goal is 3 / 5 / 3). A change that makes a median worse than
+/// its guard fails; re-pin only with a better fit, and update docs/fidelity.md. The TTFT
+/// guard was 2.5 until stop 40: the replay then stopped pricing a prefill for every request
+/// (the measured runs sent 100 fixed prompts in turn and vLLM's prefix cache served them,
+/// docs/fidelity/repeated-prompts.md), and the TTFT median of 1.8% that the old replay had
+/// reached came from a prefill priced at 1.59 times the GPU's peak, which no server does.
 const GUARD_E2E_MEAN: f64 = 2.5;
-const GUARD_TTFT_MEAN: f64 = 2.5;
+const GUARD_TTFT_MEAN: f64 = 5.0;
 const GUARD_TPOT_MEAN: f64 = 2.5;
 
 /// Per run: (name, E2E, TTFT, TPOT whole-run mean absolute % error bounds, bound on
 /// |predicted − measured| timed-out fraction). Each is the error when the guard was set plus
 /// max(1 point, 10%): a regression guard on every run, not the goal (docs/fidelity.md says
 /// which runs miss it and why). Re-pin only downward, with docs/fidelity.md; a bound may rise
-/// only with a change that makes the medians better, and docs/fidelity.md names each one
-/// (stop 32: the A100's and both Mixtral TTFTs, 70B × 4 codegen's E2E by rounding; stop 33
-/// lowered the A100's: its attention kernel's KV-read factor; issue 36, with the medians over
-/// twenty-five runs from 6.1 / 4.1 / 6.1% to 2.2 / 2.3 / 2.4%, raised Llama-2-7b "general"
-/// (the sampler's per-sequence cost at ~90 sequences near its knee), the A100's TTFT,
-/// CodeLlama "general", 70B × 4 codegen's TTFT, Llama-2-7b roleplay's TTFT and Mixtral
-/// "general"'s E2E and TPOT, and lowered both overloaded TP > 1 runs and the A100's E2E;
-/// stop 38, pricing each H100 TP 4 all-reduce from the measured kernels with medians 2.2 /
-/// 2.3 / 2.4 → 2.3 / 1.8 / 2.3% and 70B × 4 reasoning −35 → −9% E2E, raised 70B × 4
-/// codegen's (its prefill and 32-50-sequence decode steps pay the measured all-reduce), and,
-/// for the refit's cheaper GEMMs and front end, the A100 Qwen3's E2E and TPOT and the TTFT of
-/// Llama-3.1 s2r23 and Qwen3 "general", and lowered the runs that improved).
+/// only with a change that makes the medians better or the replay truer, and docs/fidelity.md
+/// names each one. Stop 40 set them all again: the replay sends the measured runs' fixed
+/// prompts (docs/fidelity/repeated-prompts.md) and the coefficients were refitted on it
+/// (`flops` 0.628 -> 1.729), which moved every run. Raised with the reason: 70B × 4
+/// reasoning (−9 -> −27% E2E, 0% timed out against 33%: its knee had been reached by charging
+/// every admission a prefill the server served from cache; its decode step at 128 long
+/// sequences is 9% short, the Mixtral knee's signature, docs/fidelity/knee-tp2.md), the A100
+/// runs (−5 / −10% E2E: too fast on the GPU no per-request run constrains), Mixtral-8x22B ×
+/// 8 "general"'s TTFT, and the TTFT of the Llama-3.1 and roleplay runs (+5-8%: the front end
+/// the fit now shares between cold and cached prompts).
 const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
-    ("a100-llama3.1-8b-tp1-general-lite", 5.5, 1.5, 5.5, 0.03),
-    ("a100-qwen3-14b-tp1-general-lite-s2r36", 6.0, 2.5, 6.0, 0.03),
-    ("h100-codellama34b-tp2-codegen", 2.0, 2.0, 2.0, 0.03),
-    ("h100-codellama34b-tp2-general", 2.5, 1.5, 2.5, 0.03),
-    ("h100-llama2-70b-tp4-codegen", 6.5, 15.0, 6.0, 0.03),
-    ("h100-llama2-70b-tp4-reasoning", 10.0, 12.0, 5.0, 0.15),
-    ("h100-llama2-7b-tp1-codegen", 1.5, 2.0, 1.5, 0.03),
-    ("h100-llama2-7b-tp1-general", 4.5, 2.5, 4.5, 0.03),
-    ("h100-llama2-7b-tp1-reasoning", 3.5, 2.0, 6.0, 0.04),
-    ("h100-llama2-7b-tp1-roleplay", 1.5, 3.0, 1.5, 0.03),
-    ("h100-llama3.1-8b-tp1-codegen-s2r18", 4.0, 2.0, 4.0, 0.03),
-    ("h100-llama3.1-8b-tp1-general-s2r16", 3.0, 1.5, 3.5, 0.03),
-    ("h100-llama3.1-8b-tp1-general-s2r22", 13.5, 9.5, 13.5, 0.03),
-    ("h100-llama3.1-8b-tp1-general-s2r23", 2.0, 4.0, 2.0, 0.03),
-    ("h100-mixtral8x22b-tp8-codegen-s2r50", 2.0, 8.5, 2.0, 0.03),
-    ("h100-mixtral8x22b-tp8-general-s2r49", 2.0, 3.5, 2.0, 0.03),
-    ("h100-mixtral8x7b-tp2-general", 3.5, 2.0, 3.5, 0.03),
+    ("a100-llama3.1-8b-tp1-general-lite", 6.5, 9.5, 6.5, 0.03),
     (
-        "h100-mixtral8x7b-tp2-general-lite-s2r27",
-        3.5,
-        2.5,
-        3.5,
+        "a100-qwen3-14b-tp1-general-lite-s2r36",
+        11.0,
+        17.5,
+        11.0,
         0.03,
     ),
-    ("h100-mixtral8x7b-tp2-general-s2r28", 4.0, 15.5, 4.0, 0.03),
-    ("h100-mixtral8x7b-tp2-reasoning", 68.0, 84.5, 36.0, 0.72),
-    ("h100-mixtral8x7b-tp2-roleplay", 3.5, 7.0, 3.5, 0.03),
-    ("h100-qwen3-14b-tp1-codegen-s2r14", 2.5, 4.5, 2.5, 0.03),
-    ("h100-qwen3-14b-tp1-general-s2r13", 1.5, 5.5, 1.5, 0.03),
+    ("h100-codellama34b-tp2-codegen", 2.5, 2.5, 2.5, 0.03),
+    ("h100-codellama34b-tp2-general", 2.0, 6.0, 2.0, 0.03),
+    ("h100-llama2-70b-tp4-codegen", 2.0, 1.5, 2.0, 0.03),
+    ("h100-llama2-70b-tp4-reasoning", 30.0, 37.0, 10.5, 0.37),
+    ("h100-llama2-7b-tp1-codegen", 4.0, 7.0, 4.0, 0.03),
+    ("h100-llama2-7b-tp1-general", 3.0, 1.5, 3.0, 0.03),
+    ("h100-llama2-7b-tp1-reasoning", 2.0, 4.0, 5.5, 0.04),
+    ("h100-llama2-7b-tp1-roleplay", 2.5, 8.0, 2.5, 0.03),
+    ("h100-llama3.1-8b-tp1-codegen-s2r18", 1.5, 9.0, 1.5, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r16", 1.5, 6.5, 1.5, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r22", 11.5, 5.0, 11.5, 0.03),
+    ("h100-llama3.1-8b-tp1-general-s2r23", 3.0, 4.5, 3.0, 0.03),
+    ("h100-mixtral8x22b-tp8-codegen-s2r50", 1.5, 10.0, 1.5, 0.03),
+    ("h100-mixtral8x22b-tp8-general-s2r49", 5.0, 12.5, 5.0, 0.03),
+    ("h100-mixtral8x7b-tp2-general", 3.5, 10.0, 3.5, 0.03),
+    (
+        "h100-mixtral8x7b-tp2-general-lite-s2r27",
+        8.0,
+        4.5,
+        8.0,
+        0.03,
+    ),
+    ("h100-mixtral8x7b-tp2-general-s2r28", 3.5, 2.0, 3.5, 0.03),
+    ("h100-mixtral8x7b-tp2-reasoning", 70.0, 87.0, 37.0, 0.72),
+    ("h100-mixtral8x7b-tp2-roleplay", 6.5, 6.5, 6.5, 0.03),
+    ("h100-qwen3-14b-tp1-codegen-s2r14", 3.5, 2.0, 3.5, 0.03),
+    ("h100-qwen3-14b-tp1-general-s2r13", 2.0, 5.0, 2.0, 0.03),
     (
         "h100-scout17b16e-fp8-tp2-general-lite-s2r17",
-        7.5,
+        4.0,
         3.5,
-        8.0,
+        4.0,
         0.03,
     ),
     (
         "h100-scout17b16e-fp8-tp2-roleplay-s2r21",
-        4.0,
-        2.5,
-        4.0,
+        7.5,
+        5.5,
+        8.0,
         0.03,
     ),
 ];
@@ -391,11 +398,14 @@ fn the_tp_peer_candidate_prices_the_tp4_step() {
     let candidate = validate_json(&file, &dirs);
     let default = validate_json("calibrated", &dirs);
     let tp4 = "h100-llama2-70b-tp4-codegen";
-    assert!(e2e(&candidate, tp4) < 3.5, "{}", e2e(&candidate, tp4));
+    // The candidate was fitted on the replay of before stop 40, which priced a prefill for
+    // every request; replayed with the runs' fixed prompts it is 6.7% fast on this run.
+    assert!(e2e(&candidate, tp4) < 7.5, "{}", e2e(&candidate, tp4));
     // The default prices the TP 4 step too: from stop 30 with the per-peer latency (issue 36:
-    // -2.0 against -1.8% E2E), since stop 38 with the measured H100 TP 4 all-reduce, whose
-    // dearer prefills put this run +5% slow (docs/fidelity.md, "The measured all-reduce").
-    assert!(e2e(&default, tp4) < 6.5, "{}", e2e(&default, tp4));
+    // -2.0 against -1.8% E2E), since stop 38 with the measured H100 TP 4 all-reduce (stop 38
+    // +5% with a phantom prefill per request, stop 40 +0.9% without; docs/fidelity.md, "The
+    // measured all-reduce").
+    assert!(e2e(&default, tp4) < 2.0, "{}", e2e(&default, tp4));
     assert!(e2e(&candidate, "h100-llama2-7b-tp1-codegen") < 1.5);
 }
 
@@ -470,13 +480,14 @@ fn the_overloaded_tp_runs_reach_their_knee_once_the_step_is_priced() {
         .lines()
         .find(|l| l.trim_start().starts_with("step_us:"))
         .unwrap();
-    // (run, `step_us` in µs that puts its predicted TPOT on the measured one: +11.9 and
-    // +1.2 ms a step over the shipped 0.57 ms (70B's was +3.4 ms before its all-reduces were
-    // priced from the measured kernels, stop 38), and how much of the measured timed-out
+    // (run, `step_us` in µs that puts its predicted TPOT on the measured one: +12.0 and
+    // +2.5 ms a step over the shipped 0.50 ms since stop 40 (70B's was +3.4 ms before its
+    // all-reduces were priced from the measured kernels, stop 38, and +1.2 ms while every
+    // admission paid a phantom prefill, stops 38-39), and how much of the measured timed-out
     // fraction the shipped file misses at least)
     for (name, step_us, miss) in [
         ("h100-mixtral8x7b-tp2-reasoning", 12_500, 0.25),
-        ("h100-llama2-70b-tp4-reasoning", 1_800, 0.08),
+        ("h100-llama2-70b-tp4-reasoning", 3_000, 0.25),
     ] {
         let dirs: Vec<String> = runs().into_iter().filter(|d| d.ends_with(name)).collect();
         assert_eq!(dirs.len(), 1);
@@ -559,17 +570,19 @@ fn the_moe_tile_switch_cannot_close_the_mixtral_knee() {
 }
 
 #[test]
-fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
-    // Goal: pin docs/fidelity.md "The measured all-reduce" (shipped since stop 38): with each
-    // H100 TP 4 all-reduce priced from the kernel vLLM 0.15 runs at its size
+fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_prices_its_codegen_run() {
+    // Goal: pin docs/fidelity.md "The measured all-reduce" (shipped since stop 38) as it
+    // stands since the replay sends the runs' fixed prompts (stop 40): with each H100 TP 4
+    // all-reduce priced from the kernel vLLM 0.15 runs at its size
     // (data/allreduce_latency.tsv: the custom kernel below 8 MiB, 26 µs at the 2 MiB of a
     // 128-sequence decode step where the formula prices 17; PyTorch's multimem kernel from
-    // 8 MiB), the 70B × 4 reasoning run's E2E error is under 12% where the formula leaves it
-    // over 30%, and it times out a fifth of its requests (measured a third, the formula
-    // none); the price is 70B × 4 codegen's TTFT, over 9% too slow where the formula is
-    // within 3.5% (its ~600-token prefills send ~9 MiB messages and the shipped TTFT balance,
-    // GEMMs faster than peak, had absorbed their cost). Method: both 70B × 4 runs with the
-    // shipped file and with it at `allreduce_measured: 0`; signed errors.
+    // 8 MiB), the 70B × 4 reasoning run's E2E error is about halved (formula ~−49%, measured
+    // kernels ~−27%) and 70B × 4 codegen is within 2% E2E and TTFT, closer than the formula.
+    // Neither reaches the reasoning run's knee (no request times out, a third measured):
+    // stop 38's −9% and timed-out fifth came from a prefill charged to every admission that
+    // the server served from its prefix cache, and the price of that phantom prefill's
+    // all-reduces was 70B codegen's TTFT 13% too slow, gone with it. Method: both 70B × 4
+    // runs with the shipped file and with it at `allreduce_measured: 0`; signed errors.
     let names = [
         "h100-llama2-70b-tp4-codegen",
         "h100-llama2-70b-tp4-reasoning",
@@ -592,34 +605,31 @@ fn the_measured_tp4_allreduce_narrows_the_70b_knee_and_overprices_its_ttft() {
             .iter()
             .find(|x| x["name"] == reasoning)
             .unwrap();
-        (
-            run["timed_out_fraction"]["predicted"].as_f64().unwrap(),
-            run["timed_out_fraction"]["measured"].as_f64().unwrap(),
-        )
+        run["timed_out_fraction"]["predicted"].as_f64().unwrap()
     };
     let before = signed(&formula, reasoning, "e2e_mean");
     let after = signed(&shipped, reasoning, "e2e_mean");
-    assert!(before < -30.0, "formula: 70B x4 reasoning E2E {before}%");
+    assert!(before < -40.0, "formula: 70B x4 reasoning E2E {before}%");
     assert!(
-        (-12.0..0.0).contains(&after),
-        "measured all-reduce: 70B x4 reasoning E2E {after}% (formula {before}%)"
+        (-32.0..-20.0).contains(&after),
+        "measured all-reduce: 70B x4 reasoning E2E {after}% (formula {before}%); update docs/fidelity.md"
     );
-    let (out, measured) = timed_out(&shipped);
-    assert!(
-        out > 0.15 && out < measured,
-        "measured all-reduce: timed out {out} vs measured {measured}"
+    assert_eq!(
+        timed_out(&shipped),
+        0.0,
+        "measured all-reduce: none timed out"
     );
-    assert_eq!(timed_out(&formula).0, 0.0, "formula: none timed out");
-    let ttft_before = signed(&formula, codegen, "ttft_mean");
-    let ttft_after = signed(&shipped, codegen, "ttft_mean");
-    assert!(
-        ttft_before.abs() < 3.5,
-        "formula: 70B x4 codegen TTFT {ttft_before}%"
-    );
-    assert!(
-        ttft_after > 9.0,
-        "measured all-reduce: 70B x4 codegen TTFT {ttft_after}% (formula {ttft_before}%)"
-    );
+    assert_eq!(timed_out(&formula), 0.0, "formula: none timed out");
+    for metric in ["e2e_mean", "ttft_mean"] {
+        let (f, m) = (
+            signed(&formula, codegen, metric),
+            signed(&shipped, codegen, metric),
+        );
+        assert!(
+            m.abs() < 2.0 && m.abs() < f.abs(),
+            "70B x4 codegen {metric}: measured all-reduce {m}%, formula {f}%"
+        );
+    }
 }
 
 #[test]
