@@ -247,3 +247,53 @@ fn the_aggregate_state_holds_the_reported_load() {
         request.block_hashes[..31].to_vec()
     );
 }
+
+#[test]
+fn a_short_new_prompt_waits_behind_the_pod_s_waiting_requests() {
+    // Goal: the pod's waiting requests were queued before the new request arrived, so vLLM's
+    // FCFS scheduler serves their prompts first, whatever the new prompt's length. Found when
+    // the refitted front end (`queue_us_per_token` > 0) let a shorter new prompt reach the
+    // queue first when the synthesized waiting requests arrived at the same instant as it.
+    // Method: an idle pod but for four waiting 6,000-token prompts, and a 100-token new
+    // request: its TTFT must include their prefills (tens of ms on one H100), against the
+    // same pod with nothing waiting.
+    let snapshot = snapshot();
+    let template = Arc::new(single_instance_config(&snapshot.config, 0).unwrap());
+    let options = AggregateOptions {
+        replications: 1,
+        seed: 3,
+        horizon_us: 600_000_000,
+        output_tokens: OUTPUT,
+        objective: Objective::Mean,
+    };
+    let pod = |waiting: u32| PodAggregates {
+        kv_cache_percentage: 0.0,
+        input_token_length: 100,
+        num_request_waiting: waiting,
+        num_request_running: 0,
+        num_tokens_generated: 0,
+        prefix_cache_score: 0.0,
+        pod_type: PodType::Monolithic,
+        prefill_tokens_in_flight: u64::from(waiting) * 6_000,
+        decode_tokens_in_flight: 0,
+        encoder_input_size: 0,
+        encoder_matched_size: 0,
+    };
+    let ttft = |waiting: u32| {
+        predict_aggregates(
+            &template,
+            &snapshot.settings,
+            &pod(waiting),
+            &options,
+            &Limits::DEFAULT,
+        )
+        .unwrap()
+        .ttft
+        .value
+    };
+    let (alone, behind) = (ttft(0), ttft(4));
+    assert!(
+        behind > alone + 40.0,
+        "TTFT behind 24,000 waiting prompt tokens {behind} ms vs alone {alone} ms"
+    );
+}

@@ -293,6 +293,28 @@ fn round_json(round: &RoundTtft) -> Value {
     })
 }
 
+/// The table's lines on each shared-prefix run's first round of prompts against its second.
+fn write_rounds(out: &mut String, validated: &[Validated]) {
+    let rounds: Vec<_> = validated
+        .iter()
+        .filter_map(|v| v.score.prompt_rounds.map(|r| (&v.score.name, r)))
+        .collect();
+    if !rounds.is_empty() {
+        let _ = writeln!(
+            out,
+            "first round of prompts (new to the server) against the second (cached): lower-quartile TTFT ms, predicted/measured"
+        );
+    }
+    for (name, r) in rounds {
+        let (predicted, measured) = r.cold_extra_ms();
+        let _ = writeln!(
+            out,
+            "{name:<36} first {:.1}/{:.1}  second {:.1}/{:.1}  first - second {predicted:.1}/{measured:.1}",
+            r.first.predicted_ms, r.first.measured_ms, r.second.predicted_ms, r.second.measured_ms,
+        );
+    }
+}
+
 /// The human-readable table.
 pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
     let mut out = String::new();
@@ -361,24 +383,7 @@ pub fn report_table(latency_model: &str, validated: &[Validated]) -> String {
             );
         }
     }
-    let rounds: Vec<_> = validated
-        .iter()
-        .filter_map(|v| v.score.prompt_rounds.map(|r| (&v.score.name, r)))
-        .collect();
-    if !rounds.is_empty() {
-        let _ = writeln!(
-            out,
-            "first round of prompts (new to the server) against the second (cached): lower-quartile TTFT ms, predicted/measured"
-        );
-    }
-    for (name, r) in rounds {
-        let (predicted, measured) = r.cold_extra_ms();
-        let _ = writeln!(
-            out,
-            "{name:<36} first {:.1}/{:.1}  second {:.1}/{:.1}  first - second {predicted:.1}/{measured:.1}",
-            r.first.predicted_ms, r.first.measured_ms, r.second.predicted_ms, r.second.measured_ms,
-        );
-    }
+    write_rounds(&mut out, validated);
     let scores: Vec<RunScore> = validated.iter().map(|v| v.score.clone()).collect();
     let med = score::median_ape(&scores);
     let pct = |v: f64| {

@@ -298,6 +298,10 @@ fn waiting_prompt(aggregates: &PodAggregates, max_len: u64) -> u32 {
     .clamp(1, (max_len / 2).max(1)) as u32
 }
 
+/// A synthesized request of the pod, arrived before the observation: the new request, which
+/// arrives at [`SYNTHETIC_NOW_US`], must find it queued ahead of it whatever their prompts'
+/// lengths (the front end's per-token delay would otherwise let a shorter new prompt reach
+/// vLLM's FCFS queue first).
 fn synthetic_request(
     id: String,
     prompt: u32,
@@ -307,7 +311,7 @@ fn synthetic_request(
 ) -> ObservedRequest {
     ObservedRequest {
         request_id: id,
-        arrival_us: SYNTHETIC_NOW_US,
+        arrival_us: 0,
         prompt_tokens: prompt,
         computed_tokens: computed,
         cached_tokens: 0,
