@@ -114,7 +114,13 @@ fn a_stretch_of_the_guide_workload_runs_with_every_invariant() {
         routed[..8].iter().map(|&n| u64::from(n)).sum::<u64>(),
         requests
     );
-    assert!(routed[..8].iter().all(|&n| n > 0), "{routed:?}");
+    // Spread across the prefill pods: twenty requests in under half a second reach at least
+    // six of the eight (since stop 40's refit a 5,151-token prefill is dearer, so a pod stays
+    // busy longer and one may take none in this stretch).
+    assert!(
+        routed[..8].iter().filter(|&&n| n > 0).count() >= 6,
+        "{routed:?}"
+    );
     // The client's TTFT holds the prefill pod's token and the hand-over after it.
     assert!(summary.total.ttft.mean >= pd.prefill_ttft.mean + pd.handover.mean - 1e-6);
     assert!(pd.transfer.mean > 3.0, "NIXL's setup alone is 3 ms");
