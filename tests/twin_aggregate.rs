@@ -297,3 +297,47 @@ fn a_short_new_prompt_waits_behind_the_pod_s_waiting_requests() {
         "TTFT behind 24,000 waiting prompt tokens {behind} ms vs alone {alone} ms"
     );
 }
+
+#[test]
+fn a_request_the_horizon_cuts_off_answers_the_pod_s_decode_pace_as_its_tpot() {
+    // Goal: an inter-token time is never the horizon. Found on llm-d's recorded chatbot
+    // trace, where one pod's queue outlasted the 600 s horizon and the answer's TPOT was
+    // 600,000 ms. Method: a pod decoding 32 requests with 40 long prompts waiting, a horizon
+    // of 1.5 s: the new request never starts; its TTFT is censored at the horizon, its TPOT
+    // is the decode pace of the requests that finished (tens of ms, far below the horizon).
+    let snapshot = snapshot();
+    let template = Arc::new(single_instance_config(&snapshot.config, 0).unwrap());
+    let options = AggregateOptions {
+        replications: 1,
+        seed: 3,
+        horizon_us: 1_500_000,
+        output_tokens: OUTPUT,
+        objective: Objective::Mean,
+    };
+    let pod = PodAggregates {
+        kv_cache_percentage: 0.2,
+        input_token_length: 1_000,
+        num_request_waiting: 40,
+        num_request_running: 32,
+        num_tokens_generated: 0,
+        prefix_cache_score: 0.0,
+        pod_type: PodType::Monolithic,
+        prefill_tokens_in_flight: 40 * 8_000,
+        decode_tokens_in_flight: 32 * 600,
+        encoder_input_size: 0,
+        encoder_matched_size: 0,
+    };
+    let predicted = predict_aggregates(
+        &template,
+        &snapshot.settings,
+        &pod,
+        &options,
+        &Limits::DEFAULT,
+    )
+    .unwrap();
+    assert!(predicted.ttft.value >= 1_499.0, "{predicted:?}");
+    assert!(
+        predicted.tpot.value > 1.0 && predicted.tpot.value < 200.0,
+        "{predicted:?}"
+    );
+}

@@ -530,8 +530,9 @@ fn check_asked(
     Ok(())
 }
 
-/// The question's TTFT and TPOT (ms) in one replication: measured when it completed,
-/// censored at the horizon when it had not finished by then.
+/// The question's TTFT and TPOT (ms) in one replication: measured when it completed; when it
+/// had not finished by the horizon, the TTFT censored there and the TPOT the pod's own decode
+/// pace in that simulation.
 fn latencies_ms(
     engine: &crate::sim::Engine,
     record: Option<&crate::sim::RequestRecord>,
@@ -545,12 +546,26 @@ fn latencies_ms(
             record.tpot_us().unwrap_or(0.0) / 1000.0,
         ),
         _ => {
-            // Not finished within the horizon: censored there.
+            // Not finished within the horizon: its TTFT is censored there; its TPOT is the pace
+            // the pod's other requests decoded at in the same simulation (the horizon is no
+            // inter-token time), the horizon only when none of them finished either.
             let censored = ms(super::fork::elapsed_us(now_us, horizon_end));
             let first = engine.watched_first_token_us();
+            let paces: Vec<f64> = engine
+                .metrics()
+                .records
+                .iter()
+                .filter(|r| r.outcome == Outcome::Completed)
+                .filter_map(|r| r.tpot_us())
+                .collect();
+            let pace = if paces.is_empty() {
+                censored
+            } else {
+                paces.iter().sum::<f64>() / paces.len() as f64 / 1000.0
+            };
             (
                 first.map_or(censored, |t| ms(super::fork::elapsed_us(now_us, t))),
-                censored,
+                pace,
             )
         }
     }
