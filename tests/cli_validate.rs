@@ -116,7 +116,13 @@ fn runs() -> Vec<String> {
 }
 
 fn validate_json(model: &str, dirs: &[String]) -> Value {
-    let mut args = vec!["validate", "--json", "--latency-model", model];
+    validate_json_with(&["--latency-model", model], dirs)
+}
+
+/// `ditto validate --json` of `dirs` with the flags `flags`.
+fn validate_json_with(flags: &[&str], dirs: &[String]) -> Value {
+    let mut args = vec!["validate", "--json"];
+    args.extend(flags);
     args.extend(dirs.iter().map(String::as_str));
     let out = ditto(&args);
     assert!(

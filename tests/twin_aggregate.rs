@@ -248,6 +248,41 @@ fn the_aggregate_state_holds_the_reported_load() {
     );
 }
 
+/// Aggregate options of one replication with `horizon_us`.
+fn one_replication(horizon_us: u64) -> AggregateOptions {
+    AggregateOptions {
+        replications: 1,
+        seed: 3,
+        horizon_us,
+        output_tokens: OUTPUT,
+        objective: Objective::Mean,
+    }
+}
+
+/// A monolithic pod's aggregates: `running` requests decoding `decode_each` tokens of
+/// context each in `kv` of the cache, `waiting` prompts of `prompt_each` tokens queued, and a
+/// new prompt of `new_prompt` tokens.
+fn pod_aggregates(
+    kv: f64,
+    (running, decode_each): (u32, u64),
+    (waiting, prompt_each): (u32, u64),
+    new_prompt: u32,
+) -> PodAggregates {
+    PodAggregates {
+        kv_cache_percentage: kv,
+        input_token_length: new_prompt,
+        num_request_waiting: waiting,
+        num_request_running: running,
+        num_tokens_generated: 0,
+        prefix_cache_score: 0.0,
+        pod_type: PodType::Monolithic,
+        prefill_tokens_in_flight: u64::from(waiting) * prompt_each,
+        decode_tokens_in_flight: u64::from(running) * decode_each,
+        encoder_input_size: 0,
+        encoder_matched_size: 0,
+    }
+}
+
 #[test]
 fn a_short_new_prompt_waits_behind_the_pod_s_waiting_requests() {
     // Goal: the pod's waiting requests were queued before the new request arrived, so vLLM's
@@ -259,26 +294,8 @@ fn a_short_new_prompt_waits_behind_the_pod_s_waiting_requests() {
     // same pod with nothing waiting.
     let snapshot = snapshot();
     let template = Arc::new(single_instance_config(&snapshot.config, 0).unwrap());
-    let options = AggregateOptions {
-        replications: 1,
-        seed: 3,
-        horizon_us: 600_000_000,
-        output_tokens: OUTPUT,
-        objective: Objective::Mean,
-    };
-    let pod = |waiting: u32| PodAggregates {
-        kv_cache_percentage: 0.0,
-        input_token_length: 100,
-        num_request_waiting: waiting,
-        num_request_running: 0,
-        num_tokens_generated: 0,
-        prefix_cache_score: 0.0,
-        pod_type: PodType::Monolithic,
-        prefill_tokens_in_flight: u64::from(waiting) * 6_000,
-        decode_tokens_in_flight: 0,
-        encoder_input_size: 0,
-        encoder_matched_size: 0,
-    };
+    let options = one_replication(600_000_000);
+    let pod = |waiting: u32| pod_aggregates(0.0, (0, 0), (waiting, 6_000), 100);
     let ttft = |waiting: u32| {
         predict_aggregates(
             &template,
@@ -307,26 +324,8 @@ fn a_request_the_horizon_cuts_off_answers_the_pod_s_decode_pace_as_its_tpot() {
     // is the decode pace of the requests that finished (tens of ms, far below the horizon).
     let snapshot = snapshot();
     let template = Arc::new(single_instance_config(&snapshot.config, 0).unwrap());
-    let options = AggregateOptions {
-        replications: 1,
-        seed: 3,
-        horizon_us: 1_500_000,
-        output_tokens: OUTPUT,
-        objective: Objective::Mean,
-    };
-    let pod = PodAggregates {
-        kv_cache_percentage: 0.2,
-        input_token_length: 1_000,
-        num_request_waiting: 40,
-        num_request_running: 32,
-        num_tokens_generated: 0,
-        prefix_cache_score: 0.0,
-        pod_type: PodType::Monolithic,
-        prefill_tokens_in_flight: 40 * 8_000,
-        decode_tokens_in_flight: 32 * 600,
-        encoder_input_size: 0,
-        encoder_matched_size: 0,
-    };
+    let options = one_replication(1_500_000);
+    let pod = pod_aggregates(0.2, (32, 600), (40, 8_000), 1_000);
     let predicted = predict_aggregates(
         &template,
         &snapshot.settings,

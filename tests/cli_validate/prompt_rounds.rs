@@ -2,8 +2,7 @@
 //! prompts, new to the server, pays a whole prefill that the later rounds find cached. Pinned
 //! through the CLI on the measured runs, with and without the replay's repeated prompts.
 
-use super::common::cli::ditto;
-use super::runs;
+use super::{runs, validate_json_with};
 use serde_json::Value;
 
 /// The dense runs that kept up: their first round is clear of warm-up stalls (a mixture of
@@ -24,16 +23,7 @@ fn report(extra: &[&str]) -> Value {
         .filter(|d| DENSE.iter().any(|n| d.ends_with(n)))
         .collect();
     assert_eq!(dirs.len(), DENSE.len());
-    let mut args = vec!["validate", "--json"];
-    args.extend(extra);
-    args.extend(dirs.iter().map(String::as_str));
-    let out = ditto(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    validate_json_with(extra, &dirs)
 }
 
 /// Per run: (name, predicted first − second, measured first − second), lower-quartile TTFT ms.
