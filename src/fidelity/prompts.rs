@@ -44,7 +44,7 @@ impl PromptPool {
     /// depend on it.
     pub fn new(shape: SharedPrefix, block_size: u32, max_prompt_tokens: u32) -> Self {
         let groups = shape.groups.max(1);
-        let prompts = groups.saturating_mul(shape.users_per_group.max(1));
+        let prompts = u32::try_from(shape.prompts()).unwrap_or(u32::MAX);
         let block_size = block_size.max(1);
         let blocks = max_prompt_tokens / block_size;
         let system_blocks = shape.system_prompt_len / block_size;

@@ -54,7 +54,7 @@ use crate::sim::{Engine, EngineConfig, RequestSpec};
 
 use super::FidelityError;
 use super::prompts::PromptPool;
-use super::run::MeasuredRun;
+use super::run::{MeasuredRun, SharedPrefix};
 use crate::prom_text::{self, Histogram};
 
 /// Prompt tokens the chat template and BOS add to system prompt + question (measured on the
@@ -366,19 +366,18 @@ fn measured_requests(
             )
         })
         .collect();
-    let users = run
-        .shared_prefix
-        .map_or(1, |s| u64::from(s.groups) * u64::from(s.users_per_group))
-        .max(1);
+    let users = run.shared_prefix.map_or(1, |s| s.prompts());
     // Estimated from the data whether or not the profile says multi-turn (what ran,
     // `results/config.yaml`, does not record the flag): single-turn prompts give ~0.
     let growth = prompt_growth_per_round(run, users);
     let mut rng = RngStreams::new(options.seed).stream("fidelity-lost-lengths");
+    // A user's context that grows from round to round (multi-turn chat) is not one of P
+    // fixed prompts; the published runs' prompts do not grow (~0 tokens a round).
+    let repeats = growth < 0.5 && repeated_shape(run, options).is_some();
     // With the load generator's fixed prompts, a failed request's prompt is the one its
     // number names, whose length the succeeded requests of the same prompt show.
-    let repeats = options.shared_prefix && options.repeated_prompts && growth < 0.5;
     let mut prompt_lengths = std::collections::BTreeMap::new();
-    if repeats && run.shared_prefix.is_some() {
+    if repeats {
         for r in &run.requests {
             prompt_lengths.entry(r.id % users).or_insert(r.input_tokens);
         }
@@ -404,10 +403,8 @@ fn measured_requests(
     }
     rows.sort_by_key(|row| (row.0, row.1));
     let prefix = run.shared_prefix.filter(|_| options.shared_prefix);
-    // A user's context that grows from round to round (multi-turn chat) is not one of P
-    // fixed prompts; the published runs' prompts do not grow (~0 tokens a round).
     let max_input = rows.iter().map(|row| row.2).max().unwrap_or(0);
-    let pool = prompt_pool(run, options, max_input).filter(|_| growth < 0.5);
+    let pool = prompt_pool(run, options, max_input).filter(|_| repeats);
     let mut specs = Vec::with_capacity(rows.len());
     let mut truths = Vec::with_capacity(rows.len());
     let mut sent = Vec::with_capacity(rows.len());
@@ -432,10 +429,13 @@ fn measured_requests(
 /// The load generator's fixed prompts, when the run's workload is a shared-prefix one and
 /// the options ask for whole prompts.
 fn prompt_pool(run: &MeasuredRun, options: ReplayOptions, max_input: u32) -> Option<PromptPool> {
-    let shape = run
-        .shared_prefix
-        .filter(|_| options.shared_prefix && options.repeated_prompts)?;
-    Some(PromptPool::new(shape, run.block_size, max_input))
+    repeated_shape(run, options).map(|shape| PromptPool::new(shape, run.block_size, max_input))
+}
+
+/// The run's shared-prefix shape when the options replay its prompts whole.
+fn repeated_shape(run: &MeasuredRun, options: ReplayOptions) -> Option<SharedPrefix> {
+    run.shared_prefix
+        .filter(|_| options.shared_prefix && options.repeated_prompts)
 }
 
 /// Multi-turn growth: the least-squares slope of the succeeded requests' prompt length

@@ -58,7 +58,7 @@ impl PromptRounds {
 /// round has no request scored).
 pub fn prompt_rounds(run: &MeasuredRun, replayed: &Replayed) -> Option<PromptRounds> {
     let shape = run.shared_prefix.filter(|_| run.has_requests())?;
-    let pool = u64::from(shape.groups.max(1)) * u64::from(shape.users_per_group.max(1));
+    let pool = shape.prompts();
     let round = |from: u64, to: u64| -> Option<RoundTtft> {
         let (mut predicted, mut measured): (Vec<f64>, Vec<f64>) = replayed
             .requests

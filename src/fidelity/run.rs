@@ -31,6 +31,14 @@ pub struct SharedPrefix {
     pub question_len: u32,
 }
 
+impl SharedPrefix {
+    /// How many distinct prompts the load generator builds and sends in turn (P = groups ×
+    /// prompts per group, at least 1).
+    pub fn prompts(&self) -> u64 {
+        u64::from(self.groups.max(1)) * u64::from(self.users_per_group.max(1))
+    }
+}
+
 /// One measured request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MeasuredRequest {
