@@ -74,6 +74,10 @@ pub struct CalibrateArgs {
     /// fixed set it cycles through (each request's question then counts as new).
     #[arg(long)]
     pub no_repeated_prompts: bool,
+    /// Replay every run without the KV-offload connector its server ran (the host time of
+    /// its CPU tier's walks: `docs/fidelity/knee-tp2.md` section 5), as before stop 41.
+    #[arg(long)]
+    pub no_offload_connector: bool,
 }
 
 /// Runs `ditto calibrate` and returns its report.
@@ -102,7 +106,11 @@ pub fn execute(args: &CalibrateArgs) -> Result<String, CliError> {
     let mut runs = Vec::new();
     for dir in &args.runs {
         loading.message(dir.display().to_string());
-        runs.push((dir.clone(), load_run(dir)?));
+        let mut run = load_run(dir)?;
+        if args.no_offload_connector {
+            run.offload_connector_bytes = None;
+        }
+        runs.push((dir.clone(), run));
         loading.inc(1);
     }
     loading.finish();

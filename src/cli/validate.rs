@@ -43,6 +43,10 @@ pub struct ValidateArgs {
     /// fixed set it cycles through (each request's question then counts as new).
     #[arg(long)]
     pub no_repeated_prompts: bool,
+    /// Replay every run without the KV-offload connector its server ran (the host time of
+    /// its CPU tier's walks: `docs/fidelity/knee-tp2.md` section 5), as before stop 41.
+    #[arg(long)]
+    pub no_offload_connector: bool,
     /// Seed of what a replay draws: summary-only runs' arrivals and lengths, and lost
     /// lengths of failed requests.
     #[arg(long, default_value_t = 42)]
@@ -87,7 +91,10 @@ pub fn execute(args: &ValidateArgs) -> Result<String, CliError> {
     );
     for dir in &args.runs {
         bar.message(dir.display().to_string());
-        let run = load_run(dir)?;
+        let mut run = load_run(dir)?;
+        if args.no_offload_connector {
+            run.offload_connector_bytes = None;
+        }
         validated.push(validate_run(
             &run,
             dir,

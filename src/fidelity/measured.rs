@@ -114,6 +114,7 @@ impl MeasuredRun {
             published: s2r.published,
             prompt_lengths: None,
             output_lengths: None,
+            offload_connector_bytes: None,
         };
         if let Some(precision) = &run.precision {
             deployment::apply_precision(&mut run.arch, precision)?;
@@ -257,6 +258,15 @@ fn apply_profile(run: &mut MeasuredRun, file: &str, profile: &Value) -> Result<(
     Ok(())
 }
 
+/// The KV-offload connector's host memory in the campaign's runs that published per-request
+/// data (`replay_requests.json`): "KV cache CPU offloading enabled (8 GiB via
+/// `OffloadingConnector`, `recompute` failure policy)" for all sixteen original runs, in the
+/// campaign's design document (inference-sim/sim-to-real-accuracy-validation,
+/// `docs/plans/2026-03-04-sim-to-real-accuracy-validation-design.md`, section 1); the two of
+/// them with an s2r record say `cpu_offload: True` too. `replay_requests.json` records no
+/// connector setting itself (`docs/fidelity/knee-tp2.md`, section 5).
+pub const CAMPAIGN_OFFLOAD_CONNECTOR_BYTES: u64 = 8 << 30;
+
 /// Applies `replay_requests.json` (requests and server config) and, when given, the per
 /// request ground truth. Requests the run marked `has_error` go to `failed` (with their
 /// lengths when the data kept them).
@@ -268,6 +278,7 @@ fn apply_replay(
     let trace = TraceFormat::ReplayJson
         .parse(text)
         .map_err(|err| bad_file("replay_requests.json", err.to_string()))?;
+    run.offload_connector_bytes = Some(CAMPAIGN_OFFLOAD_CONNECTOR_BYTES);
     if let Some(config) = trace.replay_config {
         run.tp = config.tensor_parallelism.max(1);
         run.max_num_seqs = config.max_num_seqs;

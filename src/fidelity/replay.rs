@@ -50,7 +50,7 @@ use crate::sim::latency::{GpuSpec, LatencyModel};
 use crate::sim::metrics::Outcome;
 use crate::sim::rng::RngStreams;
 use crate::sim::rng::unit;
-use crate::sim::{Engine, EngineConfig, RequestSpec};
+use crate::sim::{Engine, EngineConfig, OffloadConnector, RequestSpec};
 
 use super::FidelityError;
 use super::prompts::PromptPool;
@@ -194,6 +194,9 @@ pub fn engine_config(run: &MeasuredRun, gpu: &GpuSpec) -> Result<EngineConfig, F
     config.max_num_seqs = run.max_num_seqs;
     config.max_num_batched_tokens = run.max_num_batched_tokens;
     config.kv_sample_interval_us = 0;
+    config.offload_connector = run
+        .offload_connector_bytes
+        .map(|bytes| OffloadConnector::of_bytes(bytes, &run.arch, run.tp, run.block_size));
     config.validate().map_err(|err| FidelityError::Missing {
         what: "engine limits",
         reason: format!("{}: {}", err.field, err.reason),

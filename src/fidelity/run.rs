@@ -151,6 +151,9 @@ pub struct MeasuredRun {
     pub prompt_lengths: Option<Histogram>,
     /// Output lengths of a run known from histograms only (scraped runs).
     pub output_lengths: Option<Histogram>,
+    /// Host memory the server's KV-offload connector (`OffloadingConnector`) used, bytes
+    /// (`cpu_bytes_to_use`); `None`: no connector.
+    pub offload_connector_bytes: Option<u64>,
 }
 
 impl MeasuredRun {

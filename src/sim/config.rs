@@ -5,6 +5,8 @@
 
 use thiserror::Error;
 
+use crate::sim::latency::ModelArch;
+
 /// Order in which the wait queue is served (vLLM's `--scheduling-policy`, plus `sjf`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum SchedulingPolicy {
@@ -38,6 +40,80 @@ impl SchedulingPolicy {
     }
 }
 
+/// vLLM's native KV-offload connector (`--kv-transfer-config` with `OffloadingConnector`,
+/// `cpu_bytes_to_use`) as the engine prices it: the host time its scheduler spends walking
+/// the CPU tier for blocks to evict ([`crate::sim::kv::offload_store`]).
+///
+/// With async scheduling (vLLM 0.15.1's default with its `mp`/`uni` executors) the scheduler
+/// forms the next step while the GPU runs this one, so that host time shows only where it
+/// is longer than the step: a step lasts the longer of the two.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OffloadConnector {
+    /// CPU tier entries: `cpu_bytes_to_use` over one block's KV bytes summed over layers and
+    /// TP ranks (`CPUOffloadingSpec`; one CPU block per GPU block).
+    pub cpu_blocks: u32,
+    /// Host time per tier entry a store's eviction walk visits, ns (one iteration of
+    /// `LRUOffloadingManager.prepare_store`'s loop over its `OrderedDict`).
+    pub walk_ns_per_entry: f64,
+    /// Host time per failed store beyond its walk, ns (the `"cannot store"` warning it logs).
+    pub failed_store_ns: f64,
+}
+
+impl OffloadConnector {
+    /// Host time per tier entry walked, ns, when none is given (see [`OffloadConnector`]).
+    pub const DEFAULT_WALK_NS_PER_ENTRY: f64 = 84.0;
+    /// Host time per failed store beyond its walk, ns, when none is given.
+    pub const DEFAULT_FAILED_STORE_NS: f64 = 0.0;
+
+    /// A tier of `cpu_blocks` at the default prices.
+    pub fn with_default_prices(cpu_blocks: u32) -> Self {
+        OffloadConnector {
+            cpu_blocks,
+            walk_ns_per_entry: Self::DEFAULT_WALK_NS_PER_ENTRY,
+            failed_store_ns: Self::DEFAULT_FAILED_STORE_NS,
+        }
+    }
+
+    /// The connector `cpu_bytes_to_use = bytes` makes for `arch` on `tp` ranks at
+    /// `block_size` tokens a block, at the default prices: as many CPU blocks as
+    /// `CPUOffloadingSpec` makes (the bytes over one block's KV summed over layers and
+    /// ranks), at least one.
+    pub fn of_bytes(bytes: u64, arch: &ModelArch, tp: u32, block_size: u32) -> Self {
+        let per_block = arch
+            .kv_bytes_per_block(tp.max(1), block_size.max(1))
+            .saturating_mul(u64::from(tp.max(1)))
+            .max(1);
+        let blocks = u32::try_from(bytes / per_block).unwrap_or(u32::MAX).max(1);
+        Self::with_default_prices(blocks)
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.cpu_blocks == 0 {
+            return Err(ConfigError::new(
+                "offload_connector.cpu_blocks",
+                "must be at least 1",
+            ));
+        }
+        let prices = [
+            (
+                "offload_connector.walk_ns_per_entry",
+                self.walk_ns_per_entry,
+            ),
+            ("offload_connector.failed_store_ns", self.failed_store_ns),
+        ];
+        for (field, value) in prices {
+            if !(value.is_finite() && (0.0..=1e9).contains(&value)) {
+                return Err(ConfigError::new(
+                    field,
+                    "must be a number of ns in [0, 1e9]",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The limits and switches of one simulated vLLM instance.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -53,6 +129,10 @@ pub struct EngineConfig {
     /// The engine does not read it: the KV blocks and the latency model are built with it
     /// ([`crate::sim::latency::offload`]); kept here so the instance's settings say it.
     pub cpu_offload_gb: f64,
+    /// vLLM's KV-offload connector (`OffloadingConnector` with a CPU tier), whose
+    /// scheduler-side stores cost host time ([`crate::sim::kv::offload_store`]); `None`: no
+    /// connector.
+    pub offload_connector: Option<OffloadConnector>,
     /// Most requests running at once (`--max-num-seqs`, default 256).
     pub max_num_seqs: u32,
     /// Token budget of one step (`--max-num-batched-tokens`, default 2048).
@@ -90,6 +170,7 @@ impl EngineConfig {
             num_cpu_blocks: 0,
             cpu_block_load_us: 0,
             cpu_offload_gb: 0.0,
+            offload_connector: None,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             max_model_len,
@@ -137,6 +218,9 @@ impl EngineConfig {
                 "cpu_offload_gb",
                 "must be a finite number >= 0 (GiB per GPU)",
             ));
+        }
+        if let Some(connector) = &self.offload_connector {
+            connector.validate()?;
         }
         if self.num_cpu_blocks > 0 && !self.enable_prefix_caching {
             return Err(ConfigError::new(

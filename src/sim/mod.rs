@@ -17,7 +17,7 @@ pub mod request;
 pub mod rng;
 pub mod state;
 
-pub use config::{ConfigError, EngineConfig, SchedulingPolicy};
+pub use config::{ConfigError, EngineConfig, OffloadConnector, SchedulingPolicy};
 pub use engine::Engine;
 pub use error::SimError;
 pub use metrics::{Outcome, RequestRecord, Summary};

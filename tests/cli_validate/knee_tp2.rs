@@ -2,7 +2,7 @@
 //! not. Pinned findings, each through the CLI on the measured runs.
 
 use super::common::cli::ditto;
-use super::{runs, signed_error, validate_json, whole_run};
+use super::{runs, signed_error, validate_json_with, whole_run};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -22,6 +22,13 @@ fn shipped_with_kv(kv: f64, tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!("ditto-knee-kv-{tag}-{}.yaml", std::process::id()));
     std::fs::write(&file, shipped.replace(kv_line, &format!("  kv: {kv}"))).unwrap();
     file
+}
+
+/// `ditto validate --json` of `dirs` with `model`, pricing the GPU's steps alone: without
+/// the KV-offload connector, whose tier walk prices the knee's step since stop 41
+/// (`offload_connector.rs`). The findings here are about what the GPU step is not.
+fn gpu_only(model: &str, dirs: &[String]) -> Value {
+    validate_json_with(&["--latency-model", model, "--no-offload-connector"], dirs)
 }
 
 #[test]
@@ -44,8 +51,8 @@ fn a_kv_price_that_closes_the_mixtral_knee_saturates_its_general_run() {
     let signed = |report: &Value, name: &str| signed_error(whole_run(report, name), "e2e_mean");
     let closing = shipped_with_kv(3.5, "close");
     let sourced = shipped_with_kv(2.0, "sourced");
-    let at_close = validate_json(&closing.to_string_lossy(), &dirs);
-    let at_sourced = validate_json(&sourced.to_string_lossy(), &dirs);
+    let at_close = gpu_only(&closing.to_string_lossy(), &dirs);
+    let at_sourced = gpu_only(&sourced.to_string_lossy(), &dirs);
     let _ = std::fs::remove_file(&closing);
     let _ = std::fs::remove_file(&sourced);
     let knee = signed(&at_close, REASONING);
@@ -127,7 +134,7 @@ fn the_70b_knee_streams_the_same_workload_faster_than_the_mixtral_knee() {
         .filter(|d| names.iter().any(|n| d.ends_with(n)))
         .collect();
     assert_eq!(dirs.len(), 2);
-    let report = validate_json("calibrated", &dirs);
+    let report = gpu_only("calibrated", &dirs);
     let tpot = |name: &str, side: &str| {
         whole_run(&report, name)[side]["tpot_mean"]
             .as_f64()

@@ -265,6 +265,9 @@ impl Engine {
             "preempting a request not running"
         );
         self.kv.free_preempted(&mut state.blocks);
+        if let Some(store) = &mut self.offload {
+            store.preempted(state.spec.id.0);
+        }
         state.num_computed = 0;
         state.phase = Phase::Waiting;
         state.timeline.preemptions += 1;
@@ -292,6 +295,9 @@ impl Engine {
             Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
         let serial = state.serial;
+        if let Some(store) = &mut self.offload {
+            store.finish(state.spec.id.0);
+        }
         let record = record_of(state, outcome, end_us);
         self.slots[slot as usize] = None;
         self.free_slots.push(slot);

@@ -16,6 +16,7 @@ mod events;
 mod invariants;
 mod late_entry;
 mod lifecycle;
+mod offload;
 mod queue_key;
 mod records;
 mod restore;
@@ -33,7 +34,7 @@ use events::{Event, EventQueue};
 use crate::sim::config::EngineConfig;
 use crate::sim::driver::{self, EventDriven};
 use crate::sim::error::SimError;
-use crate::sim::kv::KvCache;
+use crate::sim::kv::{KvCache, OffloadStore};
 use crate::sim::latency::{BatchEntry, LatencyModel};
 use crate::sim::metrics::{Counts, Metrics, Summary};
 use crate::sim::queue::WaitQueue;
@@ -121,6 +122,8 @@ pub struct Engine {
     watched: Option<watch::Watched>,
     /// Prefill/decode disaggregation: held prefill KV and transfers (`disagg.rs`).
     disagg: disagg::DisaggState,
+    /// The KV-offload connector's CPU tier, if configured (`offload.rs`).
+    offload: Option<OffloadStore>,
 }
 
 impl Engine {
@@ -133,6 +136,9 @@ impl Engine {
             config.enable_prefix_caching,
             config.num_cpu_blocks,
         );
+        let offload = config
+            .offload_connector
+            .map(|connector| OffloadStore::new(connector.cpu_blocks));
         let mut engine = Self {
             waiting: WaitQueue::new(config.scheduling_policy),
             config,
@@ -162,6 +168,7 @@ impl Engine {
             count_gaps: true,
             watched: None,
             disagg: disagg::DisaggState::default(),
+            offload,
         };
         engine.track_kv_usage();
         Ok(engine)

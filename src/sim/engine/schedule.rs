@@ -36,7 +36,8 @@ impl Engine {
         }
         self.shape_in_flight();
         let step = self.latency.step_us(&self.step_shape);
-        Some(step.saturating_add(self.host_us(cpu_loads)))
+        let step = step.saturating_add(self.host_us(cpu_loads));
+        Some(step.max(self.store_offloads()))
     }
 
     /// The host's share of a step formed now, beside the latency model's price of its batch:

@@ -32,6 +32,7 @@ pub mod hash;
 mod key_hasher;
 mod keying;
 pub mod lru;
+pub mod offload_store;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -46,6 +47,7 @@ pub use block::MAX_BLOCKS;
 pub use crossings::Crossings;
 pub use key_hasher::{IdentityBuildHasher, IdentityHasher};
 pub use lru::LruKeySet;
+pub use offload_store::{OffloadStore, StoreWork};
 pub use table::BlockTable;
 
 /// Result of a prefix lookup: how many leading full blocks are already cached.

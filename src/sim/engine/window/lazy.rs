@@ -33,6 +33,7 @@ impl Engine {
     pub(in crate::sim::engine) fn enter_lazy(&mut self) -> Option<u64> {
         if self.reference
             || self.config.record_token_gaps
+            || self.offload.is_some()
             || self.running.is_empty()
             || self.running.len() > self.config.max_num_batched_tokens as usize
             || self.latency.step_with_decodes_us(&[], 1, 0).is_none()

@@ -1,0 +1,46 @@
+//! The KV-offload connector's share of a step: the stores its scheduler makes for the step
+//! formed now, and the host time they cost (`crate::sim::kv::offload_store` has vLLM's rules).
+//!
+//! The connector's scheduler runs at the end of every `schedule()` over every scheduled
+//! request, so the store is made here for the step just formed, with each request's full
+//! blocks counted as once the step is computed (`num_computed_tokens + num_scheduled`).
+//! Lazy decode windows stay closed while a connector is configured: a window does not form
+//! its steps one request at a time, and every step can change what the tier holds.
+
+use super::Engine;
+use crate::sim::latency::us_trunc_from_f64;
+
+impl Engine {
+    /// Makes the connector's stores for the batch in `in_flight` and returns their host
+    /// time, µs: the tier entries walked and the failed stores, at the connector's prices.
+    /// 0 without a connector.
+    pub(super) fn store_offloads(&mut self) -> u64 {
+        let (Some(mut store), Some(connector)) =
+            (self.offload.take(), self.config.offload_connector)
+        else {
+            return 0;
+        };
+        let block_size = self.config.block_size;
+        let (mut walked, mut failed) = (0u64, 0u64);
+        for index in 0..self.in_flight.len() {
+            let entry = self.in_flight[index];
+            let Some(state) = self.slots[entry.slot as usize].as_mut() else {
+                continue;
+            };
+            let full_blocks = (state.num_computed + entry.new_tokens) / block_size;
+            state.ensure_keys(full_blocks, block_size);
+            let keys = state.block_keys(block_size);
+            let work = store.store(state.spec.id.0, full_blocks, keys.shareable, |index| {
+                keys.get(index)
+            });
+            walked += work.walked;
+            failed += u64::from(work.failed);
+        }
+        self.offload = Some(store);
+        us_trunc_from_f64(
+            (walked as f64 * connector.walk_ns_per_entry
+                + failed as f64 * connector.failed_store_ns)
+                / 1000.0,
+        )
+    }
+}
