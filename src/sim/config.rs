@@ -61,9 +61,9 @@ pub struct OffloadConnector {
 
 impl OffloadConnector {
     /// Host time per tier entry walked, ns, when none is given (see [`OffloadConnector`]).
-    pub const DEFAULT_WALK_NS_PER_ENTRY: f64 = 84.0;
+    pub const DEFAULT_WALK_NS_PER_ENTRY: f64 = 68.0;
     /// Host time per failed store beyond its walk, ns, when none is given.
-    pub const DEFAULT_FAILED_STORE_NS: f64 = 0.0;
+    pub const DEFAULT_FAILED_STORE_NS: f64 = 13_000.0;
 
     /// A tier of `cpu_blocks` at the default prices.
     pub fn with_default_prices(cpu_blocks: u32) -> Self {

@@ -8,22 +8,29 @@
 //! its steps one request at a time, and every step can change what the tier holds.
 
 use super::Engine;
+use crate::sim::config::OffloadConnector;
 use crate::sim::latency::us_trunc_from_f64;
 
 impl Engine {
     /// Makes the connector's stores for the batch in `in_flight` and returns their host
     /// time, µs: the tier entries walked and the failed stores, at the connector's prices.
     /// 0 without a connector.
+    #[inline]
     pub(super) fn store_offloads(&mut self) -> u64 {
-        let (Some(mut store), Some(connector)) =
-            (self.offload.take(), self.config.offload_connector)
-        else {
+        match self.config.offload_connector {
+            Some(connector) => self.store_offloads_priced(connector),
+            None => 0,
+        }
+    }
+
+    #[cold]
+    fn store_offloads_priced(&mut self, connector: OffloadConnector) -> u64 {
+        let Some(store) = self.offload.as_mut() else {
             return 0;
         };
         let block_size = self.config.block_size;
         let (mut walked, mut failed) = (0u64, 0u64);
-        for index in 0..self.in_flight.len() {
-            let entry = self.in_flight[index];
+        for entry in &self.in_flight {
             let Some(state) = self.slots[entry.slot as usize].as_mut() else {
                 continue;
             };
@@ -36,7 +43,6 @@ impl Engine {
             walked += work.walked;
             failed += u64::from(work.failed);
         }
-        self.offload = Some(store);
         us_trunc_from_f64(
             (walked as f64 * connector.walk_ns_per_entry
                 + failed as f64 * connector.failed_store_ns)
