@@ -265,8 +265,9 @@ impl Engine {
             "preempting a request not running"
         );
         self.kv.free_preempted(&mut state.blocks);
-        if let Some(store) = &mut self.offload {
-            store.preempted(state.spec.id.0);
+        if self.offload.is_some() {
+            let id = state.spec.id.0;
+            super::offload::preempted(&mut self.offload, id);
         }
         state.num_computed = 0;
         state.phase = Phase::Waiting;
@@ -295,8 +296,9 @@ impl Engine {
             Outcome::Dropped | Outcome::TimedOut | Outcome::Rejected => now,
         };
         let serial = state.serial;
-        if let Some(store) = &mut self.offload {
-            store.finish(state.spec.id.0);
+        if self.offload.is_some() {
+            let id = state.spec.id.0;
+            super::offload::finished(&mut self.offload, id);
         }
         let record = record_of(state, outcome, end_us);
         self.slots[slot as usize] = None;

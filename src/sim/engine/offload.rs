@@ -9,6 +9,7 @@
 
 use super::Engine;
 use crate::sim::config::OffloadConnector;
+use crate::sim::kv::OffloadStore;
 use crate::sim::latency::us_trunc_from_f64;
 
 impl Engine {
@@ -24,6 +25,7 @@ impl Engine {
     }
 
     #[cold]
+    #[inline(never)]
     fn store_offloads_priced(&mut self, connector: OffloadConnector) -> u64 {
         let Some(store) = self.offload.as_mut() else {
             return 0;
@@ -48,5 +50,24 @@ impl Engine {
                 + failed as f64 * connector.failed_store_ns)
                 / 1000.0,
         )
+    }
+}
+
+/// Request `id` left the engine: its stores complete (out of line: the common engine has
+/// no connector).
+#[cold]
+#[inline(never)]
+pub(super) fn finished(store: &mut Option<OffloadStore>, id: u64) {
+    if let Some(store) = store.as_mut() {
+        store.finish(id);
+    }
+}
+
+/// Request `id` was preempted: its stores so far complete.
+#[cold]
+#[inline(never)]
+pub(super) fn preempted(store: &mut Option<OffloadStore>, id: u64) {
+    if let Some(store) = store.as_mut() {
+        store.preempted(id);
     }
 }
