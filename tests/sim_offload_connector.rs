@@ -50,6 +50,7 @@ const MS_PER_ENTRY: OffloadConnector = OffloadConnector {
     cpu_blocks: 4,
     walk_ns_per_entry: 1_000_000.0,
     failed_store_ns: 0.0,
+    scheduler_ns_per_request: 0.0,
 };
 
 #[test]

@@ -57,6 +57,10 @@ pub struct OffloadConnector {
     pub walk_ns_per_entry: f64,
     /// Host time per failed store beyond its walk, ns (the `"cannot store"` warning it logs).
     pub failed_store_ns: f64,
+    /// The rest of the scheduler's host time per scheduled request, ns (vLLM's
+    /// `schedule()` and `update_from_output()`, on the same thread as the connector's
+    /// walks). Counted only beside a connector: alone it is far under any GPU step.
+    pub scheduler_ns_per_request: f64,
 }
 
 impl OffloadConnector {
@@ -64,6 +68,8 @@ impl OffloadConnector {
     pub const DEFAULT_WALK_NS_PER_ENTRY: f64 = 68.0;
     /// Host time per failed store beyond its walk, ns, when none is given.
     pub const DEFAULT_FAILED_STORE_NS: f64 = 13_000.0;
+    /// The scheduler's other host time per scheduled request, ns, when none is given.
+    pub const DEFAULT_SCHEDULER_NS_PER_REQUEST: f64 = 9_000.0;
 
     /// A tier of `cpu_blocks` at the default prices.
     pub fn with_default_prices(cpu_blocks: u32) -> Self {
@@ -71,6 +77,7 @@ impl OffloadConnector {
             cpu_blocks,
             walk_ns_per_entry: Self::DEFAULT_WALK_NS_PER_ENTRY,
             failed_store_ns: Self::DEFAULT_FAILED_STORE_NS,
+            scheduler_ns_per_request: Self::DEFAULT_SCHEDULER_NS_PER_REQUEST,
         }
     }
 
@@ -101,6 +108,10 @@ impl OffloadConnector {
                 self.walk_ns_per_entry,
             ),
             ("offload_connector.failed_store_ns", self.failed_store_ns),
+            (
+                "offload_connector.scheduler_ns_per_request",
+                self.scheduler_ns_per_request,
+            ),
         ];
         for (field, value) in prices {
             if !(value.is_finite() && (0.0..=1e9).contains(&value)) {

@@ -45,9 +45,11 @@ impl Engine {
             walked += work.walked;
             failed += u64::from(work.failed);
         }
+        let scheduled = self.in_flight.len() as f64;
         us_trunc_from_f64(
             (walked as f64 * connector.walk_ns_per_entry
-                + failed as f64 * connector.failed_store_ns)
+                + failed as f64 * connector.failed_store_ns
+                + scheduled * connector.scheduler_ns_per_request)
                 / 1000.0,
         )
     }
