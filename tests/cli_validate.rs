@@ -40,17 +40,18 @@ const GUARD_TPOT_MEAN: f64 = 2.5;
 /// reasoning (−9 -> −27% E2E, 0% timed out against 33%: its knee had been reached by charging
 /// every admission a prefill the server served from cache; its decode step at 128 long
 /// sequences is 9% short, the Mixtral knee's signature, docs/fidelity/knee-tp2.md), the A100
-/// runs (−5 / −10% E2E: too fast on the GPU no per-request run constrains), Mixtral-8x22B ×
+/// runs (−5 / −10% E2E: too fast on the GPU no per-request run constrains; re-pinned
+/// downward to +3.2 / −1.3% by the weight-read factor, docs/fidelity/a100.md), Mixtral-8x22B ×
 /// 8 "general"'s TTFT, and the TTFT of the Llama-3.1 and roleplay runs (+5-8%: the front end
 /// the fit now shares between cold and cached prompts). Stop 41 lowered Mixtral × 2
 /// reasoning's (−63 -> −16% E2E: the KV-offload connector's tier walk, `offload_connector.rs`).
 const PER_RUN: [(&str, f64, f64, f64, f64); 25] = [
-    ("a100-llama3.1-8b-tp1-general-lite", 6.5, 9.5, 6.5, 0.03),
+    ("a100-llama3.1-8b-tp1-general-lite", 4.5, 3.0, 4.5, 0.03),
     (
         "a100-qwen3-14b-tp1-general-lite-s2r36",
-        11.0,
-        17.5,
-        11.0,
+        2.5,
+        10.5,
+        2.5,
         0.03,
     ),
     ("h100-codellama34b-tp2-codegen", 2.5, 2.5, 2.5, 0.03),
@@ -425,6 +426,11 @@ fn the_a100_kv_reads_are_priced_for_its_attention_kernel() {
     // from Vidur's kernel profiles, not fitted on this run) the E2E error grows from stage 0
     // to stage 1 (~8 -> ~22 running sequences: a cost per sequence and context token is
     // missing); with it the two stages' errors are equal and the whole run is within 10%.
+    // Both variants keep the A100's weight-read factor (1.10, data/gpu_gemm.json), which
+    // prices every step's weight stream dearer: the default went from −5.2% to +3.2% E2E,
+    // and the variant without the KV factor from −15.6% to −8.1% (stages −1.7 / −10.3), so
+    // its whole-run bound is −5 now, not −15 (docs/fidelity/a100.md, "Measured effect"); its
+    // stage growth holds (−8.0 -> −8.7 points).
     // Method: the A100 run replayed with the default and with the shipped file whose `kv`
     // is divided by the factor (the same KV price as no factor); signed E2E per stage.
     let dirs: Vec<String> = runs()
@@ -471,7 +477,7 @@ fn the_a100_kv_reads_are_priced_for_its_attention_kernel() {
         growth(&default)
     );
     assert!(signed(&default, 0).abs() < 10.0, "{}", signed(&default, 0));
-    assert!(signed(&no_factor, 0) < -15.0, "{}", signed(&no_factor, 0));
+    assert!(signed(&no_factor, 0) < -5.0, "{}", signed(&no_factor, 0));
 }
 
 #[test]

@@ -87,6 +87,10 @@ pub(crate) static INTERCONNECT_JSON: &str = include_str!("../../data/gpu_interco
 /// sources).
 pub(crate) static ATTENTION_JSON: &str = include_str!("../../data/gpu_attention.json");
 
+/// Per-GPU weight-read factor of the decode GEMMs relative to Hopper's (ditto's, with
+/// sources).
+pub(crate) static GEMM_JSON: &str = include_str!("../../data/gpu_gemm.json");
+
 /// Per-GPU host-to-device bandwidth for weights offloaded to host memory (ditto's, with
 /// sources).
 pub(crate) static HOST_LINK_JSON: &str = include_str!("../../data/gpu_host_link.json");

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::CatalogError;
 use super::embedded::{
-    ADDED_GPUS_JSON, ATTENTION_JSON, BLIS_GPUS_JSON, HOST_LINK_JSON, INTERCONNECT_JSON,
+    ADDED_GPUS_JSON, ATTENTION_JSON, BLIS_GPUS_JSON, GEMM_JSON, HOST_LINK_JSON, INTERCONNECT_JSON,
 };
 use crate::sim::latency::GpuSpec;
 
@@ -43,9 +43,10 @@ struct RawGpu {
 }
 
 /// Parses both embedded files into one table sorted by name (a name in both is an error),
-/// with each GPU's interconnect bandwidth from `gpu_interconnect.json` and its attention
-/// kernel's KV-read factor from `gpu_attention.json` and its host-to-device bandwidth from
-/// `gpu_host_link.json` (a GPU without an entry in any of them is an error too).
+/// with each GPU's interconnect bandwidth from `gpu_interconnect.json`, its attention
+/// kernel's KV-read factor from `gpu_attention.json`, its GEMMs' weight-read factor from
+/// `gpu_gemm.json` and its host-to-device bandwidth from `gpu_host_link.json` (a GPU
+/// without an entry in any of them is an error too).
 pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
     let mut table = parse_tables()?;
     add_side_file(
@@ -55,6 +56,7 @@ pub(crate) fn parse_embedded() -> Result<Vec<GpuSpec>, CatalogError> {
         INTERCONNECT,
     )?;
     add_side_file(&mut table, "gpu_attention.json", ATTENTION_JSON, ATTENTION)?;
+    add_side_file(&mut table, "gpu_gemm.json", GEMM_JSON, GEMM)?;
     add_side_file(&mut table, "gpu_host_link.json", HOST_LINK_JSON, HOST_LINK)?;
     Ok(table)
 }
@@ -78,6 +80,12 @@ const INTERCONNECT: SideField = SideField {
 const ATTENTION: SideField = SideField {
     name: "KvReadFactor",
     set: |gpu, value| gpu.kv_read_factor = value,
+};
+
+/// `gpu_gemm.json`: the decode GEMMs' weight-streaming cost relative to Hopper's.
+const GEMM: SideField = SideField {
+    name: "WeightReadFactor",
+    set: |gpu, value| gpu.weight_read_factor = value,
 };
 
 /// `gpu_host_link.json`: host-to-device bandwidth, GB/s (weights offloaded to the host).
@@ -182,6 +190,7 @@ fn parse_file(file: &'static str, json: &str) -> Result<Vec<GpuSpec>, CatalogErr
             memory_gib: entry.memory_gib,
             interconnect_gbs: 0.0,
             kv_read_factor: 1.0,
+            weight_read_factor: 1.0,
             host_link_gbs: 0.0,
         };
         check(&gpu)?;
@@ -309,7 +318,7 @@ mod tests {
 
     #[test]
     fn side_file_entries_are_required_positive_and_known() {
-        for field in [INTERCONNECT, ATTENTION, HOST_LINK] {
+        for field in [INTERCONNECT, ATTENTION, GEMM, HOST_LINK] {
             let name = field.name;
             let mut table = parse_tables().unwrap();
             let only_h100 = format!(r#"{{"H100": {{"{name}": 1}}}}"#);
@@ -341,6 +350,20 @@ mod tests {
         }
         for fa2 in ["A100-80", "A100-SXM", "A100-PCIe", "L40S", "L4"] {
             assert_eq!(factor(fa2), 2.5, "{fa2}");
+        }
+    }
+
+    #[test]
+    fn ampere_streams_decode_weights_dearer_than_hopper() {
+        // data/gpu_gemm.json: Vidur's A100 : H100 decode-GEMM fractions of peak bandwidth,
+        // 1.10 on every A100; Hopper is the fit's reference, the rest unmeasured.
+        let table = parse_embedded().unwrap();
+        let factor = |name: &str| find(&table, name).unwrap().weight_read_factor;
+        for a100 in ["A100-80", "A100-SXM", "A100-PCIe"] {
+            assert_eq!(factor(a100), 1.10, "{a100}");
+        }
+        for other in ["H100", "H100-PCIe", "H200", "B200", "L40S", "L4"] {
+            assert_eq!(factor(other), 1.0, "{other}");
         }
     }
 

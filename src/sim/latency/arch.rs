@@ -121,6 +121,15 @@ pub struct GpuSpec {
     /// and the smaller writes and prefill-context reads); roofline and physics do not read
     /// it.
     pub kv_read_factor: f64,
+    /// Cost of streaming the weights through the GPU's GEMM kernels at decode batch sizes
+    /// relative to the kernels the calibrated model's `weights` coefficient was fitted with
+    /// (cuBLAS on Hopper: 1). On an A100 the decode GEMMs of 100-1,000 MB matrices reach
+    /// about 0.69-0.78 of the HBM peak where an H100's reach 0.76-0.89: 1.10
+    /// (`data/gpu_gemm.json`, derivation in data/PROVENANCE.md and docs/fidelity/a100.md;
+    /// the other non-Hopper GPUs are 1, unmeasured). The calibrated model multiplies its
+    /// weight-streaming term by it (dense and routed-expert bytes); roofline and physics,
+    /// BLIS's models, do not read it.
+    pub weight_read_factor: f64,
     /// Host-to-device bandwidth of the GPU's host link as the GPU's own reads of pinned host
     /// memory reach it, GB/s (`data/gpu_host_link.json`): what weights offloaded to the host
     /// (vLLM's `--cpu-offload-gb`, [`super::offload`]) cost per step. 0: unknown, and an
@@ -362,6 +371,7 @@ pub(crate) mod tests {
             memory_gib: 80.0,
             interconnect_gbs: 450.0,
             kv_read_factor: 1.0,
+            weight_read_factor: 1.0,
             host_link_gbs: 35.2,
         }
     }

@@ -4,8 +4,9 @@
 //! Per step, with T = P prefill tokens + D decodes scheduled, B sequences, on one GPU
 //! (tensor-parallel shard):
 //!
-//! - weights `t_w = (dense bytes + MoE layers · E(T) · expert bytes) / bw`, where the dense
-//!   bytes are the attention projections, dense FFNs, shared experts and the LM head, and
+//! - weights `t_w = (dense bytes + MoE layers · E(T) · expert bytes) · f_w / bw` (`f_w` the
+//!   GPU's `weight_read_factor`, 1 on Hopper), where the dense bytes are the attention
+//!   projections, dense FFNs, shared experts and the LM head, and
 //!   `E(T) = N·(1 − (1 − k/N)^T)` is the expected number of distinct routed experts T tokens
 //!   touch (top-k of N): a MoE step reads only the experts its tokens use;
 //! - linear FLOPs `t_f = T · 2 · (active params per token) / peak`, split into dense and
@@ -328,9 +329,9 @@ impl CalibratedModel {
             first_token_peer_us: c[idx::FIRST_TOKEN_PEER_SHARE]
                 * c[idx::ALLREDUCE_PEER_US]
                 * allreduce_peers,
-            dense_weight_us: dense_bytes / bytes_per_us,
+            dense_weight_us: dense_bytes * gpu.weight_read_factor / bytes_per_us,
             expert_weight_us: if arch.is_moe() {
-                expert_params * wb / bytes_per_us
+                expert_params * wb * gpu.weight_read_factor / bytes_per_us
             } else {
                 0.0
             },

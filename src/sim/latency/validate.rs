@@ -100,6 +100,7 @@ pub(crate) fn check_gpu_peaks(gpu: &GpuSpec) -> Result<(), LatencyError> {
     check_positive(gpu, "tflops_peak", gpu.tflops_peak)?;
     check_positive(gpu, "bw_peak_tbs", gpu.bw_peak_tbs)?;
     check_positive(gpu, "kv_read_factor", gpu.kv_read_factor)?;
+    check_positive(gpu, "weight_read_factor", gpu.weight_read_factor)?;
     if !(gpu.tflops_fp8.is_finite() && gpu.tflops_fp8 >= 0.0) {
         return Err(LatencyError::InvalidGpu {
             gpu: gpu.name.clone(),
@@ -152,5 +153,12 @@ mod tests {
         gpu.kv_read_factor = 0.0;
         let message = check_gpu_peaks(&gpu).unwrap_err().to_string();
         assert!(message.contains("kv_read_factor"), "{message}");
+
+        for bad in [0.0, -1.1, f64::INFINITY, f64::NAN] {
+            let mut gpu = h100();
+            gpu.weight_read_factor = bad;
+            let message = check_gpu_peaks(&gpu).unwrap_err().to_string();
+            assert!(message.contains("weight_read_factor"), "{bad}: {message}");
+        }
     }
 }
