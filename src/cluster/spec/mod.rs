@@ -10,6 +10,7 @@ use thiserror::Error;
 
 mod autoscale;
 mod disagg;
+mod offload;
 mod policies;
 
 pub use autoscale::{
@@ -20,6 +21,8 @@ pub use disagg::{
     DEFAULT_CONNECTOR, DEFAULT_LINK, DeciderSpec, DisaggSpec, disaggregation_section, pool_kv,
     resolve_disaggregation, resolve_role,
 };
+
+pub use offload::{OffloadConnectorSpec, resolve_offload_connector};
 
 pub use policies::{
     AdmissionSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_routing,
@@ -224,6 +227,8 @@ pub struct EngineSpec {
     pub cpu_offload_bandwidth_gbps: Option<f64>,
     /// `--cpu-offload-gb`: GiB of weights per GPU held in host memory (0).
     pub cpu_offload_gb: Option<f64>,
+    /// vLLM's KV-offload connector (`OffloadingConnector`, `cpu_bytes_to_use`; none).
+    pub offload_connector: Option<OffloadConnectorSpec>,
 }
 
 fn one() -> u32 {
@@ -560,6 +565,17 @@ fn resolve_engine(
     config.enable_prefix_caching = spec.enable_prefix_caching.unwrap_or(true);
     config.num_cpu_blocks = spec.num_cpu_blocks.unwrap_or(0);
     config.cpu_offload_gb = spec.cpu_offload_gb.unwrap_or(0.0);
+    config.offload_connector = spec
+        .offload_connector
+        .as_ref()
+        .map(|c| {
+            resolve_offload_connector(
+                c,
+                (arch, tp, block_size),
+                &format!("{path}.offload_connector"),
+            )
+        })
+        .transpose()?;
     if let Some(name) = &spec.scheduling_policy {
         config.scheduling_policy = SchedulingPolicy::parse(name).ok_or_else(|| {
             invalid(

@@ -9,9 +9,9 @@ use crate::cluster::config::{
     Picker, PrefixMode, RoutingPolicy, Scorer, StalenessConfig, WeightedScorer,
 };
 use crate::cluster::spec::{
-    AdmissionSpec, ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX, PoolSpec,
-    RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_pool, resolve_routing,
-    resolve_staleness,
+    AdmissionSpec, ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX,
+    OffloadConnectorSpec, PoolSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission,
+    resolve_pool, resolve_routing, resolve_staleness,
 };
 use crate::sim::latency::LatencyModel;
 use crate::twin::TwinError;
@@ -208,6 +208,16 @@ fn engine_from_proto(
         num_cpu_blocks: count(limits.num_cpu_blocks, "num_cpu_blocks")?,
         cpu_offload_bandwidth_gbps: limits.cpu_offload_bandwidth_gbps,
         cpu_offload_gb: limits.cpu_offload_gb,
+        offload_connector: limits
+            .kv_offload_cpu_bytes
+            .map(|bytes| match u64::try_from(bytes) {
+                Ok(bytes) if bytes > 0 => Ok(OffloadConnectorSpec::of_bytes(bytes)),
+                _ => Err(TwinError::invalid(
+                    join(path, "kv_offload_cpu_bytes"),
+                    format!("{bytes} must be at least 1 (bytes of the connector's CPU tier)"),
+                )),
+            })
+            .transpose()?,
     })
 }
 
@@ -392,6 +402,7 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
             num_cpu_blocks: Some(i64::from(engine.num_cpu_blocks)),
             cpu_offload_bandwidth_gbps: None,
             cpu_offload_gb: (engine.cpu_offload_gb > 0.0).then_some(engine.cpu_offload_gb),
+            kv_offload_cpu_bytes: None,
         }),
         latency_model: instance.latency.kind().as_str().to_owned(),
         coefficients,
