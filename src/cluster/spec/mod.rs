@@ -23,7 +23,6 @@ pub use disagg::{
 };
 
 pub use offload::{OffloadConnectorSpec, resolve_offload_connector};
-
 pub use policies::{
     AdmissionSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_routing,
     resolve_staleness, routing_by_name,
@@ -565,17 +564,7 @@ fn resolve_engine(
     config.enable_prefix_caching = spec.enable_prefix_caching.unwrap_or(true);
     config.num_cpu_blocks = spec.num_cpu_blocks.unwrap_or(0);
     config.cpu_offload_gb = spec.cpu_offload_gb.unwrap_or(0.0);
-    config.offload_connector = spec
-        .offload_connector
-        .as_ref()
-        .map(|c| {
-            resolve_offload_connector(
-                c,
-                (arch, tp, block_size),
-                &format!("{path}.offload_connector"),
-            )
-        })
-        .transpose()?;
+    config.offload_connector = offload::connector(spec, (arch, tp, block_size), path)?;
     if let Some(name) = &spec.scheduling_policy {
         config.scheduling_policy = SchedulingPolicy::parse(name).ok_or_else(|| {
             invalid(

@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use super::{ClusterSpecError, invalid};
+use super::{ClusterSpecError, EngineSpec, invalid};
 use crate::sim::OffloadConnector;
 use crate::sim::latency::ModelArch;
 
@@ -36,6 +36,21 @@ impl OffloadConnectorSpec {
             ..OffloadConnectorSpec::default()
         }
     }
+}
+
+/// The engine's connector of a pool's `engine` map (`path`: the map's field path), if it
+/// has one.
+pub(super) fn connector(
+    engine: &EngineSpec,
+    geometry: (&ModelArch, u32, u32),
+    path: &str,
+) -> Result<Option<OffloadConnector>, ClusterSpecError> {
+    let path = format!("{path}.offload_connector");
+    engine
+        .offload_connector
+        .as_ref()
+        .map(|spec| resolve_offload_connector(spec, geometry, &path))
+        .transpose()
 }
 
 /// The engine's connector for `spec` on `tp` ranks of `arch` at `block_size` tokens a

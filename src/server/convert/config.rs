@@ -361,6 +361,23 @@ pub fn cluster_to_proto(
     }
 }
 
+/// The connector's `cpu_bytes_to_use` as GetSnapshot echoes it: its tier's whole blocks
+/// times one block's KV over layers and ranks (what `OffloadConnector::of_bytes` divides
+/// by), so the echo re-syncs to the same tier.
+fn connector_bytes(instance: &InstanceConfig) -> Option<i64> {
+    let connector = instance.engine.offload_connector?;
+    let arch = match instance.model_config_json.as_deref() {
+        Some(json) => crate::catalog::parse_model_config(&instance.model, json).ok()?,
+        None => crate::catalog::model(&instance.model).ok()?,
+    };
+    let tp = instance.tp.max(1);
+    let per_block = arch
+        .kv_bytes_per_block(tp, instance.engine.block_size.max(1))
+        .saturating_mul(u64::from(tp))
+        .max(1);
+    i64::try_from(u64::from(connector.cpu_blocks).saturating_mul(per_block)).ok()
+}
+
 fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::InstanceSpec {
     let engine = &instance.engine;
     let role = match instance.role {
@@ -402,7 +419,7 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
             num_cpu_blocks: Some(i64::from(engine.num_cpu_blocks)),
             cpu_offload_bandwidth_gbps: None,
             cpu_offload_gb: (engine.cpu_offload_gb > 0.0).then_some(engine.cpu_offload_gb),
-            kv_offload_cpu_bytes: None,
+            kv_offload_cpu_bytes: connector_bytes(instance),
         }),
         latency_model: instance.latency.kind().as_str().to_owned(),
         coefficients,
