@@ -107,16 +107,7 @@ pub(super) fn engine_config(
     config.num_cpu_blocks = args.num_cpu_blocks;
     config.cpu_block_load_us = cpu_block_load_us;
     config.cpu_offload_gb = args.cpu_offload_gb;
-    config.offload_connector = match args.kv_offload_cpu_bytes {
-        Some(0) => {
-            return Err(CliError::flag(
-                "kv-offload-cpu-bytes",
-                "must be at least 1 byte (vLLM needs cpu_bytes_to_use to size the CPU tier)",
-            ));
-        }
-        Some(bytes) => Some(OffloadConnector::of_bytes(bytes, arch, tp, block_size)),
-        None => None,
-    };
+    config.offload_connector = offload_connector(args, arch, tp, block_size)?;
     config.scheduling_policy = scheduling_policy;
     config.kv_sample_interval_us = (args.kv_sample_interval_s * 1e6).round() as u64;
     config.record_token_gaps = args.per_request.is_some();
@@ -125,6 +116,25 @@ pub(super) fn engine_config(
         reason: err.reason.clone(),
     })?;
     Ok(config)
+}
+
+/// `--kv-offload-cpu-bytes`' connector for `arch` on `tp` ranks at `block_size`.
+fn offload_connector(
+    args: &RunArgs,
+    arch: &ModelArch,
+    tp: u32,
+    block_size: u32,
+) -> Result<Option<OffloadConnector>, CliError> {
+    match args.kv_offload_cpu_bytes {
+        Some(0) => Err(CliError::flag(
+            "kv-offload-cpu-bytes",
+            "must be at least 1 byte (vLLM needs cpu_bytes_to_use to size the CPU tier)",
+        )),
+        Some(bytes) => Ok(Some(OffloadConnector::of_bytes(
+            bytes, arch, tp, block_size,
+        ))),
+        None => Ok(None),
+    }
 }
 
 /// The CLI flag that sets an engine config field.

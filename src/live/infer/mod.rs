@@ -372,6 +372,20 @@ fn number_arg(
     .transpose()
 }
 
+/// The pod's KV-offload connector unless its pool sets one; a value vLLM would refuse is
+/// the error.
+fn pod_connector(
+    facts: &PodFacts,
+    spec: &InferSpec,
+) -> Result<Option<OffloadConnectorSpec>, String> {
+    match &facts.kv_offload_cpu_bytes {
+        _ if spec.sets("engine.offload_connector") => Ok(None),
+        Some(Err(err)) => Err(format!("engine: {err}")),
+        Some(Ok(bytes)) => Ok(Some(OffloadConnectorSpec::of_bytes(*bytes))),
+        None => Ok(None),
+    }
+}
+
 /// The instance of an inferred setup: the pod's engine args, the pool's explicit fields.
 fn build(
     template: &InstanceConfig,
@@ -387,12 +401,6 @@ fn build(
         "a number of GiB >= 0",
         |value| value.is_finite() && value >= 0.0,
     )?;
-    let connector = match &facts.kv_offload_cpu_bytes {
-        _ if spec.sets("engine.offload_connector") => None,
-        Some(Err(err)) => return Err(format!("engine: {err}")),
-        Some(Ok(bytes)) => Some(OffloadConnectorSpec::of_bytes(*bytes)),
-        None => None,
-    };
     let utilization = number_arg(
         "--gpu-memory-utilization",
         args.gpu_memory_utilization.as_deref(),
@@ -442,7 +450,7 @@ fn build(
         } else {
             offload
         },
-        offload_connector: connector,
+        offload_connector: pod_connector(facts, spec)?,
         ..EngineSpec::default()
     };
     let explicit_limits = (
@@ -465,8 +473,16 @@ fn build(
     };
     let mut instance = resolve_pool(&pool, "inferred").map_err(|err| err.to_string())?;
     instance.model_config_json = model_json;
+    keep_pool_fields(&mut instance, template, spec);
+    super::vllm_defaults::apply_vllm_batch_defaults(&mut instance, explicit_limits);
+    Ok(instance)
+}
+
+/// What the source's pool sets itself and the inferred engine cannot rebuild from its spec:
+/// its KV-offload connector (its tier sized for the pool's model and TP) and its latency
+/// model (when the pod runs the pool's model, GPU and TP).
+fn keep_pool_fields(instance: &mut InstanceConfig, template: &InstanceConfig, spec: &InferSpec) {
     if spec.sets("engine.offload_connector") {
-        // The pool's own connector (its tier was sized for the pool's model and TP).
         instance.engine.offload_connector = template.engine.offload_connector;
     }
     if ["latency_model", "coefficients", "calibrated_coefficients"]
@@ -477,8 +493,6 @@ fn build(
     {
         instance.latency = template.latency.clone();
     }
-    super::vllm_defaults::apply_vllm_batch_defaults(&mut instance, explicit_limits);
-    Ok(instance)
 }
 
 /// The fields a pool of the cluster YAML `text` sets itself (see [`InferSpec::explicit`]);
