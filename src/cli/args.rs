@@ -98,6 +98,11 @@ pub struct RunArgs {
     /// that much GPU memory for KV blocks; every step reads them over the host link.
     #[arg(long, default_value_t = 0.0)]
     pub cpu_offload_gb: f64,
+    /// vLLM's native KV-offload connector with this many bytes of CPU tier (its
+    /// `--kv-transfer-config` `OffloadingConnector` `cpu_bytes_to_use`; absent: none). Its
+    /// scheduler's failed stores walk the whole tier; that host time bounds the step.
+    #[arg(long)]
+    pub kv_offload_cpu_bytes: Option<u64>,
     /// Disable chunked prefill (a prefill must then fit one step's budget).
     #[arg(long)]
     pub no_enable_chunked_prefill: bool,

@@ -5,7 +5,7 @@ use super::args::RunArgs;
 use super::error::CliError;
 use crate::sim::capacity;
 use crate::sim::latency::{GpuSpec, ModelArch, WeightOffload};
-use crate::sim::{EngineConfig, SchedulingPolicy};
+use crate::sim::{EngineConfig, OffloadConnector, SchedulingPolicy};
 use crate::workload::ReplayConfig;
 
 /// The weights `--cpu-offload-gb` moves to host memory for `arch` on `gpu` at `tp`.
@@ -107,6 +107,7 @@ pub(super) fn engine_config(
     config.num_cpu_blocks = args.num_cpu_blocks;
     config.cpu_block_load_us = cpu_block_load_us;
     config.cpu_offload_gb = args.cpu_offload_gb;
+    config.offload_connector = offload_connector(args, arch, tp, block_size)?;
     config.scheduling_policy = scheduling_policy;
     config.kv_sample_interval_us = (args.kv_sample_interval_s * 1e6).round() as u64;
     config.record_token_gaps = args.per_request.is_some();
@@ -117,6 +118,25 @@ pub(super) fn engine_config(
     Ok(config)
 }
 
+/// `--kv-offload-cpu-bytes`' connector for `arch` on `tp` ranks at `block_size`.
+fn offload_connector(
+    args: &RunArgs,
+    arch: &ModelArch,
+    tp: u32,
+    block_size: u32,
+) -> Result<Option<OffloadConnector>, CliError> {
+    match args.kv_offload_cpu_bytes {
+        Some(0) => Err(CliError::flag(
+            "kv-offload-cpu-bytes",
+            "must be at least 1 byte (vLLM needs cpu_bytes_to_use to size the CPU tier)",
+        )),
+        Some(bytes) => Ok(Some(OffloadConnector::of_bytes(
+            bytes, arch, tp, block_size,
+        ))),
+        None => Ok(None),
+    }
+}
+
 /// The CLI flag that sets an engine config field.
 fn flag_of_field(field: &str) -> &'static str {
     match field {
@@ -124,6 +144,7 @@ fn flag_of_field(field: &str) -> &'static str {
         "num_gpu_blocks" => "num-gpu-blocks",
         "num_cpu_blocks" => "num-cpu-blocks",
         "cpu_offload_gb" => "cpu-offload-gb",
+        field if field.starts_with("offload_connector.") => "kv-offload-cpu-bytes",
         "max_num_seqs" => "max-num-seqs",
         "max_num_batched_tokens" => "max-num-batched-tokens",
         "max_model_len" => "max-model-len",

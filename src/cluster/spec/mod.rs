@@ -10,6 +10,7 @@ use thiserror::Error;
 
 mod autoscale;
 mod disagg;
+mod offload;
 mod policies;
 
 pub use autoscale::{
@@ -21,6 +22,7 @@ pub use disagg::{
     resolve_disaggregation, resolve_role,
 };
 
+pub use offload::{OffloadConnectorSpec, resolve_offload_connector};
 pub use policies::{
     AdmissionSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_routing,
     resolve_staleness, routing_by_name,
@@ -224,6 +226,8 @@ pub struct EngineSpec {
     pub cpu_offload_bandwidth_gbps: Option<f64>,
     /// `--cpu-offload-gb`: GiB of weights per GPU held in host memory (0).
     pub cpu_offload_gb: Option<f64>,
+    /// vLLM's KV-offload connector (`OffloadingConnector`, `cpu_bytes_to_use`; none).
+    pub offload_connector: Option<OffloadConnectorSpec>,
 }
 
 fn one() -> u32 {
@@ -560,6 +564,7 @@ fn resolve_engine(
     config.enable_prefix_caching = spec.enable_prefix_caching.unwrap_or(true);
     config.num_cpu_blocks = spec.num_cpu_blocks.unwrap_or(0);
     config.cpu_offload_gb = spec.cpu_offload_gb.unwrap_or(0.0);
+    config.offload_connector = offload::connector(spec, (arch, tp, block_size), path)?;
     if let Some(name) = &spec.scheduling_policy {
         config.scheduling_policy = SchedulingPolicy::parse(name).ok_or_else(|| {
             invalid(

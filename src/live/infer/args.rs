@@ -45,6 +45,11 @@ pub struct PodFacts {
     /// vLLM holds in host memory and reads over PCIe every step. Kept beside the engine
     /// limits so the pool names of pods without it keep their digest.
     pub cpu_offload_gb: Option<String>,
+    /// `cpu_bytes_to_use` of vLLM's native KV-offload connector (`--kv-transfer-config`
+    /// with `OffloadingConnector`, or `--kv-offloading-size`; see [`super::kv_offload`]),
+    /// or why vLLM would refuse it; `None` without the connector. Kept beside the engine
+    /// limits, as `cpu_offload_gb` is.
+    pub kv_offload_cpu_bytes: Option<Result<u64, String>>,
 }
 
 /// The container that runs vLLM: the first whose command line mentions vLLM, else the first
@@ -58,8 +63,10 @@ fn vllm_container(pod: &Pod) -> Option<&Container> {
         .or_else(|| containers.first())
 }
 
-/// The container's command and args as words: an element holding spaces (a `sh -c` script)
-/// is split on whitespace and its words unquoted.
+/// The container's command and args as words: an element holding spaces is a `sh -c`
+/// script, split as the shell splits words (quotes kept together and removed), unless it is
+/// a JSON argument (starts with `{` or `[`), kept whole; any other element is one word,
+/// unquoted.
 fn tokens(container: &Container) -> Vec<String> {
     container
         .command
@@ -67,12 +74,68 @@ fn tokens(container: &Container) -> Vec<String> {
         .flatten()
         .chain(container.args.iter().flatten())
         .flat_map(|element| {
-            element
-                .split_whitespace()
-                .map(|word| word.trim_matches(|c| c == '\'' || c == '"').to_owned())
-                .collect::<Vec<_>>()
+            let trimmed = element.trim();
+            if trimmed.starts_with(['{', '[']) {
+                vec![trimmed.to_owned()]
+            } else if trimmed.contains(char::is_whitespace) {
+                shell_words(trimmed)
+            } else {
+                vec![trimmed.trim_matches(|c| c == '\'' || c == '"').to_owned()]
+            }
         })
         .collect()
+}
+
+/// A script's words as `sh` splits them: whitespace separates, `'...'` is literal, `"..."`
+/// keeps spaces (a backslash escapes `"`, `\`, `$` and a backquote inside), a backslash
+/// outside quotes escapes the next character (a backslash-newline joins lines). An
+/// unclosed quote runs to the end.
+fn shell_words(script: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut chars = script.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if let Some(done) = word.take() {
+                    words.push(done);
+                }
+            }
+            '\\' => match chars.next() {
+                Some('\n') | None => {}
+                Some(next) => word.get_or_insert_with(String::new).push(next),
+            },
+            '\'' => {
+                let text = word.get_or_insert_with(String::new);
+                for inner in chars.by_ref() {
+                    if inner == '\'' {
+                        break;
+                    }
+                    text.push(inner);
+                }
+            }
+            '"' => {
+                let text = word.get_or_insert_with(String::new);
+                while let Some(inner) = chars.next() {
+                    match inner {
+                        '"' => break,
+                        '\\' => match chars.next() {
+                            Some(next @ ('"' | '\\' | '$' | '`')) => text.push(next),
+                            Some('\n') | None => {}
+                            Some(next) => {
+                                text.push('\\');
+                                text.push(next);
+                            }
+                        },
+                        inner => text.push(inner),
+                    }
+                }
+            }
+            c => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    words.extend(word);
+    words
 }
 
 /// `nvidia.com/gpu` of the container's limits, else of its requests.
@@ -124,6 +187,7 @@ pub fn parse_command_line(words: &[String]) -> PodFacts {
         ..PodFacts::default()
     };
     let (mut pp, mut dp) = (1u32, 1u32);
+    let mut kv = super::kv_offload::KvOffloadFlags::default();
     let mut index = 0;
     while index < words.len() {
         let word = &words[index];
@@ -178,6 +242,9 @@ pub fn parse_command_line(words: &[String]) -> PodFacts {
             "--block-size" => engine.block_size = number(),
             "--gpu-memory-utilization" => engine.gpu_memory_utilization = value.clone(),
             "--cpu-offload-gb" => facts.cpu_offload_gb = value.clone(),
+            "--kv-transfer-config" => kv.transfer_config = value.clone(),
+            "--kv-offloading-size" => kv.offloading_size = value.clone(),
+            "--kv-offloading-backend" => kv.offloading_backend = value.clone(),
             "--enable-chunked-prefill" => {
                 engine.enable_chunked_prefill = Some(inline.as_deref().is_none_or(truthy));
             }
@@ -191,6 +258,7 @@ pub fn parse_command_line(words: &[String]) -> PodFacts {
         index += consumed;
     }
     facts.gpu_groups = pp.saturating_mul(dp).max(1);
+    facts.kv_offload_cpu_bytes = kv.cpu_bytes();
     facts
 }
 
@@ -293,6 +361,21 @@ mod tests {
         assert_eq!(facts.gpus, Some(2));
         assert_eq!(facts.node.as_deref(), Some("gpu-node-1"));
         assert_eq!(facts.engine.max_num_seqs, Some(64));
+    }
+
+    #[test]
+    fn scripts_are_split_into_words_as_the_shell_splits_them() {
+        assert_eq!(
+            shell_words(
+                "exec vllm serve \"my model\" --a='{\"k\": 1}' \\\n --b \"x\\\"y\" c\\ d 'open"
+            ),
+            words("exec vllm serve")
+                .into_iter()
+                .chain(
+                    ["my model", "--a={\"k\": 1}", "--b", "x\"y", "c d", "open"].map(String::from)
+                )
+                .collect::<Vec<_>>()
+        );
     }
 
     #[test]

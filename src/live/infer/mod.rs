@@ -11,6 +11,7 @@
 //! [`find_model_config`] reads files (the model directory, the HF cache).
 
 pub mod args;
+pub mod kv_offload;
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +19,7 @@ pub use args::{EngineArgs, PodFacts, gpu_from_product, parse_command_line, pod_f
 
 use crate::catalog;
 use crate::cluster::config::InstanceConfig;
-use crate::cluster::spec::{EngineSpec, PoolSpec, resolve_pool};
+use crate::cluster::spec::{EngineSpec, OffloadConnectorSpec, PoolSpec, resolve_pool};
 use crate::twin::snapshot::InferredSetup;
 
 /// Where an inferred value came from (the `*_source` strings of GetSnapshot and /metrics).
@@ -219,15 +220,18 @@ pub fn find_model_config(model: &str, options: &InferOptions) -> Result<FoundCon
 }
 
 /// The pool name of pods with this setup: `<model>-<gpu>-tp<N>`, plus a digest of the
-/// engine args when the pod sets any (pods with other limits are another pool).
+/// engine args when the pod sets any (pods with other limits are another pool; a pod
+/// without `--cpu-offload-gb` or the KV-offload connector keeps the digest it had before
+/// they were read).
 fn pool_name(model: &str, gpu: &str, tp: u32, facts: &PodFacts) -> String {
     let (engine, cpu_offload_gb) = (&facts.engine, facts.cpu_offload_gb.as_deref());
+    let connector_bytes = facts.kv_offload_cpu_bytes.clone().and_then(Result::ok);
     let base = format!(
         "{}-{}-tp{tp}",
         catalog::normalize_model_name(model),
         gpu.to_ascii_lowercase()
     );
-    if *engine == EngineArgs::default() && cpu_offload_gb.is_none() {
+    if *engine == EngineArgs::default() && cpu_offload_gb.is_none() && connector_bytes.is_none() {
         return base;
     }
     // FNV-1a over the args as written: stable across runs and builds.
@@ -235,6 +239,9 @@ fn pool_name(model: &str, gpu: &str, tp: u32, facts: &PodFacts) -> String {
     if let Some(offload) = cpu_offload_gb {
         text.push_str(" cpu_offload_gb=");
         text.push_str(offload);
+    }
+    if let Some(bytes) = connector_bytes {
+        text.push_str(&format!(" kv_offload_cpu_bytes={bytes}"));
     }
     let digest = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
@@ -365,6 +372,20 @@ fn number_arg(
     .transpose()
 }
 
+/// The pod's KV-offload connector unless its pool sets one; a value vLLM would refuse is
+/// the error.
+fn pod_connector(
+    facts: &PodFacts,
+    spec: &InferSpec,
+) -> Result<Option<OffloadConnectorSpec>, String> {
+    match &facts.kv_offload_cpu_bytes {
+        _ if spec.sets("engine.offload_connector") => Ok(None),
+        Some(Err(err)) => Err(format!("engine: {err}")),
+        Some(Ok(bytes)) => Ok(Some(OffloadConnectorSpec::of_bytes(*bytes))),
+        None => Ok(None),
+    }
+}
+
 /// The instance of an inferred setup: the pod's engine args, the pool's explicit fields.
 fn build(
     template: &InstanceConfig,
@@ -429,6 +450,7 @@ fn build(
         } else {
             offload
         },
+        offload_connector: pod_connector(facts, spec)?,
         ..EngineSpec::default()
     };
     let explicit_limits = (
@@ -451,6 +473,18 @@ fn build(
     };
     let mut instance = resolve_pool(&pool, "inferred").map_err(|err| err.to_string())?;
     instance.model_config_json = model_json;
+    keep_pool_fields(&mut instance, template, spec);
+    super::vllm_defaults::apply_vllm_batch_defaults(&mut instance, explicit_limits);
+    Ok(instance)
+}
+
+/// What the source's pool sets itself and the inferred engine cannot rebuild from its spec:
+/// its KV-offload connector (its tier sized for the pool's model and TP) and its latency
+/// model (when the pod runs the pool's model, GPU and TP).
+fn keep_pool_fields(instance: &mut InstanceConfig, template: &InstanceConfig, spec: &InferSpec) {
+    if spec.sets("engine.offload_connector") {
+        instance.engine.offload_connector = template.engine.offload_connector;
+    }
     if ["latency_model", "coefficients", "calibrated_coefficients"]
         .iter()
         .any(|field| spec.sets(field))
@@ -459,8 +493,6 @@ fn build(
     {
         instance.latency = template.latency.clone();
     }
-    super::vllm_defaults::apply_vllm_batch_defaults(&mut instance, explicit_limits);
-    Ok(instance)
 }
 
 /// The fields a pool of the cluster YAML `text` sets itself (see [`InferSpec::explicit`]);

@@ -276,3 +276,177 @@ fn a_pod_offloading_weights_is_simulated_with_its_offload_in_a_pool_of_its_own()
         .unwrap_err();
     assert!(err.contains("--cpu-offload-gb"), "{err}");
 }
+
+/// A decode pod of llm-d's tiered-prefix-cache guide as Kubernetes serves it: the
+/// `modelserver` container (`vllm serve`, the recipe's command) with the args of
+/// `guides/tiered-prefix-cache/modelserver/gpu/vllm/native/cpu/base/patch-vllm.yaml`
+/// (llm-d/llm-d), `connector` in place of its `--kv-transfer-config` JSON, on 2 GPUs.
+fn guide_pod(connector: &[&str]) -> k8s_openapi::api::core::v1::Pod {
+    let mut args = vec!["Qwen/Qwen3-32B", "--tensor-parallel-size=2"];
+    args.extend_from_slice(connector);
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gpu-vllm-decode-0", "namespace": "llm-d",
+                     "labels": {"llm-d.ai/guide": "tiered-prefix-cache"}},
+        "spec": {"nodeName": "node-a", "containers": [
+            {"name": "modelserver", "image": "vllm/vllm-openai:v0.23.0",
+             "command": ["vllm", "serve"], "args": args,
+             "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+    }))
+    .unwrap()
+}
+
+fn infer_pod(pod: &k8s_openapi::api::core::v1::Pod, spec: &InferSpec) -> Inferred {
+    let inputs = PodInputs {
+        facts: Some(pod_facts(pod)),
+        node_gpu: Some(NodeGpu::Product("NVIDIA-H100-80GB-HBM3".to_owned())),
+        served_model: None,
+    };
+    infer(
+        &inputs,
+        &template(),
+        spec,
+        &InferOptions::default(),
+        qwen_only,
+    )
+}
+
+/// The CPU tier entries vLLM makes of `bytes` for Qwen3-32B at 16-token blocks: one
+/// block's K and V, bf16, over its 64 layers and 8 KV heads of 128 (summed over the ranks).
+fn qwen_32b_cpu_blocks(bytes: u64) -> u32 {
+    u32::try_from(bytes / (2 * 64 * 8 * 128 * 2 * 16)).unwrap()
+}
+
+const GUIDE_CONNECTOR: &str = r#"{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"cpu_bytes_to_use":107374182400}}"#;
+
+#[test]
+fn the_guide_s_offloading_connector_pod_is_simulated_with_its_cpu_tier() {
+    let inferred = infer_pod(
+        &guide_pod(&["--kv-transfer-config", GUIDE_CONNECTOR]),
+        &InferSpec::default(),
+    );
+    let instance = inferred.instance.unwrap();
+    assert_eq!(instance.tp, 2);
+    let connector = instance.engine.offload_connector.unwrap();
+    assert_eq!(connector.cpu_blocks, qwen_32b_cpu_blocks(107_374_182_400));
+    // The `=` form and a `sh -c` script with the JSON single-quoted (spaces in it) agree.
+    let inline = format!("--kv-transfer-config={GUIDE_CONNECTOR}");
+    let same = infer_pod(&guide_pod(&[&inline]), &InferSpec::default());
+    assert_eq!(
+        same.instance.unwrap().engine.offload_connector,
+        Some(connector)
+    );
+    let mut scripted = guide_pod(&[]);
+    let container = &mut scripted.spec.as_mut().unwrap().containers[0];
+    container.command = Some(vec!["/bin/sh".to_owned(), "-c".to_owned()]);
+    container.args = Some(vec![
+        "exec vllm serve Qwen/Qwen3-32B --tensor-parallel-size=2 \\\n  --kv-transfer-config \
+         '{\"kv_connector\": \"OffloadingConnector\", \"kv_role\": \"kv_both\", \
+         \"kv_connector_extra_config\": {\"cpu_bytes_to_use\": 107374182400}}'"
+            .to_owned(),
+    ]);
+    let scripted = infer_pod(&scripted, &InferSpec::default());
+    assert_eq!(
+        scripted.instance.unwrap().engine.offload_connector,
+        Some(connector)
+    );
+    assert_eq!(scripted.setup.pool, inferred.setup.pool);
+    // vLLM's other switch for the same connector: --kv-offloading-size GiB.
+    let sized = infer_pod(
+        &guide_pod(&["--kv-offloading-size", "100"]),
+        &InferSpec::default(),
+    );
+    assert_eq!(
+        sized.instance.unwrap().engine.offload_connector,
+        Some(connector)
+    );
+}
+
+#[test]
+fn other_connectors_leave_the_tier_off_and_the_pool_name_as_without_the_flag() {
+    let plain = infer_pod(&guide_pod(&[]), &InferSpec::default());
+    let offloading = infer_pod(
+        &guide_pod(&["--kv-transfer-config", GUIDE_CONNECTOR]),
+        &InferSpec::default(),
+    );
+    assert_eq!(plain.setup.pool, "qwen3-32b-h100-tp2");
+    assert!(
+        offloading.setup.pool.starts_with("qwen3-32b-h100-tp2-"),
+        "{}",
+        offloading.setup.pool
+    );
+    for other in [
+        r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#,
+        r#"{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}"#,
+        r#"{"kv_connector":"MultiConnector","kv_role":"kv_both","kv_connector_extra_config":{"connectors":[{"kv_connector":"NixlConnector","kv_role":"kv_both"}]}}"#,
+    ] {
+        let inferred = infer_pod(
+            &guide_pod(&["--kv-transfer-config", other]),
+            &InferSpec::default(),
+        );
+        assert_eq!(inferred.setup.pool, plain.setup.pool, "{other}");
+        assert_eq!(inferred.instance.unwrap().engine.offload_connector, None);
+    }
+    let lmcache = infer_pod(
+        &guide_pod(&[
+            "--kv-offloading-size",
+            "100",
+            "--kv-offloading-backend",
+            "lmcache",
+        ]),
+        &InferSpec::default(),
+    );
+    assert_eq!(lmcache.setup.pool, plain.setup.pool);
+    // A pod with engine args but no connector keeps the name it had before the connector
+    // was read (the digest as main computed it for `--max-num-seqs 128`: a regression pin).
+    let limited = infer_pod(
+        &guide_pod(&["--max-num-seqs", "128"]),
+        &InferSpec::default(),
+    );
+    assert_eq!(limited.setup.pool, LIMITED_POOL);
+    let limited_nixl = infer_pod(
+        &guide_pod(&[
+            "--max-num-seqs",
+            "128",
+            "--kv-transfer-config",
+            r#"{"kv_connector":"NixlConnector","kv_role":"kv_both"}"#,
+        ]),
+        &InferSpec::default(),
+    );
+    assert_eq!(limited_nixl.setup.pool, LIMITED_POOL);
+}
+
+#[test]
+fn a_connector_vllm_would_refuse_holds_the_pod_naming_the_flag() {
+    let inferred = infer_pod(
+        &guide_pod(&[
+            "--kv-transfer-config",
+            r#"{"kv_connector":"OffloadingConnector","kv_role":"kv_both"}"#,
+        ]),
+        &InferSpec::default(),
+    );
+    let err = inferred.instance.unwrap_err();
+    assert!(
+        err.contains("--kv-transfer-config: kv_connector_extra_config.cpu_bytes_to_use"),
+        "{err}"
+    );
+}
+
+/// The pool name main gave a Qwen3-32B TP-2 H100 pod with `--max-num-seqs 128` before the
+/// connector was read.
+const LIMITED_POOL: &str = "qwen3-32b-h100-tp2-43c895";
+
+#[test]
+fn a_pool_that_sets_its_connector_wins_over_the_pod_s() {
+    let explicit = InferSpec {
+        explicit: vec!["engine.offload_connector".to_owned()],
+    };
+    for connector in [
+        GUIDE_CONNECTOR,
+        r#"{"kv_connector":"OffloadingConnector","kv_role":"kv_both"}"#,
+    ] {
+        let inferred = infer_pod(&guide_pod(&["--kv-transfer-config", connector]), &explicit);
+        // The default pool has none.
+        assert_eq!(inferred.instance.unwrap().engine.offload_connector, None);
+    }
+}

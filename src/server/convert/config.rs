@@ -9,9 +9,9 @@ use crate::cluster::config::{
     Picker, PrefixMode, RoutingPolicy, Scorer, StalenessConfig, WeightedScorer,
 };
 use crate::cluster::spec::{
-    AdmissionSpec, ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX, PoolSpec,
-    RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission, resolve_pool, resolve_routing,
-    resolve_staleness,
+    AdmissionSpec, ClusterSpecError, CoefficientsSpec, EngineSpec, INSTANCES_MAX,
+    OffloadConnectorSpec, PoolSpec, RoutingSpec, ScorerSpec, StalenessSpec, resolve_admission,
+    resolve_pool, resolve_routing, resolve_staleness,
 };
 use crate::sim::latency::LatencyModel;
 use crate::twin::TwinError;
@@ -208,6 +208,16 @@ fn engine_from_proto(
         num_cpu_blocks: count(limits.num_cpu_blocks, "num_cpu_blocks")?,
         cpu_offload_bandwidth_gbps: limits.cpu_offload_bandwidth_gbps,
         cpu_offload_gb: limits.cpu_offload_gb,
+        offload_connector: limits
+            .kv_offload_cpu_bytes
+            .map(|bytes| match u64::try_from(bytes) {
+                Ok(bytes) if bytes > 0 => Ok(OffloadConnectorSpec::of_bytes(bytes)),
+                _ => Err(TwinError::invalid(
+                    join(path, "kv_offload_cpu_bytes"),
+                    format!("{bytes} must be at least 1 (bytes of the connector's CPU tier)"),
+                )),
+            })
+            .transpose()?,
     })
 }
 
@@ -351,6 +361,23 @@ pub fn cluster_to_proto(
     }
 }
 
+/// The connector's `cpu_bytes_to_use` as GetSnapshot echoes it: its tier's whole blocks
+/// times one block's KV over layers and ranks (what `OffloadConnector::of_bytes` divides
+/// by), so the echo re-syncs to the same tier.
+fn connector_bytes(instance: &InstanceConfig) -> Option<i64> {
+    let connector = instance.engine.offload_connector?;
+    let arch = match instance.model_config_json.as_deref() {
+        Some(json) => crate::catalog::parse_model_config(&instance.model, json).ok()?,
+        None => crate::catalog::model(&instance.model).ok()?,
+    };
+    let tp = instance.tp.max(1);
+    let per_block = arch
+        .kv_bytes_per_block(tp, instance.engine.block_size.max(1))
+        .saturating_mul(u64::from(tp))
+        .max(1);
+    i64::try_from(u64::from(connector.cpu_blocks).saturating_mul(per_block)).ok()
+}
+
 fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::InstanceSpec {
     let engine = &instance.engine;
     let role = match instance.role {
@@ -392,6 +419,7 @@ fn instance_to_proto(instance: &InstanceConfig, address: &str) -> proto::Instanc
             num_cpu_blocks: Some(i64::from(engine.num_cpu_blocks)),
             cpu_offload_bandwidth_gbps: None,
             cpu_offload_gb: (engine.cpu_offload_gb > 0.0).then_some(engine.cpu_offload_gb),
+            kv_offload_cpu_bytes: connector_bytes(instance),
         }),
         latency_model: instance.latency.kind().as_str().to_owned(),
         coefficients,
