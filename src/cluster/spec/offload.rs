@@ -26,6 +26,10 @@ pub struct OffloadConnectorSpec {
     /// [`OffloadConnector::DEFAULT_FAILED_STORE_NS`]).
     #[serde(default)]
     pub failed_store_ns: Option<f64>,
+    /// The scheduler's other host time per scheduled request, ns (default
+    /// [`OffloadConnector::DEFAULT_SCHEDULER_NS_PER_REQUEST`]).
+    #[serde(default)]
+    pub scheduler_ns_per_request: Option<f64>,
 }
 
 impl OffloadConnectorSpec {
@@ -79,6 +83,11 @@ pub fn resolve_offload_connector(
             spec.failed_store_ns,
             &mut connector.failed_store_ns,
         ),
+        (
+            "scheduler_ns_per_request",
+            spec.scheduler_ns_per_request,
+            &mut connector.scheduler_ns_per_request,
+        ),
     ] {
         if let Some(value) = given {
             if !(value.is_finite() && (0.0..=1e9).contains(&value)) {
@@ -103,6 +112,7 @@ pub fn resolve_offload_connector(
 #[cfg(test)]
 mod tests {
     use super::super::{ClusterSpecError, parse_cluster_yaml};
+    use crate::sim::OffloadConnector;
 
     /// Llama-3.1-8B's KV bytes of one 16-token block summed over layers and ranks, from its
     /// config.json: K and V, bf16, every layer, every KV head (split over the ranks, summed
@@ -136,8 +146,18 @@ mod tests {
                 panic!("{} has no connector", instance.id);
             };
             assert_eq!(u64::from(connector.cpu_blocks), 107_374_182_400 / block);
-            assert_eq!(connector.walk_ns_per_entry, 84.0);
-            assert_eq!(connector.failed_store_ns, 0.0);
+            assert_eq!(
+                connector.walk_ns_per_entry,
+                OffloadConnector::DEFAULT_WALK_NS_PER_ENTRY
+            );
+            assert_eq!(
+                connector.failed_store_ns,
+                OffloadConnector::DEFAULT_FAILED_STORE_NS
+            );
+            assert_eq!(
+                connector.scheduler_ns_per_request,
+                OffloadConnector::DEFAULT_SCHEDULER_NS_PER_REQUEST
+            );
         }
         let plain = cluster("      max_num_seqs: 64\n").unwrap_or_else(|err| panic!("{err}"));
         assert_eq!(plain.instances[0].engine.offload_connector, None);
