@@ -156,15 +156,19 @@ fn ape(report: &Value, name: &str, metric: &str) -> f64 {
         .unwrap()
 }
 
-/// The whole-run stage of run `name` in a `validate --json` report.
-fn whole_run<'a>(report: &'a Value, name: &str) -> &'a Value {
-    let run = report["runs"]
+/// Run `name` in a `validate --json` report.
+fn run_of<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["runs"]
         .as_array()
         .unwrap()
         .iter()
         .find(|r| r["name"] == name)
-        .unwrap();
-    &run["stages"][0]
+        .unwrap()
+}
+
+/// The whole-run stage of run `name` in a `validate --json` report.
+fn whole_run<'a>(report: &'a Value, name: &str) -> &'a Value {
+    &run_of(report, name)["stages"][0]
 }
 
 /// A stage's signed % error on `metric` (+ = predicted slower) in a `validate --json` report.

@@ -88,6 +88,30 @@ fn a_finished_request_s_blocks_make_room_so_later_stores_cost_nothing_visible() 
 }
 
 #[test]
+fn the_scheduler_s_own_work_is_counted_on_the_same_host_side() {
+    // With a tier that never fills, the host side is the scheduler's own work alone:
+    // 2 ms a scheduled request, two requests, 4 ms a step, longer than every GPU step
+    // (1000 + 64 µs for the two prefills, 1000 + 2 x 10 µs a decode): all twenty steps last
+    // 4 ms.
+    let requests = [
+        RequestSpec::synthetic(0, 0, 32, 20),
+        RequestSpec::synthetic(1, 0, 32, 20),
+    ];
+    let busy_scheduler = OffloadConnector {
+        cpu_blocks: 100_000,
+        walk_ns_per_entry: 0.0,
+        failed_store_ns: 0.0,
+        scheduler_ns_per_request: 2_000_000.0,
+    };
+    let without = e2e_by_id(config(None), &requests);
+    let with = e2e_by_id(config(Some(busy_scheduler)), &requests);
+    for id in 0..2 {
+        assert_eq!(without[id], 1_064 + 19 * 1_020, "request {id}");
+        assert_eq!(with[id], 20 * 4_000, "request {id}");
+    }
+}
+
+#[test]
 fn a_tier_that_never_fills_changes_nothing() {
     // Stepping one step at a time (a connector keeps the lazy decode windows closed) gives
     // the records the windows give.

@@ -5,19 +5,14 @@
 //! section 5, docs/fidelity/offload-walk-price.md). Pinned through the CLI on the measured
 //! runs, with and without `--no-offload-connector`.
 
-use super::{ape, runs, signed_error, validate_json_with, whole_run};
+use super::{ape, run_of, runs, signed_error, validate_json_with, whole_run};
 use serde_json::Value;
 
 const KNEE: &str = "h100-mixtral8x7b-tp2-reasoning";
 
+/// Run `name`'s (predicted, measured) timed-out fraction.
 fn timed_out(report: &Value, name: &str) -> (f64, f64) {
-    let run = report["runs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["name"] == name)
-        .unwrap();
-    let fraction = &run["timed_out_fraction"];
+    let fraction = &run_of(report, name)["timed_out_fraction"];
     (
         fraction["predicted"].as_f64().unwrap(),
         fraction["measured"].as_f64().unwrap(),
