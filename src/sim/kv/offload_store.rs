@@ -34,12 +34,27 @@ struct Entry {
 }
 
 /// What a request has stored so far.
+///
+/// Its private blocks (keys no other request has) are touched by it alone, so a touch does
+/// not restamp the ones still pending: it records its stamps (`touch_base`, `touch_len`:
+/// block `i` takes `touch_base + touch_len - 1 - i`, the order vLLM's reversed `touch`
+/// leaves), and they are set when the blocks turn ready. The stamps are those an eager
+/// touch gives, so the tier's order is the same; a touch costs a lookup per shared block
+/// only.
 #[derive(Clone, Debug, Default)]
 struct Progress {
     /// Blocks below this index were stored (or found stored).
     next_block: u32,
-    /// Keys this request stored that are not ready yet.
-    pending: Vec<u64>,
+    /// Keys (with their block index) this request stored that are not ready yet.
+    pending: Vec<(u64, u32)>,
+    /// Blocks from this index on are private.
+    private_from: u32,
+    /// Private blocks below this index are ready (a preemption completed their stores).
+    readied_upto: u32,
+    /// The first stamp of the request's last touch.
+    touch_base: u64,
+    /// Blocks its last touch covered.
+    touch_len: u32,
 }
 
 /// One store attempt's outcome, as the host pays for it.
@@ -67,8 +82,8 @@ pub struct OffloadStore {
     ready: u32,
     next_stamp: u64,
     requests: HashMap<u64, Progress, IdentityBuildHasher>,
-    /// Scratch: the keys a store offers that the tier does not hold.
-    fresh: Vec<u64>,
+    /// Scratch: the keys (with their block index) a store offers that the tier does not hold.
+    fresh: Vec<(u64, u32)>,
 }
 
 impl OffloadStore {
@@ -128,11 +143,14 @@ impl OffloadStore {
         }
         let mut fresh = std::mem::take(&mut self.fresh);
         fresh.clear();
+        let shared_end = full_blocks.min(private_from.max(start));
         fresh.extend(
-            (start..full_blocks)
-                .map(&key_of)
-                .filter(|key| !self.entries.contains_key(key)),
+            (start..shared_end)
+                .map(|index| (key_of(index), index))
+                .filter(|(key, _)| !self.entries.contains_key(key)),
         );
+        // Private blocks past the index were never stored: fresh without a lookup.
+        fresh.extend((shared_end..full_blocks).map(|index| (key_of(index), index)));
         let free = self.capacity - self.len();
         let mut work = StoreWork::default();
         if fresh.len() as u32 > free {
@@ -146,7 +164,7 @@ impl OffloadStore {
             }
             work.walked = self.evict(to_evict);
         }
-        for &key in &fresh {
+        for &(key, _) in &fresh {
             let stamp = self.stamp();
             self.entries.insert(
                 key,
@@ -158,37 +176,66 @@ impl OffloadStore {
         }
         let progress = self.requests.entry(request).or_default();
         progress.next_block = full_blocks;
+        progress.private_from = private_from;
         progress.pending.extend_from_slice(&fresh);
         if !fresh.is_empty() {
-            for index in (0..full_blocks).rev() {
-                self.touch(key_of(index));
-            }
+            self.touch_all(request, full_blocks, key_of);
         }
         self.fresh = fresh;
         work
     }
 
+    /// vLLM's `touch` of the request's first `full_blocks` blocks, last first: every one
+    /// takes the next stamp. Shared blocks and ready private ones are restamped now; the
+    /// pending private ones when they turn ready ([`Progress`]).
+    fn touch_all(&mut self, request: u64, full_blocks: u32, key_of: impl Fn(u32) -> u64) {
+        let base = self.next_stamp + 1;
+        self.next_stamp += u64::from(full_blocks);
+        let Some(progress) = self.requests.get_mut(&request) else {
+            return;
+        };
+        progress.touch_base = base;
+        progress.touch_len = full_blocks;
+        let eager = progress
+            .private_from
+            .max(progress.readied_upto)
+            .min(full_blocks);
+        for index in 0..eager {
+            let stamp = base + u64::from(full_blocks - 1 - index);
+            if let Some(entry) = self.entries.get_mut(&key_of(index)) {
+                entry.stamp = stamp;
+            }
+        }
+    }
+
     /// Request `request` has finished: its stores complete, its blocks turn evictable.
     pub fn finish(&mut self, request: u64) {
         if let Some(progress) = self.requests.remove(&request) {
-            self.make_ready(&progress.pending);
+            self.make_ready(&progress);
         }
     }
 
     /// Request `request` was preempted: its stores so far complete (vLLM completes them at
     /// the preemption), and it keeps its index.
     pub fn preempted(&mut self, request: u64) {
-        if let Some(progress) = self.requests.get_mut(&request) {
-            let pending = std::mem::take(&mut progress.pending);
-            self.make_ready(&pending);
+        if let Some(mut progress) = self.requests.remove(&request) {
+            self.make_ready(&progress);
+            progress.pending.clear();
+            progress.readied_upto = progress.next_block;
+            self.requests.insert(request, progress);
         }
     }
 
-    fn make_ready(&mut self, keys: &[u64]) {
-        for &key in keys {
+    /// Completes `progress`'s pending stores: each entry turns evictable, a private one
+    /// with the stamp its request's last touch gave it.
+    fn make_ready(&mut self, progress: &Progress) {
+        for &(key, index) in &progress.pending {
             if let Some(entry) = self.entries.get_mut(&key)
                 && !entry.ready
             {
+                if index >= progress.private_from && index < progress.touch_len {
+                    entry.stamp = progress.touch_base + u64::from(progress.touch_len - 1 - index);
+                }
                 entry.ready = true;
                 self.ready += 1;
                 self.ready_order.insert(entry.stamp, key);
@@ -221,14 +268,6 @@ impl OffloadStore {
             }
         }
         u64::from(evicted)
-    }
-
-    /// Moves `key` to the most recent end, if held.
-    fn touch(&mut self, key: u64) {
-        let stamp = self.stamp();
-        if let Some(entry) = self.entries.get_mut(&key) {
-            entry.stamp = stamp;
-        }
     }
 
     fn stamp(&mut self) -> u64 {
