@@ -13,9 +13,9 @@ use crate::sim::kv::OffloadStore;
 use crate::sim::latency::us_trunc_from_f64;
 
 impl Engine {
-    /// Makes the connector's stores for the batch in `in_flight` and returns their host
-    /// time, µs: the tier entries walked and the failed stores, at the connector's prices.
-    /// 0 without a connector.
+    /// Makes the connector's stores for the batch in `in_flight` and returns the host side
+    /// of the step, µs: the tier entries walked, the failed stores and the scheduler's own
+    /// work per scheduled request, at the connector's prices. 0 without a connector.
     #[inline]
     pub(super) fn store_offloads(&mut self) -> u64 {
         match self.config.offload_connector {
