@@ -86,12 +86,17 @@ impl OffloadConnector {
     /// `CPUOffloadingSpec` makes (the bytes over one block's KV summed over layers and
     /// ranks), at least one.
     pub fn of_bytes(bytes: u64, arch: &ModelArch, tp: u32, block_size: u32) -> Self {
-        let per_block = arch
-            .kv_bytes_per_block(tp.max(1), block_size.max(1))
-            .saturating_mul(u64::from(tp.max(1)))
-            .max(1);
+        let per_block = Self::block_bytes(arch, tp, block_size);
         let blocks = u32::try_from(bytes / per_block).unwrap_or(u32::MAX).max(1);
         Self::with_default_prices(blocks)
+    }
+
+    /// Host bytes one tier block takes: one block's KV summed over layers and `tp` ranks
+    /// (what `CPUOffloadingSpec` divides `cpu_bytes_to_use` by), at least 1.
+    pub fn block_bytes(arch: &ModelArch, tp: u32, block_size: u32) -> u64 {
+        arch.kv_bytes_per_block(tp.max(1), block_size.max(1))
+            .saturating_mul(u64::from(tp.max(1)))
+            .max(1)
     }
 
     /// Checks every field; the error names the first bad one.

@@ -72,32 +72,15 @@ pub fn resolve_offload_connector(
         ));
     }
     let mut connector = OffloadConnector::of_bytes(spec.cpu_bytes_to_use, arch, tp, block_size);
-    for (field, given, slot) in [
-        (
-            "walk_ns_per_entry",
-            spec.walk_ns_per_entry,
-            &mut connector.walk_ns_per_entry,
-        ),
-        (
-            "failed_store_ns",
-            spec.failed_store_ns,
-            &mut connector.failed_store_ns,
-        ),
-        (
-            "scheduler_ns_per_request",
-            spec.scheduler_ns_per_request,
-            &mut connector.scheduler_ns_per_request,
-        ),
-    ] {
-        if let Some(value) = given {
-            if !(value.is_finite() && (0.0..=1e9).contains(&value)) {
-                return Err(invalid(
-                    format!("{path}.{field}"),
-                    "must be a number of ns in [0, 1e9]",
-                ));
-            }
-            *slot = value;
-        }
+    // The prices given replace the defaults; `validate` checks them and names the field.
+    if let Some(ns) = spec.walk_ns_per_entry {
+        connector.walk_ns_per_entry = ns;
+    }
+    if let Some(ns) = spec.failed_store_ns {
+        connector.failed_store_ns = ns;
+    }
+    if let Some(ns) = spec.scheduler_ns_per_request {
+        connector.scheduler_ns_per_request = ns;
     }
     connector.validate().map_err(|err| {
         let field = err

@@ -370,11 +370,8 @@ fn connector_bytes(instance: &InstanceConfig) -> Option<i64> {
         Some(json) => crate::catalog::parse_model_config(&instance.model, json).ok()?,
         None => crate::catalog::model(&instance.model).ok()?,
     };
-    let tp = instance.tp.max(1);
-    let per_block = arch
-        .kv_bytes_per_block(tp, instance.engine.block_size.max(1))
-        .saturating_mul(u64::from(tp))
-        .max(1);
+    let per_block =
+        crate::sim::OffloadConnector::block_bytes(&arch, instance.tp, instance.engine.block_size);
     i64::try_from(u64::from(connector.cpu_blocks).saturating_mul(per_block)).ok()
 }
 
